@@ -1,0 +1,38 @@
+# parnas: `make test` runs the tests, `make train` the main job. Both create .venv when absent.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# torch first and pinned: an open range in a fresh venv pulls a multi-GB CUDA build.
+# GPU users: TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" make install
+TORCH_SPEC ?= torch==2.13.0
+# Developers and CI read WikiText from ../shared/data; users get it downloaded into ~/.cache/parnas.
+ifneq ($(wildcard ../shared/data),)
+export PARNAS_DATA_DIR ?= $(abspath ../shared/data)
+endif
+STEPS  ?= 300
+
+.PHONY: install test train lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+train: install
+	$(VENV)/bin/parnas train --config wt2-seed --set train.max_steps=$(STEPS) --set train.warmup_steps=100 \
+	    --set train.lr=1e-3 --set train.eval_every=$(STEPS) --set train.out_dir=runs/train
+
+bench: install
+	$(PY) benchmarks/train_step.py
+
+clean:
+	rm -rf runs lightning_logs .pytest_cache

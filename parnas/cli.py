@@ -1,0 +1,71 @@
+"""``parnas`` command line. User mistakes exit with status 2 and one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+
+from parnas.errors import ParnasError
+
+
+def _quiet_imports() -> None:
+    # NNI on torch 2.13 warns that some torch objects are "not a nn.Module"; harmless noise for users.
+    warnings.filterwarnings("ignore", message=r".*is found to be not a nn\.Module.*")
+    warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated.*")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a fixed Transformer-XL (``model.blocks``, default the standard layout) and print perplexity."""
+    from parnas.config import load_config
+    from parnas.train import train
+
+    cfg = load_config(args.config, args.set)
+    metrics = train(cfg, resume=args.resume)
+    if metrics:
+        summary = {k: metrics[k] for k in ("steps", "val_ppl", "test_ppl", "train_tokens_per_s", "parameters")}
+        print(json.dumps(summary))
+        print(f"validation perplexity {metrics['val_ppl']:.2f} after {metrics['steps']} steps "
+              f"(metrics in {cfg.train.out_dir}/metrics.json)")
+    return 0
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML file or preset name (tiny, wt2-seed)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set model.d_model=256 (repeatable)")
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]] = {
+    "train": (cmd_train, lambda p: (_config_args(p), p.add_argument(
+        "--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt"))),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (fn, add_args) in COMMANDS.items():
+        p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
+        add_args(p)
+        p.set_defaults(fn=fn)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_imports()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ParnasError as e:
+        print(f"parnas {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"parnas {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

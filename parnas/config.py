@@ -1,0 +1,245 @@
+"""Run configuration: frozen dataclasses, read from YAML, overridden by `--set`.
+
+A config is three sections, ``model``, ``data`` and ``train``. Every key is
+checked against the dataclass: an unknown key, a wrong type or an impossible
+value raises :class:`ConfigError` naming the key. Presets live as YAML files in
+``parnas/presets`` and are loaded by name (``--config tiny``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parnas.errors import ConfigError
+
+BLOCK_KINDS = ("attention", "dense", "identity")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Transformer-XL body. ``blocks`` is the fixed layout; empty means the
+    standard Transformer-XL (attention, dense, attention, dense, ...)."""
+
+    n_blocks: int = 6
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int = 512
+    mem_len: int = 16
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    pre_norm: bool = False
+    cutoffs: tuple[int, ...] = (250, 2500)
+    div_value: float = 4.0
+    tie_weights: bool = False
+    blocks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
+            _require(getattr(self, key) > 0, f"model.{key} must be > 0")
+        _require(self.mem_len >= 0, "model.mem_len must be >= 0")
+        _require(self.d_model % self.n_heads == 0,
+                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        for key in ("dropout", "dropatt"):
+            _require(0.0 <= getattr(self, key) < 1.0, f"model.{key} must be in [0, 1)")
+        _require(all(a < b for a, b in zip(self.cutoffs, self.cutoffs[1:])) and all(c > 0 for c in self.cutoffs),
+                 f"model.cutoffs {list(self.cutoffs)} must be positive and strictly increasing")
+        _require(self.div_value >= 1.0, "model.div_value must be >= 1")
+        _require(not (self.tie_weights and self.cutoffs),
+                 "model.tie_weights needs a full softmax: set model.cutoffs=[] or tie_weights=false")
+        unknown = sorted(set(self.blocks) - set(BLOCK_KINDS))
+        _require(not unknown, f"model.blocks: unknown block kind {unknown}; choose from {list(BLOCK_KINDS)}")
+        _require(not self.blocks or len(self.blocks) == self.n_blocks,
+                 f"model.blocks has {len(self.blocks)} entries but model.n_blocks is {self.n_blocks}")
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """The block kinds in order (the standard Transformer-XL when ``blocks`` is empty)."""
+        return self.blocks or tuple(("attention", "dense")[i % 2] for i in range(self.n_blocks))
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Cutoffs only make sense strictly inside the vocabulary."""
+        if self.cutoffs and self.cutoffs[-1] >= vocab_size:
+            raise ConfigError(f"model.cutoffs {list(self.cutoffs)} must all be < the vocabulary size {vocab_size}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Corpus, tokenizer and context batching (B streams of segments of L tokens)."""
+
+    dataset: str = "wikitext-2"
+    path: str | None = None
+    tokenizer: str = "sentencepiece"
+    vocab_size: int = 12000
+    sp_model_type: str = "unigram"
+    batch_size: int = 32
+    seg_len: int = 32
+    eval_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        _require(self.tokenizer in ("sentencepiece", "word", "char"),
+                 f"data.tokenizer must be sentencepiece, word or char, not {self.tokenizer!r}")
+        _require(self.sp_model_type in ("unigram", "bpe"), "data.sp_model_type must be unigram or bpe")
+        for key in ("vocab_size", "batch_size", "seg_len", "eval_batch_size"):
+            _require(getattr(self, key) > 0, f"data.{key} must be > 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and bookkeeping. Steps count optimiser updates."""
+
+    max_steps: int = 1000
+    lr: float = 2.5e-4
+    warmup_steps: int = 100
+    min_lr: float = 0.0
+    clip: float = 0.25
+    weight_decay: float = 0.0
+    accumulate: int = 1
+    eval_every: int = 500
+    log_every: int = 50
+    ckpt_every: int = 1000
+    seed: int = 0
+    accelerator: str = "auto"
+    devices: int = 1
+    precision: str = "32-true"
+    out_dir: str = "runs/train"
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices"):
+            _require(getattr(self, key) > 0, f"train.{key} must be > 0")
+        _require(self.lr > 0, "train.lr must be > 0")
+        _require(0 <= self.min_lr <= self.lr, "train.min_lr must be in [0, train.lr]")
+        _require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
+        _require(self.clip >= 0, "train.clip must be >= 0 (0 turns clipping off)")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, recursing into nested sections.
+
+    Unknown keys and values of the wrong type raise ConfigError naming the key.
+    """
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}; known keys: {', '.join(sorted(names))}")
+    kwargs = {}
+    for key, value in values.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = from_dict(hint, value or {}, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, hint, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Check ``value`` against a simple type hint; ints widen to float, lists to tuples."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
+        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["model.d_model=256", "data.cutoffs=[100,1000]"]`` -> nested dict (values parsed as YAML)."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {key}: cannot parse {raw!r} as a value") from None
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is a value, not a section")
+        node[leaf] = value
+    return nested
+
+
+def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``extra`` into ``base`` (new dict; sections merge, values replace)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(source: str | Path) -> dict[str, Any]:
+    """Read a config file, or a preset by name (``tiny``, ``wt2-seed``)."""
+    path = Path(source)
+    if not path.suffix and not path.exists():
+        preset = resources.files("parnas") / "presets" / f"{source}.yaml"
+        if not preset.is_file():
+            raise ConfigError(f"no config file or preset named {str(source)!r}; presets: {', '.join(presets())}")
+        text = preset.read_text()
+    else:
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config {source}: {e.strerror}") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source} must hold a mapping of sections (model, data, train)")
+    return values
+
+
+def presets() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in (resources.files("parnas") / "presets").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),
+                extra: Mapping[str, Any] | None = None) -> Config:
+    """File or preset, then ``extra`` (e.g. NNI trial parameters), then ``--set`` pairs."""
+    values = read_yaml(source) if source is not None else {}
+    values = merge(values, extra or {})
+    values = merge(values, parse_overrides(overrides))
+    return from_dict(Config, values)

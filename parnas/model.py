@@ -1,0 +1,127 @@
+"""The Transformer-XL body: embedding, a stack of blocks with memories, output head.
+
+What a block *is* lives in :mod:`parnas.blocks`; this file only wires blocks
+together and owns the memory. Which block stands at depth i is decided by
+:meth:`TransformerXL.build_block`, the one hook the NNI search space overrides
+(with a ``LayerChoice``); under ``model_context`` that hook returns the chosen
+block, so search and retrain share every line here.
+
+Memory contract: ``mems[i]`` holds, detached, the last ``mem_len`` hidden
+states that entered block i on earlier segments, (B, M, D); a block whose
+``uses_memory`` is False keeps ``None``. A choice (supernet) keeps one, since
+any of its candidates may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from parnas.blocks import make_block, sinusoid
+from parnas.config import ModelConfig
+
+Memory = list[Optional[Tensor]]
+
+
+class OutputHead(nn.Module):
+    """Adaptive softmax (Grave et al.) when cutoffs are given, else a full softmax."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, embedding: nn.Embedding | None = None) -> None:
+        super().__init__()
+        if cfg.cutoffs:
+            self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, vocab_size, list(cfg.cutoffs),
+                                                          div_value=cfg.div_value)
+        else:
+            self.proj = nn.Linear(cfg.d_model, vocab_size)
+            if embedding is not None:
+                self.proj.weight = embedding.weight
+
+    def nll(self, h: Tensor, y: Tensor) -> Tensor:
+        """Negative log-likelihood of each target. h (..., D), y (...) -> (...)"""
+        flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
+        if hasattr(self, "adaptive"):
+            return -self.adaptive(flat_h, flat_y).output.view(y.shape)
+        return F.cross_entropy(self.proj(flat_h), flat_y, reduction="none").view(y.shape)
+
+    def log_probs(self, h: Tensor) -> Tensor:
+        """Log-probabilities over the whole vocabulary. (..., D) -> (..., V)"""
+        flat = h.reshape(-1, h.size(-1))
+        out = self.adaptive.log_prob(flat) if hasattr(self, "adaptive") else self.proj(flat).log_softmax(-1)
+        return out.view(*h.shape[:-1], -1)
+
+
+class TransformerXL(nn.Module):
+    """A Transformer-XL language model whose blocks are given by ``cfg.layout``."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        cfg.check_vocab(vocab_size)
+        self.cfg, self.vocab_size, self.mem_len = cfg, vocab_size, cfg.mem_len
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.head = OutputHead(cfg, vocab_size, self.embed if cfg.tie_weights else None)
+        self.apply(_init_weights)
+
+    def build_block(self, index: int) -> nn.Module:
+        """The block at depth ``index``. The search space overrides this."""
+        return make_block(self.cfg.layout[index], self.cfg)
+
+    @property
+    def block_kinds(self) -> list[str]:
+        """Kind of each block, or 'choice' where it is still undecided."""
+        kinds = {"AttentionBlock": "attention", "DenseBlock": "dense", "IdentityBlock": "identity"}
+        return [kinds.get(type(b).__name__, "choice") for b in self.blocks]
+
+    def init_memory(self, batch_size: int, device: torch.device | None = None) -> Memory:
+        """Empty memories: (B, 0, D) for blocks that may attend, None for the rest."""
+        empty = torch.zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=self.embed.weight.dtype)
+        return [empty if getattr(b, "uses_memory", True) else None for b in self.blocks]
+
+    def forward(self, x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
+        """x (B, L) token ids -> hidden states (B, L, D) and the memories for the next segment."""
+        B, L = x.shape
+        if mems is None:
+            mems = self.init_memory(B, x.device)
+        h = self.drop(self.embed(x) * math.sqrt(self.cfg.d_model))  # (B, L, D)
+        M = next((m.size(1) for m in mems if m is not None), 0)
+        pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype))  # (M+L, D)
+        new_mems: Memory = []
+        for block, mem in zip(self.blocks, mems):
+            new_mems.append(None if mem is None else self._update(mem, h))
+            h = block(h, h[:, :0] if mem is None else mem, pos)
+        return self.final_norm(h), new_mems
+
+    def _update(self, mem: Tensor, h: Tensor) -> Tensor:
+        """The last ``mem_len`` states of [mem; h], detached: the next segment's memory."""
+        both = torch.cat([mem, h], dim=1)  # (B, M+L, D)
+        return both[:, max(0, both.size(1) - self.mem_len):].detach()
+
+    def nll(self, h: Tensor, y: Tensor) -> Tensor:
+        """Per-token negative log-likelihood of targets y (B, L) given hidden states h (B, L, D)."""
+        return self.head.nll(h, y)
+
+    def log_probs(self, h: Tensor) -> Tensor:
+        return self.head.log_probs(h)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """Transformer-XL's initialisation: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+
+
+def build_fixed_model(cfg: ModelConfig, vocab_size: int, blocks: Sequence[str] | None = None) -> TransformerXL:
+    """A fixed model with the given block kinds in order (``cfg.layout`` by default)."""
+    if blocks is not None:
+        cfg = replace(cfg, n_blocks=len(blocks), blocks=tuple(blocks))
+    return TransformerXL(cfg, vocab_size)

@@ -1,0 +1,292 @@
+"""Tokenizers: SentencePiece, word level and character (byte) level.
+
+Each is trained once on a corpus's train split and cached under
+``<cache_dir>/tokenizers/<train sha256[:16]>-<kind>[-<model_type>-<vocab_size>]/``. That
+directory is built in a temporary directory and renamed into place, so it is complete
+or absent: a crash, or a second DDP rank racing the first, never sees half a tokenizer.
+
+Conventions shared by all kinds:
+
+- Lines end only at ``\\n`` and every line, empty ones included, ends with one eos
+  (the WikiText convention: WikiText-2 train is 2,088,628 word tokens).
+- Ids are roughly in descending frequency, which adaptive softmax relies on (its head
+  holds the lowest ids). Word and char vocabularies are sorted by train-split counts;
+  SentencePiece orders pieces by score (unigram log-probability, or BPE merge order),
+  which tracks frequency closely enough for cutoffs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from parnas.config import DataConfig
+from parnas.errors import DataError, TokenizerError
+
+EOS, UNK = "<eos>", "<unk>"
+_BATCH_LINES = 8192  # lines encoded per call: bounds the Python lists alive at once
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file without their ``\\n``; no other character ends a line."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        try:
+            for line in f:
+                yield line[:-1] if line.endswith("\n") else line
+        except UnicodeDecodeError:
+            raise DataError(f"{path} is not UTF-8 text; use data.tokenizer=char for byte-level corpora") from None
+
+
+class Tokenizer(ABC):
+    """Text <-> int ids. ``path`` is the model/vocabulary file; ``sha256`` identifies it in
+    architecture JSONs and checkpoints; ``from_cache`` says it was loaded, not trained."""
+
+    kind: str
+    vocab_size: int
+    eos_id: int
+    unk_id: int
+
+    def __init__(self, path: Path, *, from_cache: bool = True) -> None:
+        self.path = Path(path)
+        self.sha256 = file_digest(self.path)
+        self.from_cache = from_cache
+
+    @abstractmethod
+    def _encode_batch(self, lines: list[str]) -> list[list[int]]:
+        """Ids of each line, no eos."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; eos becomes a newline."""
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of a text fragment; no eos is added."""
+        return self._encode_batch([text])[0]
+
+    def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        """int32 ids of all lines, one eos after each line."""
+        chunks, it = [], iter(lines)
+        while batch := list(islice(it, _BATCH_LINES)):
+            flat: list[int] = []
+            for ids in self._encode_batch(batch):
+                flat.extend(ids)
+                flat.append(self.eos_id)
+            chunks.append(np.asarray(flat, dtype=np.int32))
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+
+    def encode_file(self, path: Path) -> np.ndarray:
+        return self.encode_lines(read_lines(path))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, path={str(self.path)!r})"
+
+
+def _split_at_eos(ids: Sequence[int], eos: int) -> list[list[int]]:
+    parts: list[list[int]] = [[]]
+    for i in ids:
+        if i == eos:
+            parts.append([])
+        else:
+            parts[-1].append(int(i))
+    return parts
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A trained ``spm.model``: unk=0, eos=1, no bos or pad."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, path: Path, *, from_cache: bool = True) -> None:
+        super().__init__(path, from_cache=from_cache)
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        self.vocab_size = self.sp.get_piece_size()
+        self.eos_id, self.unk_id = self.sp.eos_id(), self.sp.unk_id()
+
+    def _encode_batch(self, lines: list[str]) -> list[list[int]]:
+        return self.sp.encode(lines, out_type=int, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "\n".join(self.sp.decode(part) for part in _split_at_eos(ids, self.eos_id))
+
+
+class WordTokenizer(Tokenizer):
+    """Whitespace tokens; ``vocab.txt`` holds one token per line, line number = id."""
+
+    kind = "word"
+
+    def __init__(self, path: Path, *, from_cache: bool = True) -> None:
+        super().__init__(path, from_cache=from_cache)
+        with open(self.path, encoding="utf-8", newline="\n") as f:
+            self.itos = f.read().split("\n")[:-1]
+        self.stoi = {tok: i for i, tok in enumerate(self.itos)}
+        self.vocab_size = len(self.itos)
+        self.eos_id, self.unk_id = self.stoi[EOS], self.stoi[UNK]
+
+    def _encode_batch(self, lines: list[str]) -> list[list[int]]:
+        get, unk = self.stoi.get, self.unk_id
+        return [[get(tok, unk) for tok in line.split()] for line in lines]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "\n".join(" ".join(self.itos[i] for i in part) for part in _split_at_eos(ids, self.eos_id))
+
+
+class CharTokenizer(Tokenizer):
+    """One token per byte (text8 is ASCII; enwik8 is byte level by convention); the newline
+    byte is eos. ``vocab.txt`` holds ``<eos>``, ``<unk>`` or a byte value (0-255) per line."""
+
+    kind = "char"
+
+    def __init__(self, path: Path, *, from_cache: bool = True) -> None:
+        super().__init__(path, from_cache=from_cache)
+        entries = self.path.read_text(encoding="ascii").split()
+        self.vocab_size = len(entries)
+        self.eos_id, self.unk_id = entries.index(EOS), entries.index(UNK)
+        self.table = np.full(256, self.unk_id, dtype=np.int32)  # byte -> id
+        self.bytes_of: list[bytes] = []  # id -> bytes
+        for i, entry in enumerate(entries):
+            if entry in (EOS, UNK):
+                self.bytes_of.append(b"\n" if entry == EOS else "\ufffd".encode())
+            else:
+                self.table[int(entry)] = i
+                self.bytes_of.append(bytes([int(entry)]))
+        self.table[ord("\n")] = self.eos_id
+
+    def _encode_bytes(self, data: bytes) -> np.ndarray:
+        return self.table[np.frombuffer(data, dtype=np.uint8)]
+
+    def _encode_batch(self, lines: list[str]) -> list[list[int]]:
+        return [self._encode_bytes(line.encode("utf-8")).tolist() for line in lines]
+
+    def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        return self._encode_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
+
+    def encode_file(self, path: Path) -> np.ndarray:
+        data = Path(path).read_bytes()
+        ids = self._encode_bytes(data)
+        return ids if data.endswith(b"\n") or not data else np.append(ids, np.int32(self.eos_id))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self.bytes_of[i] for i in ids).decode("utf-8", errors="replace")
+
+
+# --- training -----------------------------------------------------------------------------------
+
+def train_sentencepiece(train_file: Path, model_prefix: Path, vocab_size: int, model_type: str) -> None:
+    """Train ``<model_prefix>.model``. Module-level so tests can check it is not called twice."""
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(train_file), model_prefix=str(model_prefix), vocab_size=vocab_size, model_type=model_type,
+            unk_id=0, eos_id=1, bos_id=-1, pad_id=-1,
+            num_threads=os.cpu_count() or 1,
+            input_sentence_size=5_000_000, shuffle_input_sentence=True,  # all of WikiText-103's 1.8M lines
+            max_sentence_length=1 << 16,  # WikiText paragraphs can exceed the 4,192-byte default
+            minloglevel=1,
+        )
+    except RuntimeError as e:
+        message = str(e)
+        if "Vocabulary size too high" in message:
+            most = re.search(r"<=\s*(\d+)", message)
+            limit = f" (at most {most.group(1)} for this corpus)" if most else ""
+            raise TokenizerError(f"data.vocab_size={vocab_size} is too large for {train_file}{limit}; "
+                                 "set a smaller data.vocab_size") from None
+        least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+        if least:
+            raise TokenizerError(f"data.vocab_size={vocab_size} is too small for {train_file}: its characters need "
+                                 f"at least {least.group(1)}; set a larger data.vocab_size") from None
+        first = message.strip().splitlines()[0] if message.strip() else type(e).__name__
+        raise TokenizerError(f"SentencePiece could not train on {train_file}: {first}") from None
+
+
+def word_vocab(train_file: Path) -> list[str]:
+    """Tokens of ``train_file`` plus eos (and unk), by descending count; ties keep first appearance."""
+    counts: Counter[str] = Counter()
+    for line in read_lines(train_file):
+        counts.update(line.split())
+        counts[EOS] += 1
+    if len(counts) <= 1:
+        raise DataError(f"{train_file} has no tokens: the train split needs text")
+    counts.setdefault(UNK, 0)
+    return [tok for tok, _ in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def char_vocab(train_file: Path) -> list[str]:
+    """Bytes of ``train_file`` plus eos and unk, by descending count; ties by byte value."""
+    data = np.fromfile(train_file, dtype=np.uint8)
+    counts = np.bincount(data, minlength=256)
+    n_eos = int(counts[ord("\n")]) + int(len(data) > 0 and data[-1] != ord("\n"))
+    counts[ord("\n")] = 0
+    if not counts.any():
+        raise DataError(f"{train_file} has no tokens: the train split needs text")
+    entries = [(EOS, n_eos), (UNK, 0)] + [(str(b), int(counts[b])) for b in range(256) if counts[b]]
+    return [tok for tok, _ in sorted(entries, key=lambda kv: -kv[1])]
+
+
+def _write_vocab(path: Path, tokens: list[str]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(tok + "\n" for tok in tokens)
+
+
+def _build_once(target: Path, filename: str, build: Callable[[Path], None]) -> None:
+    """Run ``build`` in a temporary directory beside ``target``, then rename it to ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")  # mkdir, unlike mkdtemp, keeps umask modes
+    tmp.mkdir()
+    try:
+        build(tmp)
+        if target.exists() and not (target / filename).is_file():
+            shutil.rmtree(target)  # left incomplete by hand: rebuild it
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / filename).is_file():  # otherwise another process finished first: use theirs
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Tokenizer:
+    """Load the tokenizer for ``corpus_dir/train.txt`` and ``cfg`` from the cache, training it first
+    if absent. Word and char vocabularies are decided by the corpus (``cfg.vocab_size`` is ignored)."""
+    train_file = Path(corpus_dir) / "train.txt"
+    root = Path(cache_dir) / "tokenizers"
+    key = file_digest(train_file)[:16]
+    cls: type[Tokenizer]
+    build: Callable[[Path], None]
+    if cfg.tokenizer == "sentencepiece":
+        cls, filename = SentencePieceTokenizer, "spm.model"
+        target = root / f"{key}-sentencepiece-{cfg.sp_model_type}-{cfg.vocab_size}"
+
+        def build(tmp: Path) -> None:
+            train_sentencepiece(train_file, tmp / "spm", cfg.vocab_size, cfg.sp_model_type)
+            (tmp / "spm.vocab").unlink(missing_ok=True)
+    elif cfg.tokenizer in ("word", "char"):
+        target, filename = root / f"{key}-{cfg.tokenizer}", "vocab.txt"
+        cls, make_vocab = (WordTokenizer, word_vocab) if cfg.tokenizer == "word" else (CharTokenizer, char_vocab)
+
+        def build(tmp: Path) -> None:
+            _write_vocab(tmp / "vocab.txt", make_vocab(train_file))
+    else:
+        raise TokenizerError(f"unknown data.tokenizer {cfg.tokenizer!r}; choose sentencepiece, word or char")
+    if (target / filename).is_file():
+        return cls(target / filename, from_cache=True)
+    _build_once(target, filename, build)
+    return cls(target / filename, from_cache=False)

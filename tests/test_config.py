@@ -1,0 +1,65 @@
+"""Config: presets, YAML, --set overrides, and errors that name the key."""
+
+import pytest
+
+from parnas.config import Config, ModelConfig, load_config, parse_overrides, presets
+from parnas.errors import ConfigError
+from parnas.model import TransformerXL
+
+
+def test_presets_load_and_set_overrides_win(tmp_path):
+    assert {"tiny", "wt2-seed"} <= set(presets())
+    cfg = load_config("wt2-seed", ["model.d_model=256", "model.cutoffs=[100, 1000]", "train.lr=1"])
+    assert cfg.model.d_model == 256 and cfg.model.cutoffs == (100, 1000)
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.data.vocab_size == 12000  # untouched keys keep the preset's value
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  n_heads: 8\n")
+    assert load_config(path).model.n_heads == 8
+    assert load_config(None) == Config()
+
+
+def test_parse_overrides_nests_and_parses_yaml_values():
+    assert parse_overrides(["a.b=3", "a.c=[1, 2]", "d=x"]) == {"a": {"b": 3, "c": [1, 2]}, "d": "x"}
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (["model.d_modle=3"], "model.d_modle"),
+    (["extra.x=1"], "extra"),
+    (["model.d_model=big"], "model.d_model"),
+    (["model.d_model=1.5"], "model.d_model"),
+    (["model.pre_norm=1"], "model.pre_norm"),
+    (["model.n_heads=true"], "model.n_heads"),
+    (["model.cutoffs=5"], "model.cutoffs"),
+    (["model.d_model=100", "model.n_heads=3"], "divisible"),
+    (["model.cutoffs=[2500, 250]"], "increasing"),
+    (["model.blocks=[attention, conv]"], "conv"),
+    (["model.blocks=[attention]"], "model.n_blocks"),
+    (["data.seg_len=0"], "data.seg_len"),
+    (["data.tokenizer=bytes"], "data.tokenizer"),
+    (["train.max_steps=0"], "train.max_steps"),
+    (["nokey"], "key=value"),
+])
+def test_bad_settings_raise_one_line_naming_the_problem(overrides, names):
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.").replace("[", r"\[")) as err:
+        load_config("tiny", overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_preset_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="no config file or preset"):
+        load_config("nosuchpreset")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_cutoffs_must_lie_inside_the_vocabulary():
+    with pytest.raises(ConfigError, match="vocabulary size 2000"):
+        TransformerXL(ModelConfig(cutoffs=(250, 2500)), vocab_size=2000)
+
+
+def test_configs_are_frozen():
+    with pytest.raises(AttributeError):
+        ModelConfig().d_model = 3  # type: ignore[misc]

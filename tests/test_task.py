@@ -1,0 +1,40 @@
+"""The training task: learning-rate schedule, evaluation maths."""
+
+import math
+
+import pytest
+import torch
+
+from parnas.config import ModelConfig
+from parnas.model import build_fixed_model
+from parnas.task import evaluate, lr_multiplier
+
+
+def test_warmup_is_linear_then_cosine_reaches_the_floor_at_max_steps():
+    warmup, total = 10, 110
+    ramp = [lr_multiplier(s, warmup, total) for s in range(warmup)]
+    assert ramp == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+    assert lr_multiplier(warmup, warmup, total) == pytest.approx(1.0)
+    assert lr_multiplier(warmup + 50, warmup, total) == pytest.approx(0.5)
+    assert lr_multiplier(total, warmup, total, min_ratio=0.1) == pytest.approx(0.1)
+    decay = [lr_multiplier(s, warmup, total) for s in range(warmup, total + 1)]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert lr_multiplier(total + 5, warmup, total) == pytest.approx(0.0)  # stays at the floor
+
+
+def test_evaluate_is_exp_of_total_nll_and_deterministic_with_dropout_configured():
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, mem_len=4, dropout=0.3, cutoffs=())
+    model = build_fixed_model(cfg, 50).train()
+    stream = torch.randint(0, 50, (2, 25))
+    batches = [(stream[:, t:t + 8], stream[:, t + 1:t + 9]) for t in (0, 8)] + [(stream[:, 16:24], stream[:, 17:25])]
+    first, second = evaluate(model, batches), evaluate(model, batches)
+    assert model.training  # restored
+    assert first.nll == second.nll and first.tokens == 48
+    model.eval()
+    mems, total = None, 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            h, mems = model(x, mems)
+            total += model.nll(h, y).sum().item()
+    assert first.ppl == pytest.approx(math.exp(total / 48), rel=1e-6)

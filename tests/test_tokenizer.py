@@ -1,0 +1,146 @@
+"""Tokenizers: conventions (eos per line, frequency order, unk), caching, bad settings."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import parnas.tokenizer
+from parnas.config import DataConfig
+from parnas.errors import TokenizerError
+from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, read_lines
+
+WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
+needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
+
+
+def write_corpus(folder: Path, train: str, valid: str = " x \n", test: str = " x \n") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("train", train), ("valid", valid), ("test", test)):
+        (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def text_slice(n_lines: int = 2000) -> str:
+    """The first lines of WikiText-2 train, or Zipf-distributed made-up words without it."""
+    if (WT2 / "train.txt").is_file():
+        with open(WT2 / "train.txt", encoding="utf-8", newline="\n") as f:
+            return "".join(line for _, line in zip(range(n_lines), f, strict=False))
+    rng = random.Random(0)
+    words = ["".join(rng.choice("etaoinshrdlucmfw") for _ in range(rng.randint(1, 9))) for _ in range(3000)]
+    weights = [1 / (rank + 1) for rank in range(len(words))]
+    return "".join(" " + " ".join(rng.choices(words, weights, k=rng.randint(0, 40))) + " \n" for _ in range(n_lines))
+
+
+def fail(*args, **kwargs):
+    raise AssertionError("trained again instead of loading the cache")
+
+
+# --- word level -----------------------------------------------------------------------------------
+
+def test_word_level_order_eos_and_unk(tmp_path):
+    corpus = write_corpus(tmp_path / "c", " c c c \n b a b a \n \n", valid=" a zebra \n")
+    tok = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    assert isinstance(tok, WordTokenizer) and tok.kind == "word" and not tok.from_cache
+    # counts: c 3, <eos> 3, b 2, a 2, <unk> 0 (absent: added); ties keep the order of first appearance
+    assert tok.itos == ["c", "<eos>", "b", "a", "<unk>"] and tok.vocab_size == 5
+    ids = tok.encode_file(corpus / "train.txt")
+    assert ids.dtype == np.int32 and ids.tolist() == [0, 0, 0, 1, 2, 3, 2, 3, 1, 1]
+    assert tok.encode_file(corpus / "valid.txt").tolist() == [3, tok.unk_id, tok.eos_id]
+    assert tok.decode(ids.tolist()) == "c c c\nb a b a\n\n"
+    assert tok.encode("a c") == [3, 0]
+
+
+@needs_wt2
+def test_word_level_wikitext2_counts(tmp_path):
+    tok = build_tokenizer(DataConfig(tokenizer="word"), WT2, tmp_path / "cache")
+    ids = tok.encode_file(WT2 / "train.txt")
+    assert tok.vocab_size == 33_278 and len(ids) == 2_088_628
+    assert int((ids == tok.eos_id).sum()) == 36_718  # one per line, empty lines included
+    counts = np.bincount(ids, minlength=tok.vocab_size)
+    assert np.all(np.diff(counts) <= 0)  # ids in descending frequency: adaptive softmax heads are frequent
+    assert tok.itos[:3] == ["the", ",", "."]
+
+
+@needs_wt2
+def test_word_level_slice_maps_unseen_words_to_unk(tmp_path):
+    corpus = write_corpus(tmp_path / "c", text_slice(2000), valid=text_slice(2500)[-20000:])
+    tok = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    valid = tok.encode_file(corpus / "valid.txt")
+    lines = list(read_lines(corpus / "valid.txt"))
+    assert int((valid == tok.eos_id).sum()) == len(lines)
+    unseen = sum(word not in tok.stoi for line in lines for word in line.split())
+    assert unseen > 0 and int((valid == tok.unk_id).sum()) >= unseen
+
+
+def test_word_vocabulary_is_cached(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path / "c", " a b \n")
+    first = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    monkeypatch.setattr(parnas.tokenizer, "word_vocab", fail)
+    second = build_tokenizer(DataConfig(tokenizer="word", vocab_size=7), corpus, tmp_path / "cache")
+    assert second.from_cache and second.path == first.path and second.sha256 == first.sha256
+    assert first.path.parent.name.endswith("-word") and first.path.name == "vocab.txt"
+
+
+# --- char level -----------------------------------------------------------------------------------
+
+def test_char_level_is_byte_level_with_newline_as_eos(tmp_path):
+    corpus = write_corpus(tmp_path / "c", "aab é\nba", valid="ab!\n")
+    tok = build_tokenizer(DataConfig(tokenizer="char"), corpus, tmp_path / "cache")
+    assert isinstance(tok, CharTokenizer)
+    ids = tok.encode_file(corpus / "train.txt")
+    assert len(ids) == len("aab é\nba".encode()) + 1  # a final eos for the unterminated last line
+    assert int((ids == tok.eos_id).sum()) == 2
+    assert tok.decode(ids.tolist()) == "aab é\nba\n"
+    counts = np.bincount(ids, minlength=tok.vocab_size)
+    assert np.all(np.diff(counts) <= 0)
+    assert tok.encode_file(corpus / "valid.txt")[2] == tok.unk_id  # "!" never seen in train
+    assert tok.encode_lines(["ab", ""]).tolist() == tok.encode("ab\n\n")
+    second = build_tokenizer(DataConfig(tokenizer="char"), corpus, tmp_path / "cache")
+    assert second.from_cache
+
+
+# --- SentencePiece --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sentencepiece_trains_once_and_is_reused(tmp_path, monkeypatch, model_type):
+    corpus = write_corpus(tmp_path / "c", text_slice(2000))
+    cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200, sp_model_type=model_type)
+    calls = []
+    train = parnas.tokenizer.train_sentencepiece
+    monkeypatch.setattr(parnas.tokenizer, "train_sentencepiece", lambda *a: calls.append(a) or train(*a))
+    tok = build_tokenizer(cfg, corpus, tmp_path / "cache")
+    assert len(calls) == 1 and not tok.from_cache and isinstance(tok, SentencePieceTokenizer)
+    assert tok.path.parent.name.endswith(f"-sentencepiece-{model_type}-200") and tok.path.name == "spm.model"
+    assert (tok.vocab_size, tok.unk_id, tok.eos_id) == (200, 0, 1)
+    lines = list(read_lines(corpus / "train.txt"))[:50]
+    ids = tok.encode_lines(lines)
+    assert ids.dtype == np.int32 and int((ids == tok.eos_id).sum()) == 50
+    assert len(tok.decode(ids.tolist()).split("\n")) == 51
+    common = " ".join([w for w, _ in Counter(" ".join(lines).split()).most_common(30) if w.isalpha()][:6])
+    assert tok.decode(tok.encode(common)) == common
+
+    monkeypatch.setattr(parnas.tokenizer, "train_sentencepiece", fail)
+    again = build_tokenizer(cfg, corpus, tmp_path / "cache")
+    assert again.from_cache and again.sha256 == tok.sha256
+    np.testing.assert_array_equal(again.encode_lines(lines), ids)
+
+
+def test_sentencepiece_vocab_too_small_is_one_clear_line(tmp_path):
+    corpus = write_corpus(tmp_path / "c", "".join(f" {chr(945 + i % 25)} line {i} \n" for i in range(60)))
+    with pytest.raises(TokenizerError, match=r"data.vocab_size=10 is too small .*at least \d+") as e:
+        build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=10), corpus, tmp_path / "cache")
+    assert "\n" not in str(e.value)
+
+
+def test_sentencepiece_vocab_too_large_is_one_clear_line(tmp_path):
+    corpus = write_corpus(tmp_path / "c", "".join(f" line {i} of a tiny corpus \n" for i in range(30)))
+    with pytest.raises(TokenizerError, match=r"data.vocab_size=50000 is too large .*at most \d+") as e:
+        build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=50_000), corpus, tmp_path / "cache")
+    assert "\n" not in str(e.value) and "smaller data.vocab_size" in str(e.value)
+    assert list((tmp_path / "cache" / "tokenizers").iterdir()) == []  # nothing half-built left behind
