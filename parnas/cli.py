@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import warnings
@@ -32,25 +33,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_args(p: argparse.ArgumentParser) -> None:
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """``--config`` and repeatable ``--set``, shared by every command that reads a config."""
     p.add_argument("--config", default=None, help="YAML file or preset name (tiny, wt2-seed)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting, e.g. --set model.d_model=256 (repeatable)")
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]] = {
-    "train": (cmd_train, lambda p: (_config_args(p), p.add_argument(
-        "--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt"))),
-}
+def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.Namespace], int]
+                ) -> argparse.ArgumentParser:
+    """A sub-command whose help is ``fn``'s docstring; ``fn(args)`` returns the exit status."""
+    p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
+    p.set_defaults(fn=fn)
+    return p
+
+
+# Modules with ``add_commands(sub)``; they import only argparse at module level and load
+# heavy code inside their handlers, so ``parnas --help`` stays fast.
+COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (fn, add_args) in COMMANDS.items():
-        p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
-        add_args(p)
-        p.set_defaults(fn=fn)
+    p = add_command(sub, "train", cmd_train)
+    add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt")
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 

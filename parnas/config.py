@@ -48,6 +48,7 @@ class ModelConfig:
         _require(self.mem_len >= 0, "model.mem_len must be >= 0")
         _require(self.d_model % self.n_heads == 0,
                  f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        _require(self.d_model % 2 == 0, f"model.d_model ({self.d_model}) must be even (sinusoid positions)")
         for key in ("dropout", "dropatt"):
             _require(0.0 <= getattr(self, key) < 1.0, f"model.{key} must be in [0, 1)")
         _require(all(a < b for a, b in zip(self.cutoffs, self.cutoffs[1:])) and all(c > 0 for c in self.cutoffs),
@@ -172,6 +173,11 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
         raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
     return value

@@ -11,6 +11,7 @@ the segments, are what ranks divide: rank r of W reads streams
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
@@ -63,7 +64,8 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, **overrides: Any) -> pl.Train
         accelerator=cfg.accelerator, devices=cfg.devices, precision=cfg.precision,
         strategy="ddp" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
         logger=TensorBoardLogger(out_dir, name="tensorboard", version=""),
-        callbacks=[checkpoints], log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
+        callbacks=[checkpoints, TQDMProgressBar(refresh_rate=1 if sys.stderr.isatty() else cfg.log_every)],
+        log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
         enable_model_summary=False,
     )
     kwargs.update(overrides)

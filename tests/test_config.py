@@ -10,6 +10,7 @@ from parnas.model import TransformerXL
 def test_presets_load_and_set_overrides_win(tmp_path):
     assert {"tiny", "wt2-seed"} <= set(presets())
     cfg = load_config("wt2-seed", ["model.d_model=256", "model.cutoffs=[100, 1000]", "train.lr=1"])
+    assert load_config("tiny", ["train.lr=1e-3"]).train.lr == 1e-3
     assert cfg.model.d_model == 256 and cfg.model.cutoffs == (100, 1000)
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
     assert cfg.data.vocab_size == 12000  # untouched keys keep the preset's value
@@ -35,6 +36,7 @@ def test_parse_overrides_nests_and_parses_yaml_values():
     (["model.cutoffs=[2500, 250]"], "increasing"),
     (["model.blocks=[attention, conv]"], "conv"),
     (["model.blocks=[attention]"], "model.n_blocks"),
+    (["model.d_model=15", "model.n_heads=5"], "even"),
     (["data.seg_len=0"], "data.seg_len"),
     (["data.tokenizer=bytes"], "data.tokenizer"),
     (["train.max_steps=0"], "train.max_steps"),

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import WT2, needs_wt2
 
 import parnas.tokenizer
 from parnas.config import DataConfig
 from parnas.data import DATASETS, ContextBatches, DatasetSpec, load_splits, resolve_corpus, unigram_perplexity
 from parnas.errors import DataError
 from parnas.tokenizer import file_digest
-
-WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
-needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
 
 
 @pytest.fixture(autouse=True)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import WT2, needs_wt2
 
 import parnas.tokenizer
 from parnas.config import DataConfig
 from parnas.errors import TokenizerError
 from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, read_lines
-
-WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
-needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
 
 
 def write_corpus(folder: Path, train: str, valid: str = " x \n", test: str = " x \n") -> Path:

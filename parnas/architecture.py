@@ -1,0 +1,128 @@
+"""The architecture JSON: the contract between search and retrain (DESIGN.md).
+
+``architecture`` is exactly NNI's exported sample (``block_<i>`` -> candidate
+name), so ``model_context(record["architecture"])`` consumes it unchanged.
+``model`` records every :class:`ModelConfig` setting plus ``vocab_size``, so
+retrain rebuilds the searched model exactly unless told otherwise.
+:func:`validate` checks the whole record before anything is built and raises
+:class:`ArchitectureError` with one line for anything it cannot honour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from parnas.config import BLOCK_KINDS, ModelConfig, from_dict
+from parnas.errors import ConfigError, ParnasError
+from parnas.files import write_json_atomic
+
+FORMAT, VERSION = "parnas.architecture", 1
+NAMED_LAYOUTS = ("transformer-xl", "all-attention")
+
+
+class ArchitectureError(ParnasError):
+    """An architecture file that is not JSON, or not one parnas can honour."""
+
+
+def label(index: int) -> str:
+    return f"block_{index}"
+
+
+def make_record(architecture: Mapping[str, str], model: ModelConfig, vocab_size: int, *,
+                probabilities: Mapping[str, Mapping[str, float]] | None = None,
+                tokenizer: Mapping[str, Any] | None = None, search: Mapping[str, Any] | None = None) -> dict:
+    """A record in the DESIGN.md format (validated before it is returned)."""
+    model_fields = {k: v for k, v in dataclasses.asdict(model).items() if k != "blocks"}
+    record = {
+        "format": FORMAT, "version": VERSION,
+        "architecture": {label(i): architecture[label(i)] for i in range(model.n_blocks)},
+        "probabilities": {k: dict(v) for k, v in (probabilities or {}).items()},
+        "model": {**model_fields, "cutoffs": list(model.cutoffs), "vocab_size": vocab_size},
+        "tokenizer": dict(tokenizer or {}),
+        "search": dict(search or {}),
+    }
+    validate(record)
+    return record
+
+
+def named_layout(name: str, model: ModelConfig, vocab_size: int) -> dict:
+    """Baselines: ``transformer-xl`` (attention, dense, ...) or ``all-attention``, at ``model.n_blocks``."""
+    if name == "transformer-xl":
+        kinds = [("attention", "dense")[i % 2] for i in range(model.n_blocks)]
+    elif name == "all-attention":
+        kinds = ["attention"] * model.n_blocks
+    else:
+        raise ArchitectureError(f"unknown layout {name!r}; named layouts are {', '.join(NAMED_LAYOUTS)}")
+    return make_record({label(i): k for i, k in enumerate(kinds)}, model, vocab_size, search={"layout": name})
+
+
+def validate(record: Any, source: str = "architecture") -> dict:
+    """Check format, version, block labels and kinds, and the model settings; returns the record."""
+    def fail(message: str) -> None:
+        raise ArchitectureError(f"{source}: {message}")
+
+    if not isinstance(record, dict):
+        fail("must be a JSON object")
+    if record.get("format") != FORMAT:
+        fail(f"format is {record.get('format')!r}, expected {FORMAT!r}")
+    if record.get("version") != VERSION:
+        fail(f"version {record.get('version')!r} is not supported (this parnas reads version {VERSION})")
+    arch, model = record.get("architecture"), record.get("model")
+    if not isinstance(arch, dict) or not arch:
+        fail("'architecture' must map block labels to block kinds")
+    if not isinstance(model, dict) or not isinstance(model.get("vocab_size"), int):
+        fail("'model' must hold the model settings and an integer vocab_size")
+    bad = {k: v for k, v in arch.items() if v not in BLOCK_KINDS}
+    if bad:
+        key = next(iter(bad))
+        fail(f"{key} is {bad[key]!r}, not a block kind ({', '.join(BLOCK_KINDS)})")
+    expected = [label(i) for i in range(len(arch))]
+    if sorted(arch) != sorted(expected):
+        fail(f"block labels {sorted(arch)} do not match the space's labels block_0..block_{len(arch) - 1}")
+    if model.get("n_blocks", len(arch)) != len(arch):
+        fail(f"{len(arch)} blocks in 'architecture' but model.n_blocks is {model.get('n_blocks')}")
+    try:
+        model_config(record)
+    except ConfigError as e:
+        fail(str(e))
+    return record
+
+
+def model_config(record: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> ModelConfig:
+    """The record's model settings (``vocab_size`` aside), with ``overrides`` applied."""
+    values = {k: v for k, v in record["model"].items() if k != "vocab_size"}
+    values.update({"n_blocks": len(record["architecture"])} | dict(overrides or {}))
+    return from_dict(ModelConfig, values, "model.")
+
+
+def layout(record: Mapping[str, Any]) -> list[str]:
+    """Block kinds in depth order."""
+    return [record["architecture"][label(i)] for i in range(len(record["architecture"]))]
+
+
+def layout_string(kinds: Sequence[str]) -> str:
+    """``['attention', 'dense', 'identity']`` -> ``'ADI'``."""
+    return "".join(k[0].upper() for k in kinds)
+
+
+def read(path: str | Path) -> dict:
+    """Load and validate an architecture file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ArchitectureError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ArchitectureError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
+    return validate(record, str(path))
+
+
+def write(path: str | Path, record: Mapping[str, Any]) -> Path:
+    """Validate, then write atomically."""
+    validate(dict(record), str(path))
+    return write_json_atomic(path, record)

@@ -1,0 +1,27 @@
+"""Shared fixtures: a private cache per test session, and small slices of WikiText-2."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
+needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Tokenizers and token ids go to a per-session cache, never ~/.cache."""
+    monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
+
+
+@pytest.fixture(scope="session")
+def wt2_slice(tmp_path_factory) -> Path:
+    """The first lines of WikiText-2's splits (about 170k train / 20k valid / 26k test words)."""
+    if not (WT2 / "train.txt").is_file():
+        pytest.skip("WikiText-2 not found under PARNAS_DATA_DIR")
+    folder = tmp_path_factory.mktemp("wt2-slice")
+    for split, lines in (("train", 3000), ("valid", 400), ("test", 400)):
+        with open(WT2 / f"{split}.txt") as src:
+            (folder / f"{split}.txt").write_text("".join(line for _, line in zip(range(lines), src)))
+    return folder
