@@ -1,4 +1,4 @@
-# parnas: `make test` runs the tests, `make train` the main job. Both create .venv when absent.
+# parnas: `make search` is the main job, `make test` runs the tests. Both create .venv when absent.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,8 +10,9 @@ ifneq ($(wildcard ../shared/data),)
 export PARNAS_DATA_DIR ?= $(abspath ../shared/data)
 endif
 STEPS  ?= 300
+PORT   ?= 8080
 
-.PHONY: install test train lint bench clean
+.PHONY: install test search train lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,12 +28,18 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Starts search.yaml's NNI experiment in the background; `nnictl stop <id>` ends it.
+search: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/parnas launch --config search.yaml --port $(PORT)
+
+# A short training run of the fixed standard Transformer-XL on WikiText-2.
 train: install
 	$(VENV)/bin/parnas train --config wt2-seed --set train.max_steps=$(STEPS) --set train.warmup_steps=100 \
 	    --set train.lr=1e-3 --set train.eval_every=$(STEPS) --set train.out_dir=runs/train
 
 bench: install
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/search_step.py
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache

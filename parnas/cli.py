@@ -16,6 +16,7 @@ def _quiet_imports() -> None:
     # NNI on torch 2.13 warns that some torch objects are "not a nn.Module"; harmless noise for users.
     warnings.filterwarnings("ignore", message=r".*is found to be not a nn\.Module.*")
     warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")  # Lightning 2.6 on torch 2.13
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -50,7 +51,7 @@ def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argpar
 
 # Modules with ``add_commands(sub)``; they import only argparse at module level and load
 # heavy code inside their handlers, so ``parnas --help`` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.plot_commands", "retrain.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ParnasError as e:
         print(f"parnas {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `parnas ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"parnas {args.command}: interrupted", file=sys.stderr)
         return 130

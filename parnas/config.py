@@ -1,6 +1,6 @@
 """Run configuration: frozen dataclasses, read from YAML, overridden by `--set`.
 
-A config is three sections, ``model``, ``data`` and ``train``. Every key is
+A config has four sections, ``model``, ``data``, ``train`` and ``search``. Every key is
 checked against the dataclass: an unknown key, a wrong type or an impossible
 value raises :class:`ConfigError` naming the key. Presets live as YAML files in
 ``parnas/presets`` and are loaded by name (``--config tiny``).
@@ -98,6 +98,7 @@ class TrainConfig:
     """Optimisation and bookkeeping. Steps count optimiser updates."""
 
     max_steps: int = 1000
+    stop_at: int = 0  # stop after this many steps (0: max_steps); the schedule still spans max_steps
     lr: float = 2.5e-4
     warmup_steps: int = 100
     min_lr: float = 0.0
@@ -116,6 +117,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices"):
             _require(getattr(self, key) > 0, f"train.{key} must be > 0")
+        _require(0 <= self.stop_at <= self.max_steps,
+                 "train.stop_at must be in [0, train.max_steps] (0: run to the end)")
         _require(self.lr > 0, "train.lr must be > 0")
         _require(0 <= self.min_lr <= self.lr, "train.min_lr must be in [0, train.lr]")
         _require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
@@ -123,10 +126,56 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    """The Gumbel-DARTS search (strategies/): what is chosen, how tau anneals, how logits learn.
+
+    ``mode``: ``joint`` updates logits and weights from the same training batch
+    (the seed's procedure); ``bilevel`` is first-order DARTS, logits stepping on
+    the validation stream with its own memory. ``penalty_weight`` (lambda)
+    adds lambda x the expected relative compute of the blocks under
+    softmax(alpha); ``penalty_cost`` says how block costs are obtained.
+    """
+
+    candidates: tuple[str, ...] = BLOCK_KINDS
+    mode: str = "joint"
+    tau_start: float = 1.0
+    tau_end: float = 0.1
+    tau_schedule: str = "exponential"
+    hard: bool = False
+    arch_lr: float = 3.0e-3
+    arch_weight_decay: float = 0.0
+    arch_warmup_steps: int = 0
+    penalty_weight: float = 0.0
+    penalty_cost: str = "flops"
+    log_every: int = 10
+    out_dir: str = "runs/search"
+
+    def __post_init__(self) -> None:
+        for kind in self.candidates:
+            _require(kind in BLOCK_KINDS, f"search.candidates: unknown candidate {kind!r}; choose from {BLOCK_KINDS}")
+        _require(len(self.candidates) >= 2 and len(set(self.candidates)) == len(self.candidates),
+                 f"search.candidates must name at least two distinct kinds, got {list(self.candidates)}")
+        _require(self.mode in ("joint", "bilevel"), f"search.mode must be joint or bilevel, not {self.mode!r}")
+        _require(self.tau_schedule in ("exponential", "linear", "cosine"),
+                 f"search.tau_schedule must be exponential, linear or cosine, not {self.tau_schedule!r}")
+        _require(self.tau_end > 0, "search.tau_end must be > 0")
+        _require(self.tau_end <= self.tau_start,
+                 f"search.tau_end ({self.tau_end}) must not exceed search.tau_start ({self.tau_start})")
+        _require(self.arch_lr > 0, "search.arch_lr must be > 0")
+        _require(self.arch_weight_decay >= 0, "search.arch_weight_decay must be >= 0")
+        _require(self.arch_warmup_steps >= 0, "search.arch_warmup_steps must be >= 0")
+        _require(self.penalty_weight >= 0, f"search.penalty_weight must be >= 0, got {self.penalty_weight}")
+        _require(self.penalty_cost in ("flops", "measured"),
+                 f"search.penalty_cost must be flops or measured, not {self.penalty_cost!r}")
+        _require(self.log_every > 0, "search.log_every must be > 0")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -183,25 +232,32 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     return value
 
 
+def unflatten(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"search.tau_end": 0.1}`` -> ``{"search": {"tau_end": 0.1}}`` (NNI trial parameters, --set pairs)."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        *parents, leaf = str(key).split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part} is a value, not a section")
+        node[leaf] = merge(node[leaf], value) if isinstance(value, Mapping) and leaf in node else value
+    return nested
+
+
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     """``["model.d_model=256", "data.cutoffs=[100,1000]"]`` -> nested dict (values parsed as YAML)."""
-    nested: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got {pair!r}")
         try:
-            value = yaml.safe_load(raw)
+            flat[key] = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise ConfigError(f"--set {key}: cannot parse {raw!r} as a value") from None
-        *parents, leaf = key.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is a value, not a section")
-        node[leaf] = value
-    return nested
+    return unflatten(flat)
 
 
 def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,6 +302,6 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),
                 extra: Mapping[str, Any] | None = None) -> Config:
     """File or preset, then ``extra`` (e.g. NNI trial parameters), then ``--set`` pairs."""
     values = read_yaml(source) if source is not None else {}
-    values = merge(values, extra or {})
+    values = merge(values, unflatten(extra or {}))
     values = merge(values, parse_overrides(overrides))
     return from_dict(Config, values)

@@ -9,6 +9,14 @@ Memory is kept per stream name: one for training, one for evaluation, so an
 evaluation in the middle of training neither sees nor disturbs the training
 memory. Perplexity is ``exp(total NLL / predicted tokens)`` over the whole
 split, summed across DDP ranks, never a mean of per-batch perplexities.
+
+Exact resume: a checkpoint holds what the next step depends on beyond the
+weights and optimiser, i.e. the data position (segments done in this pass over
+the streams) and the training memory of *every* stream (gathered from all DDP
+ranks, so a run may even resume on another number of processes). Dropout is
+reseeded at every training step from (seed, rank, micro-batch index), so the
+random numbers a step uses depend on nothing that happened before it, such as
+draws Lightning or a DataLoader made between a checkpoint and the next step.
 """
 
 from __future__ import annotations
@@ -76,25 +84,52 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
     return Evaluation(total.item(), count, time.perf_counter() - start)
 
 
-class LanguageModelTask(LightningModule):
-    """Trains ``self.model`` on contiguous segments; validates by whole-split perplexity."""
+def step_seed(seed: int, rank: int, index: int) -> int:
+    """The torch seed for micro-batch ``index`` on ``rank``: a pure function, so a resumed run draws the same."""
+    return ((seed * 1_000_003 + rank) * 1_000_000_007 + index) % (2**63 - 1)
 
-    def __init__(self, train: TrainConfig) -> None:
+
+class LanguageModelTask(LightningModule):
+    """Trains ``self.model`` on contiguous segments; validates by whole-split perplexity.
+
+    ``meta`` (config, architecture, tokenizer) is written into every checkpoint's
+    ``parnas`` section; ``data_position`` is how many segments of the current pass
+    over the training streams are done, which the data module resumes from.
+    """
+
+    def __init__(self, train: TrainConfig, meta: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.train_cfg = train
+        self.meta: dict[str, Any] = dict(meta or {})
         self.mems: dict[str, Memory | None] = {}
+        self.batches_seen = 0  # micro-batches trained, over all passes
+        self.data_position = 0  # segments done in the current pass
+        self.val_history: list[dict[str, float]] = []
         self._val_sums: Tensor | None = None
+        self._restored_memory: list[Tensor | None] | None = None  # all streams, until the first step slices it
 
     # --- training -----------------------------------------------------------
     def forward(self, x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
         return self.model(x, mems)
 
     def on_train_epoch_start(self) -> None:
-        self.mems.pop("train", None)  # the stream starts over; so does its memory
+        self._new_pass()  # Lightning skips this hook when it resumes in the middle of a pass
+
+    def _new_pass(self) -> None:
+        self.mems.pop("train", None)  # the streams start over; so does their memory
+        self._restored_memory, self.data_position = None, 0
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
+        if self.data_position >= self.trainer.num_training_batches:
+            self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
+        if self._restored_memory is not None:
+            self.mems["train"] = self._local_memory(self._restored_memory, x.size(0))
+            self._restored_memory = None
+        torch.manual_seed(step_seed(self.train_cfg.seed, self.global_rank, self.batches_seen))
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
+        self.batches_seen += 1
+        self.data_position += 1
         loss = nll.mean()
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", loss.detach().exp())
@@ -111,22 +146,63 @@ class LanguageModelTask(LightningModule):
     # --- evaluation ---------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self.mems["val"] = None
-        self._val_sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # (total NLL, tokens)
+        # (total NLL, predicted tokens, sum over batches of exp(batch mean loss), batches)
+        self._val_sums = torch.zeros(4, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
         nll, self.mems["val"] = segment_nll(self.model, x, y, self.mems.get("val"))
-        self._val_sums += torch.stack([nll.double().sum(), nll.new_tensor(y.numel(), dtype=torch.float64)])
+        total = nll.double().sum()
+        self._val_sums += torch.stack([total, total.new_tensor(y.numel()), (total / y.numel()).exp(),
+                                       total.new_tensor(1.0)])
 
     def on_validation_epoch_end(self) -> None:
         sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
         loss = (sums[0] / sums[1]).float()
+        batch_mean = (sums[2] / sums[3]).float()  # the seed's figure: mean of per-batch exp(loss), reads higher
         self.log("val/loss", loss)  # already summed over ranks: identical everywhere
         self.log("val/ppl", loss.exp(), prog_bar=True)
+        self.log("val/ppl_batch_mean", batch_mean)
+        if not self.trainer.sanity_checking:
+            self.val_history.append({"step": self.global_step, "val_ppl": loss.exp().item(),
+                                     "val_ppl_batch_mean": batch_mean.item()})
 
-    # --- checkpoints carry the training memory, so a resumed run sees what it would have seen
+    # --- checkpoints: everything the next step depends on --------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["parnas_train_memory"] = self.mems.get("train")
+        from parnas.checkpoint import FORMAT, VERSION, weights_digest
+
+        memory = self._restored_memory or self._gather_memory(self.mems.get("train"))
+        checkpoint["parnas"] = {
+            "format": FORMAT, "version": VERSION, **self.meta,
+            "data_position": {"batches_seen": self.batches_seen, "in_pass": self.data_position},
+            "train_memory": memory, "val_history": list(self.val_history),
+            "weights_sha256": weights_digest(checkpoint["state_dict"]),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.mems["train"] = checkpoint.get("parnas_train_memory")
+        meta = checkpoint["parnas"]
+        self.batches_seen = int(meta["data_position"]["batches_seen"])
+        self.data_position = int(meta["data_position"]["in_pass"])
+        self.val_history = list(meta.get("val_history", []))
+        self._restored_memory = meta.get("train_memory")
+        self.mems.pop("train", None)
+
+    def _gather_memory(self, mems: Memory | None) -> list[Tensor | None] | None:
+        """Every rank's training memory, rows in stream order: (B, M, D) per attention block."""
+        if mems is None:
+            return None
+        world = self.trainer.world_size
+        out: list[Tensor | None] = []
+        for m in mems:
+            if m is None:
+                out.append(None)
+                continue
+            full = self.all_gather(m.contiguous()) if world > 1 else m  # (W, B/W, M, D) under DDP
+            out.append(full.reshape(-1, *m.shape[1:]).detach().cpu().clone())  # (B, M, D)
+        return out
+
+    def _local_memory(self, memory: list[Tensor | None], local_batch: int) -> Memory:
+        """This rank's rows of a gathered memory, on this device."""
+        rank = self.global_rank
+        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(self.device)
+                for m in memory]

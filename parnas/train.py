@@ -1,33 +1,68 @@
-"""Train a fixed Transformer-XL with Lightning: data module, trainer, final metrics.
+"""Train a fixed Transformer-XL with Lightning: data module, trainer, callbacks, final metrics.
 
-``train(cfg)`` is what ``parnas train`` runs. The pieces (``SegmentData``,
-``build_trainer``) are reused by the search and retrain stages.
+:func:`fit` is the one training path for a fixed model: ``parnas train``
+(:func:`train`, the layout from ``model.blocks``) and ``parnas retrain`` (the
+model built from an architecture JSON by the search space) both call it. The
+pieces (``SegmentData``, ``build_trainer``) are reused by the search.
 
 DDP: Lightning's distributed sampler is switched off, because the streams, not
 the segments, are what ranks divide: rank r of W reads streams
 [r*B/W, (r+1)*B/W) of every segment, so each rank's memory stays contiguous.
+
+Resume: ``<out_dir>/checkpoints/last.ckpt`` is written every ``ckpt_every``
+steps and at the end (:mod:`parnas.checkpoint`); the task restores the data
+position and memory from it and the training sampler starts where it stopped.
 """
 
 from __future__ import annotations
 
 import math
+import resource
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
+from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
+from parnas import architecture
+from parnas import checkpoint as ckpt
 from parnas.config import Config, TrainConfig
 from parnas.data import ContextBatches, load_splits
+from parnas.errors import ConfigError
 from parnas.files import write_json_atomic
 from parnas.model import TransformerXL, build_fixed_model
 from parnas.task import LanguageModelTask, evaluate
+from parnas.tokenizer import Tokenizer
+
+# Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
+# Anything else must match the checkpoint.
+RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.accelerator", "train.precision", "train.out_dir",
+                     "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size", "data.path"}
+
+
+class ResumableSampler(Sampler[int]):
+    """0..n-1 in order; the first pass starts at ``start`` (a resumed run's data position)."""
+
+    def __init__(self, n: int, start: int = 0) -> None:
+        self.n, self.start = n, start
+
+    def __iter__(self) -> Iterator[int]:
+        def indices() -> Iterator[int]:  # runs at the first draw, not when the iterator is made
+            start, self.start = self.start, 0
+            yield from range(start, self.n)
+        return indices()
+
+    def __len__(self) -> int:
+        return self.n
 
 
 class SegmentData(pl.LightningDataModule):
@@ -44,7 +79,11 @@ class SegmentData(pl.LightningDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        return DataLoader(self.batches(split, rank, world), batch_size=None, shuffle=False)
+        dataset = self.batches(split, rank, world)
+        start = 0
+        if split == "train" and self.trainer is not None:  # a resumed task knows where its pass stopped
+            start = getattr(self.trainer.lightning_module, "data_position", 0) % len(dataset)
+        return DataLoader(dataset, batch_size=None, sampler=ResumableSampler(len(dataset), start))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
@@ -53,60 +92,209 @@ class SegmentData(pl.LightningDataModule):
         return self._loader("valid")
 
 
-def build_trainer(cfg: TrainConfig, out_dir: Path, **overrides: Any) -> pl.Trainer:
-    """A Trainer that validates every ``eval_every`` optimiser steps, across epoch boundaries."""
-    checkpoints = ModelCheckpoint(dirpath=out_dir / "checkpoints", every_n_train_steps=cfg.ckpt_every,
-                                  save_last=True, save_top_k=1)
+class StepCheckpoint(pl.Callback):
+    """Write ``path`` every ``every`` optimiser steps and when training ends (all ranks take part)."""
+
+    def __init__(self, path: Path, every: int) -> None:
+        self.path, self.every, self.saved_at = Path(path), every, -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.saved_at = trainer.global_step  # a resumed run does not rewrite the checkpoint it started from
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        if step != self.saved_at and (step % self.every == 0 or step >= trainer.max_steps):
+            self._save(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step != self.saved_at:
+            self._save(trainer)
+
+    def _save(self, trainer: pl.Trainer) -> None:
+        trainer.save_checkpoint(self.path, weights_only=False)  # everything, not only the weights
+        self.saved_at = trainer.global_step
+
+
+class Throughput(pl.Callback):
+    """Training tokens per second over all ranks, timing training batches only (no evaluation, no saving).
+
+    Its totals travel in checkpoints, so a resumed run reports the speed of all its steps."""
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds, self._start = 0, 0.0, 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tokens, self.seconds = int(state["tokens"]), float(state["seconds"])
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any) -> None:
+        _sync(pl_module.device)
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           *args: Any) -> None:
+        _sync(pl_module.device)
+        self.seconds += time.perf_counter() - self._start
+        self.tokens += batch[0].numel() * trainer.world_size
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer] = pl.Trainer,
+                  **overrides: Any) -> pl.Trainer:
+    """A Trainer that validates every ``eval_every`` optimiser steps, across epoch boundaries, and writes
+    ``<out_dir>/checkpoints/last.ckpt`` every ``ckpt_every`` steps and at the end (weights-only loadable).
+    ``trainer_cls``: the search passes NNI's traced ``Trainer``, which NNI's evaluator requires."""
+    out_dir = Path(out_dir)
     kwargs: dict[str, Any] = dict(
-        max_steps=cfg.max_steps, max_epochs=-1,
+        max_steps=cfg.stop_at or cfg.max_steps, max_epochs=-1,
         val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
         accumulate_grad_batches=cfg.accumulate, gradient_clip_val=cfg.clip or None,
         accelerator=cfg.accelerator, devices=cfg.devices, precision=cfg.precision,
-        strategy="ddp" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
+        # adaptive softmax leaves a tail cluster unused when no target of a batch falls in it
+        strategy="ddp_find_unused_parameters_true" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
         logger=TensorBoardLogger(out_dir, name="tensorboard", version=""),
-        callbacks=[checkpoints, TQDMProgressBar(refresh_rate=1 if sys.stderr.isatty() else cfg.log_every)],
+        callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every),
+                   TQDMProgressBar(refresh_rate=1 if sys.stderr.isatty() else cfg.log_every)],
+        plugins=[ckpt.SafeCheckpointIO()], enable_checkpointing=False,
         log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
         enable_model_summary=False,
     )
     kwargs.update(overrides)
-    return pl.Trainer(**kwargs)
+    return trainer_cls(**kwargs)
+
+
+def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
+    """What a checkpoint keeps of the tokenizer: its identity and its file, so sampling needs no corpus."""
+    data = bytearray(tokenizer.path.read_bytes())
+    return {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256,
+            "filename": tokenizer.path.name, "file": torch.frombuffer(data, dtype=torch.uint8).clone()}
 
 
 def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
-    """Train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics it writes."""
-    pl.seed_everything(cfg.train.seed, verbose=False)
-    out_dir = Path(cfg.train.out_dir)
+    """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics."""
     tokenizer, splits = load_splits(cfg.data)
+    layout = cfg.model.layout
+    cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(layout)))
+    record = architecture.make_record({architecture.label(i): k for i, k in enumerate(layout)},
+                                      replace(cfg.model, blocks=()), tokenizer.vocab_size,
+                                      tokenizer={"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+                                                 "sha256": tokenizer.sha256}, search={"layout": "model.blocks"})
+    pl.seed_everything(cfg.train.seed, verbose=False)
     model = build_fixed_model(cfg.model, tokenizer.vocab_size)
-    task = LanguageModelTask(cfg.train)
+    return fit(cfg, model, tokenizer, splits, record, resume=resume)
+
+
+def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any], tokenizer: Tokenizer,
+                    source: str) -> None:
+    """A resumed run must be the run that wrote ``checkpoint``: same architecture, tokenizer and settings."""
+    meta = checkpoint["parnas"]
+    was, now = (architecture.layout_string(architecture.layout(r)) for r in (meta["architecture"], record))
+    if was != now:
+        raise ConfigError(f"{source} was trained with layout {was}, not {now}; resume with the same architecture")
+    if meta["tokenizer"].get("sha256") != tokenizer.sha256:
+        raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
+    old, new = _flatten(meta["config"]), _flatten(cfg.to_dict())
+    for key in sorted((set(old) | set(new)) - RESUMABLE_CHANGES):
+        if not key.startswith("search.") and _plain(old.get(key)) != _plain(new.get(key)):
+            raise ConfigError(f"{source} was trained with {key}={old.get(key)!r}, now {new.get(key)!r}; "
+                              "resume with the settings it was trained with")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
+        record: dict[str, Any], *, resume: bool = False, callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+    """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
+
+    ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
+    continues from ``<out_dir>/checkpoints/last.ckpt``, which must exist and match ``cfg``.
+    Returns the metrics on rank 0, ``{}`` on other ranks.
+    """
+    out_dir = Path(cfg.train.out_dir)
+    last = out_dir / "checkpoints" / "last.ckpt"
+    if resume:
+        if not last.is_file():
+            raise ConfigError(f"nothing to resume: no checkpoint at {last}; run without --resume to start")
+        check_resumable(ckpt.load(last), cfg, record, tokenizer, str(last))
+    meta = {"config": cfg.to_dict(), "architecture": record, "tokenizer": tokenizer_meta(tokenizer)}
+    task = LanguageModelTask(cfg.train, meta)
     task.set_model(model)
     data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
     trainer = build_trainer(cfg.train, out_dir)
-    last = out_dir / "checkpoints" / "last.ckpt"
+    trainer.callbacks = [*trainer.callbacks, *callbacks]
+    throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     start = time.perf_counter()
-    trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume and last.exists() else None)
+    trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume else None, weights_only=True)
     seconds = time.perf_counter() - start
     if not trainer.is_global_zero:
         return {}
-    metrics = final_metrics(model, data, trainer.strategy.root_device)
-    metrics.update(steps=trainer.global_step, train_seconds=round(seconds, 2),
-                   train_tokens_per_s=round(trainer.global_step * cfg.train.accumulate * cfg.data.batch_size
-                                            * cfg.data.seg_len / seconds, 1),
-                   parameters=sum(p.numel() for p in model.parameters()), blocks=model.block_kinds,
-                   vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.kind, config=cfg.to_dict())
+    device = trainer.strategy.root_device
+    metrics = final_metrics(model, data, device, cfg.train.precision)
+    kinds = model.block_kinds
+    metrics.update(
+        steps=trainer.global_step, train_seconds=round(seconds, 2),
+        train_tokens_per_s=round(throughput.tokens_per_s, 1), peak_memory_mb=round(peak_memory_mb(device), 1),
+        peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
+        parameters=sum(p.numel() for p in model.parameters()), attention_blocks=kinds.count("attention"),
+        architecture=architecture.layout_string(kinds), blocks=kinds, vocab_size=tokenizer.vocab_size,
+        tokenizer=tokenizer.kind, device=str(device), world_size=trainer.world_size,
+        precision=cfg.train.precision, history=task.val_history, config=cfg.to_dict(),
+    )
+    architecture.write(out_dir / "architecture.json", record)
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
 
 
-def final_metrics(model: TransformerXL, data: SegmentData, device: torch.device) -> dict[str, Any]:
-    """Whole-split perplexity on valid and test (exp of total NLL over predicted tokens)."""
-    out: dict[str, Any] = {}
-    for split in ("valid", "test"):
-        batches = data.batches(split)
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak CUDA memory allocated on ``device``, or this process's peak resident set on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def autocast(device: torch.device, precision: str) -> Any:
+    """bf16 autocast where training used it on a GPU, so evaluation measures the same arithmetic."""
+    if device.type == "cuda" and str(precision).startswith("bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def split_metrics(model: TransformerXL, data: SegmentData, split: str, device: torch.device,
+                  precision: str = "32-true") -> dict[str, Any]:
+    """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed."""
+    batches = data.batches(split)
+    with autocast(device, precision):
         result = evaluate(model, batches, device)
-        name = "val" if split == "valid" else "test"
-        out[f"{name}_ppl"] = round(result.ppl, 3) if math.isfinite(result.ppl) else None
-        out[f"{name}_tokens"] = result.tokens
-        out[f"{name}_untargeted_tokens"] = batches.tail_tokens
-        out[f"{name}_eval_tokens_per_s"] = round(result.tokens_per_s, 1)
+    name = "val" if split == "valid" else split
+    return {f"{name}_ppl": result.ppl if math.isfinite(result.ppl) else None, f"{name}_loss": result.loss,
+            f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
+            f"{name}_eval_tokens_per_s": round(result.tokens_per_s, 1), f"{name}_eval_seconds": result.seconds}
+
+
+def final_metrics(model: TransformerXL, data: SegmentData, device: torch.device,
+                  precision: str = "32-true") -> dict[str, Any]:
+    """Valid and test perplexity, and evaluation tokens/s over both splits."""
+    out = {**split_metrics(model, data, "valid", device, precision),
+           **split_metrics(model, data, "test", device, precision)}
+    seconds = out["val_eval_seconds"] + out["test_eval_seconds"]
+    out["eval_tokens_per_s"] = round((out["val_tokens"] + out["test_tokens"]) / seconds, 1)
     return out

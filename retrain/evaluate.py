@@ -1,0 +1,108 @@
+"""``parnas evaluate`` and ``parnas generate``: a checkpoint's perplexity, and samples from it.
+
+Evaluation is :func:`parnas.train.split_metrics`, the function that wrote the
+perplexity at the end of training, on the corpus the checkpoint's config names,
+encoded with the tokenizer the checkpoint carries: the same checkpoint gives
+the same figure. ``mem_len`` may be longer than in training, as Transformer-XL
+allows (relative positions extend to any distance).
+
+Sampling feeds the prompt in segments of the training length, then one token
+at a time, carrying the memory throughout; by default the memory holds
+``mem_len + seg_len`` states, the longest context a training step showed the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from parnas.data import resolve_corpus
+from parnas.errors import ConfigError
+from parnas.train import SegmentData, split_metrics
+from retrain.load import TrainedModel
+
+
+def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device, mem_len: int | None = None,
+                        data_path: str | None = None) -> dict[str, Any]:
+    """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried)."""
+    if split not in ("valid", "test"):
+        raise ConfigError(f"--split must be valid or test, not {split!r}")
+    cfg = trained.config
+    if mem_len is not None:
+        if mem_len < 0:
+            raise ConfigError("--mem-len must be >= 0")
+        trained.model.mem_len = mem_len
+    corpus = resolve_corpus(cfg.data.dataset, data_path or cfg.data.path)
+    ids = trained.tokenizer.encode_file(corpus / f"{split}.txt")
+    data = SegmentData({split: ids}, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
+    out = split_metrics(trained.model, data, split, device, cfg.train.precision)
+    name = "val" if split == "valid" else split
+    return {"split": split, "ppl": out[f"{name}_ppl"], "loss": out[f"{name}_loss"], "tokens": out[f"{name}_tokens"],
+            "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "mem_len": trained.model.mem_len,
+            "step": trained.step, "corpus": str(corpus), "device": str(device)}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    tokens: int = 200
+    temperature: float = 1.0  # 0: always the most likely token
+    top_k: int = 0  # 0: the whole vocabulary
+    seed: int = 0
+    mem_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens <= 0:
+            raise ConfigError("--tokens must be > 0")
+        if self.temperature < 0:
+            raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
+        if self.top_k < 0:
+            raise ConfigError("--top-k must be >= 0 (0 keeps the whole vocabulary)")
+        if self.mem_len is not None and self.mem_len < 0:
+            raise ConfigError("--mem-len must be >= 0")
+
+
+def prompt_ids(trained: TrainedModel, prompt: str) -> list[int]:
+    """eos (a line starts after one, as in training) then the prompt's lines, eos between them."""
+    tok = trained.tokenizer
+    ids = [tok.eos_id]
+    for i, line in enumerate(prompt.split("\n")):
+        if i:
+            ids.append(tok.eos_id)
+        ids.extend(tok.encode(line) if line else [])
+    return ids
+
+
+@torch.no_grad()
+def generate(trained: TrainedModel, prompt: str, opts: Sampling, device: torch.device) -> tuple[str, list[int]]:
+    """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids."""
+    model, cfg = trained.model.eval(), trained.config
+    model.mem_len = opts.mem_len if opts.mem_len is not None else cfg.model.mem_len + cfg.data.seg_len
+    generator = torch.Generator(device=device).manual_seed(opts.seed)
+    context = torch.tensor([prompt_ids(trained, prompt)], device=device)  # (1, P)
+    mems, L = None, cfg.data.seg_len
+    for t in range(0, context.size(1), L):  # the prompt in training-length segments
+        h, mems = model(context[:, t:t + L], mems)  # (1, <=L, D)
+    new: list[int] = []
+    for _ in range(opts.tokens):
+        logp = model.log_probs(h[:, -1]).float()  # (1, V)
+        if opts.temperature == 0:
+            token = logp.argmax(-1, keepdim=True)  # (1, 1)
+        else:
+            logits = logp / opts.temperature
+            if 0 < opts.top_k < logits.size(-1):
+                kth = logits.topk(opts.top_k, dim=-1).values[:, -1:]  # (1, 1)
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # (1, 1)
+        new.append(int(token))
+        h, mems = model(token, mems)  # (1, 1, D)
+    text = trained.tokenizer.decode(context[0, 1:].tolist() + new)
+    return text, new
+
+
+def default_output(checkpoint: str | Path, split: str, mem_len: int) -> Path:
+    """``<checkpoint>.<split>-mem<M>.json`` beside the checkpoint."""
+    path = Path(checkpoint)
+    return path.with_name(f"{path.name}.{split}-mem{mem_len}.json")

@@ -1,0 +1,97 @@
+"""A trained model back from a checkpoint, for evaluation and sampling.
+
+Everything comes from the checkpoint itself (read only through
+:func:`parnas.checkpoint.load`, i.e. ``weights_only``): the config, the
+architecture record (the model is rebuilt by the search-space class under
+``model_context``, as retrain built it) and the tokenizer's own file, so
+sampling needs no corpus and evaluation encodes the corpus with exactly the
+tokenizer the model was trained with.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from parnas import architecture
+from parnas import checkpoint as ckpt
+from parnas.config import Config, from_dict
+from parnas.errors import ConfigError
+from parnas.model import TransformerXL
+from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
+
+TOKENIZERS: dict[str, type[Tokenizer]] = {"sentencepiece": SentencePieceTokenizer, "word": WordTokenizer,
+                                          "char": CharTokenizer}
+
+
+@dataclass
+class TrainedModel:
+    model: TransformerXL
+    config: Config
+    record: dict[str, Any]
+    tokenizer: Tokenizer
+    step: int
+
+
+def device_for(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but no CUDA device is available; use --device cpu")
+    return torch.device(name)
+
+
+def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tokenizer:
+    """The tokenizer whose file the checkpoint carries, checked against its recorded sha256."""
+    kind, data = meta.get("kind"), meta.get("file")
+    if kind not in TOKENIZERS or not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
+        raise ckpt.CheckpointError(f"{source}: its tokenizer record is missing or damaged")
+    path = folder / Path(str(meta.get("filename", "tokenizer"))).name
+    path.write_bytes(data.numpy().tobytes())
+    if file_digest(path) != meta.get("sha256"):
+        raise ckpt.CheckpointError(f"{source}: its tokenizer file does not match its recorded sha256")
+    try:
+        return TOKENIZERS[kind](path)
+    except Exception as e:  # a file SentencePiece or the vocabulary reader cannot parse
+        raise ckpt.CheckpointError(f"{source}: its tokenizer cannot be loaded ({e})") from None
+
+
+def load_trained(path: str | Path, device: torch.device, workdir: Path) -> TrainedModel:
+    """Rebuild the model of checkpoint ``path`` on ``device``, weights loaded strictly.
+
+    ``workdir`` receives the tokenizer file (keep it while the tokenizer is used).
+    """
+    from search_spaces import fixed_model
+
+    source = str(path)
+    checkpoint = ckpt.load(path)
+    meta = checkpoint["parnas"]
+    try:
+        cfg = from_dict(Config, meta["config"])
+        record = architecture.validate(meta["architecture"], f"{source} architecture")
+    except ConfigError as e:
+        raise ckpt.CheckpointError(f"{source}: its config cannot be used ({e})") from None
+    tokenizer = restore_tokenizer(meta["tokenizer"], workdir, source)
+    if tokenizer.vocab_size != record["model"]["vocab_size"]:
+        raise ckpt.CheckpointError(f"{source}: its tokenizer has {tokenizer.vocab_size} pieces but the model "
+                                   f"{record['model']['vocab_size']}")
+    model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
+    # the task holds the model as ``_model`` (NNI's set_model): strip that prefix
+    state = {k.split(".", 1)[1] if k.startswith(("_model.", "model.")) else k: v
+             for k, v in checkpoint["state_dict"].items()}
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ckpt.CheckpointError(f"{source}: its weights do not fit its architecture "
+                                   f"({str(e).splitlines()[0]})") from None
+    return TrainedModel(model.to(device).eval(), cfg, record, tokenizer, int(checkpoint.get("global_step", 0)))
+
+
+def scratch_dir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="parnas-")

@@ -1,0 +1,104 @@
+"""Retrain: the fixed PAR model an architecture JSON describes, trained from scratch.
+
+Order matters for the "nothing written" promise: the architecture file is read
+and validated, the config resolved, the tokenizer built and checked against the
+architecture's vocabulary, all before the run directory is touched. The model
+comes from the search-space class under ``model_context`` (``search_spaces.fixed_model``)
+so retrain and search share every line of block code, and the training itself is
+:func:`parnas.train.fit`, the same path ``parnas train`` takes.
+
+Model settings: those recorded in the JSON's ``model`` section, then any
+``--set model.KEY=VALUE``; the ``model`` section of a ``--config`` file is
+ignored for a JSON (it is the search's record that counts) and used for the
+named baselines (``transformer-xl``, ``all-attention``), which take their block
+count and sizes from the config so they match a found architecture trained
+with the same config.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+
+from parnas import architecture
+from parnas.architecture import ArchitectureError
+from parnas.config import Config, load_config, parse_overrides
+from parnas.data import load_splits
+from parnas.errors import ConfigError
+from parnas.tokenizer import Tokenizer
+from parnas.train import fit
+
+
+def read_architecture(arch: str) -> dict[str, Any] | str:
+    """A validated record for a JSON path, or the name of a baseline layout."""
+    if arch in architecture.NAMED_LAYOUTS:
+        return arch
+    if not Path(arch).exists():
+        raise ArchitectureError(f"no architecture file {arch}; give an architecture JSON or a named layout "
+                                f"({', '.join(architecture.NAMED_LAYOUTS)})")
+    return architecture.read(arch)
+
+
+def resolve_config(arch: dict[str, Any] | str, config: str | None, overrides: Sequence[str]) -> Config:
+    """The run's config; for a JSON, its model settings and ``model.blocks`` set to its layout."""
+    cfg = load_config(config, overrides)
+    model_overrides = parse_overrides(overrides).get("model", {})
+    if "blocks" in model_overrides or (isinstance(arch, str) and cfg.model.blocks):
+        raise ConfigError("model.blocks cannot be set for retrain: the layout comes from --arch")
+    if isinstance(arch, str):
+        return cfg  # the layout is made once the vocabulary is known
+    model = architecture.model_config(arch, model_overrides)
+    kinds = architecture.layout(arch)
+    if model.n_blocks != len(kinds):
+        raise ArchitectureError(f"model.n_blocks={model.n_blocks} does not match the {len(kinds)} blocks "
+                                "of the architecture")
+    return replace(cfg, model=replace(model, blocks=tuple(kinds)))
+
+
+def check_vocabulary(record: dict[str, Any], tokenizer: Tokenizer, source: str) -> None:
+    """The architecture was searched with a vocabulary; the tokenizer the data settings give must match it."""
+    searched = record["model"]["vocab_size"]
+    recorded = record.get("tokenizer") or {}
+    hint = "pass the data settings the search used (its --config, or --set data.tokenizer=... data.vocab_size=...)"
+    if searched != tokenizer.vocab_size:
+        raise ArchitectureError(f"{source} was searched with a vocabulary of {searched} but the data settings give "
+                                f"a {tokenizer.kind} tokenizer of {tokenizer.vocab_size}; {hint}")
+    if recorded.get("kind") not in (None, tokenizer.kind):
+        raise ArchitectureError(f"{source} was searched with a {recorded['kind']} tokenizer, not {tokenizer.kind}; "
+                                f"{hint}")
+    if recorded.get("sha256") not in (None, tokenizer.sha256):
+        print(f"parnas retrain: note: the tokenizer differs from the search's (same kind and size, other pieces); "
+              f"training from scratch is unaffected, but token ids are not comparable with {source}",
+              file=sys.stderr)
+
+
+def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (), *, resume: bool = False,
+            callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+    """Validate everything, build the fixed model, train it from scratch (or resume) and evaluate it.
+
+    Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0).
+    """
+    from search_spaces import fixed_model
+
+    source = read_architecture(arch)
+    cfg = resolve_config(source, config, overrides)
+    tokenizer, splits = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    tokenizer_info = {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256}
+    if isinstance(source, str):
+        record = architecture.named_layout(source, cfg.model, tokenizer.vocab_size)
+        record["tokenizer"] = tokenizer_info
+        cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
+    else:
+        check_vocabulary(source, tokenizer, arch)
+        record = source
+    pl.seed_everything(cfg.train.seed, verbose=False)
+    model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
+    if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly
+        raise RuntimeError(f"built {model.block_kinds}, expected {architecture.layout(record)}")
+    return fit(cfg, model, tokenizer, splits, record, resume=resume, callbacks=callbacks)

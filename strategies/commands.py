@@ -1,0 +1,60 @@
+"""``parnas search`` and ``parnas export`` (registered by parnas.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Search a PAR architecture with Gumbel-DARTS and write architecture.json (inside nnictl: a trial)."""
+    from parnas.config import load_config
+    from strategies.search import run_search, trial_parameters
+
+    cfg = load_config(args.config, args.set, extra=trial_parameters())
+    record = run_search(cfg, resume=args.resume)
+    if record:
+        from parnas.architecture import layout, layout_string
+
+        search = record["search"]
+        print(f"architecture {layout_string(layout(record))} after {search['steps']} steps, "
+              f"validation perplexity {search['val_ppl']:.2f} (softmax of the logits, no Gumbel noise)")
+        for label, probs in record["probabilities"].items():
+            print(f"  {label}: " + "  ".join(f"{k} {p:.3f}" for k, p in probs.items()))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Gather an nnictl experiment's architectures, best validation perplexity first."""
+    from strategies.export import export_experiment
+
+    rows = export_experiment(args.experiment, args.out, root=args.experiments_dir)
+    json.dump(rows, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """Start the NNI experiment (nnictl create) after checking the port and the set-up."""
+    from parnas.experiments import launch
+
+    experiment = launch(args.config, args.port)
+    print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
+          f"gather its architectures with `parnas export --experiment {experiment}`")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from parnas.cli import add_command, add_config_args
+
+    p = add_command(sub, "search", cmd_search)
+    add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last.ckpt")
+    p = add_command(sub, "launch", cmd_launch)
+    p.add_argument("--config", default="search.yaml", help="NNI experiment config (default search.yaml)")
+    p.add_argument("--port", type=int, default=8080, help="web UI port (default 8080)")
+    p = add_command(sub, "export", cmd_export)
+    p.add_argument("--experiment", required=True, help="nnictl experiment id")
+    p.add_argument("--out", default=None, help="folder to copy each trial's architecture.json and a summary into")
+    p.add_argument("--experiments-dir", default=None, help="NNI's experimentWorkingDirectory (~/nni-experiments)")

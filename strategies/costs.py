@@ -1,0 +1,64 @@
+"""What a block costs, for the compute penalty and the Pareto plot.
+
+NNI's FLOPs profiler cannot see through ``nn.Embedding``, custom attention or an
+``nn.Identity`` candidate (NNI_NOTES.md, trap 8), so costs are counted here:
+either forward FLOPs per token from the shapes (deterministic, the default), or
+the measured time of a forward and backward pass of one block on the device in
+use (what a user actually pays, but noisy).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from parnas.blocks import make_block, sinusoid
+from parnas.config import ModelConfig
+
+
+def flops_per_token(kind: str, cfg: ModelConfig, seg_len: int, batch_size: int) -> float:
+    """Forward FLOPs per predicted token of one block (multiply-add = 2 FLOPs)."""
+    D, K, L = cfg.d_model, cfg.mem_len + seg_len, seg_len
+    if kind == "attention":
+        projections = 2 * D * D * (1 + 2 * K / L + 1)  # q on L positions, k and v on K, output
+        positions = 2 * D * D * K / (L * batch_size)  # W_r on the K distances, shared by the batch
+        scores = 3 * 2 * K * D  # content, position, weighted sum of values
+        return projections + positions + scores
+    if kind == "dense":
+        return 2 * 2 * D * cfg.d_ff
+    if kind == "identity":
+        return 0.0
+    raise ValueError(f"unknown block kind {kind!r}")
+
+
+def flops_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int) -> dict[str, float]:
+    """MFLOP per token for each kind."""
+    return {k: flops_per_token(k, cfg, seg_len, batch_size) / 1e6 for k in kinds}
+
+
+def measured_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int,
+                   device: torch.device | str = "cpu", repeats: int = 10) -> dict[str, float]:
+    """Median milliseconds of one block's forward + backward on a (B, L) segment with a full memory."""
+    B, L, M, D = batch_size, seg_len, cfg.mem_len, cfg.d_model
+    h = torch.randn(B, L, D, device=device, requires_grad=True)
+    mem, pos = torch.randn(B, M, D, device=device), sinusoid(M + L, D, torch.device(device))
+    costs = {}
+    for kind in kinds:
+        block = make_block(kind, cfg).to(device)
+        times = []
+        for i in range(repeats + 3):
+            if torch.cuda.is_available() and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = block(h, mem, pos)
+            if out.requires_grad:
+                out.sum().backward()
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 3:  # warm-up
+                times.append((time.perf_counter() - start) * 1e3)
+        costs[kind] = statistics.median(times)
+    return costs
