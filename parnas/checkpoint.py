@@ -55,6 +55,9 @@ def save(checkpoint: Mapping[str, Any], path: str | Path) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(dict(checkpoint), f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide checkpoints from the user's group
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

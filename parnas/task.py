@@ -54,6 +54,7 @@ class Evaluation:
     nll: float  # total negative log-likelihood, nats
     tokens: int  # predicted tokens
     seconds: float
+    batch_mean_ppl: float = math.nan  # mean over segments of exp(segment mean NLL): the seed's figure, reads higher
 
     @property
     def loss(self) -> float:
@@ -75,13 +76,16 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
     was_training = model.training
     model.eval()
     total, count, mems = torch.zeros((), dtype=torch.float64, device=device), 0, None
+    exp_sum, segments = torch.zeros((), dtype=torch.float64, device=device), 0
     start = time.perf_counter()
     for x, y in batches:
         nll, mems = segment_nll(model, x.to(device), y.to(device), mems)
         total += nll.double().sum()
+        exp_sum += nll.double().mean().exp()
         count += y.numel()
+        segments += 1
     model.train(was_training)
-    return Evaluation(total.item(), count, time.perf_counter() - start)
+    return Evaluation(total.item(), count, time.perf_counter() - start, exp_sum.item() / max(1, segments))
 
 
 def step_seed(seed: int, rank: int, index: int) -> int:
@@ -197,8 +201,11 @@ class LanguageModelTask(LightningModule):
             if m is None:
                 out.append(None)
                 continue
-            full = self.all_gather(m.contiguous()) if world > 1 else m  # (W, B/W, M, D) under DDP
-            out.append(full.reshape(-1, *m.shape[1:]).detach().cpu().clone())  # (B, M, D)
+            if world > 1:
+                parts = [torch.empty_like(m) for _ in range(world)]  # W x (B/W, M, D)
+                torch.distributed.all_gather(parts, m.contiguous())
+                m = torch.cat(parts)
+            out.append(m.detach().cpu().clone())  # (B, M, D)
         return out
 
     def _local_memory(self, memory: list[Tensor | None], local_batch: int) -> Memory:

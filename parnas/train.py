@@ -20,6 +20,7 @@ import math
 import resource
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
@@ -93,17 +94,28 @@ class SegmentData(pl.LightningDataModule):
 
 
 class StepCheckpoint(pl.Callback):
-    """Write ``path`` every ``every`` optimiser steps and when training ends (all ranks take part)."""
+    """Write ``path`` every ``every`` optimiser steps and when training ends (all ranks take part).
 
-    def __init__(self, path: Path, every: int) -> None:
-        self.path, self.every, self.saved_at = Path(path), every, -1
+    At a step that also validates (a multiple of ``eval_every``) the checkpoint is written once
+    that validation has ended, so it holds the validation's result and a resumed run neither
+    repeats nor loses it."""
+
+    def __init__(self, path: Path, every: int, eval_every: int = 0) -> None:
+        self.path, self.every, self.eval_every, self.saved_at = Path(path), every, eval_every, -1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.saved_at = trainer.global_step  # a resumed run does not rewrite the checkpoint it started from
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
-        if step != self.saved_at and (step % self.every == 0 or step >= trainer.max_steps):
+        validates = self.eval_every and step % self.eval_every == 0 and not trainer.fit_loop._should_accumulate()
+        if step != self.saved_at and not validates and (step % self.every == 0 or step >= trainer.max_steps):
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step = trainer.global_step
+        if not trainer.sanity_checking and step != self.saved_at and (step % self.every == 0
+                                                                      or step >= trainer.max_steps):
             self._save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -137,11 +149,18 @@ class Throughput(pl.Callback):
                            *args: Any) -> None:
         _sync(pl_module.device)
         self.seconds += time.perf_counter() - self._start
-        self.tokens += batch[0].numel() * trainer.world_size
+        self.tokens += _input_tokens(batch) * trainer.world_size
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _input_tokens(batch: Any) -> int:
+    """Tokens in a batch: ``(x, y)``, or the search's ``{"train": (x, y), "val": (x, y)}`` (its train stream)."""
+    if isinstance(batch, dict):
+        return _input_tokens(batch["train"]) if "train" in batch else sum(map(_input_tokens, batch.values()))
+    return batch[0].numel() if isinstance(batch, (list, tuple)) and batch else 0
 
 
 def _sync(device: torch.device) -> None:
@@ -163,7 +182,7 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         # adaptive softmax leaves a tail cluster unused when no target of a batch falls in it
         strategy="ddp_find_unused_parameters_true" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
         logger=TensorBoardLogger(out_dir, name="tensorboard", version=""),
-        callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every),
+        callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every),
                    TQDMProgressBar(refresh_rate=1 if sys.stderr.isatty() else cfg.log_every)],
         plugins=[ckpt.SafeCheckpointIO()], enable_checkpointing=False,
         log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
@@ -243,7 +262,10 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     trainer.callbacks = [*trainer.callbacks, *callbacks]
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     start = time.perf_counter()
-    trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume else None, weights_only=True)
+    with warnings.catch_warnings():
+        # Lightning cannot see that the task restores the position inside a pass (SegmentData reads it)
+        warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
+        trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume else None, weights_only=True)
     seconds = time.perf_counter() - start
     if not trainer.is_global_zero:
         return {}
@@ -252,7 +274,8 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     kinds = model.block_kinds
     metrics.update(
         steps=trainer.global_step, train_seconds=round(seconds, 2),
-        train_tokens_per_s=round(throughput.tokens_per_s, 1), peak_memory_mb=round(peak_memory_mb(device), 1),
+        train_tokens_per_s=round(throughput.tokens_per_s, 1) if throughput.tokens else None,  # None: no step timed
+        peak_memory_mb=round(peak_memory_mb(device), 1),
         peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
         parameters=sum(p.numel() for p in model.parameters()), attention_blocks=kinds.count("attention"),
         architecture=architecture.layout_string(kinds), blocks=kinds, vocab_size=tokenizer.vocab_size,
@@ -286,6 +309,7 @@ def split_metrics(model: TransformerXL, data: SegmentData, split: str, device: t
         result = evaluate(model, batches, device)
     name = "val" if split == "valid" else split
     return {f"{name}_ppl": result.ppl if math.isfinite(result.ppl) else None, f"{name}_loss": result.loss,
+            f"{name}_ppl_batch_mean": result.batch_mean_ppl if math.isfinite(result.batch_mean_ppl) else None,
             f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
             f"{name}_eval_tokens_per_s": round(result.tokens_per_s, 1), f"{name}_eval_seconds": result.seconds}
 

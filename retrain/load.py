@@ -21,7 +21,7 @@ import torch
 from parnas import architecture
 from parnas import checkpoint as ckpt
 from parnas.config import Config, from_dict
-from parnas.errors import ConfigError
+from parnas.errors import ConfigError, ParnasError
 from parnas.model import TransformerXL
 from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
 
@@ -74,9 +74,10 @@ def load_trained(path: str | Path, device: torch.device, workdir: Path) -> Train
     meta = checkpoint["parnas"]
     try:
         cfg = from_dict(Config, meta["config"])
-        record = architecture.validate(meta["architecture"], f"{source} architecture")
-    except ConfigError as e:
-        raise ckpt.CheckpointError(f"{source}: its config cannot be used ({e})") from None
+        record = architecture.validate(meta["architecture"], "architecture")
+    except ParnasError as e:
+        raise ckpt.CheckpointError(f"{source} is not a fixed model's checkpoint, or its record was edited ({e})"
+                                   ) from None
     tokenizer = restore_tokenizer(meta["tokenizer"], workdir, source)
     if tokenizer.vocab_size != record["model"]["vocab_size"]:
         raise ckpt.CheckpointError(f"{source}: its tokenizer has {tokenizer.vocab_size} pieces but the model "

@@ -179,6 +179,13 @@ class PARDartsModule(DartsLightningModule):
         if self.on_evaluation is not None and self.trainer.is_global_zero:
             self.on_evaluation(step, val_ppl)
 
+    # --- checkpoints: the task adds its section (memory, metadata) as it does when training alone
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.training_module.on_save_checkpoint(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.training_module.on_load_checkpoint(checkpoint)
+
     def _append_history(self, record: dict[str, Any]) -> None:
         if self.history_path is not None and self.trainer.is_global_zero:
             with open(self.history_path, "a") as f:

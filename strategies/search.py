@@ -33,7 +33,7 @@ from parnas.data import load_splits
 from parnas.errors import ParnasError
 from parnas.plots import plot_run
 from parnas.task import LanguageModelTask, evaluate
-from parnas.train import SegmentData, build_trainer
+from parnas.train import SegmentData, build_trainer, tokenizer_meta
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import flops_costs, measured_costs
 from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
@@ -106,12 +106,16 @@ class Search:
 
 
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
-                 ckpt: Path | None = None, on_evaluation: Callable[[int, float], None] | None = None) -> Search:
-    """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects."""
+                 ckpt: Path | None = None, on_evaluation: Callable[[int, float], None] | None = None,
+                 meta: dict[str, Any] | None = None) -> Search:
+    """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
+
+    ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model.
+    """
     if cfg.train.accumulate != 1:
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
-    task = LanguageModelTask(cfg.train)
+    task = LanguageModelTask(cfg.train, meta)
     data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
     trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None)
     costs, cost_unit = block_costs(cfg, trainer.strategy.root_device)
@@ -138,7 +142,9 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
 
             nni.report_intermediate_result(val_ppl)
 
-    search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report)
+    meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
+            "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
+    search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
     seconds = search.run()
     if not search.trainer.is_global_zero:
         return {}

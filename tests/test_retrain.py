@@ -20,11 +20,12 @@ TINY_MODEL = ModelConfig(n_blocks=4, d_model=32, n_heads=2, d_ff=64, mem_len=16,
 KINDS = {"A": "attention", "D": "dense", "I": "identity"}
 
 
-def record_for(layout: str, model: ModelConfig = TINY_MODEL, vocab_size: int = 300) -> dict:
+def record_for(layout: str, model: ModelConfig = TINY_MODEL, vocab_size: int = 300,
+               kind: str = "sentencepiece") -> dict:
     kinds = [KINDS[c] for c in layout]
     model = ModelConfig(**{**model.__dict__, "n_blocks": len(kinds)})
     return architecture.make_record({architecture.label(i): k for i, k in enumerate(kinds)}, model, vocab_size,
-                                    tokenizer={"kind": "sentencepiece", "vocab_size": vocab_size})
+                                    tokenizer={"kind": kind, "vocab_size": vocab_size})
 
 
 def write_arch(path: pathlib.Path, record: dict) -> str:
@@ -142,7 +143,7 @@ def test_overrides_cannot_contradict_the_architecture(wt2_slice, tmp_path, capsy
 # --- kill and resume ---------------------------------------------------------------------------------
 
 class Kill(pl.Callback):
-    """Stop dead right after the checkpoint of ``step`` is written (nothing else runs)."""
+    """Stop dead when step ``step`` ends: the checkpoint before it (and its validation) is on disk."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -152,31 +153,47 @@ class Kill(pl.Callback):
             raise RuntimeError(f"killed at step {self.step}")
 
 
-def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(wt2_slice, tmp_path):
-    _, splits = load_splits(DataConfig(path=str(wt2_slice), vocab_size=300))
-    # a short pass (n segments) so the run crosses its end; n even so a checkpoint falls exactly on it
-    seg_len = next(L for L in range(96, 160) if len(ContextBatches(splits["train"], 64, L)) % 2 == 0)
-    n = len(ContextBatches(splits["train"], 64, seg_len))
-    half = n // 2
-    common = [f"data.path={wt2_slice}", *SMALL, "data.batch_size=64", f"data.seg_len={seg_len}",
-              "model.dropout=0.2", "model.dropatt=0.1", f"train.max_steps={n + half + 3}",
-              f"train.eval_every={half}", f"train.ckpt_every={half}", "train.warmup_steps=5"]
-    arch = write_arch(tmp_path / "arch.json", record_for("ADAI"))
+@pytest.fixture
+def micro_corpus(wt2_slice, tmp_path):
+    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
+    folder = tmp_path / "micro"
+    folder.mkdir()
+    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
+        text = (wt2_slice / f"{split}.txt").read_text()[:size]
+        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
+    return folder
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpus, tmp_path, accumulate):
+    tokenizer, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
+    # a pass is n segments = n / accumulate steps; n divisible by 2 * accumulate, so that one
+    # checkpoint falls in the middle of a pass and one exactly on its end
+    seg_len = next(L for L in range(40, 80) if len(ContextBatches(splits["train"], 8, L)) % (2 * accumulate) == 0)
+    n = len(ContextBatches(splits["train"], 8, seg_len)) // accumulate  # steps per pass
+    half, total = n // 2, n + n // 2 + 3
+    common = [f"data.path={micro_corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "data.batch_size=8",
+              f"data.seg_len={seg_len}", "model.dropout=0.2", "model.dropatt=0.1", f"train.max_steps={total}",
+              f"train.eval_every={half}", f"train.ckpt_every={half}", "train.warmup_steps=5",
+              f"train.accumulate={accumulate}"]
+    model = ModelConfig(**{**TINY_MODEL.__dict__, "cutoffs": (20, 40)})
+    arch = write_arch(tmp_path / "arch.json", record_for("ADAI", model, tokenizer.vocab_size, "char"))
     whole = retrain(arch, "tiny", [*common, f"train.out_dir={tmp_path / 'whole'}"])
     split = [*common, f"train.out_dir={tmp_path / 'split'}"]
     for kill in (half, n):  # the middle of a pass, then exactly its end
         with pytest.raises(RuntimeError, match="killed"):
-            retrain(arch, "tiny", split, resume=kill != half, callbacks=[Kill(kill)])
+            retrain(arch, "tiny", split, resume=kill != half, callbacks=[Kill(kill + 1)])
         assert torch.load(tmp_path / "split/checkpoints/last.ckpt", weights_only=True)["global_step"] == kill
     resumed = retrain(arch, "tiny", split, resume=True)
     a = ckpt.load(tmp_path / "whole/checkpoints/last.ckpt")
     b = ckpt.load(tmp_path / "split/checkpoints/last.ckpt")
-    assert a["global_step"] == b["global_step"] == n + half + 3
+    assert a["global_step"] == b["global_step"] == total  # a pass and a half: it crossed the end of one
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
     for mine, theirs in zip(a["parnas"]["train_memory"], b["parnas"]["train_memory"]):
         assert (mine is None and theirs is None) or torch.equal(mine, theirs)
     assert resumed["val_ppl"] == whole["val_ppl"] and resumed["test_ppl"] == whole["test_ppl"]
+    assert [h["step"] for h in whole["history"]] == [half, 2 * half, 3 * half]
     assert resumed["history"] == whole["history"]
 
 

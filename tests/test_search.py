@@ -1,5 +1,6 @@
 """The PAR space and the Gumbel-DARTS strategy: what a user relies on when searching."""
 
+import atexit
 import logging
 import math
 from pathlib import Path
@@ -183,5 +184,24 @@ def test_usable_as_an_nni_nas_experiment(tmp_path):
                                PARGumbelDARTS(cfg.search, max_steps=5, gradient_clip_val=0.25))
     experiment.config.experiment_working_directory = str(tmp_path / "nni")
     experiment.run()
+    atexit.unregister(experiment.stop)  # it has stopped; a second stop at exit would log to closed streams
     (best,) = experiment.export_top_models(formatter="dict")
     assert list(best) == ["block_0", "block_1"] and set(best.values()) <= set(BLOCK_KINDS)
+
+
+def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
+    import json
+
+    from parnas.cli import main
+
+    common = ["--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=300",
+              "--set", "model.cutoffs=[100, 200]", "--set", f"search.out_dir={tmp_path}", "--set", "search.log_every=5",
+              "--set", "train.ckpt_every=10", "--set", "train.eval_every=100"]
+    assert main(["search", *common, "--set", "train.max_steps=10"]) == 0
+    assert main(["search", *common, "--set", "train.max_steps=10"]) == 2  # a fresh search would overwrite it
+    assert main(["search", *common, "--set", "train.max_steps=20", "--resume"]) == 0
+    record = json.loads((tmp_path / "architecture.json").read_text())
+    assert record["search"]["steps"] == 20
+    steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    logged = [s for s in steps if s % 5 == 0]
+    assert logged == sorted(set(logged)) and logged[-1] >= 15
