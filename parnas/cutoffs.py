@@ -146,13 +146,17 @@ def check_model(n_clusters: int, model: CostModel) -> None:
                            "a smaller model.div_value")
 
 
+def _checked_prefix(probs: np.ndarray, n_clusters: int, model: CostModel) -> tuple[np.ndarray, int, int]:
+    """Cumulative probabilities, vocabulary size and K, once the request is known to make sense."""
+    probs = np.asarray(probs, dtype=np.float64)
+    check_clusters(n_clusters, len(probs))
+    check_model(n_clusters, model)
+    return _prefix(probs), len(probs), n_clusters
+
+
 def exact_cutoffs(probs: np.ndarray, n_clusters: int, model: CostModel) -> Cutoffs:
     """The seed's O(K N^2) dynamic programme: the reference answer (largest cutoffs among ties)."""
-    probs = np.asarray(probs, dtype=np.float64)
-    n = len(probs)
-    check_clusters(n_clusters, n)
-    check_model(n_clusters, model)
-    prefix, k = _prefix(probs), n_clusters
+    prefix, n, k = _checked_prefix(probs, n_clusters, model)
     future = np.full(n + 1, np.inf)
     future[n] = 0.0
     choices = {}
@@ -170,11 +174,7 @@ def exact_cutoffs(probs: np.ndarray, n_clusters: int, model: CostModel) -> Cutof
 
 def optimal_cutoffs(probs: np.ndarray, n_clusters: int, model: CostModel) -> Cutoffs:
     """The same optimum as :func:`exact_cutoffs` in O(K N log N) (divide and conquer on a Monge matrix)."""
-    probs = np.asarray(probs, dtype=np.float64)
-    n = len(probs)
-    check_clusters(n_clusters, n)
-    check_model(n_clusters, model)
-    prefix, k = _prefix(probs), n_clusters
+    prefix, n, k = _checked_prefix(probs, n_clusters, model)
     future = np.full(n + 1, np.inf)
     future[k:n] = model.tail(k, prefix[n] - prefix[k:n], n - np.arange(k, n))  # the last cluster ends at V
     choices = {k: np.full(n + 1, n, dtype=np.int64)}
