@@ -184,7 +184,8 @@ def test_usable_as_an_nni_nas_experiment(tmp_path):
                                PARGumbelDARTS(cfg.search, max_steps=5, gradient_clip_val=0.25))
     experiment.config.experiment_working_directory = str(tmp_path / "nni")
     experiment.run()
-    atexit.unregister(experiment.stop)  # it has stopped; a second stop at exit would log to closed streams
+    experiment.stop()  # marks it stopped in nnictl's registry, now rather than at exit when streams are closed
+    atexit.unregister(experiment.stop)
     (best,) = experiment.export_top_models(formatter="dict")
     assert list(best) == ["block_0", "block_1"] and set(best.values()) <= set(BLOCK_KINDS)
 
