@@ -11,38 +11,14 @@ attention then dense (12 blocks). Both carry their memory, on Zipf token ids.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-from train_step import zipf_ids
+from train_step import time_steps
 
 from parnas.config import load_config
 from parnas.model import build_fixed_model
 from search_spaces import PARTransformerXLSpace
 from strategies.gumbel_darts import PARGumbelDARTS
-
-
-def time_steps(model: torch.nn.Module, params: list[list[torch.nn.Parameter]], cfg, vocab_size: int,
-               steps: int, warmup: int) -> float:
-    """Seconds per optimiser step (forward, backward, clipping, one Adam per parameter list)."""
-    optimizers = [torch.optim.Adam(p, lr=1e-3, foreach=True) for p in params]
-    B, L = cfg.data.batch_size, cfg.data.seg_len
-    stream = zipf_ids(B * L * (steps + warmup) + 1, vocab_size)
-    mems, start = None, 0.0
-    for step in range(steps + warmup):
-        if step == warmup:
-            start = time.perf_counter()
-        t = step * B * L
-        x, y = stream[t:t + B * L].view(B, L), stream[t + 1:t + B * L + 1].view(B, L)
-        h, mems = model(x, mems)
-        loss = model.nll(h, y).mean()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params[0], cfg.train.clip)
-        for opt in optimizers:
-            opt.step()
-    return (time.perf_counter() - start) / steps
 
 
 def main() -> None:
