@@ -123,7 +123,10 @@ class LanguageModelTask(LightningModule):
         self.mems.pop("train", None)  # the streams start over; so does their memory
         self._restored_memory, self.data_position = None, 0
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def train_nll(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """Per-token NLL (B, L) of the next training segment, with the bookkeeping exact resume needs:
+        the restored memory is sliced in, dropout is reseeded, the data position advances.
+        The search's weight steps go through here too."""
         x, y = batch
         if self.data_position >= self.trainer.num_training_batches:
             self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
@@ -134,7 +137,10 @@ class LanguageModelTask(LightningModule):
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
         self.batches_seen += 1
         self.data_position += 1
-        loss = nll.mean()
+        return nll
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self.train_nll(batch).mean()
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", loss.detach().exp())
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,15 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
     return trainer_cls(**kwargs)
 
 
+@contextmanager
+def position_restored_by_task() -> Iterator[None]:
+    """Lightning warns when it resumes inside a pass with a plain dataloader; it cannot see that the
+    task keeps the data position and ``SegmentData`` starts the pass there."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
+        yield
+
+
 def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
     """What a checkpoint keeps of the tokenizer: its identity and its file, so sampling needs no corpus."""
     data = bytearray(tokenizer.path.read_bytes())
@@ -262,9 +271,7 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     trainer.callbacks = [*trainer.callbacks, *callbacks]
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        # Lightning cannot see that the task restores the position inside a pass (SegmentData reads it)
-        warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
+    with position_restored_by_task():
         trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume else None, weights_only=True)
     seconds = time.perf_counter() - start
     if not trainer.is_global_zero:

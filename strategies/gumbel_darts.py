@@ -114,8 +114,15 @@ class PARDartsModule(DartsLightningModule):
                                 weight_decay=self.search.arch_weight_decay)
 
     # --- the search step ------------------------------------------------------
+    @property
+    def data_position(self) -> int:
+        """Segments done in this pass over the training streams; a resumed search starts there."""
+        return self.training_module.data_position
+
     def _stream_loss(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
         task = self.training_module
+        if stream == "train":  # the task's own path: memory restore, dropout seed, data position
+            return task.train_nll(batch).mean()
         x, y = batch
         nll, task.mems[stream] = segment_nll(task.model, x, y, task.mems.get(stream))
         return nll.mean()

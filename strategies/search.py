@@ -33,7 +33,7 @@ from parnas.data import load_splits
 from parnas.errors import ParnasError
 from parnas.plots import plot_run
 from parnas.task import LanguageModelTask, evaluate
-from parnas.train import SegmentData, build_trainer, tokenizer_meta
+from parnas.train import SegmentData, build_trainer, position_restored_by_task, tokenizer_meta
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import flops_costs, measured_costs
 from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
@@ -101,7 +101,8 @@ class Search:
     def run(self) -> float:
         """Train; returns the wall-clock seconds."""
         start = time.perf_counter()
-        self.evaluator.evaluate(self.supernet)
+        with position_restored_by_task():
+            self.evaluator.evaluate(self.supernet)
         return time.perf_counter() - start
 
 
