@@ -114,6 +114,11 @@ class PARDartsModule(DartsLightningModule):
                                 weight_decay=self.search.arch_weight_decay)
 
     # --- the search step ------------------------------------------------------
+    def _softmaxes(self) -> list[NNIGumbelSoftmax]:
+        if not getattr(self, "_softmax_cache", None):  # found once, not walked every step
+            self._softmax_cache = [m for m in self.modules() if isinstance(m, NNIGumbelSoftmax)]
+        return self._softmax_cache
+
     @property
     def data_position(self) -> int:
         """Segments done in this pass over the training streams; a resumed search starts there."""
@@ -137,9 +142,8 @@ class PARDartsModule(DartsLightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         step = self.trainer.global_step
         self.tau = tau_at(step, self.max_steps, self.search.tau_start, self.search.tau_end, self.search.tau_schedule)
-        for module in self.modules():
-            if isinstance(module, NNIGumbelSoftmax):
-                module.tau, module.hard = self.tau, self.search.hard
+        for softmax in self._softmaxes():
+            softmax.tau, softmax.hard = self.tau, self.search.hard
         arch_optimizer = self.architecture_optimizers()
         arch_moves = step >= self.search.arch_warmup_steps
         arch_optimizer.zero_grad()
