@@ -44,6 +44,7 @@ def rel_shift(x: Tensor) -> Tensor:
 class AttentionBlock(nn.Module):
     """Relative multi-head self-attention over [memory; segment], causal."""
 
+    kind = "attention"
     uses_memory = True
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool) -> None:
@@ -82,6 +83,7 @@ class AttentionBlock(nn.Module):
 class DenseBlock(nn.Module):
     """Position-wise feed-forward sublayer with its residual and LayerNorm."""
 
+    kind = "dense"
     uses_memory = False
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, pre_norm: bool) -> None:
@@ -98,6 +100,7 @@ class DenseBlock(nn.Module):
 class IdentityBlock(nn.Module):
     """Skips the block: PAR's way to spend no compute at a depth."""
 
+    kind = "identity"
     uses_memory = False
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:

@@ -151,10 +151,9 @@ class SearchConfig:
     out_dir: str = "runs/search"
 
     def __post_init__(self) -> None:
-        for kind in self.candidates:
-            _require(kind in BLOCK_KINDS, f"search.candidates: unknown candidate {kind!r}; choose from {BLOCK_KINDS}")
-        _require(len(self.candidates) >= 2 and len(set(self.candidates)) == len(self.candidates),
-                 f"search.candidates must name at least two distinct kinds, got {list(self.candidates)}")
+        check_candidates(self.candidates, "search.candidates")
+        _require(len(self.candidates) >= 2,
+                 f"search.candidates must name at least two kinds, got {list(self.candidates)}")
         _require(self.mode in ("joint", "bilevel"), f"search.mode must be joint or bilevel, not {self.mode!r}")
         _require(self.tau_schedule in ("exponential", "linear", "cosine"),
                  f"search.tau_schedule must be exponential, linear or cosine, not {self.tau_schedule!r}")
@@ -179,6 +178,15 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_candidates(candidates: Sequence[str], key: str = "candidates") -> tuple[str, ...]:
+    """Block kinds a choice may take: known, distinct, at least one."""
+    for kind in candidates:
+        _require(kind in BLOCK_KINDS, f"{key}: unknown candidate {kind!r}; choose from {list(BLOCK_KINDS)}")
+    _require(bool(candidates) and len(set(candidates)) == len(candidates),
+             f"{key} must be distinct and non-empty, got {list(candidates)}")
+    return tuple(candidates)
 
 
 def _require(ok: bool, message: str) -> None:

@@ -77,8 +77,7 @@ class TransformerXL(nn.Module):
     @property
     def block_kinds(self) -> list[str]:
         """Kind of each block, or 'choice' where it is still undecided."""
-        kinds = {"AttentionBlock": "attention", "DenseBlock": "dense", "IdentityBlock": "identity"}
-        return [kinds.get(type(b).__name__, "choice") for b in self.blocks]
+        return [getattr(b, "kind", "choice") for b in self.blocks]
 
     def init_memory(self, batch_size: int, device: torch.device | None = None) -> Memory:
         """Empty memories: (B, 0, D) for blocks that may attend, None for the rest."""

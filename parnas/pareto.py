@@ -20,18 +20,18 @@ from parnas.plots import (
     ARCHITECTURE,
     MAX_FRAMES,
     Note,
-    _block_key,
-    _figure,
-    _read_architecture,
-    _save_figure,
-    _stderr,
+    block_key,
+    figure,
     plot_run,
+    read_architecture,
+    save_figure,
+    stderr_note,
 )
 
 
 def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
     """Validation perplexity against cost, one dot per trial, the Pareto front joined and ringed."""
-    fig = _figure(7.5, 5.0, layout="constrained")
+    fig = figure(7.5, 5.0, layout="constrained")
     ax = fig.add_subplot()
     xy = [(p.cost, p.val_ppl) for p in points]
     front = pareto_front(xy)
@@ -82,18 +82,18 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def experiment_points(run_dirs: Mapping[str, Path], note: Note = _stderr) -> tuple[list[TrialPoint], str]:
+def experiment_points(run_dirs: Mapping[str, Path], note: Note = stderr_note) -> tuple[list[TrialPoint], str]:
     """One point per trial with a validation perplexity; x is the architecture's cost when every such
     trial records one in the same unit, else the number of attention blocks for all of them."""
     rows = []
     for trial, run in run_dirs.items():
-        record = _read_architecture(run, note) or {}
+        record = read_architecture(run, note) or {}
         ppl = (record.get("search") or {}).get("val_ppl")
         arch = record.get("architecture") or {}
         if not isinstance(ppl, (int, float)) or not math.isfinite(ppl) or not arch:
             note(f"trial {trial}: no search.val_ppl in {run / ARCHITECTURE}; left out of the Pareto plot")
             continue
-        kinds = [arch[b] for b in sorted(arch, key=_block_key)]
+        kinds = [arch[b] for b in sorted(arch, key=block_key)]
         rows.append((trial, float(ppl), kinds, *trial_cost(record)))
     units = {unit for *_, cost, unit in rows}
     if rows and all(cost is not None for *_, cost, _ in rows) and len(units) == 1:
@@ -107,7 +107,7 @@ def experiment_points(run_dirs: Mapping[str, Path], note: Note = _stderr) -> tup
 
 
 def plot_experiment(experiment_id: str, root: str | Path | None = None, *, max_frames: int = MAX_FRAMES,
-                    tensorboard: bool = True, note: Note = _stderr) -> list[Path]:
+                    tensorboard: bool = True, note: Note = stderr_note) -> list[Path]:
     """:func:`plot_run` for every trial of an nnictl experiment, then ``pareto.png`` in the experiment
     folder. A trial whose plots fail is reported and skipped; no trial at all is an error."""
     folder = experiment_dir(experiment_id, root)
@@ -122,7 +122,7 @@ def plot_experiment(experiment_id: str, root: str | Path | None = None, *, max_f
             note(f"trial {trial}: {e}")
     points, xlabel = experiment_points(runs, note)
     if points:
-        written.append(_save_figure(pareto_figure(points, xlabel, experiment_id),
+        written.append(save_figure(pareto_figure(points, xlabel, experiment_id),
                                     folder / "pareto.png"))
     else:
         note("no trial has a validation perplexity: pareto.png not written")

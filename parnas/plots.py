@@ -65,14 +65,14 @@ def kind_colour(kind: str) -> str:
     return _SPARE_COLOURS[sum(map(ord, kind)) % len(_SPARE_COLOURS)]
 
 
-def _block_key(label: str) -> tuple[int, int | str]:
+def block_key(label: str) -> tuple[int, int | str]:
     prefix, _, index = label.rpartition("_")
     return (0, int(index)) if prefix and index.isdigit() else (1, label)
 
 
 def _display(label: str) -> str:
     """``block_3`` -> ``block 3`` (other labels as they are)."""
-    return f"block {label.rpartition('_')[2]}" if _block_key(label)[0] == 0 else label
+    return f"block {label.rpartition('_')[2]}" if block_key(label)[0] == 0 else label
 
 
 def load_history(run_dir: str | Path) -> History:
@@ -101,7 +101,7 @@ def load_history(run_dir: str | Path) -> History:
             raise HistoryError(f"{path} line {number} is not a history record "
                                '({"step": int, "tau": float, "probabilities": {block: {kind: p}}})') from None
         if not blocks:
-            blocks = tuple(sorted(row, key=_block_key))
+            blocks = tuple(sorted(row, key=block_key))
             kinds = tuple(sorted(row[blocks[0]] if blocks else (),
                                  key=lambda k: (KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER), k)))
             if not blocks or not kinds:
@@ -249,7 +249,7 @@ def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
     return path
 
 
-def _save_figure(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
     return _save_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
 
 
@@ -270,11 +270,11 @@ def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tup
     return path, frame
 
 
-def _stderr(message: str) -> None:
+def stderr_note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _read_architecture(run_dir: Path, note: Note) -> dict | None:
+def read_architecture(run_dir: Path, note: Note) -> dict | None:
     path = run_dir / ARCHITECTURE
     if not path.is_file():
         return None
@@ -289,23 +289,23 @@ def _read_architecture(run_dir: Path, note: Note) -> dict | None:
 
 
 def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: bool = True,
-             note: Note = _stderr) -> list[Path]:
+             note: Note = stderr_note) -> list[Path]:
     """Write ``probabilities.gif``, ``probabilities.png`` and ``architecture.png`` into ``run_dir`` and
     the final heat map to ``<run_dir>/tensorboard`` (tag ``search/probabilities``); returns the images."""
     run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise HistoryError(f"no run directory {run}")
     history = load_history(run)
-    record = _read_architecture(run, note)
+    record = read_architecture(run, note)
     gif, last = write_gif(history, run / "probabilities.gif", max_frames)
-    lines = _save_figure(lines_figure(history), run / "probabilities.png")
-    arch = _save_figure(architecture_figure(history, record), run / "architecture.png")
+    lines = save_figure(lines_figure(history), run / "probabilities.png")
+    arch = save_figure(architecture_figure(history, record), run / "architecture.png")
     if tensorboard:
         log_tensorboard(run / "tensorboard", last, int(history.steps[-1]), note)
     return [gif, lines, arch]
 
 
-def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = _stderr) -> None:
+def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = stderr_note) -> None:
     """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars."""
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -321,7 +321,7 @@ def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = _s
 
 # --- static figures -------------------------------------------------------------------------------
 
-def _figure(width: float, height: float, **kwargs: Any) -> Any:
+def figure(width: float, height: float, **kwargs: Any) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -335,7 +335,7 @@ def lines_figure(history: History) -> Any:
     n = len(history.blocks)
     cols = 1 if n <= 3 else 2 if n <= 8 else 3
     rows = math.ceil(n / cols)
-    fig = _figure(4.2 * cols + 1.0, 2.0 * rows + 2.2, layout="constrained")
+    fig = figure(4.2 * cols + 1.0, 2.0 * rows + 2.2, layout="constrained")
     grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.1] + [1.0] * rows)
     top = fig.add_subplot(grid[0, :])
     top.plot(history.steps, history.tau, color="#444444", label="temperature \u03c4")
@@ -377,9 +377,9 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
     if record:
         arch = dict(record.get("architecture") or arch)
         final.update({b: dict(p) for b, p in (record.get("probabilities") or {}).items() if isinstance(p, dict)})
-    blocks = sorted(arch, key=_block_key)
+    blocks = sorted(arch, key=block_key)
     search = (record or {}).get("search") or {}
-    fig = _figure(7.0, 0.6 * (len(blocks) + 4.8))
+    fig = figure(7.0, 0.6 * (len(blocks) + 4.8))
     ax = fig.add_axes([0, 0, 1, 1])
     ax.set_xlim(0, 10)
     ax.set_ylim(-(len(blocks) + 3.2), 1.6)

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -77,6 +78,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; eos becomes a newline."""
+
+    def identity(self) -> dict[str, Any]:
+        """What architecture JSONs and checkpoints record of the tokenizer."""
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "sha256": self.sha256}
 
     def encode(self, text: str) -> list[int]:
         """Ids of a text fragment; no eos is added."""

@@ -204,8 +204,8 @@ def position_restored_by_task() -> Iterator[None]:
 def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
     """What a checkpoint keeps of the tokenizer: its identity and its file, so sampling needs no corpus."""
     data = bytearray(tokenizer.path.read_bytes())
-    return {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256,
-            "filename": tokenizer.path.name, "file": torch.frombuffer(data, dtype=torch.uint8).clone()}
+    return {**tokenizer.identity(), "filename": tokenizer.path.name,
+            "file": torch.frombuffer(data, dtype=torch.uint8).clone()}
 
 
 def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
@@ -215,8 +215,7 @@ def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
     cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(layout)))
     record = architecture.make_record({architecture.label(i): k for i, k in enumerate(layout)},
                                       replace(cfg.model, blocks=()), tokenizer.vocab_size,
-                                      tokenizer={"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
-                                                 "sha256": tokenizer.sha256}, search={"layout": "model.blocks"})
+                                      tokenizer=tokenizer.identity(), search={"layout": "model.blocks"})
     pl.seed_everything(cfg.train.seed, verbose=False)
     model = build_fixed_model(cfg.model, tokenizer.vocab_size)
     return fit(cfg, model, tokenizer, splits, record, resume=resume)

@@ -89,10 +89,9 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
     cfg = resolve_config(source, config, overrides)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
-    tokenizer_info = {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256}
     if isinstance(source, str):
         record = architecture.named_layout(source, cfg.model, tokenizer.vocab_size)
-        record["tokenizer"] = tokenizer_info
+        record["tokenizer"] = tokenizer.identity()
         cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
     else:
         check_vocabulary(source, tokenizer, arch)

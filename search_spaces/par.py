@@ -16,19 +16,8 @@ from nni.nas.space import model_context
 from torch import nn
 
 from parnas.blocks import make_block
-from parnas.config import BLOCK_KINDS, ModelConfig
-from parnas.errors import ConfigError
+from parnas.config import BLOCK_KINDS, ModelConfig, check_candidates
 from parnas.model import TransformerXL
-
-
-def check_candidates(candidates: Sequence[str]) -> tuple[str, ...]:
-    """Candidates must be known block kinds, distinct, and at least one."""
-    unknown = [c for c in candidates if c not in BLOCK_KINDS]
-    if unknown:
-        raise ConfigError(f"unknown candidate {unknown[0]!r}; choose from {list(BLOCK_KINDS)}")
-    if not candidates or len(set(candidates)) != len(candidates):
-        raise ConfigError(f"candidates must be distinct and non-empty, got {list(candidates)}")
-    return tuple(candidates)
 
 
 class PARTransformerXLSpace(TransformerXL, ModelSpace):

@@ -92,6 +92,7 @@ class PARDartsModule(DartsLightningModule):
         self.block_costs = dict(block_costs or {})
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = search.tau_start
+        self._softmax_cache: list[NNIGumbelSoftmax] = []
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
@@ -115,7 +116,7 @@ class PARDartsModule(DartsLightningModule):
 
     # --- the search step ------------------------------------------------------
     def _softmaxes(self) -> list[NNIGumbelSoftmax]:
-        if not getattr(self, "_softmax_cache", None):  # found once, not walked every step
+        if not self._softmax_cache:  # found once (the supernet is set after __init__), not walked every step
             self._softmax_cache = [m for m in self.modules() if isinstance(m, NNIGumbelSoftmax)]
         return self._softmax_cache
 

@@ -27,7 +27,7 @@ import pytorch_lightning as pl
 import torch
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 
-from parnas import architecture
+from parnas import architecture, checkpoint
 from parnas.config import Config
 from parnas.data import load_splits
 from parnas.errors import ParnasError
@@ -58,7 +58,7 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     if resume:
         if not last.is_file():
             raise ParnasError(f"nothing to resume: {last} does not exist")
-        step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
+        step = checkpoint.load(last)["global_step"]
         history = run_dir / "history.jsonl"
         if history.is_file():  # drop what was logged after the checkpoint; it is about to be redone
             kept = [line for line in history.read_text().splitlines() if json.loads(line)["step"] < step]
@@ -156,7 +156,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
                      for label, dist in search.module.probabilities().items()}
     record = architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities,
-        tokenizer={"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256},
+        tokenizer=tokenizer.identity(),
         search={"strategy": "gumbel-darts", "mode": cfg.search.mode, "steps": steps, "tau_final": search.module.tau,
                 "val_ppl": round(final.ppl, 4), "seed": cfg.train.seed, "candidates": list(cfg.search.candidates),
                 "penalty_weight": cfg.search.penalty_weight, "block_costs": costs, "cost_unit": search.cost_unit,
