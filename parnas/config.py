@@ -131,9 +131,15 @@ class SearchConfig:
 
     ``mode``: ``joint`` updates logits and weights from the same training batch
     (the seed's procedure); ``bilevel`` is first-order DARTS, logits stepping on
-    the validation stream with its own memory. ``penalty_weight`` (lambda)
-    adds lambda x the expected relative compute of the blocks under
-    softmax(alpha); ``penalty_cost`` says how block costs are obtained.
+    the validation stream with its own memory.
+
+    The cost of an architecture is its predicted step time relative to the
+    standard Transformer-XL at the same ``n_blocks`` (``penalty_cost: latency``,
+    timed on the device; ``flops`` is a proxy, not what you pay).
+    ``latency_budget`` (e.g. 0.65) makes it a constraint the exported
+    architecture must meet, its multiplier found by dual ascent at rate
+    ``dual_lr``; ``penalty_weight`` is instead a fixed lambda on the expected
+    cost under softmax(alpha). The two are exclusive.
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS
@@ -146,7 +152,9 @@ class SearchConfig:
     arch_weight_decay: float = 0.0
     arch_warmup_steps: int = 0
     penalty_weight: float = 0.0
-    penalty_cost: str = "flops"
+    penalty_cost: str = "latency"
+    latency_budget: float | None = None
+    dual_lr: float = 0.05
     log_every: int = 10
     out_dir: str = "runs/search"
 
@@ -164,8 +172,17 @@ class SearchConfig:
         _require(self.arch_weight_decay >= 0, "search.arch_weight_decay must be >= 0")
         _require(self.arch_warmup_steps >= 0, "search.arch_warmup_steps must be >= 0")
         _require(self.penalty_weight >= 0, f"search.penalty_weight must be >= 0, got {self.penalty_weight}")
-        _require(self.penalty_cost in ("flops", "measured"),
-                 f"search.penalty_cost must be flops or measured, not {self.penalty_cost!r}")
+        _require(self.penalty_cost in ("latency", "flops"),
+                 f"search.penalty_cost must be latency or flops, not {self.penalty_cost!r}")
+        if self.latency_budget is not None:
+            _require(0.0 < self.latency_budget <= 1.0,
+                     f"search.latency_budget must be in (0, 1] (a fraction of Transformer-XL's step time), "
+                     f"got {self.latency_budget}")
+            _require(not self.penalty_weight, "search.latency_budget and search.penalty_weight are exclusive: "
+                     "a budget finds its own lambda; set penalty_weight=0 or latency_budget=null")
+            _require(self.penalty_cost == "latency", "search.latency_budget is a fraction of measured latency: "
+                     "set search.penalty_cost=latency")
+        _require(self.dual_lr > 0, f"search.dual_lr must be > 0, got {self.dual_lr}")
         _require(self.log_every > 0, "search.log_every must be > 0")
 
 

@@ -111,6 +111,7 @@ class LanguageModelTask(LightningModule):
         self.val_history: list[dict[str, float]] = []
         self._val_sums: Tensor | None = None
         self._restored_memory: list[Tensor | None] | None = None  # all streams, until the first step slices it
+        self._restored_streams: dict[str, Any] = {}  # other streams' saved memories (the search's arch stream)
 
     # --- training -----------------------------------------------------------
     def forward(self, x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:

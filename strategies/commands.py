@@ -18,8 +18,17 @@ def cmd_search(args: argparse.Namespace) -> int:
         from parnas.architecture import layout, layout_string
 
         search = record["search"]
-        print(f"architecture {layout_string(layout(record))} after {search['steps']} steps, "
-              f"validation perplexity {search['val_ppl']:.2f} (softmax of the logits, no Gumbel noise)")
+        print(f"architecture {layout_string(layout(record))} (A attention, D dense, I identity) "
+              f"after {search['steps']} steps")
+        print(f"  val ppl {search['val_ppl']:.2f} exported architecture (supernet weights, not retrained); "
+              f"{search['supernet_val_ppl']:.2f} supernet (discretisation gap {search['discretisation_gap']:+.2f})")
+        latency = search.get("latency")
+        if latency:
+            budget = latency["budget"]
+            verdict = "" if budget is None else (f", budget {budget:.2f}: " +
+                                                 ("met" if latency["within_budget"] else "NOT MET"))
+            print(f"  predicted train step {latency['train_step_ms']:.1f} ms = {latency['ratio']:.2f} x "
+                  f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{verdict}")
         for label, probs in record["probabilities"].items():
             print(f"  {label}: " + "  ".join(f"{k} {p:.3f}" for k, p in probs.items()))
     return 0

@@ -1,22 +1,25 @@
-"""What a block costs, for the compute penalty and the Pareto plot.
+"""What an architecture costs, for the latency budget, the penalty and the Pareto plot.
 
-NNI's FLOPs profiler cannot see through ``nn.Embedding``, custom attention or an
-``nn.Identity`` candidate (NNI_NOTES.md, trap 8), so costs are counted here:
-either forward FLOPs per token from the shapes (deterministic, the default), or
-the measured time of a forward and backward pass of one block on the device in
-use (what a user actually pays, but noisy).
+:class:`CostModel` is ``constant + sum of the blocks' costs``, read relative to
+the standard Transformer-XL at the same ``n_blocks``. Its numbers come from the
+device's latency table (:mod:`parnas.latency`, the default: what a user pays)
+or from forward FLOPs per token counted from the shapes (a deterministic proxy,
+not what you pay: it says attention is cheaper than a dense block at short
+contexts, where a device says the opposite). NNI's FLOPs profiler cannot see
+through ``nn.Embedding``, custom attention or an ``nn.Identity`` candidate
+(NNI_NOTES.md, trap 8), so FLOPs are counted here.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
-from parnas.blocks import make_block, sinusoid
 from parnas.config import ModelConfig
+from parnas.latency import LatencyTable, transformer_xl_layout
 
 
 def flops_per_token(kind: str, cfg: ModelConfig, seg_len: int, batch_size: int) -> float:
@@ -39,26 +42,36 @@ def flops_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size
     return {k: flops_per_token(k, cfg, seg_len, batch_size) / 1e6 for k in kinds}
 
 
-def measured_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int,
-                   device: torch.device | str = "cpu", repeats: int = 10) -> dict[str, float]:
-    """Median milliseconds of one block's forward + backward on a (B, L) segment with a full memory."""
-    B, L, M, D = batch_size, seg_len, cfg.mem_len, cfg.d_model
-    h = torch.randn(B, L, D, device=device, requires_grad=True)
-    mem, pos = torch.randn(B, M, D, device=device), sinusoid(M + L, D, torch.device(device))
-    costs = {}
-    for kind in kinds:
-        block = make_block(kind, cfg).to(device)
-        times = []
-        for i in range(repeats + 3):
-            if torch.cuda.is_available() and torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = block(h, mem, pos)
-            if out.requires_grad:
-                out.sum().backward()
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            if i >= 3:  # warm-up
-                times.append((time.perf_counter() - start) * 1e3)
-        costs[kind] = statistics.median(times)
-    return costs
+@dataclass(frozen=True)
+class CostModel:
+    """Per-kind block costs plus a constant part, in ``unit``; ``reference`` is Transformer-XL's total."""
+
+    per_kind: dict[str, float]
+    constant: float
+    unit: str
+    n_blocks: int
+
+    @property
+    def reference(self) -> float:
+        return self.total(transformer_xl_layout(self.n_blocks))
+
+    def total(self, kinds: Sequence[str]) -> float:
+        return self.constant + sum(self.per_kind[k] for k in kinds)
+
+    def ratio(self, kinds: Sequence[str]) -> float:
+        """Cost of a layout relative to the standard Transformer-XL's."""
+        return self.total(kinds) / self.reference
+
+    def expected_ratio(self, probabilities: Sequence[tuple[Sequence[str], Tensor]]) -> Tensor:
+        """E[cost] / reference with each block's kind drawn from its probabilities (differentiable)."""
+        terms = [p @ p.new_tensor([self.per_kind[k] for k in names]) for names, p in probabilities]
+        return (self.constant + torch.stack(terms).sum()) / self.reference
+
+
+def latency_costs(table: LatencyTable, n_blocks: int) -> CostModel:
+    return CostModel(table.costs("train"), table.constant_ms["train"], "ms/step", n_blocks)
+
+
+def flops_model(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int) -> CostModel:
+    """FLOPs of the blocks only (the constant part is left out): a proxy."""
+    return CostModel(flops_costs(kinds, cfg, seg_len, batch_size), 0.0, "MFLOP/token", cfg.n_blocks)

@@ -11,18 +11,28 @@ and why:
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream.
   The task keeps one Transformer-XL memory per stream (``train``, ``arch``), and
   a stream's memory is reset when that stream starts over (trap 2);
-- the penalty is lambda x expected relative block cost under softmax(alpha), a
-  tensor, so it has a gradient (NNI's ``penalty`` has none: trap 8);
-- evaluation runs with the Gumbel noise off (softmax of the logits), through
-  Lightning's validation loop every ``train.eval_every`` steps (NNI's DARTS runs
-  none: trap 9), and the probabilities logged are softmax(alpha) (trap 1).
+- cost is predicted step time relative to Transformer-XL's (:class:`CostModel`).
+  A ``latency_budget`` is a constraint on the *exported* architecture: a hinge
+  on its excess over the budget, differentiated through the expected cost under
+  softmax(alpha), weighted by a multiplier found by dual ascent. A fixed
+  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` has no
+  gradient: trap 8);
+- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs none:
+  trap 9) twice: the supernet with the Gumbel noise off (softmax of the logits),
+  and the exported argmax architecture with the supernet's weights; the gap
+  between the two is the discretisation gap. Probabilities logged are
+  softmax(alpha) (trap 1);
+- the logits are ordered by block (trap 15), and under DDP their gradients are
+  averaged over ranks, so every rank holds the same architecture (trap 16).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +45,10 @@ from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as 
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from parnas.architecture import layout_string
 from parnas.config import SearchConfig
-from parnas.task import LanguageModelTask, segment_nll
+from parnas.task import LanguageModelTask, segment_nll, step_seed
+from strategies.costs import CostModel
 
 
 def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
@@ -79,19 +91,66 @@ class PairedStreams(Dataset):
         return {"train": self.train[t], "arch": self.arch[a], "arch_restart": a == 0}
 
 
+@contextmanager
+def exported(choices: Sequence[DifferentiableMixedLayer], kinds: Sequence[str]) -> Iterator[None]:
+    """Inside, choice i runs only candidate ``kinds[i]``: the exported architecture with the supernet's
+    weights. Memories are unaffected (a choice keeps one whatever runs), so this is exactly the fixed model."""
+    for m, kind in zip(choices, kinds, strict=True):
+        m.forward = m[kind].forward  # instance attribute: shadows the mixed forward
+    try:
+        yield
+    finally:
+        for m in choices:
+            del m.forward
+
+
+def fit_budget(probabilities: Sequence[Mapping[str, float]], costs: CostModel, budget: float) -> list[str] | None:
+    """The most probable layout whose cost ratio is within ``budget`` (None if none is).
+
+    Each block takes argmax_k log p_k - mu x cost_k; the smallest multiplier mu that makes the layout fit is
+    found by bisection (Lagrangian relaxation of the knapsack). Used only when the argmax is over budget."""
+    def layout(mu: float) -> list[str]:
+        return [max(p, key=lambda k: math.log(max(p[k], 1e-30)) - mu * costs.per_kind[k]) for p in probabilities]
+
+    if costs.ratio([min(p, key=costs.per_kind.__getitem__) for p in probabilities]) > budget:
+        return None
+    low, high = 0.0, 1.0
+    while costs.ratio(layout(high)) > budget:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (low, mid) if costs.ratio(layout(mid)) <= budget else (mid, high)
+    return layout(high)
+
+
+@torch.no_grad()
+def exported_nll(model: torch.nn.Module, choices: Sequence[DifferentiableMixedLayer], kinds: Sequence[str],
+                 batches: Iterable[tuple[Tensor, Tensor]], device: torch.device) -> Tensor:
+    """(total NLL, predicted tokens) of the exported architecture over ``batches``, memory carried, dropout off."""
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    was_training, mems = model.training, None
+    model.eval()
+    with exported(choices, kinds):
+        for x, y in batches:
+            nll, mems = segment_nll(model, x.to(device), y.to(device), mems)
+            sums += torch.stack([nll.double().sum(), sums.new_tensor(y.numel())])
+    model.train(was_training)
+    return sums
+
+
 class PARDartsModule(DartsLightningModule):
     """The search loop around a :class:`LanguageModelTask` (see module docstring)."""
 
     def __init__(self, training_module: LanguageModelTask, search: SearchConfig, *, max_steps: int,
-                 gradient_clip_val: float | None, block_costs: Mapping[str, float] | None = None,
-                 history_path: Path | None = None,
-                 on_evaluation: Callable[[int, float], None] | None = None) -> None:
+                 gradient_clip_val: float | None, costs: CostModel | None = None,
+                 history_path: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(training_module, arc_learning_rate=search.arch_lr, gradient_clip_val=gradient_clip_val,
                          log_prob_every_n_step=search.log_every)
-        self.search, self.max_steps = search, max_steps
-        self.block_costs = dict(block_costs or {})
+        self.search, self.max_steps, self.costs = search, max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = search.tau_start
+        self.dual = 0.0  # the budget's multiplier (lambda), found by dual ascent
+        self.last_evaluation: Evaluated | None = None
         self._softmax_cache: list[NNIGumbelSoftmax] = []
 
     # --- architecture parameters -------------------------------------------
@@ -99,16 +158,31 @@ class PARDartsModule(DartsLightningModule):
         return sorted((m for m in self.supernet_modules() if isinstance(m, DifferentiableMixedLayer)),
                       key=lambda m: int(m.label.rsplit("_", 1)[1]))
 
+    def arch_parameters(self) -> list[torch.nn.Parameter]:
+        """The logits in block order. NNI's is ``list(set(...))``, whose order changes between processes,
+        so a resumed architecture optimiser would load its moments onto the wrong logits (trap 15)."""
+        return [m._arch_alpha for m in self.choices()]
+
     def probabilities(self) -> dict[str, dict[str, float]]:
         """softmax(alpha) per block: what the search believes, without Gumbel noise."""
-        return {m.label: dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist())) for m in self.choices()}
+        return {str(m.label): dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist()))
+                for m in self.choices()}
 
-    def expected_cost(self) -> Tensor:
-        """Mean over blocks of E[cost] under softmax(alpha), relative to the dearest kind: in [0, 1]."""
-        top = max(self.block_costs.values())
-        terms = [m._arch_alpha.softmax(-1) @ m._arch_alpha.new_tensor([self.block_costs[n] / top for n in m.names])
-                 for m in self.choices()]
-        return torch.stack(terms).mean()
+    def argmax(self) -> list[str]:
+        return [m.names[int(m._arch_alpha.argmax())] for m in self.choices()]
+
+    def exported_kinds(self) -> tuple[list[str], bool]:
+        """What is exported: the argmax, or, when a budget is set and the argmax is over it, the most probable
+        layout within it; and whether that fitting was needed (it is recorded, never silent)."""
+        kinds, budget = self.argmax(), self.search.latency_budget
+        if budget is None or self.costs is None or self.costs.ratio(kinds) <= budget:
+            return kinds, False
+        fitted = fit_budget(list(self.probabilities().values()), self.costs, budget)
+        return (kinds, False) if fitted is None else (fitted, True)
+
+    def expected_ratio(self) -> Tensor:
+        """Expected cost relative to Transformer-XL's under softmax(alpha): differentiable in alpha."""
+        return self.costs.expected_ratio([(m.names, m._arch_alpha.softmax(-1)) for m in self.choices()])
 
     def configure_architecture_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.arch_parameters(), lr=self.search.arch_lr, betas=(0.5, 0.999),
@@ -130,15 +204,44 @@ class PARDartsModule(DartsLightningModule):
         if stream == "train":  # the task's own path: memory restore, dropout seed, data position
             return task.train_nll(batch).mean()
         x, y = batch
+        if "arch" in task._restored_streams:  # a resumed search: the arch stream's memory as it was saved
+            task.mems["arch"] = task._local_memory(task._restored_streams.pop("arch"), x.size(0))
+        # its own seed: Gumbel noise and dropout draws depend on the step alone, so a resumed search redraws them
+        torch.manual_seed(step_seed(task.train_cfg.seed + 7919, task.global_rank, task.batches_seen))
         nll, task.mems[stream] = segment_nll(task.model, x, y, task.mems.get(stream))
         return nll.mean()
 
     def _penalty(self) -> Tensor | float:
-        if not self.search.penalty_weight:
+        """Fixed lambda x expected cost ratio; or, with a budget, lambda x hinge on the exported cost.
+
+        The hinge's value is the exported (argmax) architecture's excess over the budget and its gradient is
+        that of the expected cost under softmax(alpha) (straight-through), so it pushes exactly while what
+        would be exported is over budget. Lambda grows by dual ascent while it is, and decays when under."""
+        if self.costs is None or (not self.search.penalty_weight and self.search.latency_budget is None):
             return 0.0
-        cost = self.expected_cost()
-        self.log("search/expected_cost", cost.detach())
-        return self.search.penalty_weight * cost
+        expected = self.expected_ratio()
+        self.log("search/expected_cost_ratio", expected.detach())
+        if self.search.latency_budget is None:
+            return self.search.penalty_weight * expected
+        exported = self.costs.ratio(self.argmax())
+        straight_through = exported + expected - expected.detach()
+        self.log("search/lambda", self.dual)
+        return self.dual * F.relu(straight_through - self.search.latency_budget)
+
+    def _dual_step(self) -> None:
+        """lambda <- max(0, lambda + dual_lr x (exported ratio - budget)): identical on every rank (same logits)."""
+        if self.costs is not None and self.search.latency_budget is not None:
+            excess = self.costs.ratio(self.argmax()) - self.search.latency_budget
+            self.dual = max(0.0, self.dual + self.search.dual_lr * excess)
+
+    def _sync_arch_gradients(self) -> None:
+        """Average the logits' gradients over DDP ranks, so every rank holds the same logits (NNI #5013)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.trainer.world_size > 1:
+            for alpha in self.arch_parameters():
+                if alpha.grad is None:
+                    alpha.grad = torch.zeros_like(alpha)
+                torch.distributed.all_reduce(alpha.grad)
+                alpha.grad /= self.trainer.world_size
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         step = self.trainer.global_step
@@ -152,9 +255,11 @@ class PARDartsModule(DartsLightningModule):
         if self.search.mode == "bilevel":
             if batch["arch_restart"]:
                 self.training_module.mems.pop("arch", None)
+                self.training_module._restored_streams.pop("arch", None)
             if arch_moves:
                 arch_loss = self._stream_loss("arch", batch["arch"]) + self._penalty()
                 self.manual_backward(arch_loss)
+                self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
                 self.log("search/arch_loss", arch_loss.detach())
             loss = self._stream_loss("train", batch["train"])
@@ -164,18 +269,28 @@ class PARDartsModule(DartsLightningModule):
             total = loss + self._penalty() if arch_moves else loss
             self.advance_optimization(total, batch_idx, self.gradient_clip_val)  # backward reaches alpha too
             if arch_moves:
+                self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()
+        if arch_moves:
+            self._dual_step()
         self.advance_lr_schedulers(batch_idx)
 
+        done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
         self.log("train/loss", loss.detach(), prog_bar=True)
         self.log("search/tau", self.tau)
-        if step % self.search.log_every == 0:
+        if done % self.search.log_every == 0:
             probs = self.probabilities()
             self.log_dict({f"prob/{label}/{kind}": p for label, dist in probs.items() for kind, p in dist.items()})
-            self._append_history({"step": step, "tau": self.tau, "probabilities": probs})
+            record: dict[str, Any] = {"step": done, "tau": self.tau, "probabilities": probs}
+            if self.costs is not None:
+                record["expected_cost_ratio"] = round(float(self.expected_ratio().detach()), 5)
+                record["exported_cost_ratio"] = round(self.costs.ratio(self.argmax()), 5)
+            if self.search.latency_budget is not None:
+                record["lambda"] = round(self.dual, 6)
+            self._append_history(record)
         return loss.detach()
 
-    # --- evaluation: Lightning's validation loop, with the task's whole-split perplexity
+    # --- evaluation: the supernet through Lightning's validation loop, then the exported architecture
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         return self.training_module.validation_step(batch, batch_idx)
 
@@ -184,24 +299,75 @@ class PARDartsModule(DartsLightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self.training_module.on_validation_epoch_end()
-        val_ppl = float(self.trainer.callback_metrics["val/ppl"])
-        step = self.trainer.global_step
-        self._append_history({"step": step, "tau": self.tau, "probabilities": self.probabilities(),
-                              "val_ppl": val_ppl})
+        supernet = float(self.trainer.callback_metrics["val/ppl"])
+        result = self.evaluate_exported(supernet)
+        self.log_dict({"val/ppl_exported": result.val_ppl, "val/ppl_supernet": result.supernet_val_ppl,
+                       "val/discretisation_gap": result.val_ppl - result.supernet_val_ppl})
+        self.last_evaluation = result
+        self._append_history(result.history_line())
         if self.on_evaluation is not None and self.trainer.is_global_zero:
-            self.on_evaluation(step, val_ppl)
+            self.on_evaluation(result)
 
-    # --- checkpoints: the task adds its section (memory, metadata) as it does when training alone
+    def evaluate_exported(self, supernet_val_ppl: float) -> Evaluated:
+        """Whole-split perplexity of the argmax architecture with the supernet's weights, summed over ranks."""
+        trainer = self.trainer
+        batches = trainer.datamodule.batches("valid", trainer.global_rank, trainer.world_size)
+        kinds, fitted = self.exported_kinds()
+        sums = exported_nll(self.training_module.model, self.choices(), kinds, batches, self.device)
+        sums = trainer.strategy.reduce(sums, reduce_op="sum")
+        return self.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet_val_ppl)
+
+    def evaluated(self, kinds: list[str], fitted: bool, val_ppl: float, supernet_val_ppl: float) -> Evaluated:
+        return Evaluated(self.trainer.global_step, self.tau, self.probabilities(), kinds, val_ppl, supernet_val_ppl,
+                         self.costs.ratio(kinds) if self.costs is not None else None, fitted)
+
+    # --- checkpoints: the task adds its section (memory, metadata); the search adds lambda and the arch memory
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.training_module.on_save_checkpoint(checkpoint)
+        task = self.training_module
+        arch_memory = task._restored_streams.get("arch") or (
+            task._gather_memory(task.mems["arch"]) if task.mems.get("arch") is not None else None)
+        checkpoint["parnas"]["search"] = {"lambda": self.dual, "arch_memory": arch_memory,
+                                          "last_evaluation": asdict(self.last_evaluation)
+                                          if self.last_evaluation else None}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.training_module.on_load_checkpoint(checkpoint)
+        state = checkpoint["parnas"].get("search") or {}
+        self.dual = float(state.get("lambda", 0.0))
+        last = state.get("last_evaluation")
+        self.last_evaluation = Evaluated(**last) if last else None
+        if state.get("arch_memory") is not None:
+            self.training_module._restored_streams["arch"] = state["arch_memory"]
 
     def _append_history(self, record: dict[str, Any]) -> None:
         if self.history_path is not None and self.trainer.is_global_zero:
             with open(self.history_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One evaluation: the exported architecture's own perplexity (supernet weights) and the supernet's."""
+
+    step: int
+    tau: float
+    probabilities: dict[str, dict[str, float]]
+    kinds: list[str]
+    val_ppl: float  # the exported (argmax) architecture, weights inherited, no retraining
+    supernet_val_ppl: float  # candidates mixed by softmax(alpha)
+    cost_ratio: float | None  # predicted cost relative to Transformer-XL's
+    fitted_to_budget: bool = False  # the argmax was over budget; kinds is the most probable layout within it
+
+    @property
+    def architecture(self) -> str:
+        return layout_string(self.kinds)
+
+    def history_line(self) -> dict[str, Any]:
+        return {"step": self.step, "tau": self.tau, "probabilities": self.probabilities,
+                "val_ppl": self.val_ppl, "supernet_val_ppl": self.supernet_val_ppl,
+                "architecture": self.architecture, "exported_cost_ratio": self.cost_ratio,
+                "fitted_to_budget": self.fitted_to_budget}
 
 
 class PARGumbelDARTS(GumbelDARTS):
@@ -213,14 +379,13 @@ class PARGumbelDARTS(GumbelDARTS):
     """
 
     def __init__(self, search: SearchConfig, *, max_steps: int, gradient_clip_val: float | None = None,
-                 block_costs: Mapping[str, float] | None = None, history_path: Path | None = None,
-                 on_evaluation: Callable[[int, float], None] | None = None) -> None:
+                 costs: CostModel | None = None, history_path: Path | None = None,
+                 on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(temperature=search.tau_start, arc_learning_rate=search.arch_lr,
                          gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every)
-        if search.penalty_weight and not block_costs:
-            raise ValueError("a compute penalty needs block_costs")
-        self.search, self.max_steps = search, max_steps
-        self.block_costs = dict(block_costs or {kind: 1.0 for kind in search.candidates})
+        if (search.penalty_weight or search.latency_budget is not None) and costs is None:
+            raise ValueError("a cost penalty or a latency budget needs a CostModel")
+        self.search, self.max_steps, self.costs = search, max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
 
     def configure_softmax(self) -> GumbelSoftmax:
@@ -228,7 +393,7 @@ class PARGumbelDARTS(GumbelDARTS):
 
     def configure_oneshot_module(self, training_module: LanguageModelTask) -> PARDartsModule:
         return PARDartsModule(training_module, self.search, max_steps=self.max_steps,
-                              gradient_clip_val=self.gradient_clip_val, block_costs=self.block_costs,
+                              gradient_clip_val=self.gradient_clip_val, costs=self.costs,
                               history_path=self.history_path, on_evaluation=self.on_evaluation)
 
     def train_dataloader(self, train_dataloader_fn: Callable[[], DataLoader],
@@ -236,7 +401,9 @@ class PARGumbelDARTS(GumbelDARTS):
         train = train_dataloader_fn()
         if self.search.mode == "joint":
             return train
-        return DataLoader(PairedStreams(train.dataset, val_dataloader_fn().dataset), batch_size=None, shuffle=False)
+        # the training loader's sampler: it starts a resumed search at the task's data position
+        return DataLoader(PairedStreams(train.dataset, val_dataloader_fn().dataset), batch_size=None,
+                          sampler=train.sampler)
 
     def val_dataloader(self, train_dataloader_fn: Callable[[], DataLoader],
                        val_dataloader_fn: Callable[[], DataLoader]) -> DataLoader:

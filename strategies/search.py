@@ -14,6 +14,7 @@ evaluations), ``tensorboard/`` and ``checkpoints/``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -28,15 +29,18 @@ import torch
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 
 from parnas import architecture, checkpoint
+from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data import load_splits
 from parnas.errors import ParnasError
+from parnas.files import write_text_atomic
+from parnas.latency import latency_table
 from parnas.plots import plot_run
 from parnas.task import LanguageModelTask, evaluate
 from parnas.train import SegmentData, build_trainer, position_restored_by_task, tokenizer_meta
 from search_spaces import PARTransformerXLSpace
-from strategies.costs import flops_costs, measured_costs
-from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
+from strategies.costs import CostModel, flops_model, latency_costs
+from strategies.gumbel_darts import Evaluated, PARDartsModule, PARGumbelDARTS, exported_nll
 
 
 def in_nni_trial() -> bool:
@@ -52,31 +56,72 @@ def trial_parameters() -> dict[str, Any]:
     return dict(nni.get_next_parameter() or {})
 
 
-def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from, if any. A fresh search refuses a directory that holds one."""
+def check_run_dir(run_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from, if any; touches nothing. A fresh search refuses a directory holding one."""
     last = run_dir / "checkpoints" / "last.ckpt"
     if resume:
         if not last.is_file():
             raise ParnasError(f"nothing to resume: {last} does not exist")
-        step = checkpoint.load(last)["global_step"]
-        history = run_dir / "history.jsonl"
-        if history.is_file():  # drop what was logged after the checkpoint; it is about to be redone
-            kept = [line for line in history.read_text().splitlines() if json.loads(line)["step"] < step]
-            history.write_text("".join(line + "\n" for line in kept))
+        checkpoint.load(last)  # refuses a truncated or edited file before anything is touched
         return last
     if (run_dir / "architecture.json").exists() or last.exists():
         raise ParnasError(f"{run_dir} already holds a search: pass --resume to continue it, "
                           "or set search.out_dir to a new directory")
-    shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
-    (run_dir / "history.jsonl").unlink(missing_ok=True)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ParnasError(f"cannot write the search into {run_dir}: it is a file")
     return None
 
 
-def block_costs(cfg: Config, device: torch.device) -> tuple[dict[str, float], str]:
-    kinds, B, L = cfg.search.candidates, cfg.data.batch_size, cfg.data.seg_len
-    if cfg.search.penalty_cost == "measured":
-        return measured_costs(kinds, cfg.model, L, B, device), "ms/step"
-    return flops_costs(kinds, cfg.model, L, B), "MFLOP/token"
+def prepare_run_dir(run_dir: Path, ckpt: Path | None) -> None:
+    """Once every check has passed: a fresh search clears stale logs; a resumed one drops the history
+    written after its checkpoint (about to be redone). Lines at the checkpoint's step were written before it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    history = run_dir / "history.jsonl"
+    if ckpt is None:
+        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        history.unlink(missing_ok=True)
+        return
+    step = checkpoint.load(ckpt)["global_step"]
+    if history.is_file():
+        kept = [line for line in history.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        write_text_atomic(history, "".join(line + "\n" for line in kept))
+
+
+def cost_model(cfg: Config, vocab_size: int, device: torch.device) -> tuple[CostModel, dict[str, Any] | None]:
+    """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
+    table's record when costs are measured."""
+    kinds = sorted(set(cfg.search.candidates) | {"attention", "dense"})
+    if cfg.search.penalty_cost == "flops":
+        return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None
+    table, cached = latency_table(cfg, vocab_size, kinds, device)
+    return latency_costs(table, cfg.model.n_blocks), {"table": table, "cached": cached}
+
+
+def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
+                    budget: float | None) -> dict[str, Any] | None:
+    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json)."""
+    if latency is None:
+        return None
+    table = latency["table"]
+    ratio = costs.ratio(kinds)
+    return {"unit": "ms", "device": table.key["device"], "train_step_ms": round(table.predict(kinds), 3),
+            "inference_step_ms": round(table.predict(kinds, "inference"), 3),
+            "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds)), 3), "ratio": round(ratio, 4),
+            "budget": budget, "within_budget": None if budget is None else ratio <= budget + 1e-9,
+            "constant_ms": table.constant_ms, "block_ms": table.kinds_ms}
+
+
+def check_budget(cfg: Config, costs: CostModel) -> None:
+    """A budget below the cheapest layout of the candidates cannot be met: say so before training."""
+    budget = cfg.search.latency_budget
+    if budget is None:
+        return
+    cheapest = min(cfg.search.candidates, key=costs.per_kind.__getitem__)
+    floor = costs.ratio([cheapest] * cfg.model.n_blocks)
+    if floor > budget:
+        raise ParnasError(f"search.latency_budget {budget} is out of reach: the cheapest architecture "
+                          f"(all {cheapest}) is predicted at {floor:.3f} of Transformer-XL's step time here "
+                          "(embedding, head and optimiser cost the same in every layout); raise the budget")
 
 
 @dataclass
@@ -87,8 +132,8 @@ class Search:
     strategy: PARGumbelDARTS
     evaluator: Lightning
     data: SegmentData
-    costs: dict[str, float]
-    cost_unit: str
+    costs: CostModel
+    latency: dict[str, Any] | None
 
     @property
     def module(self) -> PARDartsModule:
@@ -107,7 +152,7 @@ class Search:
 
 
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
-                 ckpt: Path | None = None, on_evaluation: Callable[[int, float], None] | None = None,
+                 ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
                  meta: dict[str, Any] | None = None) -> Search:
     """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
 
@@ -118,50 +163,86 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
     task = LanguageModelTask(cfg.train, meta)
     data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
-    trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None)
-    costs, cost_unit = block_costs(cfg, trainer.strategy.root_device)
+    trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
+                            log_every_n_steps=cfg.search.log_every)
+    costs, latency = cost_model(cfg, vocab_size, trainer.strategy.root_device)
+    check_budget(cfg, costs)
     strategy = PARGumbelDARTS(cfg.search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
-                              block_costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
+                              costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
     supernet = strategy.mutate_model(space)
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,
                                                     fit_kwargs={"ckpt_path": str(ckpt) if ckpt else None}))
-    return Search(supernet, strategy, evaluator, data, costs, cost_unit)
+    return Search(supernet, strategy, evaluator, data, costs, latency)
+
+
+def final_evaluation(search: Search) -> Evaluated:
+    """The last evaluation if it was taken at the final step, else one now (rank 0, whole validation split)."""
+    module, step = search.module, search.trainer.global_step
+    if module.last_evaluation is not None and module.last_evaluation.step == step:
+        return module.last_evaluation
+    device = search.trainer.strategy.root_device
+    supernet = evaluate(search.supernet, search.data.batches("valid"), device).ppl
+    kinds, fitted = module.exported_kinds()
+    sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"), device)
+    return module.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet)
+
+
+def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
+    """What NNI's web UI shows for a trial: ``default`` is the exported architecture's own perplexity."""
+    return {"default": result.val_ppl, "supernet_val_ppl": result.supernet_val_ppl,
+            "architecture": result.architecture, "attention_blocks": result.kinds.count("attention"),
+            "latency_ratio": latency["ratio"] if latency else result.cost_ratio,
+            "predicted_step_ms": latency["train_step_ms"] if latency else None}
 
 
 def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
-    """Search, export the argmax architecture, and return its record (empty on non-zero ranks)."""
+    """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
+
+    Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched."""
     trial = in_nni_trial()
     run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
-    ckpt = prepare_run_dir(run_dir, resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = check_run_dir(run_dir, resume)
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
 
-    def report(step: int, val_ppl: float) -> None:
+    def report(result: Evaluated) -> None:
         if trial:
             import nni
 
-            nni.report_intermediate_result(val_ppl)
+            nni.report_intermediate_result({"default": result.val_ppl, "supernet_val_ppl": result.supernet_val_ppl,
+                                            "architecture": result.architecture})
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
+    prepare_run_dir(run_dir, ckpt)  # everything checked (latency budget included): now files may be touched
     seconds = search.run()
     if not search.trainer.is_global_zero:
         return {}
 
-    final = evaluate(search.supernet, search.data.batches("valid"), search.trainer.strategy.root_device)
-    chosen, steps, costs = search.module.export(), search.trainer.global_step, search.costs
-    probabilities = {label: {k: round(p, 4) for k, p in dist.items()}
-                     for label, dist in search.module.probabilities().items()}
+    result = final_evaluation(search)
+    module, steps, costs, kinds = search.module, search.trainer.global_step, search.costs, result.kinds
+    chosen = {architecture.label(i): kind for i, kind in enumerate(kinds)}
+    latency = latency_summary(costs, search.latency, kinds, cfg.search.latency_budget)
+    probabilities = {label: {k: round(p, 4) for k, p in dist.items()} for label, dist in result.probabilities.items()}
     record = architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities,
         tokenizer=tokenizer.identity(),
-        search={"strategy": "gumbel-darts", "mode": cfg.search.mode, "steps": steps, "tau_final": search.module.tau,
-                "val_ppl": round(final.ppl, 4), "seed": cfg.train.seed, "candidates": list(cfg.search.candidates),
-                "penalty_weight": cfg.search.penalty_weight, "block_costs": costs, "cost_unit": search.cost_unit,
-                "architecture_cost": sum(costs[k] for k in chosen.values()),
-                "expected_cost": round(float(search.module.expected_cost().detach()), 4),
+        search={"strategy": "gumbel-darts", "mode": cfg.search.mode, "steps": steps, "tau_final": module.tau,
+                "val_ppl": round(result.val_ppl, 4), "supernet_val_ppl": round(result.supernet_val_ppl, 4),
+                "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
+                "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
+                "seed": cfg.train.seed, "candidates": list(cfg.search.candidates),
+                "penalty_weight": cfg.search.penalty_weight, "latency_budget": cfg.search.latency_budget,
+                "lambda_final": round(module.dual, 6) if cfg.search.latency_budget is not None else None,
+                "fitted_to_budget": result.fitted_to_budget,
+                "argmax": layout_string(module.argmax()),
+                "latency": latency,
+                "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
+                "architecture_cost": round(costs.total(kinds), 4),
+                "cost_ratio": round(costs.ratio(kinds), 4),
+                "expected_cost": round(float(module.expected_ratio().detach()) * costs.reference, 4),
                 "hard": cfg.search.hard, "arch_lr": cfg.search.arch_lr, "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
                 "nni_trial": os.environ.get("NNI_TRIAL_JOB_ID") if trial else None})
@@ -170,6 +251,5 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     if trial:
         import nni
 
-        nni.report_final_result({"default": final.ppl, "attention_blocks": list(chosen.values()).count("attention"),
-                                 "architecture_cost": record["search"]["architecture_cost"]})
+        nni.report_final_result(nni_metric(result, latency))
     return record

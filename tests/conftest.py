@@ -25,3 +25,15 @@ def wt2_slice(tmp_path_factory) -> Path:
         with open(WT2 / f"{split}.txt") as src:
             (folder / f"{split}.txt").write_text("".join(line for _, line in zip(range(lines), src)))
     return folder
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tests must pass on a loaded 2-core machine: two threads per process there oversubscribe the cores
+    and can make a tiny step 50x slower. One thread keeps every test's time what it is on an idle machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

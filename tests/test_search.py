@@ -13,6 +13,7 @@ from nni.nas.nn.pytorch import LayerChoice
 from parnas.config import BLOCK_KINDS, ModelConfig, load_config
 from parnas.task import evaluate
 from search_spaces import PARTransformerXLSpace, fixed_model
+from strategies.costs import CostModel
 from strategies.gumbel_darts import PairedStreams, tau_at
 from strategies.search import build_search
 
@@ -105,16 +106,81 @@ def test_search_chooses_attention_where_the_task_needs_it(tmp_path, mode):
     assert "attention" in search.module.export().values()
 
 
+FIXED_COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)  # TXL (AD): 5 ms
+
+
+def with_costs(search, costs=FIXED_COSTS):
+    """Known costs instead of timed ones, so what a budget allows is exact: II 0.2, DI 0.4, DD 0.6, AD 1.0."""
+    search.strategy.costs = search.module.costs = costs
+    return search
+
+
 def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
-    search = build_search(search_config("train.max_steps=300", "search.penalty_weight=5"), SPLITS, VOCAB, tmp_path)
+    search = with_costs(build_search(search_config("train.max_steps=300", "search.penalty_weight=5"), SPLITS, VOCAB,
+                                     tmp_path))
     search.module.set_model(search.supernet)
-    search.module.expected_cost().backward()
+    search.module.expected_ratio().backward()
     assert all(m._arch_alpha.grad.abs().sum() > 0 for m in search.module.choices())
     for m in search.module.choices():
         m._arch_alpha.grad = None
     search.run()
     assert set(search.module.export().values()) == {"identity"}
     assert min(p["identity"] for p in search.module.probabilities().values()) > 0.9
+
+
+def test_latency_budget_is_met_by_the_exported_architecture(tmp_path):
+    """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block."""
+    search = with_costs(build_search(search_config("train.max_steps=300", "search.latency_budget=0.45",
+                                                   "train.eval_every=300"), SPLITS, VOCAB, tmp_path))
+    search.run()
+    kinds, fitted = search.module.exported_kinds()
+    assert FIXED_COSTS.ratio(kinds) <= 0.45, (kinds, search.module.probabilities())
+    lambdas = [line["lambda"] for line in history(tmp_path) if "lambda" in line]
+    assert max(lambdas) > 0  # the multiplier had to rise: unconstrained, this task keeps attention
+    assert search.module.last_evaluation.kinds == kinds
+    assert fitted == (FIXED_COSTS.ratio(search.module.argmax()) > 0.45)  # said, never silent
+
+
+def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
+    from strategies.gumbel_darts import fit_budget
+
+    probs = [{"attention": 0.6, "dense": 0.3, "identity": 0.1}, {"attention": 0.5, "dense": 0.1, "identity": 0.4}]
+    assert fit_budget(probs, FIXED_COSTS, 1.4) == ["attention", "attention"]  # the argmax fits
+    assert fit_budget(probs, FIXED_COSTS, 0.8) == ["attention", "identity"]  # 0.6 x 0.4 beats D,A's 0.3 x 0.5
+    assert fit_budget(probs, FIXED_COSTS, 0.4) == ["dense", "identity"]
+    assert fit_budget(probs, FIXED_COSTS, 0.1) is None  # even II (0.2) is over
+
+
+def test_without_a_budget_the_same_search_keeps_attention(tmp_path):
+    search = with_costs(build_search(search_config("train.max_steps=300", "train.eval_every=300"), SPLITS, VOCAB,
+                                     tmp_path))
+    search.run()
+    assert "attention" in search.module.argmax() and FIXED_COSTS.ratio(search.module.argmax()) > 0.45
+
+
+def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weights(tmp_path):
+    from nni.nas.space import model_context
+
+    from strategies.gumbel_darts import exported_nll
+
+    search = run(tmp_path, "train.max_steps=20")
+    chosen = search.module.export()
+    with model_context(chosen):
+        fixed = PARTransformerXLSpace(search_config().model, VOCAB)
+    state = {}
+    for name, value in search.supernet.state_dict().items():  # blocks.i.<kind>.w -> blocks.i.w for the chosen kind
+        parts = name.split(".")
+        if parts[0] == "blocks" and parts[2] in BLOCK_KINDS:
+            if chosen[f"block_{parts[1]}"] != parts[2]:
+                continue
+            name = ".".join(parts[:2] + parts[3:])
+        if "_arch_alpha" not in name:
+            state[name] = value
+    fixed.load_state_dict(state)
+    sums = exported_nll(search.supernet, search.module.choices(), list(chosen.values()), search.data.batches("valid"),
+                        torch.device("cpu"))
+    reference = evaluate(fixed, search.data.batches("valid"))
+    assert float(sums[0]) == pytest.approx(reference.nll, rel=1e-6) and int(sums[1]) == reference.tokens
 
 
 def test_evaluation_uses_no_gumbel_noise_and_is_deterministic(tmp_path):
@@ -124,18 +190,26 @@ def test_evaluation_uses_no_gumbel_noise_and_is_deterministic(tmp_path):
     assert first.nll == second.nll and math.isfinite(first.ppl)
 
 
-def test_history_logs_softmax_probabilities_tau_and_evaluations(tmp_path):
+def history(run_dir):
     import json
 
-    run(tmp_path, "train.max_steps=20", "train.eval_every=10", "search.log_every=5")
-    lines = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
-    steps = [line["step"] for line in lines if "val_ppl" not in line]
-    assert steps == [0, 5, 10, 15]
-    assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
+    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
+    search = run(tmp_path, "train.max_steps=20", "train.eval_every=10", "search.log_every=5")
+    lines = history(tmp_path)
+    assert [line["step"] for line in lines if "val_ppl" not in line] == [5, 10, 15, 20]  # steps taken, as NNI counts
+    evaluations = [line for line in lines if "val_ppl" in line]
+    assert [line["step"] for line in evaluations] == [10, 20]
+    for line in evaluations:
+        assert math.isfinite(line["val_ppl"]) and math.isfinite(line["supernet_val_ppl"])
+        assert len(line["architecture"]) == 2 and set(line["architecture"]) <= set("ADI")
     for line in lines:
         for dist in line["probabilities"].values():
             assert set(dist) == set(BLOCK_KINDS) and sum(dist.values()) == pytest.approx(1.0, abs=1e-5)
-    assert lines[0]["tau"] == pytest.approx(1.0)
+    last = search.module.last_evaluation
+    assert last.step == 20 and last.val_ppl == evaluations[-1]["val_ppl"]
 
 
 @pytest.mark.parametrize("setting, needle", [
@@ -144,11 +218,18 @@ def test_history_logs_softmax_probabilities_tau_and_evaluations(tmp_path):
     ("search.tau_end=2.0", "must not exceed search.tau_start"),
     ("search.candidates=[attention, convolution]", "unknown candidate 'convolution'"),
     ("search.penalty_weight=-0.1", "search.penalty_weight must be >= 0"),
+    ("search.latency_budget=0", "search.latency_budget must be in (0, 1]"),
+    ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),
+    ("search.latency_budget=.nan", "search.latency_budget must be in (0, 1]"),
+    ("search.latency_budget=fast", "search.latency_budget must be float"),
+    ("search.latency_budget=0.65 --set search.penalty_weight=0.1", "are exclusive"),
+    ("search.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
 ])
 def test_search_refuses_bad_settings_with_one_line(tmp_path, capsys, setting, needle):
     from parnas.cli import main
 
-    code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
+    sets = [item for part in setting.split(" --set ") for item in ("--set", part)]
+    code = main(["search", "--config", "tiny", *sets, "--set", f"search.out_dir={tmp_path}/run"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and needle in err, err
     assert not (tmp_path / "run").exists()
@@ -206,3 +287,32 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     logged = [s for s in steps if s % 5 == 0]
     assert logged == sorted(set(logged)) and logged[-1] >= 15
+
+
+@pytest.mark.parametrize("mode", ["joint", "bilevel"])
+def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode):
+    """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through."""
+    from strategies.search import prepare_run_dir
+
+    common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
+              "model.dropout=0.1", f"search.mode={mode}", "search.latency_budget=0.5")
+
+    def search(run_dir, *extra, ckpt=None):
+        torch.manual_seed(0)
+        cfg = search_config(*common, *extra)
+        meta = {"config": cfg.to_dict(), "architecture": {}, "tokenizer": {}}
+        s = with_costs(build_search(cfg, SPLITS, VOCAB, run_dir, ckpt=ckpt, meta=meta))
+        s.run()
+        return s
+
+    straight = search(tmp_path / "straight")
+    search(tmp_path / "killed", "train.stop_at=10")
+    ckpt = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    prepare_run_dir(tmp_path / "killed", ckpt)
+    resumed = search(tmp_path / "killed", ckpt=ckpt)
+
+    for a, b in zip(alphas(straight).values(), alphas(resumed).values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert straight.module.argmax() == resumed.module.argmax() and straight.module.dual == resumed.module.dual
+    assert resumed.module.last_evaluation.val_ppl == straight.module.last_evaluation.val_ppl
+    assert history(tmp_path / "killed") == history(tmp_path / "straight")  # each step once, evaluations kept

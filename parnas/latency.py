@@ -1,0 +1,243 @@
+"""Latency measured on the device: what a block costs where the model will run.
+
+PAR's premise is that attention is the slow block; FLOPs say otherwise at short
+contexts (projections dominate), and neither counts softmax, masks, rel-shift or
+the optimiser. So the cost the search pays is timed, at the run's shapes:
+
+- a whole-model step (forward, backward, clipping, Adam; or forward alone for
+  ``inference``) of a model whose blocks are all ``identity`` gives the constant
+  part (embedding, head, optimiser of those);
+- the same model with every block of kind k gives, minus the constant, k's cost
+  per block. The prediction for a layout is ``constant + sum of its blocks' costs``.
+
+Models are timed in interleaved rounds (every layout once per round, the order
+rotating), after warm-up, with the memory carried as in training, and the median
+round kept, so a shared or throttling machine biases no kind against another.
+A table is cached as JSON under ``<cache>/latency/`` keyed by device name, torch
+version, thread count and every shape that changes the cost, so a search
+does not time again. ``benchmarks/latency_model.py`` checks predictions against
+measured whole-model steps of random layouts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from parnas.config import Config
+from parnas.files import write_json_atomic
+from parnas.model import build_fixed_model
+
+MODES = ("train", "inference")
+FORMAT, VERSION = "parnas.latency", 1
+
+
+def transformer_xl_layout(n_blocks: int) -> list[str]:
+    """The standard Transformer-XL at ``n_blocks``: attention, dense, attention, dense, ..."""
+    return [("attention", "dense")[i % 2] for i in range(n_blocks)]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
+    """Token ids with a Zipf (1/rank) law: how often the adaptive softmax's tail is hit decides its cost."""
+    p = 1.0 / np.arange(1, vocab_size + 1)
+    return torch.from_numpy(np.random.default_rng(seed).choice(vocab_size, size=n, p=p / p.sum()))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _autocast(device: torch.device, precision: str) -> Any:
+    if device.type == "cuda" and precision.startswith("bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cuda" and precision.startswith("16"):
+        return torch.autocast("cuda", dtype=torch.float16)
+    return nullcontext()
+
+
+class _Stepper:
+    """One model taking training (or inference) steps on a token stream, memory carried."""
+
+    def __init__(self, layout: Sequence[str], cfg: Config, vocab_size: int, mode: str, device: torch.device) -> None:
+        torch.manual_seed(0)
+        model_cfg = replace(cfg.model, n_blocks=len(layout), blocks=tuple(layout))
+        self.model = build_fixed_model(model_cfg, vocab_size).to(device).train(mode == "train")
+        self.mode, self.device, self.cfg = mode, device, cfg
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr) if mode == "train" else None
+        B, L = cfg.data.batch_size, cfg.data.seg_len
+        self.stream = zipf_ids(B * L * 8 + 1, vocab_size).to(device)
+        self.mems, self.t = None, 0
+
+    def steps(self, n: int) -> None:
+        B, L = self.cfg.data.batch_size, self.cfg.data.seg_len
+        for _ in range(n):
+            t = self.t % 8 * B * L
+            x, y = self.stream[t:t + B * L].view(B, L), self.stream[t + 1:t + B * L + 1].view(B, L)
+            self.t += 1
+            with _autocast(self.device, self.cfg.train.precision):
+                if self.optimizer is None:
+                    with torch.no_grad():
+                        h, self.mems = self.model(x, self.mems)
+                        self.model.nll(h, y)
+                    continue
+                h, self.mems = self.model(x, self.mems)
+                loss = self.model.nll(h, y).float().mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.cfg.train.clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip)
+            self.optimizer.step()
+
+
+def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, *, mode: str = "train",
+                 rounds: int = 5, steps: int = 3, warmup: int = 2,
+                 device: torch.device | str = "cpu") -> list[float]:
+    """Median milliseconds per step of each layout, timed in interleaved rounds at ``cfg``'s shapes.
+
+    Every round times ``steps`` steps of each model, the order rotating by one each round.
+    """
+    return [statistics.median(t) for t in _round_times(layouts, cfg, vocab_size, mode, rounds, steps, warmup,
+                                                        torch.device(device))]
+
+
+def _round_times(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
+                 steps: int, warmup: int, device: torch.device) -> list[list[float]]:
+    """ms per step of each layout in each round: ``times[layout][round]``."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    # the caller's random state is left as it was: a search seeds its logits after timing (or not, when cached)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return _timed_rounds(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device)
+
+
+def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
+                  steps: int, warmup: int, device: torch.device) -> list[list[float]]:
+    steppers = [_Stepper(layout, cfg, vocab_size, mode, device) for layout in layouts]
+    for s in steppers:
+        s.steps(warmup)
+    times: list[list[float]] = [[] for _ in steppers]
+    for r in range(rounds):
+        for i in _rotated(len(steppers), r):
+            _sync(device)
+            start = time.perf_counter()
+            steppers[i].steps(steps)
+            _sync(device)
+            times[i].append((time.perf_counter() - start) * 1e3 / steps)
+    return times
+
+
+def _rotated(n: int, r: int) -> Iterator[int]:
+    return ((i + r) % n for i in range(n))
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Per-kind block costs and the constant part, in milliseconds per step, for one device and shape set.
+
+    ``predict(kinds)`` is the table's model of a whole step: ``constant + sum(kind costs)``.
+    """
+
+    key: dict[str, Any]
+    constant_ms: dict[str, float]  # mode -> ms
+    kinds_ms: dict[str, dict[str, float]]  # kind -> mode -> ms per block
+    n_reference: int  # blocks in the uniform models that were timed
+
+    def block_ms(self, kind: str, mode: str = "train") -> float:
+        if kind not in self.kinds_ms:
+            raise KeyError(f"no latency for block kind {kind!r} in this table ({sorted(self.kinds_ms)})")
+        return self.kinds_ms[kind][mode]
+
+    def predict(self, kinds: Sequence[str], mode: str = "train") -> float:
+        """Predicted milliseconds of one step of a model with these blocks."""
+        return self.constant_ms[mode] + sum(self.block_ms(k, mode) for k in kinds)
+
+    def transformer_xl_ms(self, n_blocks: int, mode: str = "train") -> float:
+        return self.predict(transformer_xl_layout(n_blocks), mode)
+
+    def costs(self, mode: str = "train") -> dict[str, float]:
+        return {k: v[mode] for k, v in self.kinds_ms.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LatencyTable:
+        if d.get("format") != FORMAT or d.get("version") != VERSION:
+            raise ValueError("not a parnas latency table")
+        return cls(d["key"], d["constant_ms"], d["kinds_ms"], int(d["n_reference"]))
+
+
+def table_key(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device) -> dict[str, Any]:
+    """Everything a block's measured cost depends on."""
+    model = {k: v for k, v in asdict(cfg.model).items() if k not in ("n_blocks", "blocks")}
+    key = {"device": device_name(device), "device_type": device.type, "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "precision": cfg.train.precision,
+           "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len, "vocab_size": vocab_size,
+           "clip": bool(cfg.train.clip), "model": model, "kinds": sorted(kinds)}
+    return json.loads(json.dumps(key))  # as it reads back from the cache (tuples become lists)
+
+
+def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
+                  rounds: int = 7, steps: int = 3, n_reference: int | None = None) -> LatencyTable:
+    """Time uniform models (all identity, then all of each kind) and derive per-block costs."""
+    device = torch.device(device)
+    n = n_reference or cfg.model.n_blocks
+    kinds = [k for k in dict.fromkeys(kinds) if k != "identity"]
+    layouts = [["identity"] * n] + [[k] * n for k in kinds]
+    constant: dict[str, float] = {}
+    per_kind: dict[str, dict[str, float]] = {k: {} for k in kinds}
+    for mode in MODES:
+        times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, 2, device)
+        constant[mode] = statistics.median(times[0])
+        for k, t in zip(kinds, times[1:]):  # differences within a round: a load that drifts cancels out
+            per_kind[k][mode] = max(0.0, statistics.median(a - b for a, b in zip(t, times[0])) / n)
+    per_kind["identity"] = {mode: 0.0 for mode in MODES}  # what the constant model already is
+    return LatencyTable(table_key(cfg, vocab_size, [*kinds, "identity"], device), constant, per_kind, n)
+
+
+def cache_path(key: dict[str, Any], cache_dir: Path | None = None) -> Path:
+    from parnas.data import default_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
+
+
+def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
+                  cache_dir: Path | None = None, refresh: bool = False) -> tuple[LatencyTable, bool]:
+    """The cached table for these shapes on this device, timed now if absent; returns (table, was_cached).
+
+    A table for a superset of ``kinds`` with otherwise equal shapes is not looked for: the key names the kinds.
+    """
+    device = torch.device(device)
+    kinds = sorted(set(kinds) | {"identity"})
+    key = table_key(cfg, vocab_size, kinds, device)
+    path = cache_path(key, cache_dir)
+    if path.is_file() and not refresh:
+        try:
+            table = LatencyTable.from_dict(json.loads(path.read_text()))
+            if table.key == key:
+                return table, True
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: time again and replace it
+    table = measure_table(cfg, vocab_size, kinds, device)
+    write_json_atomic(path, table.to_dict())
+    return table, False
