@@ -32,20 +32,8 @@ from parnas.experiments import (
     perplexities,
     status_counts,
 )
-from parnas.plots import (
-    ARCHITECTURE,
-    HISTORY,
-    MAX_FRAMES,
-    HistoryError,
-    Note,
-    block_key,
-    figure,
-    load_history,
-    plot_run,
-    read_architecture,
-    save_figure,
-    stderr_note,
-)
+from parnas.history import HISTORY, HistoryError, block_key, load_history
+from parnas.plots import ARCHITECTURE, MAX_FRAMES, Note, figure, plot_run, read_architecture, save_figure, stderr_note
 
 LATENCY_LABEL = "predicted train step \u00f7 Transformer-XL's at the same n_blocks (search.latency.ratio)"
 _MARKERS = {FINISHED: ("o", "finished"), RUNNING: ("o", "running (history so far)"),

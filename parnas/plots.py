@@ -21,277 +21,24 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from parnas.errors import ParnasError
-from parnas.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, UNDECIDED_MARGIN, perplexities
+from parnas.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
+from parnas.heatmap import DPI, MAX_FRAMES, HeatmapFigure, block_margins, frame_indices, heatmap_data, margin_text
+from parnas.history import KIND_ORDER, History, HistoryError, block_key, block_name, kind_colour, load_history
 
-HISTORY, ARCHITECTURE = "history.jsonl", "architecture.json"
-KIND_ORDER = ("attention", "dense", "identity")
-KIND_COLOURS = {"attention": "#1f77b4", "dense": "#ff7f0e", "identity": "#8c8c8c"}
-_SPARE_COLOURS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-DPI = 100
-MAX_FRAMES = 100
+ARCHITECTURE = "architecture.json"
 GIF_SECONDS = 8.0  # the whole animation, before the last frame's hold
 TB_TAG = "search/probabilities"
 # One events file that each plot replaces ("tfevents" in the name is what TensorBoard looks for); it sorts
 # before the search's own files, so a TensorBoard already following those keeps following them.
 TB_FILE = "events.out.tfevents.0000000000.parnas-plot"
-TIE = 0.005  # margins below this print as 0.00: the block's top kinds are tied
 
 Note = Callable[[str], None]
-
-
-class HistoryError(ParnasError):
-    """A run directory whose history is missing, empty or malformed."""
-
-
-@dataclass(frozen=True)
-class History:
-    """``history.jsonl`` as arrays: ``probs[t, block, kind]`` at ``steps[t]``."""
-
-    steps: np.ndarray  # (T,) int
-    tau: np.ndarray  # (T,) float
-    blocks: tuple[str, ...]  # block labels in depth order
-    kinds: tuple[str, ...]  # candidate kinds, canonical order first
-    probs: np.ndarray  # (T, n_blocks, n_kinds)
-    val_steps: np.ndarray  # (E,) steps of the evaluation lines
-    val_ppl: np.ndarray  # (E,) the exported architecture's (NaN where not recorded: old histories)
-    supernet_val_ppl: np.ndarray  # (E,) the supernet's (NaN where not recorded)
-    architectures: tuple[str, ...]  # (E,) the exported architecture's letter code ("" where not recorded)
-    source: Path
-
-
-def kind_colour(kind: str) -> str:
-    """Fixed colour of a kind (attention blue, dense orange, identity grey; others stable by name)."""
-    if kind in KIND_COLOURS:
-        return KIND_COLOURS[kind]
-    return _SPARE_COLOURS[sum(map(ord, kind)) % len(_SPARE_COLOURS)]
-
-
-def block_key(label: str) -> tuple[int, int | str]:
-    prefix, _, index = label.rpartition("_")
-    return (0, int(index)) if prefix and index.isdigit() else (1, label)
-
-
-def _display(label: str) -> str:
-    """``block_3`` -> ``block 3`` (other labels as they are)."""
-    return f"block {label.rpartition('_')[2]}" if block_key(label)[0] == 0 else label
-
-
-def load_history(run_dir: str | Path) -> History:
-    """Read ``<run_dir>/history.jsonl`` (or that file itself). A last line without its newline that
-    does not parse is a line still being written by a running search, and is skipped."""
-    path = Path(run_dir).expanduser()
-    path = path / HISTORY if path.is_dir() else path
-    if not path.is_file():
-        where = path.parent if path.name == HISTORY else path
-        raise HistoryError(f"no {HISTORY} in {where}: pass the run directory of a parnas search (search.out_dir)")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    records: dict[int, dict] = {}
-    blocks: tuple[str, ...] = ()
-    kinds: tuple[str, ...] = ()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            step, tau, probs = int(rec["step"]), float(rec["tau"]), rec["probabilities"]
-            row = {b: {k: float(p) for k, p in probs[b].items()} for b in probs}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            if number == len(lines) and not text.endswith("\n"):
-                continue  # being written right now
-            raise HistoryError(f"{path} line {number} is not a history record "
-                               '({"step": int, "tau": float, "probabilities": {block: {kind: p}}})') from None
-        if not blocks:
-            blocks = tuple(sorted(row, key=block_key))
-            kinds = tuple(sorted(row[blocks[0]] if blocks else (),
-                                 key=lambda k: (KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER), k)))
-            if not blocks or not kinds:
-                raise HistoryError(f"{path} line {number} has no block probabilities")
-        if set(row) != set(blocks) or any(set(row[b]) != set(kinds) for b in blocks):
-            raise HistoryError(f"{path} line {number} has other blocks or kinds than the first record "
-                               f"({len(blocks)} blocks x {', '.join(kinds)})")
-        exported, supernet = perplexities(rec)
-        code = rec.get("architecture") if isinstance(rec.get("architecture"), str) else ""
-        evaluation = {"ppl": exported, "supernet": supernet, "code": code} if exported or supernet else None
-        # a repeated step: the last line wins, keeping an earlier line's evaluation if it has none
-        records[step] = {"tau": tau, "p": [[row[b][k] for k in kinds] for b in blocks],
-                         "eval": evaluation or (records.get(step) or {}).get("eval")}
-    if not records:
-        raise HistoryError(f"{path} is empty: the search has not logged a step yet")
-    steps = np.array(sorted(records))
-    evals = [(s, records[s]["eval"]) for s in steps if records[s]["eval"]]
-    nan = float("nan")
-    return History(steps=steps, tau=np.array([records[s]["tau"] for s in steps]), blocks=blocks, kinds=kinds,
-                   probs=np.array([records[s]["p"] for s in steps], dtype=np.float64),
-                   val_steps=np.array([s for s, _ in evals], dtype=np.int64),
-                   val_ppl=np.array([e["ppl"] or nan for _, e in evals], dtype=np.float64),
-                   supernet_val_ppl=np.array([e["supernet"] or nan for _, e in evals], dtype=np.float64),
-                   architectures=tuple(e["code"] for _, e in evals), source=path)
-
-
-def frame_indices(n_records: int, max_frames: int = MAX_FRAMES) -> np.ndarray:
-    """Evenly spaced record indices, first and last included: ``min(n_records, max_frames)`` of them."""
-    count = max(1, min(n_records, max_frames))
-    if count == 1:
-        return np.array([n_records - 1])
-    return np.floor(np.linspace(0, n_records - 1, count) + 0.5).astype(np.int64)
-
-
-def heatmap_data(history: History, index: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """What one frame shows: ``probs`` (blocks x kinds) and each block's leading kind index, -1 where
-    the top kinds are tied (their margin rounds to 0.00): a tie has no winner."""
-    probs = history.probs[index]
-    return probs, np.where(block_margins(probs) < TIE, -1, probs.argmax(axis=1))
-
-
-def block_margins(probs: np.ndarray) -> np.ndarray:
-    """Top minus second probability per block: ``(n_blocks, n_kinds) -> (n_blocks,)``."""
-    if probs.shape[1] < 2:
-        return np.ones(probs.shape[0])
-    top = np.sort(probs, axis=1)
-    return top[:, -1] - top[:, -2]
-
-
-def cell_colours(probs: np.ndarray, kinds: Sequence[str]) -> np.ndarray:
-    """RGB per cell: white blended towards the kind's colour by its probability (darker = likelier)."""
-    from matplotlib.colors import to_rgb
-
-    base = np.array([to_rgb(kind_colour(k)) for k in kinds])  # (kinds, 3)
-    p = np.clip(probs, 0.0, 1.0)[..., None]
-    return 1.0 - p * (1.0 - base[None, :, :])
-
-
-def frame_size(n_blocks: int, n_kinds: int = 3) -> tuple[int, int]:
-    """Width and height in pixels of one heat-map frame."""
-    return _LEFT + _KIND_WIDTH * n_kinds + _RIGHT, _TOP + _cell_height(n_blocks) * n_blocks + _BOTTOM
-
-
-_LEFT, _RIGHT, _TOP, _BOTTOM, _KIND_WIDTH = 150, 150, 72, 78, 130  # pixels
-
-
-def _cell_height(n_blocks: int) -> int:
-    return 52 if n_blocks <= 12 else max(20, 624 // n_blocks)
-
-
-def _margin_text(value: float) -> tuple[str, str]:
-    """What the margin column says about a block, and in which colour."""
-    if value < TIE:
-        return "tie", "#b22222"
-    if value < UNDECIDED_MARGIN:
-        return f"{value:.2f} undecided", "#b22222"
-    return f"{value:.2f}", "#333333"
-
-
-class _HeatmapFigure:
-    """One figure redrawn per frame (cheap: only the image data, the texts and the outlines change).
-
-    Every cell shows its probability; the leading kind of a block is outlined (dashed while the
-    block is undecided, none at a tie), and the column on the right gives the block's margin."""
-
-    def __init__(self, history: History) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Rectangle
-
-        self.history = history
-        n, k = len(history.blocks), len(history.kinds)
-        w, h = frame_size(n, k)
-        self.fig = Figure(figsize=(w / DPI, h / DPI), dpi=DPI)
-        FigureCanvasAgg(self.fig)
-        cell = _cell_height(n)
-
-        def box(x: float, y: float, bw: float, bh: float) -> list[float]:  # pixels from the top left
-            return [x / w, 1 - (y + bh) / h, bw / w, bh / h]
-
-        ax = self.ax = self.fig.add_axes(box(_LEFT, _TOP, _KIND_WIDTH * k, cell * n))
-        probs, _ = heatmap_data(history, 0)
-        self.image = ax.imshow(cell_colours(probs, history.kinds), aspect="auto", interpolation="nearest",
-                               extent=(-0.5, k - 0.5, n - 0.5, -0.5))
-        ax.set_xticks([])
-        for j, kind in enumerate(history.kinds):
-            ax.text(j, -0.62, kind, ha="center", va="bottom", fontsize=12, fontweight="bold",
-                    color=kind_colour(kind))
-        ax.text(k - 0.5 + 18 / _KIND_WIDTH, -0.62, "margin", ha="left", va="bottom", fontsize=11, color="#333333")
-        names = [_display(b) for b in history.blocks]
-        if n > 1:
-            names[0], names[-1] = names[0] + "  (input)", names[-1] + "  (output)"
-        ax.set_yticks(range(n), names, fontsize=10 if n <= 12 else 8)
-        ax.tick_params(length=0)
-        for x in np.arange(0.5, k - 1):
-            ax.axvline(x, color="white", linewidth=3)
-        for y in np.arange(0.5, n - 1):
-            ax.axhline(y, color="white", linewidth=3)
-        for spine in ax.spines.values():
-            spine.set_visible(False)
-        size = 12 if n <= 12 else 8
-        self.texts = [[ax.text(j, i, "", ha="center", va="center", fontsize=size) for j in range(k)]
-                      for i in range(n)]  # [block][kind]
-        self.outlines = [ax.add_patch(Rectangle((-0.42, i - 0.4), 0.84, 0.8, fill=False, linewidth=2.2,
-                                                edgecolor="#222222", visible=False)) for i in range(n)]
-        self.margins = [ax.text(k - 0.5 + 18 / _KIND_WIDTH, i, "", ha="left", va="center", fontsize=size - 1,
-                                clip_on=False) for i in range(n)]
-        middle = (_LEFT + _KIND_WIDTH * k / 2) / w
-        self.fig.text(middle, 1 - 18 / h, "Which kind of block does each layer choose?", ha="center", va="center",
-                      fontsize=14, fontweight="bold")
-        bar = self.bar_ax = self.fig.add_axes(box(_LEFT, _TOP + cell * n + 12, _KIND_WIDTH * k, 10))
-        bar.set_xlim(0, 1)
-        bar.set_axis_off()
-        bar.barh(0, 1, color="#e6e6e6", height=1)
-        self.progress = bar.barh(0, 0, color="#555555", height=1)[0]
-        self.bar_text = self.fig.text(middle, 1 - (_TOP + cell * n + 36) / h, "", ha="center", va="center",
-                                      fontsize=11)
-        self.fig.text(0.5, 1 - (_TOP + cell * n + 60) / h,
-                      "each cell: the kind's probability (darker = likelier); outlined: the block's leading kind; "
-                      f"margin = top \u2212 second,\nbelow {UNDECIDED_MARGIN:g} the block is undecided "
-                      "(dashed outline), 0.00 is a tie (no leader)",
-                      ha="center", va="center", fontsize=8.5, color="#444444")
-
-    def update(self, index: int) -> None:
-        h = self.history
-        probs, best = heatmap_data(h, index)
-        margins = block_margins(probs)
-        colours = cell_colours(probs, h.kinds)
-        self.image.set_data(colours)
-        for i, row in enumerate(self.texts):
-            for j, text in enumerate(row):
-                dark = float(np.dot(colours[i, j], (0.299, 0.587, 0.114))) < 0.55
-                text.set_text(f"{probs[i, j]:.2f}")
-                text.set_color("white" if dark else "black")
-                text.set_fontweight("bold" if j == best[i] else "normal")
-            outline = self.outlines[i]
-            outline.set_visible(bool(best[i] >= 0))
-            outline.set_x(best[i] - 0.42)
-            outline.set_linestyle("-" if margins[i] >= UNDECIDED_MARGIN else "--")
-            label, colour = _margin_text(float(margins[i]))
-            self.margins[i].set_text(label)
-            self.margins[i].set_color(colour)
-        self.bar_text.set_text(progress_label(h, index))
-        span = max(int(h.steps[-1] - h.steps[0]), 1)
-        self.progress.set_width((int(h.steps[index]) - int(h.steps[0])) / span if len(h.steps) > 1 else 1.0)
-
-    def render(self, index: int) -> np.ndarray:
-        """The frame at record ``index`` as an (H, W, 3) uint8 array."""
-        self.update(index)
-        self.fig.canvas.draw()
-        return np.asarray(self.fig.canvas.buffer_rgba())[..., :3].copy()
-
-
-def progress_label(history: History, index: int) -> str:
-    """The progress bar's label, e.g. ``step 250 / 1,000, tau 0.46`` (of the last logged step)."""
-    return f"step {int(history.steps[index]):,} / {int(history.steps[-1]):,}, tau {history.tau[index]:.3f}"
-
-
-def render_heatmap(history: History, index: int = -1) -> np.ndarray:
-    """One heat-map frame as an RGB array (what the GIF and TensorBoard show)."""
-    return _HeatmapFigure(history).render(index % len(history.steps))
 
 
 def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
@@ -316,7 +63,7 @@ def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tup
     """The animation, one frame per selected record; the last frame is held 2 s. Returns the last frame."""
     from PIL import Image
 
-    drawer = _HeatmapFigure(history)
+    drawer = HeatmapFigure(history)
     indices = frame_indices(len(history.steps), max_frames)
     images, frame = [], None
     for i in indices:  # frames are palette images as they come: a fraction of the RGB memory
@@ -425,12 +172,13 @@ def lines_figure(history: History) -> Any:
         for j, kind in enumerate(history.kinds):
             ax.plot(history.steps, history.probs[:, i, j], color=kind_colour(kind), linewidth=1.8, label=kind)
         best = int(heatmap_data(history, -1)[1][i])
-        label, _ = _margin_text(float(block_margins(history.probs[-1])[i]))
+        label, _ = margin_text(float(block_margins(history.probs[-1])[i]))
         if best < 0:
-            ax.set_title(f"{_display(block)}: tied", fontsize=10)
+            ax.set_title(f"{block_name(block)}: tied", fontsize=10)
         else:
-            ax.set_title(f"{_display(block)}: {history.kinds[best]} {history.probs[-1, i, best]:.2f} (margin {label})",
-                         fontsize=10, color=kind_colour(history.kinds[best]))
+            kind = history.kinds[best]
+            ax.set_title(f"{block_name(block)}: {kind} {history.probs[-1, i, best]:.2f} (margin {label})",
+                         fontsize=10, color=kind_colour(kind))
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         if i // cols == rows - 1 or i + cols >= n:
@@ -470,7 +218,7 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
     box(-1, "token embedding", "white", "#666666", "#333333")
     for i, block in enumerate(blocks):
         y, kind = -(i + 2), arch[block]
-        box(y, f"{_display(block)}: {kind}", kind_colour(kind))
+        box(y, f"{block_name(block)}: {kind}", kind_colour(kind))
         probs = final.get(block) or {}
         left = 5.2
         for k in [k for k in KIND_ORDER if k in probs] + sorted(set(probs) - set(KIND_ORDER)):

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parnas import pareto, plots
+from parnas import heatmap, pareto, plots
 from parnas.cli import main
 from parnas.experiments import experiment_trials
+from parnas.history import KIND_COLOURS, History, load_history
 
 KINDS = ("attention", "dense", "identity")
 
@@ -71,39 +72,39 @@ def first_line(path):
 
 def test_history_arrays_come_from_the_file(tmp_path):
     run = write_run(tmp_path / "run")
-    history = plots.load_history(run)
+    history = load_history(run)
     assert history.kinds == KINDS and history.blocks == ("block_0", "block_1", "block_2", "block_3")
     assert history.probs.shape == (31, 4, 3) and list(history.steps[:3]) == [0, 2, 4]
     np.testing.assert_allclose(history.probs.sum(axis=2), 1.0, atol=1e-9)
     assert list(history.val_steps) == [0, 20, 40, 60]
     assert history.val_ppl[0] == pytest.approx(510.0) and history.supernet_val_ppl[0] == pytest.approx(340.0)
     assert history.architectures[-1] == "AADD"
-    probs, best = plots.heatmap_data(history, 0)
+    probs, best = heatmap.heatmap_data(history, 0)
     assert probs[2, 1] == first_line(run / "history.jsonl")["probabilities"]["block_2"]["dense"]
     last = json.loads((run / "history.jsonl").read_text().splitlines()[-1])["probabilities"]
-    probs, best = plots.heatmap_data(history, -1)
+    probs, best = heatmap.heatmap_data(history, -1)
     assert [KINDS[j] for j in best] == [max(last[f"block_{i}"], key=last[f"block_{i}"].get) for i in range(4)]
     assert [KINDS[j] for j in best] == ["attention", "attention", "dense", "dense"]
 
 
 def test_old_history_val_ppl_is_the_supernets(tmp_path):
-    history = plots.load_history(write_run(tmp_path / "run", legacy=True))
+    history = load_history(write_run(tmp_path / "run", legacy=True))
     assert np.isnan(history.val_ppl).all() and history.supernet_val_ppl[0] == pytest.approx(340.0)
 
 
 def test_heatmap_cells_take_their_kind_colour_by_probability():
-    colours = plots.cell_colours(np.array([[1.0, 0.0, 0.5]]), KINDS)
+    colours = heatmap.cell_colours(np.array([[1.0, 0.0, 0.5]]), KINDS)
     np.testing.assert_allclose(colours[0, 1], 1.0)  # probability 0: white
-    attention = np.array([int(plots.KIND_COLOURS["attention"][i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    attention = np.array([int(KIND_COLOURS["attention"][i:i + 2], 16) / 255 for i in (1, 3, 5)])
     np.testing.assert_allclose(colours[0, 0], attention)  # probability 1: the kind's colour
     assert np.all(colours[0, 2] < 1.0) and np.all(colours[0, 2] > 0.5)
 
 
 def test_rendered_frame_shows_the_history(tmp_path):
-    history = plots.load_history(write_run(tmp_path / "run"))
-    frame = plots.render_heatmap(history, -1)
-    assert frame.shape == (*reversed(plots.frame_size(4)), 3) and frame.dtype == np.uint8
-    drawer = plots._HeatmapFigure(history)
+    history = load_history(write_run(tmp_path / "run"))
+    frame = heatmap.render_heatmap(history, -1)
+    assert frame.shape == (*reversed(heatmap.frame_size(4)), 3) and frame.dtype == np.uint8
+    drawer = heatmap.HeatmapFigure(history)
     drawer.update(-1)
     assert [[t.get_text() for t in row] for row in drawer.texts] == [
         [f"{p:.2f}" for p in history.probs[-1, i]] for i in range(4)]  # every probability, in its cell
@@ -114,7 +115,7 @@ def test_rendered_frame_shows_the_history(tmp_path):
     assert drawer.bar_text.get_text() == f"step 30 / 60, tau {history.tau[15]:.3f}"
     # block 0's attention cell (top left of the map) is attention-blue in the last frame
     pixel = frame[72 + 52 // 2, 150 + 4].astype(float) / 255
-    assert np.allclose(pixel, plots.cell_colours(history.probs[-1], KINDS)[0, 0], atol=0.03)
+    assert np.allclose(pixel, heatmap.cell_colours(history.probs[-1], KINDS)[0, 0], atol=0.03)
 
 
 def outline_pixels(frame, block, kind):
@@ -138,9 +139,9 @@ def test_gif_frame_0_at_exact_ties_shows_no_winner(tmp_path):
         end = np.asarray(gif.convert("RGB"))
     assert all(outline_pixels(start, b, k) == 0 for b in range(4) for k in range(3))  # no cell singled out
     assert outline_pixels(end, 0, 0) > 10 and outline_pixels(end, 0, 1) == 0  # block 0 settled on attention
-    history = plots.load_history(run)
-    assert list(plots.heatmap_data(history, 0)[1]) == [-1] * 4
-    drawer = plots._HeatmapFigure(history)
+    history = load_history(run)
+    assert list(heatmap.heatmap_data(history, 0)[1]) == [-1] * 4
+    drawer = heatmap.HeatmapFigure(history)
     drawer.update(0)
     assert [t.get_text() for t in drawer.margins] == ["tie"] * 4
     assert {t.get_text() for row in drawer.texts for t in row} == {"0.33"}
@@ -148,11 +149,11 @@ def test_gif_frame_0_at_exact_ties_shows_no_winner(tmp_path):
 
 
 def test_undecided_block_is_marked(tmp_path):
-    history = plots.load_history(write_run(tmp_path / "run"))
+    history = load_history(write_run(tmp_path / "run"))
     probs = np.array([[0.45, 0.40, 0.15], [0.8, 0.1, 0.1], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0.0]])
-    assert list(plots.block_margins(probs).round(6)) == [0.05, 0.7, 0.0, 0.0]
-    assert list(plots.heatmap_data(plots.History(**{**history.__dict__, "probs": probs[None]}), 0)[1]) == [0, 0, -1, -1]
-    assert plots._margin_text(0.05) == ("0.05 undecided", "#b22222") and plots._margin_text(0.7)[0] == "0.70"
+    assert list(heatmap.block_margins(probs).round(6)) == [0.05, 0.7, 0.0, 0.0]
+    assert list(heatmap.heatmap_data(History(**{**history.__dict__, "probs": probs[None]}), 0)[1]) == [0, 0, -1, -1]
+    assert heatmap.margin_text(0.05) == ("0.05 undecided", "#b22222") and heatmap.margin_text(0.7)[0] == "0.70"
 
 
 def test_plot_run_writes_valid_images(tmp_path):
@@ -160,7 +161,7 @@ def test_plot_run_writes_valid_images(tmp_path):
     paths = plots.plot_run(run, max_frames=25)
     assert [p.name for p in paths] == ["probabilities.gif", "probabilities.png", "architecture.png"]
     with Image.open(run / "probabilities.gif") as gif:
-        assert gif.format == "GIF" and gif.n_frames == 25 and gif.size == plots.frame_size(4)
+        assert gif.format == "GIF" and gif.n_frames == 25 and gif.size == heatmap.frame_size(4)
         gif.seek(gif.n_frames - 1)
         gif.convert("RGB").load()
     for name in ("probabilities.png", "architecture.png"):
@@ -169,7 +170,7 @@ def test_plot_run_writes_valid_images(tmp_path):
             assert png.format == "PNG" and png.size[0] > 300 and png.size[1] > 300
     assert not list(run.glob(".*.tmp"))  # temp files renamed, none left
     (image,) = tensorboard_images(run)
-    assert image.step == 120 and (image.width, image.height) == plots.frame_size(4)
+    assert image.step == 120 and (image.width, image.height) == heatmap.frame_size(4)
 
 
 def tensorboard_images(run):
@@ -193,14 +194,14 @@ def test_short_history_and_subset_of_kinds(tmp_path):
     run = write_run(tmp_path / "run", steps=8, every=2, n_blocks=3, kinds=("attention", "dense"), arch=False)
     plots.plot_run(run, tensorboard=False)
     with Image.open(run / "probabilities.gif") as gif:
-        assert gif.n_frames == 5 and gif.size == plots.frame_size(3, 2)
-    assert plots.load_history(run).kinds == ("attention", "dense")
+        assert gif.n_frames == 5 and gif.size == heatmap.frame_size(3, 2)
+    assert load_history(run).kinds == ("attention", "dense")
     assert (run / "architecture.png").is_file()  # from the last probabilities when there is no architecture.json
 
 
 def test_frame_indices_are_even_and_include_both_ends():
     for n, m in ((61, 25), (100, 100), (7, 100), (1000, 99), (1, 5)):
-        idx = plots.frame_indices(n, m)
+        idx = heatmap.frame_indices(n, m)
         assert len(idx) == min(n, m) and idx[0] == (0 if n > 1 else n - 1) and idx[-1] == n - 1
         assert np.all(np.diff(idx) > 0)
 
@@ -212,7 +213,7 @@ def test_partial_last_line_and_repeated_steps(tmp_path):
     repeat = json.loads(lines[-1])
     repeat.pop("val_ppl", None)
     path.write_text("\n".join([*lines, json.dumps(repeat)]) + "\n" + '{"step": 12, "tau": 0.1, "probab')
-    history = plots.load_history(run)
+    history = load_history(run)
     assert list(history.steps) == [0, 2, 4, 6, 8, 10] and 10 not in history.val_steps
     assert 0 in history.val_steps
 
@@ -262,7 +263,7 @@ def test_plot_of_a_running_experiment(tmp_path, capsys):
     trials_now = experiment_trials(exp, tmp_path)
     assert {t: trials_now[t].status for t in trials_now} == {"t1": "finished", "t2": "finished", "t3": "finished",
                                                              "t4": "running", "t5": "stopped", "t6": "running"}
-    assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "3",
+    assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "1",
                  "--no-tensorboard"]) == 0
     captured = capsys.readouterr()
     assert (trials / "t4" / "probabilities.gif").is_file() and (trials / "t5" / "architecture.png").is_file()
@@ -272,7 +273,7 @@ def test_plot_of_a_running_experiment(tmp_path, capsys):
     assert xlabel == pareto.LATENCY_LABEL and [(p.trial, p.status) for p in points] == [
         ("t1", "finished"), ("t2", "finished"), ("t3", "finished"), ("t4", "running")]
     t1, t4 = points[0], points[-1]
-    history = plots.load_history(trials / "t4")
+    history = load_history(trials / "t4")
     assert (t4.step, t4.val_ppl, t4.layout) == (40, history.val_ppl[-1], "AIDD") and t4.cost == t1.cost
     assert len(notes) == 1 and "t5 (stopped)" in notes[0] and "IIII" in notes[0]  # no finished IIII to compare
     # no finished trial: the axis counts attention blocks, and the histories so far are drawn
@@ -281,7 +282,7 @@ def test_plot_of_a_running_experiment(tmp_path, capsys):
     points, xlabel = pareto.experiment_points(experiment_trials(exp, tmp_path), note=notes.append)
     assert xlabel == "attention blocks" and {p.status for p in points} == {"running", "stopped"}
     assert {p.trial: p.cost for p in points}["t5"] == 0.0 and len(points) == 5
-    assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "3",
+    assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "1",
                  "--no-tensorboard"]) == 0
     assert capsys.readouterr().out.split()[-1].endswith("pareto.png")
 
@@ -301,7 +302,7 @@ def test_old_records_are_left_out_of_the_pareto_plot(tmp_path):
     points, _ = pareto.experiment_points(experiment_trials(exp, tmp_path), note=notes.append)
     assert "old" not in [p.trial for p in points] and len(notes) == 1
     assert "only the supernet's val ppl (30.00)" in notes[0]
-    plots.plot_run(tmp_path / exp / "trials" / "old", tensorboard=False)  # its own pictures still draw
+    plots.plot_run(tmp_path / exp / "trials" / "old", max_frames=1, tensorboard=False)  # its pictures still draw
 
 
 def test_pareto_cost_fallbacks(tmp_path):
