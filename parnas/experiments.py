@@ -76,7 +76,9 @@ def trial_run_dirs(experiment_id: str, root: str | Path | None = None) -> dict[s
 def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dict[str, Trial]:
     """Every trial folder of the experiment, finished or not, sorted by trial id."""
     folder = experiment_dir(experiment_id, root)
-    dirs = {p.name: p for p in [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")] if p.is_dir()}
+    dirs: dict[str, Path] = {}
+    for path in sorted(p for p in [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")] if p.is_dir()):
+        dirs[path.name] = max(dirs.get(path.name, path), path, key=_run_dir_rank)  # the folder the search wrote
     nni = nni_trial_statuses(folder)
     stopped = experiment_stopped(experiment_id, root)
     trials = {}
@@ -90,6 +92,10 @@ def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dic
             kind = STOPPED
         trials[trial] = Trial(trial, run, kind, status)
     return trials
+
+
+def _run_dir_rank(path: Path) -> tuple[bool, bool]:
+    return (path / "architecture.json").is_file(), (path / "history.jsonl").is_file()
 
 
 def status_counts(trials: Mapping[str, Trial]) -> str:

@@ -1,14 +1,13 @@
 """Pictures of a search: how each block's choice settles, what was found, and what it cost.
 
-A search run directory holds ``history.jsonl`` (one line per logged step: ``step``, ``tau``,
-``probabilities`` -- block label -> kind -> softmax(alpha) -- and at evaluations ``val_ppl``,
-the exported architecture's, ``supernet_val_ppl`` and ``architecture``, its letter code) and
-``architecture.json`` (DESIGN.md). :func:`plot_run` turns them into ``probabilities.gif`` (a
-blocks x kinds heat map per frame, every probability written in its cell), ``probabilities.png``
-(lines over steps, one panel per block) and ``architecture.png`` (the found column of blocks),
-and logs the final heat map to TensorBoard. :mod:`parnas.pareto` does that for every trial of
-an nnictl experiment, running ones included, and adds ``pareto.png``. Each kind keeps one
-colour everywhere.
+A search run directory holds ``history.jsonl`` (read by :mod:`parnas.history`) and, once the
+search has finished, ``architecture.json`` (DESIGN.md). :func:`plot_run` turns them into
+``probabilities.gif`` (one :mod:`parnas.heatmap` frame per selected step), ``probabilities.png``
+(lines over steps, one panel per block, with both validation perplexities above) and
+``architecture.png`` (the found column of blocks), and logs the final heat map to TensorBoard.
+:mod:`parnas.pareto` does that for every trial of an nnictl experiment, running ones included,
+and adds ``pareto.png``. Each kind keeps one colour everywhere. Perplexities are labelled with
+what they are: the exported architecture's (supernet weights, not retrained) or the supernet's.
 
 Figures are built on matplotlib's Agg canvas directly (no pyplot, no display) and every file
 is written to a temp file in the same folder and renamed, so a reader never sees half an image.
