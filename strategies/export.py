@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture
+from parnas.errors import ParnasError
 from parnas.experiments import (
     FINISHED,
     LETTER_CODE,
@@ -63,10 +64,13 @@ def export_experiment(experiment_id: str, out: str | Path | None = None,
     rows.sort(key=lambda r: (r["val_ppl"] is None, r["val_ppl"] or 0.0, r["supernet_val_ppl"] or 0.0))
     if out is not None and rows:
         folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        for row in rows:
-            shutil.copyfile(row["path"], folder / f"{row['trial']}.json")
-        write_json_atomic(folder / "summary.json", rows)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for row in rows:
+                shutil.copyfile(row["path"], folder / f"{row['trial']}.json")
+            write_json_atomic(folder / "summary.json", rows)
+        except OSError as e:
+            raise ParnasError(f"cannot write into --out {folder}: {e.strerror or e}") from None
     return rows
 
 

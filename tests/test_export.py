@@ -94,3 +94,14 @@ def test_no_finished_trial_says_how_many_run(capsys, tmp_path):
     assert out.startswith("no trial of experiment abc123 has finished yet") and "2 running, 1 stopped" in out
     code, out, err = export(capsys, tmp_path, "--json", "--out", str(tmp_path / "found"))
     assert json.loads(out) == [] and "2 running, 1 stopped" in err and not (tmp_path / "found").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--experiment", "nope"], "no NNI experiment 'nope'"),
+    (["--experiment", "abc123", "--out", "{d}/a_file/found"], "cannot write into --out"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, experiment, args, needle):
+    (experiment / "a_file").write_text("")
+    code = main(["export", *[a.format(d=experiment) for a in args], "--experiments-dir", str(experiment)])
+    out, err = capsys.readouterr()
+    assert code == 2 and len(err.splitlines()) == 1 and needle in err and not out, err
