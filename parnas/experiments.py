@@ -30,7 +30,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,9 +153,10 @@ def perplexities(record: Mapping[str, Any]) -> tuple[float | None, float | None]
     return number("val_ppl"), number("supernet_val_ppl")
 
 
-def margin(probs: Mapping[str, float]) -> float:
-    """Top minus second probability of one block (1.0 with a single candidate)."""
-    top = sorted((float(p) for p in probs.values()), reverse=True)
+def margin(probs: Iterable[float]) -> float:
+    """Top minus second of one block's probabilities (1.0 with a single candidate): below
+    :data:`UNDECIDED_MARGIN` the block is undecided."""
+    top = sorted((float(p) for p in probs), reverse=True)
     return top[0] - top[1] if len(top) > 1 else 1.0
 
 

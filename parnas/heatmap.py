@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from parnas.experiments import UNDECIDED_MARGIN
+from parnas.experiments import UNDECIDED_MARGIN, margin
 from parnas.history import History, block_name, kind_colour
 
 DPI = 100
@@ -35,11 +35,8 @@ def heatmap_data(history: History, index: int = -1) -> tuple[np.ndarray, np.ndar
 
 
 def block_margins(probs: np.ndarray) -> np.ndarray:
-    """Top minus second probability per block: ``(n_blocks, n_kinds) -> (n_blocks,)``."""
-    if probs.shape[1] < 2:
-        return np.ones(probs.shape[0])
-    top = np.sort(probs, axis=1)
-    return top[:, -1] - top[:, -2]
+    """Each block's :func:`~parnas.experiments.margin`: ``(n_blocks, n_kinds) -> (n_blocks,)``."""
+    return np.array([margin(row) for row in probs])
 
 
 def cell_colours(probs: np.ndarray, kinds: Sequence[str]) -> np.ndarray:
@@ -51,12 +48,12 @@ def cell_colours(probs: np.ndarray, kinds: Sequence[str]) -> np.ndarray:
     return 1.0 - p * (1.0 - base[None, :, :])
 
 
+_LEFT, _RIGHT, _TOP, _BOTTOM, _KIND_WIDTH = 150, 150, 72, 78, 130  # pixels
+
+
 def frame_size(n_blocks: int, n_kinds: int = 3) -> tuple[int, int]:
     """Width and height in pixels of one heat-map frame."""
     return _LEFT + _KIND_WIDTH * n_kinds + _RIGHT, _TOP + _cell_height(n_blocks) * n_blocks + _BOTTOM
-
-
-_LEFT, _RIGHT, _TOP, _BOTTOM, _KIND_WIDTH = 150, 150, 72, 78, 130  # pixels
 
 
 def _cell_height(n_blocks: int) -> int:

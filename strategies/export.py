@@ -37,7 +37,7 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
     exported, supernet = perplexities(search)
     blocks = [architecture.label(i) for i in range(len(record["architecture"]))]  # input first
     probs = record["probabilities"]
-    margins = {b: round(margin(probs[b]), 4) for b in blocks if isinstance(probs.get(b), dict) and probs[b]}
+    margins = {b: round(margin(probs[b].values()), 4) for b in blocks if isinstance(probs.get(b), dict) and probs[b]}
     latency = search.get("latency") if isinstance(search.get("latency"), dict) else None
     gap = search.get("discretisation_gap")
     return {"trial": trial_id, "val_ppl": exported, "supernet_val_ppl": supernet,
