@@ -1,21 +1,39 @@
-"""Where an nnictl experiment's trials keep their parnas run directories.
+"""An nnictl experiment's trials: where their parnas run directories are, whether each has
+finished, and the figures a finished or running trial reports.
 
 A search run inside an NNI trial writes into ``$NNI_OUTPUT_DIR``, which NNI 3.0's
 local training service puts at
 ``<experiments root>/<experiment id>/environments/<env>/trials/<trial id>/``. The root is NNI's
 ``experimentWorkingDirectory``: ``~/nni-experiments`` unless the experiment
 config says otherwise (pass ``root`` then).
+
+A trial is *finished* once its ``architecture.json`` exists. Otherwise it is *running* or
+*stopped*, which NNI's own record tells (``<experiment>/db/nni.sqlite``, the last status
+event of the trial; a trial NNI still calls running is stopped when nnictl has stopped the
+experiment). Without that record a trial without ``architecture.json`` counts as running.
+
+Perplexities: ``val_ppl`` in ``architecture.json``'s ``search`` section and in history
+evaluation lines is the exported (argmax) architecture's own, with the supernet's weights and
+no retraining; ``supernet_val_ppl`` is the supernet's (candidates mixed by softmax(alpha)).
+Records written before ``supernet_val_ppl`` existed hold only the supernet's, under
+``val_ppl``: :func:`perplexities` reads them so, and the exported architecture's is unknown.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from parnas.errors import ParnasError
 
@@ -33,12 +51,113 @@ def experiment_dir(experiment_id: str, root: str | Path | None = None) -> Path:
     return path
 
 
+FINISHED, RUNNING, STOPPED = "finished", "running", "stopped"
+UNDECIDED_MARGIN = 0.1  # a block whose top probability leads the second by less is undecided
+EXPORTED_PPL_LABEL = "val ppl of the exported architecture (supernet weights, not retrained)"
+SUPERNET_PPL_LABEL = "supernet val ppl (candidates mixed by softmax(alpha))"
+LETTER_CODE = "one letter per block, input first: A = attention, D = dense, I = identity"
+_NNI_RUNNING = ("WAITING", "RUNNING", "UNKNOWN")
+_NNI_STATUSES = (*_NNI_RUNNING, "SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
+
+
+@dataclass(frozen=True)
+class Trial:
+    id: str
+    run_dir: Path
+    status: str  # FINISHED, RUNNING or STOPPED
+    nni_status: str | None  # NNI's last recorded status of the trial (SUCCEEDED, FAILED, ...), if known
+
+
 def trial_run_dirs(experiment_id: str, root: str | Path | None = None) -> dict[str, Path]:
     """Trial id -> run directory, for every trial that left an ``architecture.json``."""
+    return {t.id: t.run_dir for t in experiment_trials(experiment_id, root).values() if t.status == FINISHED}
+
+
+def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dict[str, Trial]:
+    """Every trial folder of the experiment, finished or not, sorted by trial id."""
     folder = experiment_dir(experiment_id, root)
-    found = sorted(folder.glob("environments/*/trials/*/architecture.json")) + sorted(
-        folder.glob("trials/*/architecture.json"))
-    return {p.parent.name: p.parent for p in found}
+    dirs: dict[str, Path] = {}
+    for path in sorted(p for p in [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")] if p.is_dir()):
+        dirs[path.name] = max(dirs.get(path.name, path), path, key=_run_dir_rank)  # the folder the search wrote
+    nni = nni_trial_statuses(folder)
+    stopped = experiment_stopped(experiment_id, root)
+    trials = {}
+    for trial, run in sorted(dirs.items()):
+        status = nni.get(trial)
+        if (run / "architecture.json").is_file():
+            kind = FINISHED
+        elif status is None or status in _NNI_RUNNING:
+            kind = STOPPED if stopped else RUNNING
+        else:
+            kind = STOPPED
+        trials[trial] = Trial(trial, run, kind, status)
+    return trials
+
+
+def _run_dir_rank(path: Path) -> tuple[bool, bool]:
+    return (path / "architecture.json").is_file(), (path / "history.jsonl").is_file()
+
+
+def status_counts(trials: Mapping[str, Trial]) -> str:
+    """``"1 finished, 2 running, 0 stopped"``."""
+    statuses = [t.status for t in trials.values()]
+    return ", ".join(f"{statuses.count(s)} {s}" for s in (FINISHED, RUNNING, STOPPED))
+
+
+def nni_trial_statuses(folder: Path) -> dict[str, str]:
+    """Trial id -> the last status NNI recorded for it in ``<experiment>/db/nni.sqlite`` ({} without one)."""
+    db = folder / "db" / "nni.sqlite"
+    if not db.is_file():
+        return {}
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as con:
+            rows = con.execute("select trialJobId, event from TrialJobEvent order by rowid").fetchall()
+    except sqlite3.Error:  # being written, or another NNI version's schema: statuses unknown
+        return {}
+    return {trial: event for trial, event in rows if event in _NNI_STATUSES}
+
+
+def experiment_stopped(experiment_id: str, root: str | Path | None = None) -> bool:
+    """Whether nnictl's list of experiments (``.experiment`` in the root or in ``~/nni-experiments``) says
+    this experiment is stopped, or names a manager process that no longer exists. False when unknown."""
+    for folder in dict.fromkeys([Path(root).expanduser() if root else default_root(), default_root()]):
+        try:
+            entry = json.loads((folder / ".experiment").read_text()).get(experiment_id)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("status") == "STOPPED":
+            return True
+        pid = entry.get("pid")
+        if isinstance(pid, int) and pid > 0:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                pass
+        return False
+    return False
+
+
+def perplexities(record: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """``(exported architecture's val ppl, supernet's val ppl)`` of an architecture.json ``search`` section
+    or a history evaluation line; None where not recorded (an old record's ``val_ppl`` is the supernet's)."""
+    def number(key: str) -> float | None:
+        value = record.get(key)
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    if "supernet_val_ppl" not in record:
+        return None, number("val_ppl")
+    return number("val_ppl"), number("supernet_val_ppl")
+
+
+def margin(probs: Iterable[float]) -> float:
+    """Top minus second of one block's probabilities (1.0 with a single candidate): below
+    :data:`UNDECIDED_MARGIN` the block is undecided."""
+    top = sorted((float(p) for p in probs), reverse=True)
+    return top[0] - top[1] if len(top) > 1 else 1.0
 
 
 def port_in_use(port: int) -> bool:

@@ -1,62 +1,87 @@
 """An nnictl experiment's trials side by side: every trial's pictures, and ``pareto.png``.
 
-``pareto.png`` plots each trial's validation perplexity against the cost of the
-architecture it found, with the Pareto front marked: the trade-off that the
-compute penalty's weight sweeps.
+``pareto.png`` plots each trial's validation perplexity -- the exported (argmax) architecture's,
+with the supernet's weights and no retraining -- against the predicted latency of that
+architecture relative to the standard Transformer-XL (``search.latency.ratio``), or its cost
+when the trials record no latency, with the Pareto front marked: the trade-off that the
+compute penalty's weight sweeps. Trials still running (or stopped) are drawn from their
+history so far, with hollow markers.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parnas.architecture import layout_string
+import numpy as np
+
 from parnas.errors import ParnasError
-from parnas.experiments import experiment_dir, trial_run_dirs
-from parnas.plots import (
-    ARCHITECTURE,
-    MAX_FRAMES,
-    Note,
-    block_key,
-    figure,
-    plot_run,
-    read_architecture,
-    save_figure,
-    stderr_note,
+from parnas.experiments import (
+    EXPORTED_PPL_LABEL,
+    FINISHED,
+    LETTER_CODE,
+    RUNNING,
+    STOPPED,
+    Trial,
+    experiment_dir,
+    experiment_trials,
+    perplexities,
+    status_counts,
 )
+from parnas.history import HISTORY, HistoryError, block_key, load_history
+from parnas.plots import ARCHITECTURE, MAX_FRAMES, Note, figure, plot_run, read_architecture, save_figure, stderr_note
 
-
-def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
-    """Validation perplexity against cost, one dot per trial, the Pareto front joined and ringed."""
-    fig = figure(7.5, 5.0, layout="constrained")
-    ax = fig.add_subplot()
-    xy = [(p.cost, p.val_ppl) for p in points]
-    front = pareto_front(xy)
-    ax.scatter(*zip(*xy), color="#777777", s=30, label="trial", zorder=2)
-    fx, fy = zip(*(xy[i] for i in front))
-    ax.step(fx, fy, where="post", color="#d62728", linewidth=1.5, zorder=1)
-    ax.scatter(fx, fy, s=90, facecolors="none", edgecolors="#d62728", linewidths=1.8, label="Pareto front", zorder=3)
-    for p in points:
-        ax.annotate(f"{p.layout} ({p.trial})", (p.cost, p.val_ppl), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
-    ax.set_xlabel(xlabel + "  \u2192 cheaper to the left")
-    ax.set_ylabel("validation perplexity  (lower is better)")
-    ax.set_title(f"Perplexity vs cost of the found architectures \u2014 {title}")
-    ax.grid(alpha=0.3)
-    ax.margins(x=0.12, y=0.08)
-    ax.legend(frameon=False)
-    return fig
+LATENCY_LABEL = "predicted train step \u00f7 Transformer-XL's at the same n_blocks (search.latency.ratio)"
+_MARKERS = {FINISHED: ("o", "finished"), RUNNING: ("o", "running (history so far)"),
+            STOPPED: ("s", "stopped (history until it stopped)")}
 
 
 @dataclass(frozen=True)
 class TrialPoint:
     trial: str
-    val_ppl: float
-    cost: float
+    val_ppl: float  # the exported architecture's (supernet weights, not retrained)
+    cost: float  # the x axis: latency ratio, cost, or attention blocks
     layout: str  # e.g. "AADD"
+    status: str = FINISHED  # FINISHED, RUNNING or STOPPED
+    step: int | None = None  # the evaluation's step, for a trial not finished
+
+
+def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
+    """Perplexity against cost, one dot per trial (hollow: not finished), the Pareto front joined and ringed.
+
+    The front is that of the finished trials; with none finished, of the histories so far."""
+    fig = figure(8.0, 5.4, layout="constrained")
+    ax = fig.add_subplot()
+    for status, (marker, label) in _MARKERS.items():
+        group = [p for p in points if p.status == status]
+        if group:
+            face = "#777777" if status == FINISHED else "none"
+            ax.scatter([p.cost for p in group], [p.val_ppl for p in group], marker=marker, s=34, facecolors=face,
+                       edgecolors="#555555", linewidths=1.3, label=label, zorder=2)
+    finished = [p for p in points if p.status == FINISHED]
+    ranked = finished or list(points)
+    xy = [(p.cost, p.val_ppl) for p in ranked]
+    fx, fy = zip(*(xy[i] for i in pareto_front(xy)))
+    ax.step(fx, fy, where="post", color="#d62728", linewidth=1.5, zorder=1)
+    ax.scatter(fx, fy, s=100, facecolors="none", edgecolors="#d62728", linewidths=1.8, zorder=3,
+               label="Pareto front" + ("" if finished else " (histories so far)"))
+    for p in points:
+        where = "" if p.step is None else f", step {p.step:,}"
+        ax.annotate(f"{p.layout} ({p.trial}{where})", (p.cost, p.val_ppl), textcoords="offset points",
+                    xytext=(5, 4), fontsize=8)
+    ax.set_xlabel(xlabel + "  \u2192 cheaper to the left", fontsize=9)
+    ax.set_ylabel(EXPORTED_PPL_LABEL.replace(" (", "\n("), fontsize=9)
+    what = "predicted latency" if xlabel == LATENCY_LABEL else xlabel.split(" (")[0]
+    fig.suptitle(f"Perplexity vs {what} of the found architectures \u2014 {title}", fontsize=11)
+    ax.set_title(f"labels: architecture ({LETTER_CODE}), trial", fontsize=8, color="#555555")
+    ax.grid(alpha=0.3)
+    ax.margins(x=0.12, y=0.08)
+    ax.legend(frameon=False, fontsize=8)
+    return fig
 
 
 def trial_cost(record: Mapping[str, Any]) -> tuple[float | None, str | None]:
@@ -71,6 +96,13 @@ def trial_cost(record: Mapping[str, Any]) -> tuple[float | None, str | None]:
     return None, unit
 
 
+def latency_ratio(record: Mapping[str, Any]) -> float | None:
+    """``search.latency.ratio``: the exported architecture's predicted train step over Transformer-XL's."""
+    latency = (record.get("search") or {}).get("latency")
+    ratio = latency.get("ratio") if isinstance(latency, dict) else None
+    return float(ratio) if isinstance(ratio, (int, float)) and math.isfinite(ratio) else None
+
+
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of the points no other point beats on both coordinates (lower is better), by cost."""
     order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
@@ -82,48 +114,135 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def experiment_points(run_dirs: Mapping[str, Path], note: Note = stderr_note) -> tuple[list[TrialPoint], str]:
-    """One point per trial with a validation perplexity; x is the architecture's cost when every such
-    trial records one in the same unit, else the number of attention blocks for all of them."""
-    rows = []
-    for trial, run in run_dirs.items():
-        record = read_architecture(run, note) or {}
-        ppl = (record.get("search") or {}).get("val_ppl")
-        arch = record.get("architecture") or {}
-        if not isinstance(ppl, (int, float)) or not math.isfinite(ppl) or not arch:
-            note(f"trial {trial}: no search.val_ppl in {run / ARCHITECTURE}; left out of the Pareto plot")
+@dataclass(frozen=True)
+class _Row:
+    trial: str
+    status: str
+    val_ppl: float
+    layout: str
+    ratio: float | None = None
+    cost: float | None = None
+    unit: str | None = None
+    step: int | None = None
+    block_costs: tuple[tuple[str, float], ...] = ()
+    config: str = ""  # model settings, block costs and latency device: trials alike in these can be compared
+
+
+def _finished_row(trial: Trial, note: Note) -> _Row | None:
+    record = read_architecture(trial.run_dir, note) or {}
+    arch = record.get("architecture") or {}
+    exported, supernet = perplexities(record.get("search") or {})
+    if exported is None or not arch:
+        why = (f"records only the supernet's val ppl ({supernet:.2f}), an older search" if supernet else
+               "records no val ppl of its exported architecture")
+        note(f"trial {trial.id}: {trial.run_dir / ARCHITECTURE} {why}; left out of the Pareto plot")
+        return None
+    layout = "".join(arch[b][0].upper() for b in sorted(arch, key=block_key))
+    search = record.get("search") or {}
+    costs = search.get("block_costs") if isinstance(search.get("block_costs"), dict) else {}
+    latency = search.get("latency") if isinstance(search.get("latency"), dict) else {}
+    config = json.dumps([record.get("model"), costs, search.get("cost_unit"), latency.get("device"),
+                         latency.get("transformer_xl_ms")], sort_keys=True, default=str)
+    return _Row(trial.id, FINISHED, exported, layout, latency_ratio(record), *trial_cost(record),
+                block_costs=tuple(sorted(costs.items())), config=config)
+
+
+def _history_row(trial: Trial, note: Note) -> _Row | None:
+    """A trial not finished: its last evaluation of the exported architecture so far (None before its first)."""
+    if not (trial.run_dir / HISTORY).is_file():
+        return None  # nothing logged yet
+    try:
+        history = load_history(trial.run_dir)
+    except HistoryError as e:
+        note(f"trial {trial.id} ({trial.status}): {e}")
+        return None
+    known = np.flatnonzero(np.isfinite(history.val_ppl))
+    if not known.size:
+        note(f"trial {trial.id} ({trial.status}): no evaluation of its exported architecture yet; "
+             "left out of the Pareto plot")
+        return None
+    i, step = int(known[-1]), int(history.val_steps[known[-1]])
+    layout = history.architectures[i]
+    if not layout:
+        probs = history.probs[int(np.searchsorted(history.steps, step))]
+        layout = "".join(history.kinds[j][0].upper() for j in probs.argmax(axis=1))
+    return _Row(trial.id, trial.status, float(history.val_ppl[i]), layout, step=step)
+
+
+def experiment_points(trials: Mapping[str, Trial], note: Note = stderr_note) -> tuple[list[TrialPoint], str]:
+    """One point per trial with a val ppl of its exported architecture (unfinished trials: from their history).
+
+    x is ``search.latency.ratio`` when every finished trial records one, else the architecture's cost when
+    they all record one in the same unit, else the number of attention blocks for all of them. A trial that
+    is not finished has no latency or cost of its own yet: see :func:`_unfinished_x`; without one it is left
+    out (a note says so)."""
+    rows = [row for trial in trials.values()
+            if (row := (_finished_row if trial.status == FINISHED else _history_row)(trial, note)) is not None]
+    base = [r for r in rows if r.status == FINISHED] or rows
+    units = {r.unit for r in base}
+    if base and all(r.ratio is not None for r in base):
+        axis, xlabel = "ratio", LATENCY_LABEL
+    elif base and all(r.cost is not None for r in base) and len(units) == 1:
+        axis, xlabel = "cost", f"cost of the exported architecture ({units.pop() or 'as recorded'})"
+    else:
+        if any(r.status == FINISHED for r in base):
+            note("not every finished trial records search.latency, search.architecture_cost or block_costs in one "
+                 "unit: the Pareto plot counts attention blocks instead")
+        axis, xlabel = "attention", "attention blocks"
+    finished = [r for r in rows if r.status == FINISHED]
+    points = []
+    for r in rows:
+        if axis == "attention":
+            value: float | None = float(r.layout.count("A"))
+        else:
+            value = getattr(r, axis) if r.status == FINISHED else _unfinished_x(r, finished, axis)
+        if value is None:
+            note(f"trial {r.trial} ({r.status}): no {xlabel.split(' (')[0]} for {r.layout} until it finishes; "
+                 "left out of the Pareto plot")
             continue
-        kinds = [arch[b] for b in sorted(arch, key=block_key)]
-        rows.append((trial, float(ppl), kinds, *trial_cost(record)))
-    units = {unit for *_, cost, unit in rows}
-    if rows and all(cost is not None for *_, cost, _ in rows) and len(units) == 1:
-        unit = units.pop()
-        return [TrialPoint(t, p, c, layout_string(k)) for t, p, k, c, _ in rows], f"cost ({unit or 'as recorded'})"
-    if rows:
-        note("not every trial records search.architecture_cost (or block_costs) in one unit: "
-             "the Pareto plot counts attention blocks instead")
-    return ([TrialPoint(t, p, float(k.count("attention")), layout_string(k)) for t, p, k, *_ in rows],
-            "attention blocks")
+        points.append(TrialPoint(r.trial, r.val_ppl, value, r.layout, r.status, r.step))
+    return points, xlabel
+
+
+def _unfinished_x(row: _Row, finished: Sequence[_Row], axis: str) -> float | None:
+    """The latency ratio or cost of a trial not finished, whose history gives only its architecture so far.
+
+    Only when every finished trial has the same model, block costs and latency device (a sweep over the
+    search's own settings): the cost is that of its architecture under those block costs, and the latency
+    ratio that of a finished trial which exported the same architecture."""
+    if not finished or len({r.config for r in finished}) != 1:
+        return None
+    if axis == "cost" and finished[0].block_costs:
+        costs = {kind[0].upper(): cost for kind, cost in finished[0].block_costs}
+        return float(sum(costs[c] for c in row.layout)) if set(row.layout) <= set(costs) else None
+    return next((getattr(r, axis) for r in finished if r.layout == row.layout), None)
 
 
 def plot_experiment(experiment_id: str, root: str | Path | None = None, *, max_frames: int = MAX_FRAMES,
                     tensorboard: bool = True, note: Note = stderr_note) -> list[Path]:
-    """:func:`plot_run` for every trial of an nnictl experiment, then ``pareto.png`` in the experiment
-    folder. A trial whose plots fail is reported and skipped; no trial at all is an error."""
+    """:func:`plot_run` for every trial of an nnictl experiment that has logged a step, finished or not,
+    then ``pareto.png`` in the experiment folder. A trial whose plots fail is reported and skipped; no
+    trial with a history at all is an error."""
     folder = experiment_dir(experiment_id, root)
-    runs = trial_run_dirs(experiment_id, root)
-    if not runs:
-        raise ParnasError(f"experiment {experiment_id!r} ({folder}) has no trial with an architecture.json yet")
+    every = experiment_trials(experiment_id, root)
+    trials = {t: trial for t, trial in every.items()
+              if trial.status == FINISHED or (trial.run_dir / HISTORY).is_file()}
+    if not trials:
+        raise ParnasError(f"experiment {experiment_id!r} ({folder}) has no trial with a {HISTORY} yet "
+                          f"({status_counts(every)})")
+    if any(t.status != FINISHED for t in trials.values()):
+        note(f"experiment {experiment_id}: {status_counts(every)}; trials not finished are drawn from their "
+             "history so far (hollow markers in pareto.png)")
     written: list[Path] = []
-    for trial, run in runs.items():
+    for trial in trials.values():
         try:
-            written += plot_run(run, max_frames=max_frames, tensorboard=tensorboard, note=note)
+            written += plot_run(trial.run_dir, max_frames=max_frames, tensorboard=tensorboard, note=note)
         except ParnasError as e:
-            note(f"trial {trial}: {e}")
-    points, xlabel = experiment_points(runs, note)
+            note(f"trial {trial.id}: {e}")
+    points, xlabel = experiment_points(trials, note)
     if points:
-        written.append(save_figure(pareto_figure(points, xlabel, experiment_id),
-                                    folder / "pareto.png"))
+        written.append(save_figure(pareto_figure(points, xlabel, experiment_id), folder / "pareto.png"))
     else:
-        note("no trial has a validation perplexity: pareto.png not written")
+        note("no trial has a val ppl of its exported architecture yet: pareto.png not written")
     return written
+

@@ -12,10 +12,13 @@ TOKENIZER_KINDS = ("sentencepiece", "word", "char")
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw a search: probabilities.gif, probabilities.png and architecture.png (plus pareto.png for an experiment).
 
-    Give a search run directory (the one holding history.jsonl and architecture.json), or
-    --experiment ID for every trial of an nnictl experiment; pareto.png (validation perplexity
-    against architecture cost, Pareto front marked) then goes into the experiment's folder.
-    The final heat map is also logged to <run dir>/tensorboard (tag search/probabilities).
+    Give a search run directory (the one holding history.jsonl), or --experiment ID for every
+    trial of an nnictl experiment, running or stopped ones drawn from their history so far;
+    pareto.png (val ppl of the exported architecture, supernet weights, not retrained, against
+    its predicted latency relative to Transformer-XL's or its cost; Pareto front marked; hollow
+    markers for trials not finished) then goes into the experiment's folder. The final heat map
+    is also logged to <run dir>/tensorboard (tag search/probabilities), in one events file that
+    each plot replaces.
     """
     from parnas.errors import ParnasError
     from parnas.pareto import plot_experiment

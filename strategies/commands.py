@@ -35,12 +35,28 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Gather an nnictl experiment's architectures, best validation perplexity first."""
-    from strategies.export import export_experiment
+    """Gather an nnictl experiment's architectures: a table, best val ppl of the exported architecture first.
 
-    rows = export_experiment(args.experiment, args.out, root=args.experiments_dir)
-    json.dump(rows, sys.stdout, indent=2)
-    print()
+    Columns: trial; val ppl of the exported (argmax) architecture with the supernet's weights, not retrained;
+    the supernet's val ppl; the architecture, one letter per block (A = attention, D = dense, I = identity);
+    its predicted train step relative to Transformer-XL's (search.latency.ratio), or its cost; each block's
+    margin (top - second probability) and the undecided blocks (margin < 0.1, also warned about on stderr).
+    --json prints every field instead; --out copies each trial's architecture.json and a summary.json.
+    """
+    from strategies import export
+
+    rows = export.export_experiment(args.experiment, args.out, root=args.experiments_dir)
+    for line in export.warnings(rows):
+        print(f"parnas export: warning: {line}", file=sys.stderr)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    elif rows:
+        print(export.table(rows))
+    if not rows:
+        print(export.nothing_finished(args.experiment, args.experiments_dir), file=sys.stderr if args.json else None)
+    elif args.out:
+        print(f"wrote {len(rows)} architecture file(s) and summary.json to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -67,3 +83,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experiment", required=True, help="nnictl experiment id")
     p.add_argument("--out", default=None, help="folder to copy each trial's architecture.json and a summary into")
     p.add_argument("--experiments-dir", default=None, help="NNI's experimentWorkingDirectory (~/nni-experiments)")
+    p.add_argument("--json", action="store_true", help="print every field of every trial as JSON instead of a table")

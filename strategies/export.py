@@ -1,39 +1,127 @@
-"""Gather the architectures an nnictl experiment's trials found, best first."""
+"""Gather the architectures an nnictl experiment's trials found, best first, and say how sure each is.
+
+A trial's quality is the validation perplexity of its exported (argmax) architecture with the
+supernet's weights, not retrained (``search.val_ppl``); the supernet's own (``supernet_val_ppl``)
+comes beside it. A block is *undecided* when its top probability leads the second by less than
+:data:`parnas.experiments.UNDECIDED_MARGIN`: the exported choice there is close to a coin toss.
+"""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from parnas import architecture
-from parnas.experiments import trial_run_dirs
+from parnas.errors import ParnasError
+from parnas.experiments import (
+    FINISHED,
+    LETTER_CODE,
+    RUNNING,
+    STOPPED,
+    UNDECIDED_MARGIN,
+    experiment_trials,
+    margin,
+    perplexities,
+)
 from parnas.files import write_json_atomic
+
+PARAMETERS = ("seed", "penalty_weight", "arch_lr", "mode", "hard", "tau_final")
+
+
+def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
+    """What ``parnas export`` reports of one finished trial (the ``--json`` dump's row)."""
+    record = architecture.read(path)
+    search = record["search"]
+    exported, supernet = perplexities(search)
+    blocks = [architecture.label(i) for i in range(len(record["architecture"]))]  # input first
+    probs = record["probabilities"]
+    margins = {b: round(margin(probs[b].values()), 4) for b in blocks if isinstance(probs.get(b), dict) and probs[b]}
+    latency = search.get("latency") if isinstance(search.get("latency"), dict) else None
+    gap = search.get("discretisation_gap")
+    return {"trial": trial_id, "val_ppl": exported, "supernet_val_ppl": supernet,
+            "discretisation_gap": gap if gap is not None or None in (exported, supernet) else exported - supernet,
+            "old_record": "supernet_val_ppl" not in search,
+            "architecture": architecture.layout_string(architecture.layout(record)),
+            "blocks": record["architecture"], "probabilities": record["probabilities"], "margins": margins,
+            "undecided": [b for b, m in margins.items() if m < UNDECIDED_MARGIN],
+            "latency": latency, "latency_ratio": (latency or {}).get("ratio"),
+            "architecture_cost": search.get("architecture_cost"), "cost_unit": search.get("cost_unit"),
+            "parameters": {k: search.get(k) for k in PARAMETERS}, "path": str(path)}
 
 
 def export_experiment(experiment_id: str, out: str | Path | None = None,
                       root: str | Path | None = None) -> list[dict[str, Any]]:
-    """One row per trial with an architecture.json, sorted by validation perplexity.
+    """One row per finished trial (one with an architecture.json), best val ppl of the exported architecture
+    first (old records, which hold only the supernet's, last, by that).
 
-    With ``out``, each trial's file is copied to ``<out>/<trial id>.json`` and the
+    With ``out`` and at least one row, each trial's file is copied to ``<out>/<trial id>.json`` and the
     rows are written to ``<out>/summary.json``.
     """
-    rows = []
-    for trial_id, run_dir in trial_run_dirs(experiment_id, root).items():
-        record = architecture.read(run_dir / "architecture.json")
-        search = record["search"]
-        rows.append({"trial": trial_id, "val_ppl": search.get("val_ppl"),
-                     "architecture": architecture.layout_string(architecture.layout(record)),
-                     "blocks": record["architecture"], "probabilities": record["probabilities"],
-                     "parameters": {k: search.get(k) for k in ("seed", "penalty_weight", "arch_lr", "mode", "hard")}
-                     | {"tau_final": search.get("tau_final")},
-                     "architecture_cost": search.get("architecture_cost"), "cost_unit": search.get("cost_unit"),
-                     "path": str(run_dir / "architecture.json")})
-    rows.sort(key=lambda r: (r["val_ppl"] is None, r["val_ppl"]))
-    if out is not None:
+    rows = [trial_row(t.id, t.run_dir / "architecture.json")
+            for t in experiment_trials(experiment_id, root).values() if t.status == FINISHED]
+    rows.sort(key=lambda r: (r["val_ppl"] is None, r["val_ppl"] or 0.0, r["supernet_val_ppl"] or 0.0))
+    if out is not None and rows:
         folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        for row in rows:
-            shutil.copyfile(row["path"], folder / f"{row['trial']}.json")
-        write_json_atomic(folder / "summary.json", rows)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for row in rows:
+                shutil.copyfile(row["path"], folder / f"{row['trial']}.json")
+            write_json_atomic(folder / "summary.json", rows)
+        except OSError as e:
+            raise ParnasError(f"cannot write into --out {folder}: {e.strerror or e}") from None
     return rows
+
+
+def warnings(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per trial with undecided blocks, and per old record."""
+    lines = []
+    for r in rows:
+        if r["undecided"]:
+            blocks = ", ".join(f"{b} (margin {r['margins'][b]:.2f})" for b in r["undecided"])
+            lines.append(f"trial {r['trial']}: undecided {blocks}: top \u2212 second probability < "
+                         f"{UNDECIDED_MARGIN:g}, the exported choice there is close to a tie")
+        if r["old_record"]:
+            lines.append(f"trial {r['trial']}: an older search, which recorded only the supernet's val ppl "
+                         "(shown as 'supernet'); its exported architecture's is unknown")
+    return lines
+
+
+def nothing_finished(experiment_id: str, root: str | Path | None = None) -> str:
+    """The message for an experiment without a finished trial, with how many are running or stopped."""
+    trials = experiment_trials(experiment_id, root)
+    running = sum(t.status == RUNNING for t in trials.values())
+    stopped = sum(t.status == STOPPED for t in trials.values())
+    return (f"no trial of experiment {experiment_id} has finished yet (none has an architecture.json): "
+            f"{running} running, {stopped} stopped; `parnas plot --experiment {experiment_id}` draws their "
+            "histories so far")
+
+
+def _number(value: Any, spec: str = ".2f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The default output: one line per trial, then what the columns mean."""
+    head = ("trial", "val ppl", "supernet", "architecture", "latency ratio | cost", "block margins", "undecided")
+    lines = [head]
+    for r in rows:
+        cost = (_number(r["latency_ratio"]) if r["latency_ratio"] is not None else
+                f"{r['architecture_cost']:.4g} {r['cost_unit'] or ''}".rstrip()
+                if isinstance(r["architecture_cost"], (int, float)) else "-")
+        lines.append((r["trial"], _number(r["val_ppl"]), _number(r["supernet_val_ppl"]), r["architecture"], cost,
+                      " ".join(f"{m:.2f}" for m in r["margins"].values()), ", ".join(r["undecided"]) or "-"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    right = {1, 2, 4}
+    text = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+            for line in lines]
+    return "\n".join(text + [
+        "",
+        "val ppl: validation perplexity of the exported architecture (supernet weights, not retrained); "
+        "supernet: the supernet's (candidates mixed by softmax(alpha))",
+        f"architecture: {LETTER_CODE}",
+        "latency ratio: predicted train step of the exported architecture / the standard Transformer-XL's at the "
+        "same n_blocks (search.latency.ratio); where none is recorded, the architecture's cost and its unit",
+        f"block margins: top - second probability of each block, input first; undecided: below {UNDECIDED_MARGIN:g}",
+    ])

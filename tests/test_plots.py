@@ -2,19 +2,31 @@
 
 import json
 import math
+import shutil
+import sqlite3
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from parnas import pareto, plots
+from parnas import heatmap, pareto, plots
 from parnas.cli import main
+from parnas.experiments import experiment_trials
+from parnas.history import KIND_COLOURS, History, load_history
 
 KINDS = ("attention", "dense", "identity")
 
 
-def write_run(run, *, steps=60, every=2, n_blocks=4, kinds=KINDS, seed=0, val_ppl=42.0, cost=2.5, arch=True):
-    """A search that learns attention early and dense late, logged every ``every`` steps."""
+STEP_MS = {"attention": 10.0, "dense": 6.0, "identity": 0.5}  # a latency table: 4 ms + each block's
+
+
+def write_run(run, *, steps=60, every=2, n_blocks=4, kinds=KINDS, seed=0, val_ppl=42.0, cost=2.5, arch=True,
+              winners=None, latency=True, legacy=False):
+    """A search whose blocks settle on ``winners`` (default: attention early, dense late), logged every
+    ``every`` steps and evaluated every 20; ``architecture.json`` at the end unless ``arch`` is false.
+
+    ``legacy``: the records of a search from before ``supernet_val_ppl`` (``val_ppl`` is the supernet's)."""
+    winners = winners or [kinds[0] if b < n_blocks // 2 else kinds[1] for b in range(n_blocks)]
     run.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     lines, probs = [], {}
@@ -23,20 +35,31 @@ def write_run(run, *, steps=60, every=2, n_blocks=4, kinds=KINDS, seed=0, val_pp
         probs = {}
         for b in range(n_blocks):
             logits = rng.normal(0, 0.1, len(kinds))
-            logits[0 if b < n_blocks // 2 else 1] += 5 * frac
+            logits[kinds.index(winners[b])] += 5 * frac
             p = np.exp(logits) / np.exp(logits).sum()
             probs[f"block_{b}"] = {k: float(v) for k, v in zip(kinds, p)}
         record = {"step": step, "tau": 0.1 ** frac, "probabilities": probs}
         if step % 20 == 0:
-            record["val_ppl"] = 300 * math.exp(-3 * frac) + 40
+            supernet = 300 * math.exp(-3 * frac) + 40
+            record["val_ppl"] = supernet
+            if not legacy:
+                record |= {"val_ppl": supernet * 1.5, "supernet_val_ppl": supernet,
+                           "architecture": "".join(max(p, key=p.get)[0].upper() for p in probs.values())}
         lines.append(json.dumps(record))
     (run / "history.jsonl").write_text("\n".join(lines) + "\n")
     if arch:
         chosen = {b: max(p, key=p.get) for b, p in probs.items()}
         search = {"val_ppl": val_ppl, "steps": steps, "tau_final": 0.1, "cost_unit": "ms/step",
                   "block_costs": {"attention": 1.0, "dense": 0.4, "identity": 0.0}}
+        if not legacy:
+            search |= {"supernet_val_ppl": val_ppl - 5, "discretisation_gap": 5.0}
         if cost is not None:
             search["architecture_cost"] = cost
+        if latency and not legacy:
+            ms = 4.0 + sum(STEP_MS[k] for k in chosen.values())
+            txl = 4.0 + sum(STEP_MS[("attention", "dense")[i % 2]] for i in range(n_blocks))
+            search["latency"] = {"unit": "ms", "device": "cpu", "train_step_ms": ms, "inference_step_ms": ms / 3,
+                                 "transformer_xl_ms": txl, "ratio": ms / txl, "budget": None, "within_budget": None}
         (run / "architecture.json").write_text(json.dumps({
             "format": "parnas.architecture", "version": 1, "architecture": chosen, "probabilities": probs,
             "model": {"n_blocks": n_blocks, "d_model": 32, "cutoffs": [100, 400], "vocab_size": 1000},
@@ -50,40 +73,88 @@ def first_line(path):
 
 def test_history_arrays_come_from_the_file(tmp_path):
     run = write_run(tmp_path / "run")
-    history = plots.load_history(run)
+    history = load_history(run)
     assert history.kinds == KINDS and history.blocks == ("block_0", "block_1", "block_2", "block_3")
     assert history.probs.shape == (31, 4, 3) and list(history.steps[:3]) == [0, 2, 4]
     np.testing.assert_allclose(history.probs.sum(axis=2), 1.0, atol=1e-9)
-    assert list(history.val_steps) == [0, 20, 40, 60] and history.val_ppl[0] == pytest.approx(340.0)
-    probs, best = plots.heatmap_data(history, 0)
+    assert list(history.val_steps) == [0, 20, 40, 60]
+    assert history.val_ppl[0] == pytest.approx(510.0) and history.supernet_val_ppl[0] == pytest.approx(340.0)
+    assert history.architectures[-1] == "AADD"
+    probs, best = heatmap.heatmap_data(history, 0)
     assert probs[2, 1] == first_line(run / "history.jsonl")["probabilities"]["block_2"]["dense"]
     last = json.loads((run / "history.jsonl").read_text().splitlines()[-1])["probabilities"]
-    probs, best = plots.heatmap_data(history, -1)
+    probs, best = heatmap.heatmap_data(history, -1)
     assert [KINDS[j] for j in best] == [max(last[f"block_{i}"], key=last[f"block_{i}"].get) for i in range(4)]
     assert [KINDS[j] for j in best] == ["attention", "attention", "dense", "dense"]
 
 
+def test_old_history_val_ppl_is_the_supernets(tmp_path):
+    history = load_history(write_run(tmp_path / "run", legacy=True))
+    assert np.isnan(history.val_ppl).all() and history.supernet_val_ppl[0] == pytest.approx(340.0)
+
+
 def test_heatmap_cells_take_their_kind_colour_by_probability():
-    colours = plots.cell_colours(np.array([[1.0, 0.0, 0.5]]), KINDS)
+    colours = heatmap.cell_colours(np.array([[1.0, 0.0, 0.5]]), KINDS)
     np.testing.assert_allclose(colours[0, 1], 1.0)  # probability 0: white
-    attention = np.array([int(plots.KIND_COLOURS["attention"][i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    attention = np.array([int(KIND_COLOURS["attention"][i:i + 2], 16) / 255 for i in (1, 3, 5)])
     np.testing.assert_allclose(colours[0, 0], attention)  # probability 1: the kind's colour
     assert np.all(colours[0, 2] < 1.0) and np.all(colours[0, 2] > 0.5)
 
 
 def test_rendered_frame_shows_the_history(tmp_path):
-    history = plots.load_history(write_run(tmp_path / "run"))
-    frame = plots.render_heatmap(history, -1)
-    assert frame.shape == (*reversed(plots.frame_size(4)), 3) and frame.dtype == np.uint8
-    drawer = plots._HeatmapFigure(history)
+    history = load_history(write_run(tmp_path / "run"))
+    frame = heatmap.render_heatmap(history, -1)
+    assert frame.shape == (*reversed(heatmap.frame_size(4)), 3) and frame.dtype == np.uint8
+    drawer = heatmap.HeatmapFigure(history)
     drawer.update(-1)
-    shown = [t.get_text() for t in drawer.texts]
-    assert shown == [f"{history.probs[-1, i].max():.2f}" for i in range(4)]
-    assert drawer.step_text.get_text() == "step 60 of 60"
-    # block 0's attention cell (top left quarter of the map) is attention-blue in the last frame
-    w, h = plots.frame_size(4)
-    pixel = frame[92 + 52 // 4, 150 + 20].astype(float) / 255
-    assert np.allclose(pixel, plots.cell_colours(history.probs[-1], KINDS)[0, 0], atol=0.03)
+    assert [[t.get_text() for t in row] for row in drawer.texts] == [
+        [f"{p:.2f}" for p in history.probs[-1, i]] for i in range(4)]  # every probability, in its cell
+    top2 = np.sort(history.probs[-1], axis=1)[:, -2:]
+    assert [t.get_text() for t in drawer.margins] == [f"{b - a:.2f}" for a, b in top2]
+    assert drawer.bar_text.get_text() == "step 60 / 60, tau 0.100"
+    drawer.update(15)
+    assert drawer.bar_text.get_text() == f"step 30 / 60, tau {history.tau[15]:.3f}"
+    # block 0's attention cell (top left of the map) is attention-blue in the last frame
+    pixel = frame[72 + 52 // 2, 150 + 4].astype(float) / 255
+    assert np.allclose(pixel, heatmap.cell_colours(history.probs[-1], KINDS)[0, 0], atol=0.03)
+
+
+def outline_pixels(frame, block, kind):
+    """Dark pixels on the left edge of the outline a leading kind's cell gets (text stays in the middle)."""
+    x = 150 + kind * 130 + round(0.08 * 130)
+    column = frame[72 + block * 52 + 15:72 + block * 52 + 37, x - 1:x + 2].astype(int)
+    return int((column.sum(axis=2) < 3 * 80).sum())
+
+
+def test_gif_frame_0_at_exact_ties_shows_no_winner(tmp_path):
+    run = write_run(tmp_path / "run", steps=20, every=2)
+    lines = (run / "history.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["probabilities"] = {b: {k: 1 / 3 for k in KINDS} for b in first["probabilities"]}  # uniform logits
+    lines[0] = json.dumps(first)
+    (run / "history.jsonl").write_text("\n".join(lines) + "\n")
+    plots.plot_run(run, tensorboard=False)
+    with Image.open(run / "probabilities.gif") as gif:
+        start = np.asarray(gif.convert("RGB"))
+        gif.seek(gif.n_frames - 1)
+        end = np.asarray(gif.convert("RGB"))
+    assert all(outline_pixels(start, b, k) == 0 for b in range(4) for k in range(3))  # no cell singled out
+    assert outline_pixels(end, 0, 0) > 10 and outline_pixels(end, 0, 1) == 0  # block 0 settled on attention
+    history = load_history(run)
+    assert list(heatmap.heatmap_data(history, 0)[1]) == [-1] * 4
+    drawer = heatmap.HeatmapFigure(history)
+    drawer.update(0)
+    assert [t.get_text() for t in drawer.margins] == ["tie"] * 4
+    assert {t.get_text() for row in drawer.texts for t in row} == {"0.33"}
+    assert {t.get_fontweight() for row in drawer.texts for t in row} == {"normal"}
+
+
+def test_undecided_block_is_marked(tmp_path):
+    history = load_history(write_run(tmp_path / "run"))
+    probs = np.array([[0.45, 0.40, 0.15], [0.8, 0.1, 0.1], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.5, 0.0]])
+    assert list(heatmap.block_margins(probs).round(6)) == [0.05, 0.7, 0.0, 0.0]
+    assert list(heatmap.heatmap_data(History(**{**history.__dict__, "probs": probs[None]}), 0)[1]) == [0, 0, -1, -1]
+    assert heatmap.margin_text(0.05) == ("0.05 undecided", "#b22222") and heatmap.margin_text(0.7)[0] == "0.70"
 
 
 def test_plot_run_writes_valid_images(tmp_path):
@@ -91,7 +162,7 @@ def test_plot_run_writes_valid_images(tmp_path):
     paths = plots.plot_run(run, max_frames=25)
     assert [p.name for p in paths] == ["probabilities.gif", "probabilities.png", "architecture.png"]
     with Image.open(run / "probabilities.gif") as gif:
-        assert gif.format == "GIF" and gif.n_frames == 25 and gif.size == plots.frame_size(4)
+        assert gif.format == "GIF" and gif.n_frames == 25 and gif.size == heatmap.frame_size(4)
         gif.seek(gif.n_frames - 1)
         gif.convert("RGB").load()
     for name in ("probabilities.png", "architecture.png"):
@@ -99,27 +170,39 @@ def test_plot_run_writes_valid_images(tmp_path):
             png.load()
             assert png.format == "PNG" and png.size[0] > 300 and png.size[1] > 300
     assert not list(run.glob(".*.tmp"))  # temp files renamed, none left
-    event_files = list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert event_files
+    (image,) = tensorboard_images(run)
+    assert image.step == 120 and (image.width, image.height) == heatmap.frame_size(4)
+
+
+def tensorboard_images(run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(run / "tensorboard"))
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
-    (image,) = events.Images(plots.TB_TAG)
-    assert image.step == 120 and (image.width, image.height) == plots.frame_size(4)
+    return events.Images(plots.TB_TAG)
+
+
+def test_plotting_twice_keeps_one_tensorboard_image(tmp_path, capsys):
+    run = write_run(tmp_path / "run", steps=10)
+    for _ in range(2):
+        assert main(["plot", str(run), "--max-frames", "2"]) == 0
+    assert len(list((run / "tensorboard").glob("*tfevents*"))) == 1
+    assert [image.step for image in tensorboard_images(run)] == [10]
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # no temp folder left
 
 
 def test_short_history_and_subset_of_kinds(tmp_path):
     run = write_run(tmp_path / "run", steps=8, every=2, n_blocks=3, kinds=("attention", "dense"), arch=False)
     plots.plot_run(run, tensorboard=False)
     with Image.open(run / "probabilities.gif") as gif:
-        assert gif.n_frames == 5 and gif.size == plots.frame_size(3, 2)
-    assert plots.load_history(run).kinds == ("attention", "dense")
+        assert gif.n_frames == 5 and gif.size == heatmap.frame_size(3, 2)
+    assert load_history(run).kinds == ("attention", "dense")
     assert (run / "architecture.png").is_file()  # from the last probabilities when there is no architecture.json
 
 
 def test_frame_indices_are_even_and_include_both_ends():
     for n, m in ((61, 25), (100, 100), (7, 100), (1000, 99), (1, 5)):
-        idx = plots.frame_indices(n, m)
+        idx = heatmap.frame_indices(n, m)
         assert len(idx) == min(n, m) and idx[0] == (0 if n > 1 else n - 1) and idx[-1] == n - 1
         assert np.all(np.diff(idx) > 0)
 
@@ -131,7 +214,7 @@ def test_partial_last_line_and_repeated_steps(tmp_path):
     repeat = json.loads(lines[-1])
     repeat.pop("val_ppl", None)
     path.write_text("\n".join([*lines, json.dumps(repeat)]) + "\n" + '{"step": 12, "tau": 0.1, "probab')
-    history = plots.load_history(run)
+    history = load_history(run)
     assert list(history.steps) == [0, 2, 4, 6, 8, 10] and 10 not in history.val_steps
     assert 0 in history.val_steps
 
@@ -142,10 +225,10 @@ def test_pareto_front():
 
 
 def make_experiment(root, exp="abc123"):
-    trials = root / exp / "trials"
-    write_run(trials / "t1", seed=1, val_ppl=45.0, cost=2.8)
-    write_run(trials / "t2", seed=2, val_ppl=41.0, cost=4.0)
-    write_run(trials / "t3", seed=3, val_ppl=48.0, cost=3.5)  # dominated by t1
+    trials = root / exp / "environments" / "local-env" / "trials"  # NNI 3.0's local training service
+    write_run(trials / "t1", seed=1, val_ppl=45.0, winners=["attention", "identity", "dense", "dense"])  # 0.74
+    write_run(trials / "t2", seed=2, val_ppl=41.0)  # AADD: 1.0 x Transformer-XL's step
+    write_run(root / exp / "trials" / "t3", seed=3, val_ppl=48.0, winners=["attention", "dense"] * 2)  # dominated
     return exp
 
 
@@ -153,31 +236,87 @@ def test_plot_experiment(tmp_path, capsys):
     exp = make_experiment(tmp_path)
     assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "5",
                  "--no-tensorboard"]) == 0
-    out = capsys.readouterr().out.split()
-    assert len(out) == 10 and out[-1].endswith("pareto.png")
+    captured = capsys.readouterr()
+    out = captured.out.split()
+    assert len(out) == 10 and out[-1].endswith("pareto.png") and not captured.err
     with Image.open(tmp_path / exp / "pareto.png") as png:
         png.load()
-    points, xlabel = pareto.experiment_points(plots_runs(tmp_path, exp))
-    assert xlabel == "cost (ms/step)" and [p.trial for p in points] == ["t1", "t2", "t3"]
+    points, xlabel = pareto.experiment_points(experiment_trials(exp, tmp_path))
+    assert xlabel == pareto.LATENCY_LABEL and [p.trial for p in points] == ["t1", "t2", "t3"]
+    assert [p.val_ppl for p in points] == [45.0, 41.0, 48.0]  # the exported architecture's, not the supernet's
     assert [points[i].trial for i in pareto.pareto_front([(p.cost, p.val_ppl) for p in points])] == ["t1", "t2"]
 
 
-def plots_runs(root, exp):
-    from parnas.experiments import trial_run_dirs
-    return trial_run_dirs(exp, root)
+def test_plot_of_a_running_experiment(tmp_path, capsys):
+    exp = "abc123"
+    trials = tmp_path / exp / "environments" / "local-env" / "trials"
+    write_run(trials / "t1", seed=1, val_ppl=45.0, winners=["attention", "identity", "dense", "dense"])
+    write_run(trials / "t4", seed=4, steps=40, arch=False, winners=["attention", "identity", "dense", "dense"])
+    write_run(trials / "t5", seed=5, steps=20, arch=False, winners=["identity"] * 4)  # stopped by NNI (below)
+    (trials / "t6").mkdir()  # just started: nothing logged
+    db = tmp_path / exp / "db"
+    db.mkdir()
+    with sqlite3.connect(db / "nni.sqlite") as con:  # NNI's own record of trial statuses
+        con.execute("create table TrialJobEvent (timestamp integer, trialJobId text, event text, data text, "
+                    "logPath text, sequenceId integer, message text, environmentId text)")
+        for trial, event in [("t4", "WAITING"), ("t5", "WAITING"), ("t4", "RUNNING"), ("t5", "RUNNING"),
+                             ("t5", "USER_TO_CANCEL"), ("t5", "USER_CANCELED"), ("t6", "RUNNING")]:
+            con.execute("insert into TrialJobEvent (trialJobId, event) values (?, ?)", (trial, event))
+    trials_now = experiment_trials(exp, tmp_path)
+    assert {t: trials_now[t].status for t in trials_now} == {"t1": "finished", "t4": "running", "t5": "stopped",
+                                                             "t6": "running"}
+    assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "1",
+                 "--no-tensorboard"]) == 0
+    captured = capsys.readouterr()
+    assert (trials / "t4" / "probabilities.gif").is_file() and (trials / "t5" / "architecture.png").is_file()
+    assert captured.out.split()[-1].endswith("pareto.png") and "1 finished, 2 running, 1 stopped" in captured.err
+    notes = []
+    points, xlabel = pareto.experiment_points(experiment_trials(exp, tmp_path), note=notes.append)
+    assert xlabel == pareto.LATENCY_LABEL and [(p.trial, p.status) for p in points] == [
+        ("t1", "finished"), ("t4", "running")]
+    t1, t4 = points[0], points[-1]
+    history = load_history(trials / "t4")
+    assert (t4.step, t4.val_ppl, t4.layout) == (40, history.val_ppl[-1], "AIDD") and t4.cost == t1.cost
+    assert len(notes) == 1 and "t5 (stopped)" in notes[0] and "IIII" in notes[0]  # no finished IIII to compare
+    # no finished trial: the axis counts attention blocks, and the histories so far are drawn
+    shutil.rmtree(trials / "t1")
+    points, xlabel = pareto.experiment_points(experiment_trials(exp, tmp_path), note=notes.append)
+    assert xlabel == "attention blocks" and [(p.trial, p.status, p.cost) for p in points] == [
+        ("t4", "running", 1.0), ("t5", "stopped", 0.0)]
+    assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "1",
+                 "--no-tensorboard"]) == 0
+    assert capsys.readouterr().out.split()[-1].endswith("pareto.png")
+
+
+def test_experiment_stopped_by_nnictl_has_no_running_trials(tmp_path):
+    exp = make_experiment(tmp_path)
+    write_run(tmp_path / exp / "trials" / "t4", arch=False)
+    assert experiment_trials(exp, tmp_path)["t4"].status == "running"
+    (tmp_path / ".experiment").write_text(json.dumps({exp: {"id": exp, "status": "STOPPED", "pid": 1}}))
+    assert experiment_trials(exp, tmp_path)["t4"].status == "stopped"
+
+
+def test_old_records_are_left_out_of_the_pareto_plot(tmp_path):
+    exp = make_experiment(tmp_path)
+    write_run(tmp_path / exp / "trials" / "old", legacy=True, val_ppl=30.0)  # its 30.0 is the supernet's
+    notes = []
+    points, _ = pareto.experiment_points(experiment_trials(exp, tmp_path), note=notes.append)
+    assert "old" not in [p.trial for p in points] and len(notes) == 1
+    assert "only the supernet's val ppl (30.00)" in notes[0]
+    plots.plot_run(tmp_path / exp / "trials" / "old", max_frames=1, tensorboard=False)  # its pictures still draw
 
 
 def test_pareto_cost_fallbacks(tmp_path):
     trials = tmp_path / "e" / "trials"
-    write_run(trials / "a", cost=None)  # falls back to the sum of block_costs: 2 x 1.0 + 2 x 0.4
+    write_run(trials / "a", cost=None, latency=False)  # falls back to the sum of block_costs: 2 x 1.0 + 2 x 0.4
     write_run(trials / "b", cost=1.0)
-    points, xlabel = pareto.experiment_points(plots_runs(tmp_path, "e"), note=lambda m: None)
-    assert xlabel == "cost (ms/step)" and points[0].cost == pytest.approx(2.8)
+    points, xlabel = pareto.experiment_points(experiment_trials("e", tmp_path), note=lambda m: None)
+    assert xlabel == "cost of the exported architecture (ms/step)" and points[0].cost == pytest.approx(2.8)
     record = json.loads((trials / "a" / "architecture.json").read_text())
     del record["search"]["block_costs"]
     (trials / "a" / "architecture.json").write_text(json.dumps(record))
     notes = []
-    points, xlabel = pareto.experiment_points(plots_runs(tmp_path, "e"), note=notes.append)
+    points, xlabel = pareto.experiment_points(experiment_trials("e", tmp_path), note=notes.append)
     assert xlabel == "attention blocks" and [p.cost for p in points] == [2.0, 2.0] and notes
 
 
