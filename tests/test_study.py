@@ -10,6 +10,7 @@ import pytest
 from parnas import architecture
 from parnas.cli import main
 from retrain.study import make_plan, random_orderings, sandwich, settings_record, transformer_xl
+from retrain.study_report import summarise, verdicts
 
 SEEDS, RANDOM = 2, 1
 
@@ -104,12 +105,37 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
     assert text.count("- budget none:") == 3 and all(r["layout"] in text for r in rows)
     assert study["summary"][0]["seeds"] == SEEDS
 
-    finished = {p: p.stat().st_mtime_ns for p in [*runs.values(), *(out / "search").glob("*/architecture.json")]}
+    # a rerun skips finished work and resumes what was interrupted after its last checkpoint
+    interrupted = [out / "search" / "bnone-s1" / "architecture.json", runs["ADAD"]]
+    for path in interrupted:
+        path.unlink()
+    finished = {p: p.stat().st_mtime_ns for p in [*runs.values(), *(out / "search").glob("*/architecture.json")]
+                if p not in interrupted}
     assert main(study_args(small_corpus, out)) == 0
     again = capsys.readouterr().out
-    assert again.count("done already") == SEEDS + len(layouts)
-    assert {p: p.stat().st_mtime_ns for p in finished} == finished
-    assert json.loads((out / "study.json").read_text())["rows"][0]["layout"] == "ADAD"
+    assert again.count("done already") == len(finished) and again.count("(resumed)") == 2
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished and all(p.is_file() for p in interrupted)
+    rerun = json.loads((out / "study.json").read_text())["rows"]
+    assert [(r["role"], r["layout"], r["val_ppl"]) for r in rerun] == [(r["role"], r["layout"], r["val_ppl"])
+                                                                        for r in rows]
+
+
+def test_verdicts_follow_the_numbers():
+    def row(role, layout, ppl, ratio, seed=None):
+        return {"role": role, "budget": None if seed is None else "0.65", "seed": seed, "layout": layout,
+                "val_ppl": ppl, "latency_ratio": ratio, "train_step_ms": 10 * ratio}
+
+    rows = [row("transformer-xl", "ADADAD", 50.0, 1.0)]
+    for seed, (layout, ppl) in enumerate([("AAADDI", 50.3), ("AADADI", 50.4)]):
+        rows += [row("found", layout, ppl, 0.6, seed), row("sandwich", "AAADDI", 50.3, 0.6, seed),
+                 row("random", "DIAADA", 52.0, 0.6, seed), row("random", "IDADAA", 53.0, 0.6, seed)]
+    claim, orders, depth = verdicts(rows, summarise(rows))
+    assert "2 of 2 seeds reach" in claim and claim.endswith("-> yes.")
+    assert "random orderings in 2 of 2 seeds" in orders and "sandwich ordering in 0 of 1 seeds" in orders
+    assert "in 2 of 2 seeds" in depth and "the seeds agree" in depth and "same kind at 4 of 6 depths" in depth
+    rows[0]["val_ppl"] = 49.0  # a better Transformer-XL: the claim no longer holds
+    claim = verdicts(rows, summarise(rows))[0]
+    assert "0 of 2 seeds reach" in claim and "perplexity not within 1%" in claim and "step" not in claim[-30:]
 
 
 def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
