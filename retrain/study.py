@@ -115,6 +115,8 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
                 search_steps, retrain_steps, random_orderings, rounds)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
+    if plan.base.model.blocks:
+        raise ConfigError("model.blocks cannot be set for a study: the layouts come from the searches")
     for budget, seed in plan.searches:
         search_config(plan, budget, seed)
     retrain_config(plan)
