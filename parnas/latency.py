@@ -40,18 +40,16 @@ def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int,
                  rounds: int = 5, device: torch.device | str | None = None) -> list[float]:
     """Median milliseconds per step of each layout's fixed model, in the order given.
 
-    ``mode="train"``: forward, backward and an Adam step (with the run's clipping) on a
-    ``(data.batch_size, data.seg_len)`` batch in training mode; ``mode="inference"``: a forward pass
-    and the head's log-likelihood without gradients on a ``(data.eval_batch_size, data.seg_len)``
-    batch. Every round times ``STEPS_PER_ROUND`` steps of every layout in turn, after
-    ``WARMUP_STEPS`` untimed steps each.
+    Both modes run on ``(data.batch_size, data.seg_len)`` batches. ``mode="train"``: forward, backward
+    and an Adam step (with the run's clipping) in training mode; ``mode="inference"``: a forward pass
+    and the head's log-likelihood without gradients. Every round times ``STEPS_PER_ROUND`` steps of
+    every layout in turn, after ``WARMUP_STEPS`` untimed steps each.
     """
     if mode not in ("train", "inference"):
         raise ValueError(f"mode must be train or inference, not {mode!r}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train = mode == "train"
-    B = cfg.data.batch_size if train else cfg.data.eval_batch_size
-    L = cfg.data.seg_len
+    B, L = cfg.data.batch_size, cfg.data.seg_len
     gen = np.random.default_rng(0)
     x, y = (zipf_tokens(vocab_size, (B, L), gen).to(device) for _ in range(2))
     torch.manual_seed(0)

@@ -319,8 +319,8 @@ def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, pro
                           (accelerator == "auto" and torch.cuda.is_available()) else "cpu")
     timing: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                               "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": plan.rounds,
-                              "batch_size": cfg.data.batch_size, "eval_batch_size": cfg.data.eval_batch_size,
-                              "seg_len": cfg.data.seg_len, "mem_len": cfg.model.mem_len}
+                              "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
+                              "mem_len": cfg.model.mem_len}
     for mode in ("train", "inference"):
         progress("timing", 1 + (mode == "inference"), 2,
                  f"{mode} steps of {len(layouts)} layouts, {plan.rounds} alternating rounds on {timing['device']} ...")

@@ -43,8 +43,7 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
     txl = next(e.layout for e in entries if e.role == "transformer-xl")
-    train_tokens = timing["batch_size"] * timing["seg_len"]
-    infer_tokens = timing["eval_batch_size"] * timing["seg_len"]
+    tokens = timing["batch_size"] * timing["seg_len"]  # both modes step on a training-sized batch
     rows = []
     for e in entries:
         m, search = metrics[e.layout], e.search or {}
@@ -52,9 +51,9 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
             "role": e.role, "budget": None if e.role == "transformer-xl" else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "attention": e.kinds.count("attention"),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"),
-            "train_step_ms": train_ms[e.layout], "train_tokens_per_s": train_tokens / train_ms[e.layout] * 1e3,
+            "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
             "inference_step_ms": infer_ms[e.layout],
-            "inference_tokens_per_s": infer_tokens / infer_ms[e.layout] * 1e3,
+            "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
             "latency_ratio": train_ms[e.layout] / train_ms[txl], "inference_ratio": infer_ms[e.layout] / infer_ms[txl],
             "search_val_ppl": search.get("val_ppl"), "supernet_val_ppl": search.get("supernet_val_ppl"),
             "predicted_ratio": (search.get("latency") or {}).get("ratio"),
@@ -202,7 +201,7 @@ def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Map
            f"orderings; settings: {' '.join(plan.overrides) or '(config as is)'}.",
            f"Timing: {timing['device']}, {timing['threads']} threads, torch {timing['torch']}, median of "
            f"{timing['rounds']} alternating rounds, batch {timing['batch_size']} x {timing['seg_len']} tokens "
-           f"(inference {timing['eval_batch_size']}), memory {timing['mem_len']}.", "", "## Verdicts", ""]
+           f"(train and inference), memory {timing['mem_len']}.", "", "## Verdicts", ""]
     out += [f"- {line}" for line in lines]
     out += ["", "## Per budget (mean ± std over seeds)", "",
             "| budget | seeds | found val ppl | found ratio | random val ppl | random ratio | sandwich val ppl "
