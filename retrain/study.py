@@ -252,7 +252,7 @@ def run_searches(plan: Plan, progress: Progress) -> dict[tuple[float | None, int
     found = {}
     for i, (budget, seed) in enumerate(plan.searches, 1):
         run_dir = search_dir(plan, budget, seed)
-        name = f"search budget {budget_label(budget)} seed {seed}"
+        name = f"budget {budget_label(budget)}, seed {seed}"
         if (run_dir / "architecture.json").is_file():
             found[budget, seed] = architecture.read(run_dir / "architecture.json")
             progress("search", i, len(plan.searches), f"{name}: done already, "
