@@ -51,7 +51,8 @@ def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argpar
 
 # Modules with ``add_commands(sub)``; they import only argparse at module level and load
 # heavy code inside their handlers, so ``parnas --help`` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.plot_commands", "retrain.commands")
+COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.plot_commands", "retrain.commands",
+                                    "retrain.study_commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

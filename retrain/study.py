@@ -1,0 +1,348 @@
+"""``parnas study``: "the search finds a model faster than Transformer-XL at the same perplexity", checked.
+
+For every budget and seed a search runs (``<out>/search/b<budget>-s<seed>``). Every layout the
+study needs is then retrained from scratch at equal steps and settings, with the config's own
+``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
+at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
+dense, then identity; Press et al. 2020) and R random orderings of the same kinds. A layout is
+trained once however many roles it plays. All distinct layouts are then timed side by side in this
+one process (:func:`parnas.latency.time_layouts`, alternating rounds), and :mod:`retrain.study_report`
+writes ``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
+
+A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains
+(``metrics.json``), resumes interrupted ones from their checkpoint, and refuses other settings.
+
+This module imports only light modules at the top: the CLI checks every argument through
+:func:`make_plan` before torch, Lightning or NNI are loaded and before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parnas import architecture
+from parnas.config import BLOCK_KINDS, Config, SearchConfig, from_dict, load_config, merge, unflatten
+from parnas.errors import ConfigError, ParnasError
+from parnas.files import write_json_atomic
+
+ROLES = ("found", "transformer-xl", "sandwich", "random")
+# Settings that change no figure of the study; any other difference from the first run is refused.
+IGNORED_SETTINGS = {"train.out_dir", "search.out_dir", "train.log_every", "search.log_every", "train.ckpt_every",
+                    "train.eval_every"}
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one ``parnas study`` does; ``base`` is the config with ``--set`` applied."""
+
+    config: str | None
+    overrides: tuple[str, ...]
+    base: Config
+    seeds: int
+    budgets: tuple[float | None, ...]
+    out: Path
+    search_steps: int | None = None
+    retrain_steps: int | None = None
+    random_orderings: int = 3
+    rounds: int = 5
+
+    @property
+    def searches(self) -> list[tuple[float | None, int]]:
+        return [(b, s) for b in self.budgets for s in range(self.seeds)]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the study before it is measured: a layout in one role, for one search (None: no search)."""
+
+    role: str
+    kinds: tuple[str, ...]
+    budget: float | None = None
+    seed: int | None = None
+    search: Mapping[str, Any] | None = None  # the found record's ``search`` section
+
+    @property
+    def layout(self) -> str:
+        return architecture.layout_string(self.kinds)
+
+
+def budget_label(budget: float | None) -> str:
+    return "none" if budget is None else f"{budget:g}"
+
+
+def parse_budgets(text: str) -> tuple[float | None, ...]:
+    """``"0.65,none"`` -> ``(0.65, None)``; each budget is a fraction in (0, 1] of Transformer-XL's step time."""
+    budgets: list[float | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.lower() in ("none", "null"):
+            budgets.append(None)
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise ConfigError(f"--budgets: {part!r} is not a number or 'none'") from None
+        if not 0.0 < value <= 1.0 or math.isnan(value):
+            raise ConfigError(f"--budgets: {part} must be in (0, 1] (a fraction of Transformer-XL's step time) "
+                              "or 'none'")
+        budgets.append(value)
+    if len(set(budgets)) != len(budgets):
+        raise ConfigError(f"--budgets lists a budget twice: {text}")
+    return tuple(budgets)
+
+
+def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
+              search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
+              rounds: int = 5) -> Plan:
+    """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
+    for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
+                               ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
+                               ("--rounds", rounds, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{name} must be >= {least}, got {value}")
+    plan = Plan(config, tuple(overrides), load_config(config, overrides), seeds, parse_budgets(budgets), Path(out),
+                search_steps, retrain_steps, random_orderings, rounds)
+    if plan.base.train.devices != 1:
+        raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
+    if plan.base.model.blocks:
+        raise ConfigError("model.blocks cannot be set for a study: the layouts come from the searches")
+    for budget, seed in plan.searches:
+        search_config(plan, budget, seed)
+    retrain_config(plan)
+    check_same_settings(plan)
+    return plan
+
+
+def with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
+    """``cfg`` with dotted keys replaced, validated like any config (ConfigError naming the key)."""
+    return from_dict(Config, merge(cfg.to_dict(), unflatten(settings)))
+
+
+def search_config(plan: Plan, budget: float | None, seed: int) -> Config:
+    settings: dict[str, Any] = {"train.seed": seed, "search.out_dir": str(search_dir(plan, budget, seed))}
+    if plan.search_steps:
+        settings["train.max_steps"] = plan.search_steps
+    if budget is not None or "latency_budget" in {f.name for f in dataclasses.fields(SearchConfig)}:
+        settings["search.latency_budget"] = budget  # "none" overrides a budget the config may set
+    return with_settings(plan.base, settings)
+
+
+def retrain_overrides(plan: Plan, run_dir: Path) -> list[str]:
+    """``--set`` pairs of every retrain: the user's, the step count, the run directory (the seed is the config's)."""
+    extra = [f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else []
+    return [*plan.overrides, *extra, f"train.out_dir={json.dumps(str(run_dir))}"]  # a JSON string is YAML
+
+
+def retrain_config(plan: Plan) -> Config:
+    return load_config(plan.config, retrain_overrides(plan, plan.out / "retrain"))
+
+
+def search_dir(plan: Plan, budget: float | None, seed: int) -> Path:
+    return plan.out / "search" / f"b{budget_label(budget)}-s{seed}"
+
+
+def settings_record(plan: Plan) -> dict[str, Any]:
+    return {"config": plan.config, "settings": _flatten(plan.base.to_dict()), "search_steps": plan.search_steps,
+            "retrain_steps": plan.retrain_steps}
+
+
+def check_same_settings(plan: Plan) -> None:
+    """A study directory holds runs of one set of settings (seeds, budgets and orderings may be added)."""
+    path = plan.out / "settings.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ParnasError(f"cannot read {path}: {e}") from None
+    new = settings_record(plan)
+    for key in ("search_steps", "retrain_steps"):
+        if old.get(key) != new[key]:
+            raise ParnasError(f"{plan.out} was studied with --{key.replace('_', '-')} {old.get(key)}, now "
+                              f"{new[key]}; use another --out")
+    was, now = old.get("settings", {}), new["settings"]
+    for key in sorted((set(was) | set(now)) - IGNORED_SETTINGS):
+        if was.get(key) != now.get(key):
+            raise ParnasError(f"{plan.out} was studied with {key}={was.get(key)!r}, now {now.get(key)!r}; "
+                              "use the same settings or another --out")
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, Mapping) else
+                   {f"{prefix}{k}": list(v) if isinstance(v, tuple) else v})
+    return out
+
+
+# --- orderings ----------------------------------------------------------------------------------------
+
+def transformer_xl(n_blocks: int) -> tuple[str, ...]:
+    return tuple(("attention", "dense")[i % 2] for i in range(n_blocks))
+
+
+def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
+    """Press et al.'s sandwich ordering of these kinds: all attention, then dense, then identity."""
+    counts = Counter(kinds)
+    return tuple(k for k in (*BLOCK_KINDS, *sorted(set(counts) - set(BLOCK_KINDS))) for _ in range(counts[k]))
+
+
+def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
+                     tries: int = 2000) -> list[tuple[str, ...]]:
+    """``count`` distinct shuffles of ``kinds`` from an RNG seeded by the kind counts alone (same counts, same
+    orderings), avoiding ``exclude`` while other orderings exist; fewer when there are not that many."""
+    counts = Counter(kinds)
+    rng = random.Random("parnas-study:" + ",".join(f"{k}={counts[k]}" for k in sorted(counts)))
+    excluded = {tuple(e) for e in exclude}
+    fresh: list[tuple[str, ...]] = []
+    spare: list[tuple[str, ...]] = []  # excluded orderings, used only when no other is left
+    for _ in range(tries):
+        order = sorted(kinds)
+        rng.shuffle(order)
+        ordering = tuple(order)
+        if ordering not in fresh and ordering not in spare:
+            (spare if ordering in excluded else fresh).append(ordering)
+        if len(fresh) >= count:
+            break
+    return (fresh + spare)[:count]
+
+
+def plan_entries(plan: Plan, found: Mapping[tuple[float | None, int], Mapping[str, Any]]) -> list[Entry]:
+    """Every row of the study: Transformer-XL once, then per search its found, sandwich and random layouts."""
+    n_blocks = len(next(iter(found.values()))["architecture"])
+    entries = [Entry("transformer-xl", transformer_xl(n_blocks))]
+    for (budget, seed), record in found.items():
+        kinds = tuple(architecture.layout(record))
+        ordered = sandwich(kinds)
+        entries += [Entry("found", kinds, budget, seed, record.get("search") or {}),
+                    Entry("sandwich", ordered, budget, seed)]
+        entries += [Entry("random", k, budget, seed) for k in
+                    random_orderings(kinds, plan.random_orderings, exclude=[kinds, ordered])]
+    return entries
+
+
+# --- running ------------------------------------------------------------------------------------------
+
+class Progress:
+    """``[search 2/6] ...`` lines with the time since the study started."""
+
+    def __init__(self, log: Log) -> None:
+        self.log, self.start = log, time.perf_counter()
+
+    def __call__(self, stage: str, index: int, total: int, text: str) -> None:
+        seconds = int(time.perf_counter() - self.start)
+        self.log(f"[{stage} {index}/{total}] {text}  ({seconds // 60}m{seconds % 60:02d}s)")
+
+
+def run_searches(plan: Plan, progress: Progress) -> dict[tuple[float | None, int], dict[str, Any]]:
+    """Each (budget, seed) search's record: read when finished, resumed from its checkpoint, else run."""
+    from strategies.search import run_search
+
+    found = {}
+    for i, (budget, seed) in enumerate(plan.searches, 1):
+        run_dir = search_dir(plan, budget, seed)
+        name = f"budget {budget_label(budget)}, seed {seed}"
+        if (run_dir / "architecture.json").is_file():
+            found[budget, seed] = architecture.read(run_dir / "architecture.json")
+            progress("search", i, len(plan.searches), f"{name}: done already, "
+                     f"{architecture.layout_string(architecture.layout(found[budget, seed]))}")
+            continue
+        resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
+        progress("search", i, len(plan.searches), f"{name}{' (resumed)' if resume else ''} in {run_dir} ...")
+        found[budget, seed] = run_search(search_config(plan, budget, seed), resume=resume)
+        progress("search", i, len(plan.searches),
+                 f"{name}: found {architecture.layout_string(architecture.layout(found[budget, seed]))}")
+    return found
+
+
+def layout_file(plan: Plan, kinds: Sequence[str], like: Mapping[str, Any]) -> Path:
+    """An architecture JSON for ``kinds`` with the model settings and tokenizer of the found record ``like``."""
+    path = plan.out / "layouts" / f"{architecture.layout_string(kinds)}.json"
+    record = architecture.make_record({architecture.label(i): k for i, k in enumerate(kinds)},
+                                      architecture.model_config(like), like["model"]["vocab_size"],
+                                      tokenizer=like.get("tokenizer"), search={"layout": "parnas study"})
+    architecture.write(path, record)
+    return path
+
+
+def run_retrains(plan: Plan, entries: Sequence[Entry], like: Mapping[str, Any],
+                 progress: Progress) -> dict[str, dict[str, Any]]:
+    """Each distinct layout's retrain metrics, keyed by layout string; a layout is trained once."""
+    from retrain.run import retrain
+
+    layouts: dict[str, list[Entry]] = {}
+    for entry in entries:
+        layouts.setdefault(entry.layout, []).append(entry)
+    metrics = {}
+    for i, (code, roles) in enumerate(layouts.items(), 1):
+        run_dir = plan.out / "retrain" / code
+        names = ", ".join(sorted({e.role for e in roles}, key=ROLES.index))
+        if (run_dir / "metrics.json").is_file():
+            metrics[code] = json.loads((run_dir / "metrics.json").read_text())
+            progress("retrain", i, len(layouts), f"{names} {code}: done already, val ppl {_ppl(metrics[code])}")
+            continue
+        resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
+        if not resume and run_dir.exists():
+            shutil.rmtree(run_dir)  # interrupted before its first checkpoint: start clean
+        progress("retrain", i, len(layouts), f"{names} {code}{' (resumed)' if resume else ''} ...")
+        arch = layout_file(plan, roles[0].kinds, like)
+        metrics[code] = retrain(str(arch), plan.config, retrain_overrides(plan, run_dir), resume=resume)
+        progress("retrain", i, len(layouts), f"{names} {code}: val ppl {_ppl(metrics[code])}")
+    return metrics
+
+
+def _ppl(metrics: Mapping[str, Any]) -> str:
+    return "-" if metrics.get("val_ppl") is None else f"{metrics['val_ppl']:.2f}"
+
+
+def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, progress: Progress
+            ) -> dict[str, Any]:
+    """Train and inference step times of every layout, side by side in this process."""
+    import torch
+
+    from parnas.latency import time_layouts
+
+    cfg = retrain_config(plan)
+    accelerator = cfg.train.accelerator
+    device = torch.device("cuda" if accelerator in ("gpu", "cuda") or
+                          (accelerator == "auto" and torch.cuda.is_available()) else "cpu")
+    timing: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                              "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": plan.rounds,
+                              "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
+                              "mem_len": cfg.model.mem_len}
+    for mode in ("train", "inference"):
+        progress("timing", 1 + (mode == "inference"), 2,
+                 f"{mode} steps of {len(layouts)} layouts, {plan.rounds} alternating rounds on {timing['device']} ...")
+        ms = time_layouts(layouts, cfg, vocab_size, mode=mode, rounds=plan.rounds, device=device)
+        timing[f"{mode}_step_ms"] = {architecture.layout_string(k): t for k, t in zip(layouts, ms)}
+    return timing
+
+
+def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
+    """Search, retrain, time and report; returns what ``<out>/study.json`` holds."""
+    from retrain.study_report import build_rows, write_report
+
+    progress = Progress(log)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(plan.out / "settings.json", settings_record(plan))
+    found = run_searches(plan, progress)
+    entries = plan_entries(plan, found)
+    like = next(iter(found.values()))
+    metrics = run_retrains(plan, entries, like, progress)
+    layouts = list(dict.fromkeys(e.kinds for e in entries))
+    timing = measure(plan, layouts, like["model"]["vocab_size"], progress)
+    rows = build_rows(entries, metrics, timing, plan.out)
+    study = write_report(plan, rows, timing)
+    log(f"written {plan.out / 'study.md'}, study.csv, study.png and study.json")
+    return study

@@ -1,0 +1,39 @@
+"""``parnas study``: search with several seeds and budgets, retrain what was found beside its baselines, compare.
+
+Only argparse is imported here; the handler checks every argument (:func:`retrain.study.make_plan`, light)
+before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """Check the claim end to end: searches per seed and budget, retrains of found and baseline layouts, timing."""
+    from retrain.study import make_plan, run_study
+
+    plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
+                     retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds)
+    study = run_study(plan, log=lambda line: print(line, flush=True))
+    print()
+    for line in study["verdicts"]:
+        print(line)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from parnas.cli import add_command, add_config_args
+
+    p = add_command(sub, "study", cmd_study)
+    add_config_args(p)
+    p.add_argument("--seeds", type=int, default=3, help="searches per budget, with train.seed 0..N-1 (default 3)")
+    p.add_argument("--budgets", default="0.65,none", metavar="B,B",
+                   help="latency budgets, fractions in (0, 1] of Transformer-XL's step time, or none "
+                        "(default 0.65,none)")
+    p.add_argument("--out", default="runs/study", help="study directory; a rerun skips finished work (runs/study)")
+    p.add_argument("--search-steps", type=int, default=None, metavar="N", help="train.max_steps of each search")
+    p.add_argument("--retrain-steps", type=int, default=None, metavar="N", help="train.max_steps of each retrain")
+    p.add_argument("--random-orderings", type=int, default=3, metavar="R",
+                   help="random orderings of each found architecture's blocks (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")

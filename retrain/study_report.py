@@ -1,0 +1,279 @@
+"""What ``parnas study`` writes: one row per (role, layout, search), a summary per budget, and verdicts.
+
+Every verdict is computed from the rows: Transformer-XL's validation perplexity reached within
+``PPL_TOLERANCE`` at a measured train step at least ``SPEEDUP`` shorter; the found architecture
+against the mean of its random orderings and against its sandwich; whether each seed puts its
+attention early (mean depth of its attention blocks before that of its dense and identity blocks).
+Latency figures are the side-by-side timings of :func:`parnas.latency.time_layouts`, never the
+retrains' own throughput (those ran at different times, under different load).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from parnas.files import write_json_atomic, write_text_atomic
+
+PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
+SPEEDUP = 0.30  # "faster": a measured train step at least 30% shorter than Transformer-XL's
+
+COLUMNS = [  # (key, header, format)
+    ("role", "role", "{}"), ("budget", "budget", "{}"), ("seed", "seed", "{}"), ("layout", "layout", "{}"),
+    ("attention", "attention", "{}"), ("val_ppl", "val ppl", "{:.2f}"), ("test_ppl", "test ppl", "{:.2f}"),
+    ("train_tokens_per_s", "train tok/s", "{:,.0f}"), ("inference_tokens_per_s", "inference tok/s", "{:,.0f}"),
+    ("train_step_ms", "train step ms", "{:.2f}"), ("latency_ratio", "ratio to TXL", "{:.3f}"),
+    ("search_val_ppl", "search val ppl", "{:.2f}"), ("supernet_val_ppl", "supernet val ppl", "{:.2f}"),
+    ("predicted_ratio", "predicted ratio", "{:.3f}"),
+]
+CSV_KEYS = [k for k, _, _ in COLUMNS] + ["inference_step_ms", "inference_ratio", "run"]
+STYLE = {"random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60), "transformer-xl": ("s", "#000000", 80),
+         "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
+
+
+def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Any],
+               out: Path) -> list[dict[str, Any]]:
+    """One dict per entry (``retrain.study.Entry``): retrain perplexities, side-by-side timings, search figures."""
+    from retrain.study import budget_label
+
+    train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
+    txl = next(e.layout for e in entries if e.role == "transformer-xl")
+    tokens = timing["batch_size"] * timing["seg_len"]  # both modes step on a training-sized batch
+    rows = []
+    for e in entries:
+        m, search = metrics[e.layout], e.search or {}
+        rows.append({
+            "role": e.role, "budget": None if e.role == "transformer-xl" else budget_label(e.budget),
+            "seed": e.seed, "layout": e.layout, "attention": e.kinds.count("attention"),
+            "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"),
+            "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
+            "inference_step_ms": infer_ms[e.layout],
+            "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
+            "latency_ratio": train_ms[e.layout] / train_ms[txl], "inference_ratio": infer_ms[e.layout] / infer_ms[txl],
+            "search_val_ppl": search.get("val_ppl"), "supernet_val_ppl": search.get("supernet_val_ppl"),
+            "predicted_ratio": (search.get("latency") or {}).get("ratio"),
+            "run": str(out / "retrain" / e.layout),
+        })
+    return rows
+
+
+# --- summary and verdicts ------------------------------------------------------------------------------
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    v = [x for x in values if x is not None]
+    return statistics.fmean(v) if v else None
+
+
+def _std(values: Sequence[float | None]) -> float | None:
+    v = [x for x in values if x is not None]
+    return statistics.stdev(v) if len(v) > 1 else None
+
+
+def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
+    return [r[key] for r in rows]
+
+
+def budgets(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["budget"] for r in rows if r["role"] == "found"))
+
+
+def _of(rows: Sequence[Mapping[str, Any]], role: str, budget: str, seed: int | None = None) -> list[Mapping]:
+    return [r for r in rows if r["role"] == role and r["budget"] == budget and (seed is None or r["seed"] == seed)]
+
+
+def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per budget: the found architectures' mean and std over seeds; random, sandwich and Transformer-XL means."""
+    txl = next(r for r in rows if r["role"] == "transformer-xl")
+    out = []
+    for budget in budgets(rows):
+        found = _of(rows, "found", budget)
+        row: dict[str, Any] = {"budget": budget, "seeds": len(found)}
+        for role in ("found", "random", "sandwich"):
+            group = _of(rows, role, budget)
+            row[f"{role}_val_ppl"] = _mean(_column(group, "val_ppl"))
+            row[f"{role}_ratio"] = _mean(_column(group, "latency_ratio"))
+        row["found_val_ppl_std"] = _std(_column(found, "val_ppl"))
+        row["found_ratio_std"] = _std(_column(found, "latency_ratio"))
+        out.append({**row, "transformer_xl_val_ppl": txl["val_ppl"],
+                    "transformer_xl_train_step_ms": txl["train_step_ms"]})
+    return out
+
+
+def attention_early(layout: str) -> bool | None:
+    """Do the attention blocks sit earlier (lower mean depth) than the dense and identity ones? None: not both."""
+    att = [i for i, c in enumerate(layout) if c == "A"]
+    rest = [i for i, c in enumerate(layout) if c in "DI"]
+    return statistics.fmean(att) < statistics.fmean(rest) if att and rest else None
+
+
+def _reaches(ppl: float | None, ratio: float, txl_ppl: float | None) -> tuple[bool, bool]:
+    same = ppl is not None and txl_ppl is not None and ppl <= txl_ppl * (1 + PPL_TOLERANCE)
+    return same, ratio <= 1 - SPEEDUP
+
+
+def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> str:
+    """Transformer-XL's validation perplexity within 1% at a >= 30% shorter measured step: per seed, on the mean."""
+    txl = s["transformer_xl_val_ppl"]
+    hits = sum(all(_reaches(r["val_ppl"], r["latency_ratio"], txl)) for r in found)
+    same, fast = _reaches(s["found_val_ppl"], s["found_ratio"], txl)
+    gap = (s["found_val_ppl"] / txl - 1) * 100 if s["found_val_ppl"] and txl else math.nan
+    why = "yes" if same and fast else "no: " + " and ".join(
+        w for w, bad in ((f"perplexity not within {PPL_TOLERANCE:.0%}", not same),
+                         (f"step not {SPEEDUP:.0%} shorter", not fast)) if bad)
+    return (f"budget {s['budget']}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
+            f"({_fmt(txl)}) within {PPL_TOLERANCE:.0%} at a measured train step >= {SPEEDUP:.0%} shorter. Mean over "
+            f"seeds: val ppl {_fmt(s['found_val_ppl'])} ({gap:+.1f}% vs Transformer-XL) at {s['found_ratio']:.2f}x "
+            f"its step time -> {why}.")
+
+
+def _beats(rows: Sequence[Mapping[str, Any]], found: Mapping[str, Any], role: str) -> bool | None:
+    """Is the found layout's val ppl below the mean of its ``role`` orderings? None: nothing else to compare."""
+    others = _of(rows, role, found["budget"], found["seed"])
+    ppl = [x["val_ppl"] for x in others]
+    if not others or all(x["layout"] == found["layout"] for x in others) or None in (found["val_ppl"], *ppl):
+        return None
+    return found["val_ppl"] < statistics.fmean(ppl)
+
+
+def orderings_verdict(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any],
+                      found: Sequence[Mapping[str, Any]]) -> str:
+    """Is the found order better than the same blocks in random order, and than the sandwich order?"""
+    parts = []
+    for role, what in (("random", "the mean of its random orderings"), ("sandwich", "its sandwich ordering")):
+        results = [b for b in (_beats(rows, r, role) for r in found) if b is not None]
+        parts.append(f"{what} in {sum(results)} of {len(results)} seeds")
+    skipped = "" if all(_beats(rows, r, "random") is not None for r in found) else \
+        " (a seed whose found blocks have no other ordering is not counted)"
+    return (f"budget {s['budget']}: the found architecture beats {parts[0]} and {parts[1]}{skipped}; mean val ppl: "
+            f"found {_fmt(s['found_val_ppl'])}, random {_fmt(s['random_val_ppl'])}, "
+            f"sandwich {_fmt(s['sandwich_val_ppl'])}.")
+
+
+def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> str:
+    """Do the seeds agree on PAR's pattern, attention early and dense/identity late?"""
+    layouts = [r["layout"] for r in found]
+    early = [attention_early(lay) for lay in layouts]
+    unanimous = sum(len({lay[i] for lay in layouts}) == 1 for i in range(len(layouts[0])))
+    both = [e for e in early if e is not None]
+    if not both:
+        answer = "cannot say: no seed found both attention and dense/identity blocks"
+    else:
+        answer = "the seeds agree" if len(both) == len(early) and all(both) else "the seeds do not agree"
+    return (f"budget {s['budget']}: attention early, dense/identity late in {sum(both)} of {len(early)} seeds "
+            f"({', '.join(layouts)}) -> {answer}; all seeds choose the same kind at {unanimous} of "
+            f"{len(layouts[0])} depths.")
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Plain-language answers to the study's three questions, per budget, from the numbers."""
+    lines = []
+    for s in summary:
+        found = _of(rows, "found", s["budget"])
+        lines += [claim_verdict(s, found), orderings_verdict(rows, s, found), depth_verdict(s, found)]
+    return lines
+
+
+# --- files ---------------------------------------------------------------------------------------------
+
+def _fmt(value: Any, fmt: str = "{:.2f}") -> str:
+    if value is None:
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _pm(mean: float | None, std: float | None, fmt: str) -> str:
+    return _fmt(mean, fmt) + ("" if std is None else " ± " + _fmt(std, fmt))
+
+
+def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
+             lines: Sequence[str], timing: Mapping[str, Any]) -> str:
+    steps = f"search {plan.search_steps or 'config'} steps, retrain {plan.retrain_steps or 'config'} steps"
+    out = [f"# parnas study: {plan.config or 'defaults'}", "",
+           f"{plan.seeds} seeds, budgets {', '.join(budgets(rows))}, {steps}, {plan.random_orderings} random "
+           f"orderings; settings: {' '.join(plan.overrides) or '(config as is)'}.",
+           f"Timing: {timing['device']}, {timing['threads']} threads, torch {timing['torch']}, median of "
+           f"{timing['rounds']} alternating rounds, batch {timing['batch_size']} x {timing['seg_len']} tokens "
+           f"(train and inference), memory {timing['mem_len']}.", "", "## Verdicts", ""]
+    out += [f"- {line}" for line in lines]
+    out += ["", "## Per budget (mean ± std over seeds)", "",
+            "| budget | seeds | found val ppl | found ratio | random val ppl | random ratio | sandwich val ppl "
+            "| sandwich ratio | Transformer-XL val ppl | TXL step ms |", "|---" * 10 + "|"]
+    for s in summary:
+        out.append(f"| {s['budget']} | {s['seeds']} | {_pm(s['found_val_ppl'], s['found_val_ppl_std'], '{:.2f}')} "
+                   f"| {_pm(s['found_ratio'], s['found_ratio_std'], '{:.3f}')} | {_fmt(s['random_val_ppl'])} "
+                   f"| {_fmt(s['random_ratio'], '{:.3f}')} | {_fmt(s['sandwich_val_ppl'])} "
+                   f"| {_fmt(s['sandwich_ratio'], '{:.3f}')} | {_fmt(s['transformer_xl_val_ppl'])} "
+                   f"| {_fmt(s['transformer_xl_train_step_ms'])} |")
+    out += ["", "## All runs", "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+            "|" + "|".join("---" if i < 4 else "---:" for i in range(len(COLUMNS))) + "|"]
+    out += ["| " + " | ".join(_fmt(r[k], f) for k, _, f in COLUMNS) + " |" for r in rows]
+    out += ["", "Val and test ppl: exp of the mean NLL over the whole split, each layout retrained from scratch with "
+            "the same steps, settings and seed. Step times and tokens/s: measured side by side in one process after "
+            "the retrains; ratio to TXL = train step / Transformer-XL's. Search val ppl: the exported architecture "
+            "with the supernet's weights, before retraining; predicted ratio: the search's latency model.", ""]
+    return "\n".join(out)
+
+
+def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_KEYS)
+    writer.writerows(["" if r[k] is None else r[k] for k in CSV_KEYS] for r in rows)
+    return buffer.getvalue()
+
+
+def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
+    """Validation perplexity against measured train step time, one style per role, Pareto front ringed."""
+    from parnas.pareto import pareto_front
+    from parnas.plots import figure
+
+    fig = figure(8.0, 5.5, layout="constrained")
+    ax = fig.add_subplot()
+    points = {(r["role"], r["layout"]): (r["train_step_ms"], r["val_ppl"]) for r in rows if r["val_ppl"] is not None}
+    for role, (marker, colour, size) in STYLE.items():
+        xy = [p for (rl, _), p in points.items() if rl == role]
+        if xy:
+            ax.scatter(*zip(*xy), marker=marker, color=colour, s=size, label=role, zorder=3, alpha=0.85)
+    layouts = {lay: p for (_, lay), p in points.items()}
+    xy = list(layouts.values())
+    if xy:
+        front = [xy[i] for i in pareto_front(xy)]
+        ax.step(*zip(*front), where="post", color="#1f77b4", linewidth=1.2, zorder=1)
+        ax.scatter(*zip(*front), s=260, facecolors="none", edgecolors="#1f77b4", linewidths=1.5,
+                   label="Pareto front", zorder=2)
+    for lay, (x, y) in layouts.items():
+        ax.annotate(lay, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7, family="monospace")
+    ax.set_xlabel("measured train step (ms)  \u2192 faster to the left")
+    ax.set_ylabel("validation perplexity after retraining (lower is better)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.margins(x=0.15, y=0.1)
+    ax.legend(frameon=False)
+    return fig
+
+
+def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any]) -> dict[str, Any]:
+    """``study.md``, ``study.csv``, ``study.png`` and ``study.json`` in ``plan.out``; returns the JSON's content."""
+    from parnas.plots import save_figure
+
+    summary = summarise(rows)
+    lines = verdicts(rows, summary)
+    out = Path(plan.out)
+    study = {"format": "parnas.study", "version": 1, "config": plan.config, "overrides": list(plan.overrides),
+             "seeds": plan.seeds, "budgets": budgets(rows), "search_steps": plan.search_steps,
+             "retrain_steps": plan.retrain_steps, "random_orderings": plan.random_orderings, "timing": dict(timing),
+             "rows": rows, "summary": summary, "verdicts": lines}
+    write_text_atomic(out / "study.md", markdown(plan, rows, summary, lines, timing))
+    write_text_atomic(out / "study.csv", to_csv(rows))
+    save_figure(study_figure(rows, f"parnas study ({plan.config or 'defaults'}, {timing['device']})"),
+                out / "study.png")
+    write_json_atomic(out / "study.json", study)
+    return study

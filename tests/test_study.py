@@ -1,0 +1,167 @@
+"""``parnas study``: the claim checked end to end on ``tiny``; a rerun skips finished work; bad arguments exit 2."""
+
+import csv
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from parnas import architecture
+from parnas.cli import main
+from retrain.study import make_plan, random_orderings, sandwich, settings_record, transformer_xl
+from retrain.study_report import summarise, verdicts
+
+SEEDS, RANDOM = 2, 1
+
+
+def letters(kinds):
+    return architecture.layout_string(kinds)
+
+
+def orderings_of(layout: str) -> int:
+    """How many distinct orderings the letters of ``layout`` have."""
+    return math.factorial(len(layout)) // math.prod(math.factorial(c) for c in Counter(layout).values())
+
+
+# --- the layouts a study compares ---------------------------------------------------------------------
+
+def test_sandwich_puts_attention_first_then_dense_then_identity():
+    assert letters(sandwich(["identity", "dense", "attention", "dense", "attention"])) == "AADDI"
+    assert letters(transformer_xl(5)) == "ADADA"
+
+
+def test_random_orderings_keep_the_counts_avoid_the_found_ones_and_depend_only_on_the_counts():
+    found = ("attention", "dense", "identity", "attention", "dense", "dense")
+    shuffled = tuple(reversed(found))
+    picks = random_orderings(found, 3, exclude=[found, sandwich(found)])
+    assert len(set(picks)) == 3 and all(Counter(p) == Counter(found) for p in picks)
+    assert found not in picks and sandwich(found) not in picks
+    assert random_orderings(shuffled, 3, exclude=[found, sandwich(found)]) == picks  # seeded by the counts
+    assert random_orderings(["dense", "dense"], 3, exclude=[["dense", "dense"]]) == [("dense", "dense")]
+
+
+# --- end to end -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_corpus(wt2_slice, tmp_path):
+    """The WikiText-2 slice's training text with short validation and test splits: evaluation stays quick."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.txt").write_text((wt2_slice / "train.txt").read_text())
+    for split in ("valid", "test"):
+        lines = (wt2_slice / f"{split}.txt").read_text().splitlines(keepends=True)
+        (folder / f"{split}.txt").write_text("".join(lines[:40]))
+    return folder
+
+
+def study_args(corpus, out, *extra):
+    settings = [f"data.path={corpus}", "data.vocab_size=300", "model.cutoffs=[100,200]", "data.eval_batch_size=32",
+                "train.eval_every=1000", "train.warmup_steps=3", "search.log_every=5"]
+    return ["study", "--config", "tiny", *[a for s in settings for a in ("--set", s)], "--seeds", str(SEEDS),
+            "--budgets", "none", "--out", str(out), "--search-steps", "12", "--retrain-steps", "10",
+            "--random-orderings", str(RANDOM), "--rounds", "2", *extra]
+
+
+def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(small_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(study_args(small_corpus, out)) == 0
+    first = capsys.readouterr().out
+    assert "[search 2/2]" in first and "[retrain 1/" in first and "[timing 2/2]" in first
+
+    study = json.loads((out / "study.json").read_text())
+    rows = study["rows"]
+    found = {s: letters(architecture.layout(architecture.read(out / "search" / f"bnone-s{s}" / "architecture.json")))
+             for s in range(SEEDS)}
+    txl = [r for r in rows if r["role"] == "transformer-xl"]
+    assert len(txl) == 1 and txl[0]["layout"] == "ADAD" and txl[0]["latency_ratio"] == 1.0
+    for seed, layout in found.items():
+        mine = {role: [r for r in rows if r["seed"] == seed and r["role"] == role] for role in ("found", "sandwich",
+                                                                                               "random")}
+        assert [r["layout"] for r in mine["found"]] == [layout] and mine["found"][0]["budget"] == "none"
+        assert [r["layout"] for r in mine["sandwich"]] == [letters(sandwich(architecture.layout(
+            architecture.read(out / "search" / f"bnone-s{seed}" / "architecture.json"))))]
+        assert len(mine["random"]) == RANDOM and all(sorted(r["layout"]) == sorted(layout) for r in mine["random"])
+        if orderings_of(layout) > 2:
+            assert not {r["layout"] for r in mine["random"]} & {layout, mine["sandwich"][0]["layout"]}
+        assert mine["found"][0]["search_val_ppl"] is not None
+    assert len(rows) == 1 + SEEDS * (2 + RANDOM)
+
+    layouts = {r["layout"] for r in rows}
+    runs = {p.name: p / "metrics.json" for p in (out / "retrain").iterdir()}
+    assert set(runs) == layouts  # every layout trained, each once
+    for row in rows:
+        metrics = json.loads(runs[row["layout"]].read_text())
+        assert metrics["steps"] == 10 and metrics["architecture"] == row["layout"]
+        assert row["val_ppl"] == metrics["val_ppl"] and row["test_ppl"] == metrics["test_ppl"] > 1
+        assert row["train_tokens_per_s"] > 0 and row["inference_tokens_per_s"] > 0 and row["train_step_ms"] > 0
+        assert row["attention"] == row["layout"].count("A")
+
+    with open(out / "study.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["role"], r["layout"]) for r in table] == [(r["role"], r["layout"]) for r in rows]
+    assert (out / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "study.md").read_text()
+    assert text.count("- budget none:") == 3 and all(r["layout"] in text for r in rows)
+    assert study["summary"][0]["seeds"] == SEEDS
+
+    # a rerun skips finished work and resumes what was interrupted after its last checkpoint
+    interrupted = [out / "search" / "bnone-s1" / "architecture.json", runs["ADAD"]]
+    for path in interrupted:
+        path.unlink()
+    finished = {p: p.stat().st_mtime_ns for p in [*runs.values(), *(out / "search").glob("*/architecture.json")]
+                if p not in interrupted}
+    assert main(study_args(small_corpus, out)) == 0
+    again = capsys.readouterr().out
+    assert again.count("done already") == len(finished) and again.count("(resumed)") == 2
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished and all(p.is_file() for p in interrupted)
+    rerun = json.loads((out / "study.json").read_text())["rows"]
+    assert [(r["role"], r["layout"], r["val_ppl"]) for r in rerun] == [(r["role"], r["layout"], r["val_ppl"])
+                                                                        for r in rows]
+
+
+def test_verdicts_follow_the_numbers():
+    def row(role, layout, ppl, ratio, seed=None):
+        return {"role": role, "budget": None if seed is None else "0.65", "seed": seed, "layout": layout,
+                "val_ppl": ppl, "latency_ratio": ratio, "train_step_ms": 10 * ratio}
+
+    rows = [row("transformer-xl", "ADADAD", 50.0, 1.0)]
+    for seed, (layout, ppl) in enumerate([("AAADDI", 50.3), ("AADADI", 50.4)]):
+        rows += [row("found", layout, ppl, 0.6, seed), row("sandwich", "AAADDI", 50.3, 0.6, seed),
+                 row("random", "DIAADA", 52.0, 0.6, seed), row("random", "IDADAA", 53.0, 0.6, seed)]
+    claim, orders, depth = verdicts(rows, summarise(rows))
+    assert "2 of 2 seeds reach" in claim and claim.endswith("-> yes.")
+    assert "random orderings in 2 of 2 seeds" in orders and "sandwich ordering in 0 of 1 seeds" in orders
+    assert "in 2 of 2 seeds" in depth and "the seeds agree" in depth and "same kind at 4 of 6 depths" in depth
+    rows[0]["val_ppl"] = 49.0  # a better Transformer-XL: the claim no longer holds
+    claim = verdicts(rows, summarise(rows))[0]
+    assert "0 of 2 seeds reach" in claim and "perplexity not within 1%" in claim and "step" not in claim[-30:]
+
+
+def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    args = study_args(small_corpus, out)
+    overrides = [value for key, value in zip(args, args[1:]) if key == "--set"]
+    plan = make_plan("tiny", overrides, SEEDS, "none", out, search_steps=12, retrain_steps=10)
+    record = settings_record(plan)
+    record["settings"]["train.lr"] = 1.0
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps(record))
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.lr=1.0" in err[0] and "another --out" in err[0]
+
+
+# --- bad arguments: exit 2, one line, nothing written --------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--budgets", "0"], "(0, 1]"), (["--budgets", "-0.5"], "(0, 1]"), (["--budgets", "1.5"], "(0, 1]"),
+    (["--budgets", "fast"], "not a number"), (["--budgets", "nan"], "(0, 1]"), (["--seeds", "0"], "--seeds"),
+    (["--config", "no-such-preset"], "no config file or preset"),
+])
+def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
+    out = tmp_path / "study"
+    assert main(["study", "--config", "tiny", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("parnas study: error:") and message in err[0]
+    assert not out.exists()
