@@ -128,7 +128,7 @@ class PARDartsModule(DartsLightningModule):
     def _stream_loss(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
         task = self.training_module
         if stream == "train":  # the task's own path: memory restore, dropout seed, data position
-            return task.train_nll(batch).mean()
+            return task.train_nll(batch).mean() + task.aux_loss()  # aux: the compressive memory's (task.py)
         x, y = batch
         nll, task.mems[stream] = segment_nll(task.model, x, y, task.mems.get(stream))
         return nll.mean()
