@@ -31,13 +31,16 @@ def _residual(block: nn.Module, h: Tensor, f) -> Tensor:
 class ConvBlock(nn.Module):
     """Pointwise Linear D->2D, GLU, depthwise causal Conv1d (kernel k), pointwise Linear, dropout.
 
-    The GLU branch followed by a separable convolution is the Evolved Transformer's
-    replacement for attention in its lower layers (So et al. 2019, fig. 4); its decoder uses
-    7x1 and 11x1 separable convolutions, hence ``model.conv_kernel`` = 7 by default. The
-    convolution is causal: position t sees t-k+1..t. Across segments its left context is the
-    previous segment's tail: ``mem`` holds the states that entered the block before, and its
-    last k-1 go through the same GLU, so segment A then B with memory equals one pass over
-    A+B whenever ``mem_len >= k - 1`` (zeros stand where there is no past, as in one pass).
+    The Evolved Transformer's cheap local mixing (So et al. 2019): its cells open with a gated
+    linear unit and mix neighbouring positions with separable convolutions (9x1 in the
+    encoder; causal, left-padded 11x1 and 7x1 in the decoder, hence ``model.conv_kernel`` = 7).
+    Here the GLU and one depthwise-separable convolution share one residual, as in Wu et al.
+    2019's lightweight-convolution block (ET gives each its own). The convolution is causal:
+    position t sees t-k+1..t. Across segments its left context is the previous segment's
+    tail: ``mem`` holds the states that entered the block before, and its last k-1 go through
+    the same GLU (ET's decoder caches its previous inputs the same way), so segment A then B
+    with memory equals one pass over A+B whenever ``mem_len >= k - 1`` (zeros stand where
+    there is no past, as in one pass).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
