@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from parnas import kinds
 from parnas.blocks import make_block, sinusoid
@@ -56,23 +57,46 @@ def flops_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size
     return {k: flops_per_token(k, cfg, seg_len, batch_size) / 1e6 for k in kinds}
 
 
+def steady_memory(block: torch.nn.Module, h: Tensor, mem: Tensor, mem_len: int) -> list[tuple[torch.nn.Module, list]]:
+    """For modules in ``block`` that keep their own memory (``n_memories``, e.g. compressive), the memory
+    they hold once it stops growing on segments like ``h``: what a timing must give them to be fair."""
+    out = []
+    for keeper in (m for m in block.modules() if hasattr(m, "n_memories")):
+        kept = [mem[:, :0]] * keeper.n_memories
+        for _ in range(256):  # until the sizes stop changing (the compressed memory is full)
+            sizes = [k.size(1) for k in kept]
+            with torch.no_grad():
+                kept = keeper.update_memory(kept, mem, h.detach(), mem_len)
+            if [k.size(1) for k in kept] == sizes:
+                break
+        out.append((keeper, kept))
+    return out
+
+
 def measured_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int,
                    device: torch.device | str = "cpu", repeats: int = 10) -> dict[str, float]:
-    """Median milliseconds of one block's forward + backward on a (B, L) segment with a full memory."""
+    """Median milliseconds of one block's forward + backward on a (B, L) segment with a full memory
+    (a block keeping its own memory gets it full too, and its update and auxiliary loss are timed)."""
     B, L, M, D = batch_size, seg_len, cfg.mem_len, cfg.d_model
     h = torch.randn(B, L, D, device=device, requires_grad=True)
     mem, pos = torch.randn(B, M, D, device=device), sinusoid(M + L, D, torch.device(device))
     costs = {}
     for kind in kinds:
         block = make_block(kind, cfg).to(device)
+        keepers = steady_memory(block, h, mem, M)
         times = []
         for i in range(repeats + 3):
             if torch.cuda.is_available() and torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
+            aux = []
+            for keeper, kept in keepers:
+                keeper.update_memory(kept, mem, h, M)
+                keeper.memory = kept
+                aux += [] if keeper.aux_loss is None else [keeper.aux_loss]
             out = block(h, mem, pos)
             if out.requires_grad:
-                out.sum().backward()
+                (out.sum() + sum(aux)).backward()
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             if i >= 3:  # warm-up

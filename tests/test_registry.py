@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -66,7 +65,8 @@ def test_every_kind_is_built_from_the_config_alone_and_keeps_the_block_call():
 
 
 def test_a_registered_kind_is_a_candidate_a_layout_and_a_letter(gelu):
-    cfg = load_config("tiny", ["search.candidates=[attention,gelu_test]", "model.blocks=[gelu_test,attention,dense,identity]"])
+    cfg = load_config("tiny", ["search.candidates=[attention,gelu_test]",
+                               "model.blocks=[gelu_test,attention,dense,identity]"])
     assert cfg.search.candidates == ("attention", "gelu_test")
     from parnas.model import build_fixed_model
 
@@ -147,6 +147,7 @@ def readme_example() -> dict[str, str]:
 @pytest.fixture
 def installed_plugin(tmp_path, monkeypatch):
     """The example package on sys.path with the dist-info (metadata, entry points) pip writes for it."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     files = readme_example()
     project = tomllib.loads(files["pyproject.toml"])["project"]
     (tmp_path / "parnas_shift").mkdir()
