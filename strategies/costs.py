@@ -62,13 +62,12 @@ def steady_memory(block: torch.nn.Module, h: Tensor, mem: Tensor, mem_len: int) 
     they hold once it stops growing on segments like ``h``: what a timing must give them to be fair."""
     out = []
     for keeper in (m for m in block.modules() if hasattr(m, "n_memories")):
-        kept = [mem[:, :0]] * keeper.n_memories
-        for _ in range(256):  # until the sizes stop changing (the compressed memory is full)
-            sizes = [k.size(1) for k in kept]
+        kept, most, still = [mem[:, :0]] * keeper.n_memories, [0] * keeper.n_memories, 0
+        while still < 3:  # until no memory has grown for 3 segments (the compressed one is full)
             with torch.no_grad():
                 kept = keeper.update_memory(kept, mem, h.detach(), mem_len)
-            if [k.size(1) for k in kept] == sizes:
-                break
+            sizes = [max(m, k.size(1)) for m, k in zip(most, kept)]
+            still, most = (still + 1 if sizes == most else 0), sizes
         out.append((keeper, kept))
     return out
 

@@ -162,20 +162,40 @@ def test_attention_reconstruction_loss_trains_only_the_compression():
     assert model.aux_loss == 0.0  # evaluation computes none
 
 
-def test_aux_loss_reaches_the_optimiser_in_training_and_in_search(tmp_path):
+def synthetic_run(*overrides):
     from parnas.config import load_config
-    from strategies.search import build_search
 
     cfg = load_config("tiny", ["model.n_blocks=2", "model.cutoffs=[]", "model.mem_len=8", "data.seg_len=8",
                                "train.max_steps=6", "train.eval_every=10000", "model.compress_fn=conv",
-                               "model.compress_rate=4", "search.candidates=[attention,compressive]"])
+                               "model.compress_rate=4", *overrides])
     tokens = np.random.default_rng(0).integers(0, VOCAB, 4000).astype(np.int32)
-    splits = {"train": tokens, "valid": tokens[:400], "test": tokens[:400]}
+    return cfg, {"train": tokens, "valid": tokens[:400], "test": tokens[:400]}
+
+
+def test_aux_loss_trains_the_compression_in_training(tmp_path):
+    from parnas.task import LanguageModelTask
+    from parnas.train import SegmentData, build_trainer, position_restored_by_task
+
+    cfg, splits = synthetic_run("model.blocks=[compressive,dense]")
+    model = build_fixed_model(cfg.model, VOCAB)
+    before = model.blocks[0].compressor.weight.detach().clone()  # only the reconstruction loss reaches it
+    task = LanguageModelTask(cfg.train)
+    task.set_model(model)
+    with position_restored_by_task():
+        build_trainer(cfg.train, tmp_path, enable_progress_bar=False, callbacks=[]).fit(
+            task, datamodule=SegmentData(splits, 8, 8, 8))
+    assert not torch.equal(before, model.blocks[0].compressor.weight)
+
+
+def test_aux_loss_trains_the_compression_in_search(tmp_path):
+    from strategies.search import build_search
+
+    cfg, splits = synthetic_run("search.candidates=[attention,compressive]")
     search = build_search(cfg, splits, VOCAB, tmp_path)
     compressors = [m.compressor for m in search.supernet.modules() if hasattr(m, "compressor")]
     before = [c.weight.detach().clone() for c in compressors]
     search.run()
-    assert all(not torch.equal(b, c.weight) for b, c in zip(before, compressors))
+    assert len(compressors) == 2 and all(not torch.equal(b, c.weight) for b, c in zip(before, compressors))
 
 
 # --- shared weights ------------------------------------------------------------------------------

@@ -87,6 +87,23 @@ def test_config_validation_imports_neither_torch_nor_plugins():
     assert out.stdout.strip() == "False"
 
 
+def test_every_kind_has_a_flops_cost_and_a_measured_one(gelu):
+    from strategies.costs import flops_costs, measured_costs, steady_memory
+
+    names = kinds.names()
+    flops = flops_costs(names, CFG, 8, 2)
+    assert flops["identity"] == 0 and all(v > 0 for k, v in flops.items() if k != "identity")
+    assert flops["sqrelu"] == flops["dense"] and flops["shared"] > flops["attention"]
+    assert flops["compressive"] > flops["attention"]  # more keys: the compressed memory
+    gelu_params = sum(p.numel() for p in kinds.make_block("gelu_test", CFG).parameters())
+    assert flops["gelu_test"] == pytest.approx(2 * gelu_params / 1e6)  # no formula: 2 FLOPs per parameter
+    measured = measured_costs(names, CFG, 8, 2, repeats=1)
+    assert set(measured) == set(names) and all(v >= 0 for v in measured.values())
+    block = kinds.make_block("compressive", CFG)  # timed with its compressed memory full
+    ((keeper, (compressed, pending)),) = steady_memory(block, torch.randn(2, 8, 16), torch.randn(2, 4, 16), 4)
+    assert keeper is block and compressed.size(1) == CFG.compress_len
+
+
 @pytest.mark.parametrize("make, needle", [
     (lambda: kinds.register(BlockKind("dense", Gelu, False, "x")), "'dense' is already registered (built in)"),
     (lambda: kinds.register(BlockKind("mine", Gelu, False, "A")), "letter 'A' is taken by 'attention'"),
