@@ -236,3 +236,23 @@ def test_the_supernet_and_the_fixed_model_share_one_module_per_shared_kind():
     assert model.blocks[0].core is model.blocks[2].core
     _, mems = model(torch.randint(0, VOCAB, (2, 4)))
     assert [m is not None for m in mems] == [True, False, True]
+
+
+def test_a_checkpoint_from_before_the_new_settings_still_resumes():
+    from types import SimpleNamespace
+
+    from parnas import architecture
+    from parnas.config import Config
+    from parnas.errors import ConfigError
+    from parnas.train import check_resumable
+
+    cfg = Config()
+    record = architecture.make_record({"block_0": "attention"}, tiny(n_blocks=1), VOCAB)
+    old = cfg.to_dict()
+    for key in ("conv_kernel", "compress_rate", "compress_len", "compress_fn", "share_weights"):
+        del old["model"][key]  # what a checkpoint written before these settings holds
+    checkpoint = {"parnas": {"architecture": record, "tokenizer": {"sha256": "x"}, "config": old}}
+    check_resumable(checkpoint, cfg, record, SimpleNamespace(sha256="x"), "last.ckpt")
+    changed = Config(model=ModelConfig(compress_rate=5))
+    with pytest.raises(ConfigError, match="model.compress_rate=3"):
+        check_resumable(checkpoint, changed, record, SimpleNamespace(sha256="x"), "last.ckpt")
