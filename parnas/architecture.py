@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parnas.config import BLOCK_KINDS, ModelConfig, from_dict
+from parnas import kinds
+from parnas.config import ModelConfig, from_dict
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
 
@@ -76,10 +77,10 @@ def validate(record: Any, source: str = "architecture") -> dict:
         fail("'architecture' must map block labels to block kinds")
     if not isinstance(model, dict) or not isinstance(model.get("vocab_size"), int):
         fail("'model' must hold the model settings and an integer vocab_size")
-    bad = {k: v for k, v in arch.items() if v not in BLOCK_KINDS}
+    bad = {k: v for k, v in arch.items() if not isinstance(v, str) or not kinds.is_known(v)}
     if bad:
         key = next(iter(bad))
-        fail(f"{key} is {bad[key]!r}, not a block kind ({', '.join(BLOCK_KINDS)})")
+        fail(f"{key}: {kinds.unknown_message(bad[key])}")
     expected = [label(i) for i in range(len(arch))]
     if sorted(arch) != sorted(expected):
         fail(f"block labels {sorted(arch)} do not match the space's labels block_0..block_{len(arch) - 1}")
@@ -104,9 +105,9 @@ def layout(record: Mapping[str, Any]) -> list[str]:
     return [record["architecture"][label(i)] for i in range(len(record["architecture"]))]
 
 
-def layout_string(kinds: Sequence[str]) -> str:
-    """``['attention', 'dense', 'identity']`` -> ``'ADI'``."""
-    return "".join(k[0].upper() for k in kinds)
+def layout_string(layout: Sequence[str]) -> str:
+    """``['attention', 'dense', 'identity']`` -> ``'ADI'`` (each kind's registered letter)."""
+    return "".join(kinds.letter(k) for k in layout)
 
 
 def read(path: str | Path) -> dict:

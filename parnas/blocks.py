@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from parnas import kinds
 from parnas.config import ModelConfig
 
 
@@ -108,11 +109,5 @@ class IdentityBlock(nn.Module):
 
 
 def make_block(kind: str, cfg: ModelConfig) -> nn.Module:
-    """A fresh block of ``kind`` ('attention', 'dense' or 'identity')."""
-    if kind == "attention":
-        return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
-    if kind == "dense":
-        return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
-    if kind == "identity":
-        return IdentityBlock()
-    raise ValueError(f"unknown block kind {kind!r}")
+    """A fresh block of any registered ``kind`` (delegates to :func:`parnas.kinds.make_block`)."""
+    return kinds.make_block(kind, cfg)

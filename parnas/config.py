@@ -19,15 +19,23 @@ from typing import Any
 
 import yaml
 
+from parnas import kinds
 from parnas.errors import ConfigError
 
-BLOCK_KINDS = ("attention", "dense", "identity")
+BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds.py)
+COMPRESS_FNS = ("mean", "max", "conv")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Transformer-XL body. ``blocks`` is the fixed layout; empty means the
-    standard Transformer-XL (attention, dense, attention, dense, ...)."""
+    standard Transformer-XL (attention, dense, attention, dense, ...).
+
+    Settings of the other block kinds (parnas.variants, parnas.compressive): ``conv_kernel``
+    (the ``conv`` block's causal kernel), ``compress_rate`` (c), ``compress_len`` (n_cm) and
+    ``compress_fn`` of the ``compressive`` memory, and ``share_weights``: kinds whose blocks
+    share one module across depth (the ``shared`` kind always does).
+    """
 
     n_blocks: int = 6
     d_model: int = 128
@@ -41,6 +49,11 @@ class ModelConfig:
     div_value: float = 4.0
     tie_weights: bool = False
     blocks: tuple[str, ...] = ()
+    conv_kernel: int = 7
+    compress_rate: int = 3
+    compress_len: int = 16
+    compress_fn: str = "conv"
+    share_weights: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -56,8 +69,15 @@ class ModelConfig:
         _require(self.div_value >= 1.0, "model.div_value must be >= 1")
         _require(not (self.tie_weights and self.cutoffs),
                  "model.tie_weights needs a full softmax: set model.cutoffs=[] or tie_weights=false")
-        unknown = sorted(set(self.blocks) - set(BLOCK_KINDS))
-        _require(not unknown, f"model.blocks: unknown block kind {unknown}; choose from {list(BLOCK_KINDS)}")
+        for kind in self.blocks:
+            _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
+        for key in ("conv_kernel", "compress_rate", "compress_len"):
+            _require(getattr(self, key) > 0, f"model.{key} must be > 0")
+        _require(self.compress_fn in COMPRESS_FNS,
+                 f"model.compress_fn must be {', '.join(COMPRESS_FNS)}, not {self.compress_fn!r}")
+        if self.share_weights:
+            kinds.check(self.share_weights, "model.share_weights")
+            _require("identity" not in self.share_weights, "model.share_weights: identity has no weights to share")
         _require(not self.blocks or len(self.blocks) == self.n_blocks,
                  f"model.blocks has {len(self.blocks)} entries but model.n_blocks is {self.n_blocks}")
 
@@ -65,6 +85,10 @@ class ModelConfig:
     def layout(self) -> tuple[str, ...]:
         """The block kinds in order (the standard Transformer-XL when ``blocks`` is empty)."""
         return self.blocks or tuple(("attention", "dense")[i % 2] for i in range(self.n_blocks))
+
+    def shares_weights(self, kind: str) -> bool:
+        """Whether all blocks of ``kind`` reuse one module (Universal Transformer-style depth recurrence)."""
+        return kind in self.share_weights or kinds.get(kind).shared
 
     def check_vocab(self, vocab_size: int) -> None:
         """Cutoffs only make sense strictly inside the vocabulary."""
@@ -159,7 +183,7 @@ class SearchConfig:
     out_dir: str = "runs/search"
 
     def __post_init__(self) -> None:
-        check_candidates(self.candidates, "search.candidates")
+        kinds.check(self.candidates, "search.candidates")
         _require(len(self.candidates) >= 2,
                  f"search.candidates must name at least two kinds, got {list(self.candidates)}")
         _require(self.mode in ("joint", "bilevel"), f"search.mode must be joint or bilevel, not {self.mode!r}")
@@ -195,15 +219,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def check_candidates(candidates: Sequence[str], key: str = "candidates") -> tuple[str, ...]:
-    """Block kinds a choice may take: known, distinct, at least one."""
-    for kind in candidates:
-        _require(kind in BLOCK_KINDS, f"{key}: unknown candidate {kind!r}; choose from {list(BLOCK_KINDS)}")
-    _require(bool(candidates) and len(set(candidates)) == len(candidates),
-             f"{key} must be distinct and non-empty, got {list(candidates)}")
-    return tuple(candidates)
 
 
 def _require(ok: bool, message: str) -> None:

@@ -45,9 +45,17 @@ class History:
 
 
 def kind_colour(kind: str) -> str:
-    """Fixed colour of a kind (attention blue, dense orange, identity grey; others stable by name)."""
+    """Fixed colour of a kind: attention blue, dense orange, identity grey, then Tableau's qualitative
+    colours in registry order (conv green, glu red, sqrelu purple, compressive brown, shared pink,
+    then plugin kinds); a name no kind has gets a spare colour, stable by name."""
+    from parnas import kinds
+
     if kind in KIND_COLOURS:
         return KIND_COLOURS[kind]
+    palette = ("#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+    others = [k for k in kinds.names() if k not in KIND_COLOURS]
+    if kind in others:
+        return palette[others.index(kind) % len(palette)]
     return _SPARE_COLOURS[sum(map(ord, kind)) % len(_SPARE_COLOURS)]
 
 

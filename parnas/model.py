@@ -9,7 +9,12 @@ block, so search and retrain share every line here.
 Memory contract: ``mems[i]`` holds, detached, the last ``mem_len`` hidden
 states that entered block i on earlier segments, (B, M, D); a block whose
 ``uses_memory`` is False keeps ``None``. A choice (supernet) keeps one, since
-any of its candidates may attend.
+any of its candidates may attend. A module inside a block that keeps more than its
+input states (the compressive memory, parnas.compressive) declares ``n_memories``:
+the body appends that many (B, *, D) tensors to the list after the blocks' entries,
+sets them on ``module.memory`` before the block runs and takes the next ones from
+``module.update_memory(memory, mem, h, mem_len)``; what such a module leaves in
+``aux_loss`` is summed into ``model.aux_loss`` for the task to add to its loss.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch import Tensor, nn
 
 from parnas.blocks import make_block, sinusoid
 from parnas.config import ModelConfig
+from parnas.variants import DepthStep
 
 Memory = list[Optional[Tensor]]
 
@@ -65,14 +71,27 @@ class TransformerXL(nn.Module):
         self.cfg, self.vocab_size, self.mem_len = cfg, vocab_size, cfg.mem_len
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
+        self._shared: dict[str, nn.Module] = {}  # kind -> the one module its blocks share (block_for)
         self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
+        self._keepers = [[m for m in b.modules() if hasattr(m, "n_memories")] for b in self.blocks]
+        self.aux_loss: Tensor | float = 0.0
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.head = OutputHead(cfg, vocab_size, self.embed if cfg.tie_weights else None)
         self.apply(_init_weights)
 
     def build_block(self, index: int) -> nn.Module:
         """The block at depth ``index``. The search space overrides this."""
-        return make_block(self.cfg.layout[index], self.cfg)
+        return self.block_for(self.cfg.layout[index], index)
+
+    def block_for(self, kind: str, index: int) -> nn.Module:
+        """A block of ``kind`` for depth ``index``: a fresh one, or the shared module of a kind
+        that shares weights across depth (``model.share_weights``, the ``shared`` kind) behind its
+        depth's timestep signal."""
+        if not self.cfg.shares_weights(kind):
+            return make_block(kind, self.cfg)
+        if kind not in self._shared:
+            self._shared[kind] = make_block(kind, self.cfg)
+        return DepthStep(self._shared[kind], index, self.cfg.d_model)
 
     @property
     def block_kinds(self) -> list[str]:
@@ -82,7 +101,8 @@ class TransformerXL(nn.Module):
     def init_memory(self, batch_size: int, device: torch.device | None = None) -> Memory:
         """Empty memories: (B, 0, D) for blocks that may attend, None for the rest."""
         empty = torch.zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=self.embed.weight.dtype)
-        return [empty if getattr(b, "uses_memory", True) else None for b in self.blocks]
+        kept = [empty for keepers in self._keepers for m in keepers for _ in range(m.n_memories)]
+        return [empty if getattr(b, "uses_memory", True) else None for b in self.blocks] + kept
 
     def forward(self, x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
         """x (B, L) token ids -> hidden states (B, L, D) and the memories for the next segment."""
@@ -93,10 +113,18 @@ class TransformerXL(nn.Module):
         M = next((m.size(1) for m in mems if m is not None), 0)
         pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype))  # (M+L, D)
         new_mems: Memory = []
-        for block, mem in zip(self.blocks, mems):
+        kept, new_kept, aux = iter(mems[len(self.blocks):]), [], []
+        for block, mem, keepers in zip(self.blocks, mems, self._keepers):
+            for keeper in keepers:  # memories a block keeps itself (compressive)
+                keeper.memory = [next(kept) for _ in range(keeper.n_memories)]
+                new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h, self.mem_len)
+                aux += [] if keeper.aux_loss is None else [keeper.aux_loss]
             new_mems.append(None if mem is None else self._update(mem, h))
             h = block(h, h[:, :0] if mem is None else mem, pos)
-        return self.final_norm(h), new_mems
+            for keeper in keepers:
+                keeper.memory = None
+        self.aux_loss = torch.stack(aux).sum() if aux else 0.0
+        return self.final_norm(h), new_mems + new_kept
 
     def _update(self, mem: Tensor, h: Tensor) -> Tensor:
         """The last ``mem_len`` states of [mem; h], detached: the next segment's memory."""

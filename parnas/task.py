@@ -145,7 +145,12 @@ class LanguageModelTask(LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", loss.detach().exp())
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # type: ignore[union-attr]
-        return loss
+        return loss + self.aux_loss()
+
+    def aux_loss(self) -> Tensor | float:
+        """Auxiliary losses the model's blocks left from the last forward (the compressive memory's
+        attention reconstruction, which alone trains its compression); 0.0 when there are none."""
+        return getattr(self.model, "aux_loss", 0.0)
 
     def configure_optimizers(self) -> Any:
         cfg = self.train_cfg

@@ -230,7 +230,8 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
         raise ConfigError(f"{source} was trained with layout {was}, not {now}; resume with the same architecture")
     if meta["tokenizer"].get("sha256") != tokenizer.sha256:
         raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
-    old, new = _flatten(meta["config"]), _flatten(cfg.to_dict())
+    # a setting newer than the checkpoint counts as its default (what the code that wrote it did)
+    old, new = _flatten(Config().to_dict()) | _flatten(meta["config"]), _flatten(cfg.to_dict())
     for key in sorted((set(old) | set(new)) - RESUMABLE_CHANGES):
         if not key.startswith("search.") and _plain(old.get(key)) != _plain(new.get(key)):
             raise ConfigError(f"{source} was trained with {key}={old.get(key)!r}, now {new.get(key)!r}; "

@@ -15,24 +15,33 @@ from nni.nas.nn.pytorch import LayerChoice, ModelSpace
 from nni.nas.space import model_context
 from torch import nn
 
-from parnas.blocks import make_block
-from parnas.config import BLOCK_KINDS, ModelConfig, check_candidates
+from parnas import kinds
+from parnas.config import BLOCK_KINDS, ModelConfig
 from parnas.model import TransformerXL
 
 
 class PARTransformerXLSpace(TransformerXL, ModelSpace):
-    """N blocks, each choosing among ``candidates`` ('attention', 'dense', 'identity')."""
+    """N blocks, each choosing among ``candidates`` (any registered kinds; PAR's three by default).
+
+    A kind that shares weights across depth (``shared``, ``model.share_weights``) is one
+    module that the choices at every depth hold as their candidate of that name.
+    """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, candidates: Sequence[str] = BLOCK_KINDS) -> None:
-        self.candidates = check_candidates(candidates)
+        self.candidates = kinds.check(candidates, "candidates")
         super().__init__(cfg, vocab_size)
 
     def build_block(self, index: int) -> nn.Module:
-        return LayerChoice({kind: make_block(kind, self.cfg) for kind in self.candidates}, label=f"block_{index}")
+        return LayerChoice({kind: self.block_for(kind, index) for kind in self.candidates}, label=f"block_{index}")
 
 
 def fixed_model(cfg: ModelConfig, vocab_size: int, architecture: Mapping[str, str],
-                candidates: Sequence[str] = BLOCK_KINDS) -> PARTransformerXLSpace:
-    """The space with every choice made: ``architecture`` maps ``block_<i>`` to a candidate name."""
+                candidates: Sequence[str] | None = None) -> PARTransformerXLSpace:
+    """The space with every choice made: ``architecture`` maps ``block_<i>`` to a candidate name.
+
+    By default the candidates are PAR's three plus whatever else ``architecture`` chooses.
+    """
+    if candidates is None:
+        candidates = tuple(dict.fromkeys([*BLOCK_KINDS, *architecture.values()]))
     with model_context(dict(architecture)):
         return PARTransformerXLSpace(cfg, vocab_size, candidates)

@@ -202,7 +202,7 @@ class PARDartsModule(DartsLightningModule):
     def _stream_loss(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
         task = self.training_module
         if stream == "train":  # the task's own path: memory restore, dropout seed, data position
-            return task.train_nll(batch).mean()
+            return task.train_nll(batch).mean() + task.aux_loss()  # aux: the compressive memory's (task.py)
         x, y = batch
         if "arch" in task._restored_streams:  # a resumed search: the arch stream's memory as it was saved
             task.mems["arch"] = task._local_memory(task._restored_streams.pop("arch"), x.size(0))

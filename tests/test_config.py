@@ -34,7 +34,7 @@ def test_parse_overrides_nests_and_parses_yaml_values():
     (["model.cutoffs=5"], "model.cutoffs"),
     (["model.d_model=100", "model.n_heads=3"], "divisible"),
     (["model.cutoffs=[2500, 250]"], "increasing"),
-    (["model.blocks=[attention, conv]"], "conv"),
+    (["model.blocks=[attention, lstm]"], "unknown block kind 'lstm'"),
     (["model.blocks=[attention]"], "model.n_blocks"),
     (["model.d_model=15", "model.n_heads=5"], "even"),
     (["data.seg_len=0"], "data.seg_len"),

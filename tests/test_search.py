@@ -216,7 +216,7 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
     ("search.nonsense=1", "unknown config key search.nonsense"),
     ("search.arch_lr=fast", "search.arch_lr must be float"),
     ("search.tau_end=2.0", "must not exceed search.tau_start"),
-    ("search.candidates=[attention, convolution]", "unknown candidate 'convolution'"),
+    ("search.candidates=[attention, convolution]", "unknown block kind 'convolution'"),
     ("search.penalty_weight=-0.1", "search.penalty_weight must be >= 0"),
     ("search.latency_budget=0", "search.latency_budget must be in (0, 1]"),
     ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),

@@ -1,0 +1,100 @@
+"""Transformer-XL attention with a Compressive Transformer memory (Rae et al. 2019, arXiv:1911.05507).
+
+The block attends over [compressed memory; memory; segment]. States that the plain memory
+(the last ``mem_len`` inputs, kept by the body as for attention) evicts are not dropped:
+they are cut into groups of c = ``model.compress_rate``, oldest first, and each group is
+compressed by f_c (``model.compress_fn``: mean or max pooling, or a 1-D convolution with
+kernel and stride c) into one state of the compressed memory, which keeps its newest
+n_cm = ``model.compress_len``. A learned f_c is trained only by the attention-reconstruction
+loss (sec. 3.1, alg. 2), left in ``aux_loss`` for the task to add.
+
+Memory protocol (parnas.model): the body keeps ``n_memories`` extra tensors per block of this
+kind, hands them over in ``memory`` before calling the block, and gets the next ones from
+:meth:`CompressiveBlock.update_memory`. Evaluation carries them like the plain memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from parnas.blocks import AttentionBlock, sinusoid
+from parnas.config import ModelConfig
+
+
+class CompressiveBlock(AttentionBlock):
+    """Relative multi-head attention over [compressed memory; memory; segment], causal.
+
+    Positions are relative over the concatenation: a compressed state counts as one step.
+    Evicted states that do not fill a group of c yet (only when c does not divide what a
+    segment evicts, e.g. token by token generation) wait in a pending memory, attended
+    between the compressed and the plain memory, until the next segment completes the group.
+    """
+
+    n_memories = 2  # [compressed (B, Nc, D), pending (B, R < c, D)]
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+        self.rate, self.compress_len, self.compress_fn = cfg.compress_rate, cfg.compress_len, cfg.compress_fn
+        self.compressor = nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate) \
+            if self.compress_fn == "conv" else None
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.memory: list[Tensor] | None = None  # set by the body before each call; None: no compressed memory
+        self.aux_loss: Tensor | None = None
+
+    def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+        compressed, pending = self.memory if self.memory is not None else (mem[:, :0], mem[:, :0])
+        past = torch.cat([compressed, pending, mem], dim=1)  # (B, Nc+R+M, D)
+        pos = self.pos_drop(sinusoid(past.size(1) + h.size(1), h.size(-1), h.device, h.dtype))  # (Nc+R+M+L, D)
+        return super().forward(h, past, pos)
+
+    def compress(self, x: Tensor) -> Tensor:
+        """f_c: (B, n*c, D) -> (B, n, D), each group of c consecutive states to one."""
+        x = x.transpose(1, 2)  # (B, D, n*c)
+        if self.compress_fn == "mean":
+            y = F.avg_pool1d(x, self.rate)
+        elif self.compress_fn == "max":
+            y = F.max_pool1d(x, self.rate)
+        else:
+            y = self.compressor(x)
+        return y.transpose(1, 2)  # (B, n, D)
+
+    def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
+        """The next [compressed, pending]: compress what leaves the plain memory this segment.
+
+        The body keeps the last ``mem_len`` of [mem; h]; the states before them are evicted.
+        Pending states then evicted ones, in whole groups of c, become compressed states
+        (appended; the newest ``compress_len`` are kept); the rest stays pending. Everything
+        kept is detached, as Transformer-XL's memory is, so the language-model loss never
+        reaches f_c: with a learned f_c, training sets ``aux_loss`` (else None).
+        """
+        compressed, pending = memory
+        both = torch.cat([mem, h], dim=1)  # (B, M+L, D)
+        old = torch.cat([pending, both[:, :max(0, both.size(1) - mem_len)]], dim=1).detach()  # (B, R+E, D)
+        n = old.size(1) // self.rate * self.rate
+        self.aux_loss = None
+        if n:
+            new = self.compress(old[:, :n])  # (B, n/c, D)
+            if self.training and self.compressor is not None:
+                self.aux_loss = self.reconstruction_loss(h.detach(), old[:, :n], new)
+            compressed = torch.cat([compressed, new.detach()], dim=1)[:, -self.compress_len:]
+        return [compressed, old[:, n:]]
+
+    def reconstruction_loss(self, h: Tensor, old: Tensor, new: Tensor) -> Tensor:
+        """Rae et al.'s attention-reconstruction loss: the content attention of the segment over the
+        evicted states, against the same attention over their compression (mean squared error
+        over heads' outputs). Stop-gradient on the segment, the old states and the attention's
+        weights: only f_c learns from it. Relative positions are left out, as in alg. 2.
+        """
+        B, L, _ = h.shape
+        H, Dh = self.n_heads, self.d_head
+        weight, bias = self.norm.weight.detach(), self.norm.bias.detach()
+
+        def attend(m: Tensor) -> Tensor:
+            x, m = (F.layer_norm(t, t.shape[-1:], weight, bias) for t in (h, m)) if self.pre_norm else (h, m)
+            q = F.linear(x, self.q.weight.detach()).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
+            k, v = F.linear(m, self.kv.weight.detach()).view(B, m.size(1), 2, H, Dh).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q + self.u.detach()[:, None], k, v)  # (B, H, L, Dh)
+
+        return F.mse_loss(attend(new), attend(old))

@@ -1,0 +1,246 @@
+"""The block-kind registry: every kind of block that may stand at a depth, by name.
+
+A :class:`BlockKind` says how to build a block from the model config, whether
+the body keeps a memory for it, its one-letter code (``AADDII``) and,
+optionally, its forward FLOPs per token. ``search.candidates``,
+``model.blocks``, the architecture JSON, the cost tables and the pictures all
+go through :func:`get` / :func:`names`.
+
+This module imports no torch: configs are validated before torch is loaded.
+Built-in factories are ``"module:attribute"`` strings or functions that import
+inside, so nothing is built or imported until :func:`make_block` runs.
+
+User kinds come from Python entry points in group ``parnas.blocks``: a plugin
+package declares ``[project.entry-points."parnas.blocks"] mykind =
+"mypkg.blocks:KIND"`` with ``KIND`` a :class:`BlockKind` named ``mykind``. The
+name is readable without importing the plugin (config checks stay fast); the
+plugin module is imported the first time the kind is needed. Code can also
+:func:`register` a kind directly (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Union
+
+from parnas.errors import ConfigError, ParnasError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from parnas.config import ModelConfig
+
+GROUP = "parnas.blocks"
+HOW_TO_REGISTER = (f"a plugin registers one with an entry point in group {GROUP!r} "
+                   "(README, 'Block kinds'), or code calls parnas.kinds.register")
+
+Factory = Union[str, Callable[["ModelConfig"], "nn.Module"]]
+Flops = Callable[["ModelConfig", int, int], float]  # (cfg, seg_len, batch_size) -> forward FLOPs per token
+
+
+class KindError(ParnasError):
+    """A block kind that cannot be registered, found or built."""
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    """One kind of block.
+
+    ``factory(cfg)`` (a callable, or ``"module:attribute"`` naming one) returns a fresh
+    ``nn.Module`` whose ``forward(h, mem, pos)`` returns a tensor shaped like ``h``.
+    ``uses_memory``: the body keeps, for each such block, the states that entered it on
+    earlier segments and passes them as ``mem``. ``letter``: its code in layout strings.
+    ``flops(cfg, seg_len, batch_size)``: forward FLOPs per token (optional; without it the
+    cost tables count 2 FLOPs per parameter). ``shared``: all blocks of this kind in one
+    model reuse one module (depth recurrence; ``model.share_weights`` adds kinds).
+    """
+
+    name: str
+    factory: Factory
+    uses_memory: bool
+    letter: str
+    flops: Flops | None = None
+    shared: bool = False
+    source: str = ""  # the paper or code it follows, for the docs
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise KindError(f"block kind name {self.name!r} must be a Python identifier, e.g. 'my_mixer'")
+        if not (callable(self.factory) or isinstance(self.factory, str) and _split_target(self.factory)):
+            raise KindError(f"block kind {self.name!r}: factory must be a callable or a 'module:attribute' "
+                            f"string, got {self.factory!r}")
+        if not (isinstance(self.letter, str) and len(self.letter) == 1 and self.letter.isascii()
+                and self.letter.isalnum()):
+            raise KindError(f"block kind {self.name!r}: letter must be one ASCII letter or digit, got {self.letter!r}")
+        if not isinstance(self.uses_memory, bool) or not isinstance(self.shared, bool):
+            raise KindError(f"block kind {self.name!r}: uses_memory and shared must be True or False")
+        if self.flops is not None and not callable(self.flops):
+            raise KindError(f"block kind {self.name!r}: flops must be a callable (cfg, seg_len, batch_size) -> float")
+
+    def build(self, cfg: ModelConfig) -> nn.Module:
+        """A fresh block; ``kind`` and ``uses_memory`` are set on it from this record."""
+        from torch import nn
+
+        factory = _resolve(self.factory, self.name) if isinstance(self.factory, str) else self.factory
+        block = factory(cfg)
+        if not isinstance(block, nn.Module):
+            raise KindError(f"block kind {self.name!r}: its factory returned {type(block).__name__}, not an nn.Module")
+        block.kind, block.uses_memory = self.name, self.uses_memory
+        return block
+
+
+def _split_target(target: str) -> tuple[str, str] | None:
+    module, sep, attr = target.partition(":")
+    ok = sep and all(p.isidentifier() for p in module.split(".")) and all(p.isidentifier() for p in attr.split("."))
+    return (module, attr) if ok else None
+
+
+def _resolve(target: str, name: str) -> Any:
+    module, attr = _split_target(target)  # type: ignore[misc]
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise KindError(f"block kind {name!r}: cannot load its factory {target!r} ({type(e).__name__}: {e})") from None
+    return obj
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, BlockKind] = {}
+_BUILTIN: tuple[str, ...] = ()
+
+
+def register(kind: BlockKind) -> BlockKind:
+    """Add ``kind``; a name or letter already taken is an error (registering the same record again is not)."""
+    if not isinstance(kind, BlockKind):
+        raise KindError(f"register expects a parnas.kinds.BlockKind, got {type(kind).__name__}")
+    old = _REGISTRY.get(kind.name)
+    if old == kind:
+        return kind
+    if old is not None:
+        raise KindError(f"block kind {kind.name!r} is already registered"
+                        f"{' (built in)' if kind.name in _BUILTIN else ''}; choose another name")
+    taken = {k.letter: k.name for k in _REGISTRY.values()}
+    if kind.letter in taken:
+        raise KindError(f"block kind {kind.name!r}: letter {kind.letter!r} is taken by {taken[kind.letter]!r}; "
+                        f"letters in use: {''.join(sorted(taken))}")
+    _REGISTRY[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    """Remove a kind registered in this process (tests, notebooks); built-ins stay."""
+    if name in _BUILTIN:
+        raise KindError(f"block kind {name!r} is built in and cannot be removed")
+    _REGISTRY.pop(name, None)
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    """Installed plugin kinds by name; reading them imports no plugin (scanned once per sys.path)."""
+    return _scan(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(path: tuple[str, ...]) -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+
+
+def names() -> tuple[str, ...]:
+    """Every known kind: built-ins, then registered ones, then plugins not loaded yet. Stable order."""
+    plugins = sorted(set(_entry_points()) - set(_REGISTRY))
+    return (*_REGISTRY, *plugins)
+
+
+def is_known(name: str) -> bool:
+    return name in _REGISTRY or name in _entry_points()
+
+
+def unknown_message(name: str) -> str:
+    return f"unknown block kind {name!r}; known kinds: {', '.join(names())}; {HOW_TO_REGISTER}"
+
+
+def get(name: str) -> BlockKind:
+    """The kind called ``name``, loading its plugin on first use."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise KindError(unknown_message(name))
+    try:
+        kind = ep.load()
+    except Exception as e:  # a broken plugin is the user's to fix: say which and why, in one line
+        raise KindError(f"block kind {name!r}: cannot load entry point {ep.value!r} "
+                        f"({type(e).__name__}: {e})") from None
+    if not isinstance(kind, BlockKind) or kind.name != name:
+        raise KindError(f"entry point {name!r} ({ep.value}) must name a parnas.kinds.BlockKind called {name!r}, "
+                        f"got {kind!r:.80}")
+    return register(kind)
+
+
+def check(kinds: Sequence[str], key: str) -> tuple[str, ...]:
+    """Config check: known, distinct, at least one (raises ConfigError naming ``key``)."""
+    for name in kinds:
+        if not isinstance(name, str) or not is_known(name):
+            raise ConfigError(f"{key}: {unknown_message(name)}")
+    if not kinds or len(set(kinds)) != len(kinds):
+        raise ConfigError(f"{key} must be distinct and non-empty, got {list(kinds)}")
+    return tuple(kinds)
+
+
+def letter(name: str) -> str:
+    """The one-letter code of a kind ('?' for a name no kind has)."""
+    try:
+        return get(name).letter
+    except KindError:
+        return "?"
+
+
+def make_block(name: str, cfg: ModelConfig) -> nn.Module:
+    """A fresh block of kind ``name`` built from ``cfg`` alone (what the cost tables time)."""
+    return get(name).build(cfg)
+
+
+# --- built-in kinds ----------------------------------------------------------------------------
+
+def _attention(cfg: ModelConfig) -> nn.Module:
+    from parnas.blocks import AttentionBlock
+
+    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+
+
+def _dense(cfg: ModelConfig) -> nn.Module:
+    from parnas.blocks import DenseBlock
+
+    return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+
+
+def _identity(cfg: ModelConfig) -> nn.Module:
+    from parnas.blocks import IdentityBlock
+
+    return IdentityBlock()
+
+
+for _kind in (
+    BlockKind("attention", _attention, True, "A", source="Dai et al. 2019, Transformer-XL relative attention"),
+    BlockKind("dense", _dense, False, "D", source="Vaswani et al. 2017, position-wise feed-forward (ReLU)"),
+    BlockKind("identity", _identity, False, "I", source="Mandava et al. 2020, PAR: skip the depth"),
+    BlockKind("conv", "parnas.variants:ConvBlock", True, "C",
+              source="So et al. 2019 (Evolved Transformer): GLU + causal depthwise-separable convolution"),
+    BlockKind("glu", "parnas.variants:GLUBlock", False, "G", source="Shazeer 2020, SwiGLU feed-forward"),
+    BlockKind("sqrelu", "parnas.variants:SquaredReLUBlock", False, "S",
+              source="So et al. 2021 (Primer): squared-ReLU feed-forward"),
+    BlockKind("compressive", "parnas.compressive:CompressiveBlock", True, "M",
+              source="Rae et al. 2019, Compressive Transformer memory"),
+    BlockKind("shared", "parnas.variants:UniversalBlock", True, "U", shared=True,
+              source="Dehghani et al. 2019, Universal Transformer: one layer reused across depth"),
+):
+    register(_kind)
+_BUILTIN = tuple(_REGISTRY)
+del _kind
