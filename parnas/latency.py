@@ -100,7 +100,7 @@ class _Stepper:
                         self.model.nll(h, y)
                     continue
                 h, self.mems = self.model(x, self.mems)
-                loss = self.model.nll(h, y).float().mean()
+                loss = self.model.nll(h, y).float().mean() + self.model.aux_loss  # aux: a compressive memory
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.train.clip:
@@ -109,7 +109,7 @@ class _Stepper:
 
 
 def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, *, mode: str = "train",
-                 rounds: int = 5, steps: int = 3, warmup: int = 2,
+                 rounds: int = 5, steps: int = 3, warmup: int = 3,
                  device: torch.device | str = "cpu") -> list[float]:
     """Median milliseconds per step of each layout, timed in interleaved rounds at ``cfg``'s shapes.
 
@@ -206,7 +206,7 @@ def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
     constant: dict[str, float] = {}
     per_kind: dict[str, dict[str, float]] = {k: {} for k in kinds}
     for mode in MODES:
-        times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, 2, device)
+        times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, 3, device)
         constant[mode] = statistics.median(times[0])
         for k, t in zip(kinds, times[1:]):  # differences within a round: a load that drifts cancels out
             per_kind[k][mode] = max(0.0, statistics.median(a - b for a, b in zip(t, times[0])) / n)
