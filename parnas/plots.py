@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from parnas.errors import ParnasError
+from parnas.files import current_umask
 
 HISTORY, ARCHITECTURE = "history.jsonl", "architecture.json"
 KIND_ORDER = ("attention", "dense", "identity")
@@ -241,7 +242,7 @@ def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~current_umask())  # the user's umask, as for any new file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Search a PAR architecture with Gumbel-DARTS and write architecture.json (inside nnictl: a trial)."""
     from parnas.config import load_config
+
+    if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
+        load_config(args.config, args.set)
     from strategies.search import run_search, trial_parameters
 
     cfg = load_config(args.config, args.set, extra=trial_parameters())
