@@ -109,8 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (2 for any user mistake, argument errors included)."""
     _quiet_imports()
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or an argument error (2, its line already printed)
+        return e.code if isinstance(e.code, int) else 2
     set_verbosity(args.verbose)
     try:
         return args.fn(args)
