@@ -63,8 +63,6 @@ def content_digest(checkpoint: Mapping[str, Any]) -> str:
         elif isinstance(value, Mapping):
             digest.update(f"M{len(value)}|".encode())
             for key in sorted(value, key=lambda k: (type(k).__name__, str(k))):
-                if value is checkpoint.get("parnas") and key == "content_sha256":
-                    continue
                 digest.update(f"{type(key).__name__}:{key!s}=".encode())
                 feed(value[key])
         elif isinstance(value, (list, tuple)):
@@ -74,6 +72,9 @@ def content_digest(checkpoint: Mapping[str, Any]) -> str:
         else:  # None, bool, int, float, str, torch.Size, ...: their repr is exact
             digest.update(f"{type(value).__name__}:{value!r}|".encode())
 
+    if isinstance(checkpoint.get("parnas"), Mapping):
+        meta = {k: v for k, v in checkpoint["parnas"].items() if k != "content_sha256"}
+        checkpoint = {**checkpoint, "parnas": meta}
     feed(checkpoint)
     return digest.hexdigest()
 
