@@ -138,7 +138,8 @@ class LanguageModelTask(LightningModule):
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
         if not torch.isfinite(nll).all():  # the weights are past saving: stop with one line, not NaN metrics
             raise ParnasError(f"the training loss is not finite at step {self.global_step + 1} "
-                              f"(train.lr={self.train_cfg.lr:g}); lower train.lr (or clip gradients: train.clip) and start again")
+                              f"(train.lr={self.train_cfg.lr:g}); lower train.lr (or clip with train.clip) "
+                              "and start again")
         self.batches_seen += 1
         self.data_position += 1
         return nll

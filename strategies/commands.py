@@ -11,9 +11,10 @@ import sys
 def cmd_search(args: argparse.Namespace) -> int:
     """Search a PAR architecture with Gumbel-DARTS and write architecture.json (inside nnictl: a trial)."""
     from parnas.config import load_config
+    from parnas.files import check_writable_dir
 
     if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
-        load_config(args.config, args.set)
+        check_writable_dir(load_config(args.config, args.set).search.out_dir)
     from strategies.search import run_search, trial_parameters
 
     cfg = load_config(args.config, args.set, extra=trial_parameters())

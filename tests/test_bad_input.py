@@ -5,6 +5,7 @@ Also what a user sees when nothing goes wrong: quiet output without a terminal, 
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,9 +129,10 @@ def unwritable(request, tmp_path):
     return tmp_path / "file" / "out"
 
 
-def test_train_and_retrain_refuse_an_output_folder_that_cannot_be_made(capsys, unwritable, micro):
-    for command, arch in (("train", []), ("retrain", ["--arch", "transformer-xl"])):
-        code, out, err = cli(capsys, command, *arch, *micro_settings(micro, unwritable))
+def test_train_retrain_and_search_refuse_an_output_folder_that_cannot_be_made(capsys, unwritable, micro):
+    for command, extra in (("train", []), ("retrain", ["--arch", "transformer-xl"]),
+                           ("search", ["--set", f"search.out_dir={unwritable}"])):
+        code, out, err = cli(capsys, command, *extra, *micro_settings(micro, unwritable))
         assert_refused(code, err, str(unwritable))
         assert not out
 
@@ -172,6 +174,18 @@ def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(capsys, micro, 
     code, _, err = cli(capsys, "train", *micro_settings(micro, tmp_path / "run", "train.lr=1e30", "train.clip=0",
                                                        "train.warmup_steps=0", "train.max_steps=20"))
     assert_refused(code, err, "not finite at step", "train.lr")
+
+
+def test_resume_after_the_tokenizer_cache_was_rebuilt(capsys, micro, tmp_path, monkeypatch):
+    """spm.model's bytes change with every build (it embeds its build path); a resume must not care."""
+    monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path / "cache"))
+    args = micro_settings(micro, tmp_path / "run", "data.tokenizer=sentencepiece", "data.vocab_size=120",
+                          "train.max_steps=4", "train.eval_every=4")
+    assert main(["train", *args, "--set", "train.stop_at=2"]) == 0
+    shutil.rmtree(tmp_path / "cache")  # e.g. the user cleared ~/.cache
+    code, _, err = cli(capsys, "train", *args, "--resume")
+    assert code == 0, err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 4
 
 
 # --- checkpoints: every part is checked -------------------------------------------------------------
