@@ -3,13 +3,15 @@
 A checkpoint is Lightning's checkpoint dict (weights, optimiser, scheduler,
 loop counters) plus a ``parnas`` section: format and version, the config, the
 architecture record, the tokenizer (its file's bytes, so sampling needs no
-corpus), the data position and training memory, and a sha256 of the weights.
+corpus), the data position and training memory, a sha256 of the weights and,
+written last, a sha256 of everything else (``content_digest``: optimiser moments,
+scheduler, counters, memory), so an edit anywhere is caught, not only in the weights.
 Every value is a tensor or plain Python data, so it loads with
 ``torch.load(..., weights_only=True)``: a checkpoint can never run code.
 
 :func:`load` is the single reader (resume, evaluate, generate): a file that is
 missing, truncated, holds anything but plain data, or whose weights no longer
-match their digest raises :class:`CheckpointError` with one line.
+match their digests raises :class:`CheckpointError` with one line.
 :class:`SafeCheckpointIO` plugs the same reader and an atomic writer into
 Lightning.
 """
@@ -17,9 +19,8 @@ Lightning.
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
-import tempfile
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,8 +30,10 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from parnas.errors import ParnasError
+from parnas.files import write_atomic
 
-FORMAT, VERSION = "parnas.checkpoint", 1
+# Version 2 adds ``content_sha256``; version 1 checkpoints hashed only the weights.
+FORMAT, VERSION = "parnas.checkpoint", 2
 
 
 class CheckpointError(ParnasError):
@@ -47,22 +50,45 @@ def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def content_digest(checkpoint: Mapping[str, Any]) -> str:
+    """sha256 over the whole checkpoint but ``parnas.content_sha256`` itself: every key, tensor
+    (name, dtype, shape, bytes) and plain value, mappings in sorted key order."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest.update(f"T|{t.dtype}|{tuple(t.shape)}|".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, Mapping):
+            digest.update(f"M{len(value)}|".encode())
+            for key in sorted(value, key=lambda k: (type(k).__name__, str(k))):
+                digest.update(f"{type(key).__name__}:{key!s}=".encode())
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"{type(value).__name__}{len(value)}|".encode())
+            for item in value:
+                feed(item)
+        else:  # None, bool, int, float, str, torch.Size, ...: their repr is exact
+            digest.update(f"{type(value).__name__}:{value!r}|".encode())
+
+    if isinstance(checkpoint.get("parnas"), Mapping):
+        meta = {k: v for k, v in checkpoint["parnas"].items() if k != "content_sha256"}
+        checkpoint = {**checkpoint, "parnas": meta}
+    feed(checkpoint)
+    return digest.hexdigest()
+
+
 def save(checkpoint: Mapping[str, Any], path: str | Path) -> Path:
-    """``torch.save`` to a temp file beside ``path``, then rename: readers see the old or the new file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(dict(checkpoint), f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide checkpoints from the user's group
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """``torch.save`` to a temp file beside ``path``, then rename: readers see the old or the new file.
+    A parnas checkpoint gets its ``content_sha256`` here, after every hook has added its part."""
+    checkpoint = dict(checkpoint)
+    if isinstance(checkpoint.get("parnas"), Mapping):
+        checkpoint["parnas"] = meta = dict(checkpoint["parnas"])
+        meta.pop("content_sha256", None)
+        meta["content_sha256"] = content_digest(checkpoint)
+    # one writer per run (a fresh run refuses a folder holding one), so any temp file beside it is stale
+    return write_atomic(path, lambda f: torch.save(checkpoint, f), "wb", stale_after=0)
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -78,16 +104,15 @@ def load(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
     except pickle.UnpicklingError as e:
-        what = _first_line(e)
-        raise CheckpointError(f"{path} holds objects other than tensors and plain data, refused unread "
-                              f"({what}); {fix}") from None
+        raise CheckpointError(f"{path} holds objects other than tensors and plain data ({_unsafe_what(e)}), "
+                              f"so it was refused unread; {fix}") from None
     except (RuntimeError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{path} is truncated or not a torch checkpoint ({_first_line(e)}); {fix}") from None
     return check(checkpoint, str(path))
 
 
 def check(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any]:
-    """The structure parnas relies on, and the weights against their digest."""
+    """The structure parnas relies on, the weights and then everything else against their digests."""
     def fail(message: str) -> None:
         raise CheckpointError(f"{source}: {message}")
 
@@ -96,9 +121,13 @@ def check(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any]:
     meta = checkpoint["parnas"]
     if meta.get("format") != FORMAT:
         fail(f"format is {meta.get('format')!r}, expected {FORMAT!r}")
+    if meta.get("version") == 1:
+        fail("written by an older parnas (checkpoint version 1, whose optimiser and training state carry no "
+             "digest), so it cannot be checked; train it again with this version")
     if meta.get("version") != VERSION:
         fail(f"version {meta.get('version')!r} is not supported (this parnas reads version {VERSION})")
-    for key, kind in (("config", dict), ("architecture", dict), ("tokenizer", dict), ("weights_sha256", str)):
+    for key, kind in (("config", dict), ("architecture", dict), ("tokenizer", dict), ("weights_sha256", str),
+                      ("content_sha256", str)):
         if not isinstance(meta.get(key), kind):
             fail(f"'parnas.{key}' is missing or not a {kind.__name__}")
     state = checkpoint.get("state_dict")
@@ -106,10 +135,23 @@ def check(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any]:
         fail("'state_dict' is missing or holds something other than tensors")
     if weights_digest(state) != meta["weights_sha256"]:
         fail("the weights do not match their recorded sha256: the file was edited or damaged")
+    if content_digest(checkpoint) != meta["content_sha256"]:
+        fail("its optimiser or training state does not match its recorded sha256: the file was edited or damaged")
     return checkpoint
 
 
+def _unsafe_what(e: BaseException) -> str:
+    """What torch's weights-only unpickler refused, without its advice to load the file unsafely."""
+    text = str(e)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it refers to {found.group(1)}"
+    return "something the safe loader does not accept"
+
+
 def _first_line(e: BaseException) -> str:
+    if "weights_only" in str(e):  # torch's advice to load unsafely is never passed on
+        return _unsafe_what(e)
     text = " ".join(str(e).strip().splitlines()[:1]) or type(e).__name__
     return text if len(text) < 200 else text[:197] + "..."
 

@@ -1,15 +1,28 @@
-"""``parnas`` command line. User mistakes exit with status 2 and one line on stderr."""
+"""``parnas`` command line. User mistakes exit with status 2 and one line on stderr.
+
+Every command reads and checks its config and arguments before it imports torch,
+Lightning or NNI (seconds to import), so a typo fails at once. Output is quiet by
+default: Lightning's and NNI's info messages only with ``--verbose``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import logging
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from parnas.errors import ParnasError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``parnas <cmd>: error: ...; see parnas <cmd> --help``), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
 def _quiet_imports() -> None:
@@ -19,18 +32,41 @@ def _quiet_imports() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")  # Lightning 2.6 on torch 2.13
 
 
+def set_verbosity(verbose: bool) -> None:
+    """Record the choice on the ``parnas`` logger; :func:`parnas.train.build_trainer` applies it to
+    Lightning and NNI once they are imported (they reset their own levels on import)."""
+    logging.getLogger("parnas").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def summary(metrics: dict[str, Any], out_dir: str) -> str:
+    """The few figures a finished training run is judged by, rounded, in one short block."""
+    tps, params = metrics.get("train_tokens_per_s"), metrics.get("parameters")
+    ppl = ", ".join(f"{name} perplexity {metrics[key]:.2f}" for name, key in (("validation", "val_ppl"),
+                                                                              ("test", "test_ppl"))
+                    if metrics.get(key) is not None)
+    lines = [f"{metrics['architecture']} after {metrics['steps']:,} steps: {ppl or 'no perplexity (not finite)'}"]
+    speed = [f"{params:,} parameters" if params else None,
+             f"{metrics['attention_blocks']} attention blocks" if "attention_blocks" in metrics else None,
+             f"{tps:,.0f} train tokens/s" if tps else None,
+             f"{metrics['eval_tokens_per_s']:,.0f} eval tokens/s" if metrics.get("eval_tokens_per_s") else None,
+             f"peak memory {metrics['peak_memory_mb']:,.0f} MB" if metrics.get("peak_memory_mb") else None]
+    lines.append("  " + ", ".join(s for s in speed if s))
+    lines.append(f"  metrics in {out_dir}/metrics.json (A=attention, D=dense, I=identity block)")
+    return "\n".join(lines)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a fixed Transformer-XL (``model.blocks``, default the standard layout) and print perplexity."""
     from parnas.config import load_config
+    from parnas.files import check_run_dir
+
+    cfg = load_config(args.config, args.set)  # before torch is imported: a mistake fails at once
+    check_run_dir(cfg.train.out_dir, args.resume)
     from parnas.train import train
 
-    cfg = load_config(args.config, args.set)
     metrics = train(cfg, resume=args.resume)
     if metrics:
-        summary = {k: metrics[k] for k in ("steps", "val_ppl", "test_ppl", "train_tokens_per_s", "parameters")}
-        print(json.dumps(summary))
-        print(f"validation perplexity {metrics['val_ppl']:.2f} after {metrics['steps']} steps "
-              f"(metrics in {cfg.train.out_dir}/metrics.json)")
+        print(summary(metrics, cfg.train.out_dir))
     return 0
 
 
@@ -41,11 +77,17 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override one setting, e.g. --set model.d_model=256 (repeatable)")
 
 
+def _add_verbose(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="show Lightning's and NNI's info messages")
+
+
 def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.Namespace], int]
                 ) -> argparse.ArgumentParser:
     """A sub-command whose help is ``fn``'s docstring; ``fn(args)`` returns the exit status."""
     p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
     p.set_defaults(fn=fn)
+    _add_verbose(p, argparse.SUPPRESS)  # `parnas -v train` and `parnas train -v` both work
     return p
 
 
@@ -56,7 +98,8 @@ COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.plot_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
+    parser = ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
+    _add_verbose(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
     p = add_command(sub, "train", cmd_train)
     add_config_args(p)
@@ -67,8 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (2 for any user mistake, argument errors included)."""
     _quiet_imports()
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or an argument error (2, its line already printed)
+        return e.code if isinstance(e.code, int) else 2
+    set_verbosity(args.verbose)
     try:
         return args.fn(args)
     except ParnasError as e:

@@ -9,6 +9,7 @@ value raises :class:`ConfigError` naming the key. Presets live as YAML files in
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,9 @@ from parnas.errors import ConfigError
 
 BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds.py)
 COMPRESS_FNS = ("mean", "max", "conv")
+# What Lightning accepts that makes sense here (its deprecated aliases "16"/"bf16" and TPUs left out).
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "64")
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,11 @@ class TrainConfig:
         _require(0 <= self.min_lr <= self.lr, "train.min_lr must be in [0, train.lr]")
         _require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
         _require(self.clip >= 0, "train.clip must be >= 0 (0 turns clipping off)")
+        _require(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(self.accelerator in ACCELERATORS,
+                 f"train.accelerator must be one of {', '.join(ACCELERATORS)}, not {self.accelerator!r}")
+        _require(self.precision in PRECISIONS,
+                 f"train.precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
 
 
 @dataclass(frozen=True)
@@ -217,6 +226,15 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
 
+    def __post_init__(self) -> None:
+        # Checked here, once, rather than inside every DDP process Lightning would start.
+        processes = self.train.devices * getattr(self.train, "num_nodes", 1)
+        for key in ("batch_size", "eval_batch_size"):
+            size = getattr(self.data, key)
+            _require(size % processes == 0,
+                     f"data.{key} ({size}) must be divisible by the {processes} processes "
+                     "(train.devices x train.num_nodes): each process reads whole streams")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -260,13 +278,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
         return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+    if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
         try:
-            return float(value)
-        except ValueError:
+            value = float(value)  # ints widen; YAML 1.1 reads "1e-3" as a string
+        except (ValueError, OverflowError):
             pass
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value}")
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
         raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
     return value

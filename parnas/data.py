@@ -2,20 +2,25 @@
 
 A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``. It is found
 (``resolve_corpus``) at an explicit path, under ``$PARNAS_DATA_DIR``, or in the cache, where
-the known public corpora are downloaded and checked against a published checksum. Token ids
-are encoded once per split and tokenizer and cached as int32 ``.npy`` beside the tokenizer
-(``load_splits``). ``ContextBatches`` walks a split as B contiguous streams, L tokens at a
-time, which is what lets Transformer-XL carry its memory from one segment to the next.
+the known public corpora are downloaded and checked against a published checksum. A corpus
+found under ``$PARNAS_DATA_DIR`` is remembered in ``<cache>/corpora.json``, so the next
+command finds it without the variable. Token ids are encoded once per split and tokenizer
+and cached as int32 ``.npy`` beside the tokenizer (``load_splits``); a cached file that is
+damaged (unreadable, truncated, ids outside the vocabulary) is reported and encoded again.
+``ContextBatches`` walks a split as B contiguous streams, L tokens at a time, which is
+what lets Transformer-XL carry its memory from one segment to the next.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import pickle
 import shutil
+import sys
 import tempfile
 import urllib.request
-import uuid
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,7 +33,8 @@ import torch
 from tqdm import tqdm
 
 from parnas.config import DataConfig
-from parnas.errors import DataError
+from parnas.errors import DataError, ParnasError
+from parnas.files import write_atomic, write_json_atomic
 from parnas.tokenizer import Tokenizer, build_tokenizer, file_digest
 
 SPLITS = ("train", "valid", "test")
@@ -112,8 +118,9 @@ def resolve_corpus(dataset: str, path: str | Path | None = None, *, cache_dir: P
     """The directory holding ``dataset``'s train.txt, valid.txt and test.txt.
 
     An explicit ``path`` wins (any text corpus; ``dataset`` then only labels it), then
-    ``$PARNAS_DATA_DIR/<dataset>/``, then ``<cache_dir>/<dataset>/``, downloaded there
-    from ``registry`` (default ``DATASETS``) if absent.
+    ``$PARNAS_DATA_DIR/<dataset>/`` (remembered in the cache when found there), then
+    ``<cache_dir>/<dataset>/``, then the folder remembered from an earlier ``$PARNAS_DATA_DIR``,
+    and last a download into ``<cache_dir>/<dataset>/`` from ``registry`` (default ``DATASETS``).
     """
     if path is not None:
         folder = Path(path).expanduser()
@@ -122,16 +129,22 @@ def resolve_corpus(dataset: str, path: str | Path | None = None, *, cache_dir: P
         _is_corpus(folder, required=True)
         return folder
     looked = []
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if os.environ.get("PARNAS_DATA_DIR"):
-        folder = Path(os.environ["PARNAS_DATA_DIR"]).expanduser() / dataset
+        folder = Path(os.environ["PARNAS_DATA_DIR"]).expanduser().absolute() / dataset
         if _is_corpus(folder):
+            _remember(cache, dataset, folder)
             return folder
         looked.append(str(folder))
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = cache / dataset
     if _is_corpus(dest):
         return dest
     looked.append(str(dest))
+    remembered = _remembered(cache).get(dataset)
+    if remembered:
+        if _is_corpus(Path(remembered)):
+            return Path(remembered)
+        looked.append(f"{remembered} (remembered in {cache / LOCATIONS})")
     registry = DATASETS if registry is None else registry
     failed = f"corpus {dataset!r} not found (looked in {', '.join(looked)})"
     where = (f"put train.txt, valid.txt and test.txt in {dest} (or in $PARNAS_DATA_DIR/{dataset}, "
@@ -140,6 +153,27 @@ def resolve_corpus(dataset: str, path: str | Path | None = None, *, cache_dir: P
         raise DataError(f"{failed} and parnas can only download {', '.join(sorted(registry))}; {where}")
     _download(dataset, registry[dataset], dest, failed=failed, where=where)
     return dest
+
+
+LOCATIONS = "corpora.json"  # in the cache: dataset -> the folder $PARNAS_DATA_DIR pointed to
+
+
+def _remembered(cache: Path) -> dict[str, str]:
+    try:
+        found = json.loads((cache / LOCATIONS).read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: the next find writes it again
+    return {k: v for k, v in found.items() if isinstance(v, str)} if isinstance(found, dict) else {}
+
+
+def _remember(cache: Path, dataset: str, folder: Path) -> None:
+    """Note where ``dataset`` was found; a cache that cannot be written only loses the convenience."""
+    known = _remembered(cache)
+    if known.get(dataset) != str(folder):
+        try:
+            write_json_atomic(cache / LOCATIONS, {**known, dataset: str(folder)})
+        except ParnasError:
+            pass
 
 
 def _download(name: str, spec: DatasetSpec, dest: Path, *, failed: str, where: str) -> None:
@@ -240,18 +274,28 @@ def load_splits(cfg: DataConfig, *, cache_dir: Path | None = None) -> tuple[Toke
     return tokenizer, splits
 
 
+def _cached_ids(cached: Path, vocab_size: int) -> np.ndarray:
+    """The ids in ``cached``, checked: a 1-D int32 array with every id inside the vocabulary."""
+    ids = np.load(cached, mmap_mode="r")
+    if ids.ndim != 1 or ids.dtype != np.int32:
+        raise ValueError(f"it holds a {ids.dtype} array of shape {ids.shape}, not 1-D int32 ids")
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"it holds ids outside the vocabulary of {vocab_size} "
+                         f"(from {int(ids.min())} to {int(ids.max())})")
+    return ids
+
+
 def _token_ids(tokenizer: Tokenizer, text_file: Path) -> np.ndarray:
     cached = tokenizer.path.parent / f"{text_file.stem}-{file_digest(text_file)[:16]}.npy"
-    if not cached.is_file():
-        ids = tokenizer.encode_file(text_file)
-        tmp = cached.with_name(f".{cached.name}.{uuid.uuid4().hex[:12]}.tmp")
+    if cached.is_file():
         try:
-            with open(tmp, "wb") as f:
-                np.save(f, ids.astype(np.int32, copy=False))
-            os.replace(tmp, cached)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            return _cached_ids(cached, tokenizer.vocab_size)
+        except (ValueError, OSError, EOFError, pickle.UnpicklingError) as e:
+            reason = " ".join(str(e).split())[:160] or type(e).__name__
+            print(f"parnas: note: the cached token ids {cached} are damaged ({reason}); encoding them again",
+                  file=sys.stderr)
+    ids = tokenizer.encode_file(text_file).astype(np.int32, copy=False)
+    write_atomic(cached, lambda f: np.save(f, ids), "wb")
     return np.load(cached, mmap_mode="r")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from parnas.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
+from parnas.files import current_umask
 from parnas.heatmap import DPI, MAX_FRAMES, HeatmapFigure, block_margins, frame_indices, heatmap_data, margin_text
 from parnas.history import KIND_ORDER, History, HistoryError, block_key, block_name, kind_colour, load_history
 
@@ -46,7 +47,7 @@ def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~current_umask())  # the user's umask, as for any new file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -32,6 +32,7 @@ from nni.nas.evaluator.pytorch import LightningModule
 from torch import Tensor, nn
 
 from parnas.config import TrainConfig
+from parnas.errors import ParnasError
 from parnas.model import Memory
 
 
@@ -136,6 +137,10 @@ class LanguageModelTask(LightningModule):
             self._restored_memory = None
         torch.manual_seed(step_seed(self.train_cfg.seed, self.global_rank, self.batches_seen))
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
+        if not torch.isfinite(nll).all():  # the weights are past saving: stop with one line, not NaN metrics
+            raise ParnasError(f"the training loss is not finite at step {self.global_step + 1} "
+                              f"(train.lr={self.train_cfg.lr:g}); lower train.lr (or clip with train.clip) "
+                              "and start again")
         self.batches_seen += 1
         self.data_position += 1
         return nll

@@ -4,6 +4,13 @@ Each is trained once on a corpus's train split and cached under
 ``<cache_dir>/tokenizers/<train sha256[:16]>-<kind>[-<model_type>-<vocab_size>]/``. That
 directory is built in a temporary directory and renamed into place, so it is complete
 or absent: a crash, or a second DDP rank racing the first, never sees half a tokenizer.
+A cached tokenizer that cannot be loaded (a damaged or emptied file) is reported in one
+line and built again.
+
+A tokenizer's identity (``sha256``, recorded in architecture JSONs and checkpoints) is a
+digest of what it does, not of incidental bytes: ``spm.model`` embeds the paths it was
+trained from and the thread count, so those are left out, and a rebuilt cache keeps
+its identity (``retrain --resume`` after a rebuild works).
 
 Conventions shared by all kinds:
 
@@ -21,6 +28,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -31,6 +39,8 @@ from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2
 
 from parnas.config import DataConfig
 from parnas.errors import DataError, TokenizerError
@@ -58,8 +68,8 @@ def read_lines(path: Path) -> Iterator[str]:
 
 
 class Tokenizer(ABC):
-    """Text <-> int ids. ``path`` is the model/vocabulary file; ``sha256`` identifies it in
-    architecture JSONs and checkpoints; ``from_cache`` says it was loaded, not trained."""
+    """Text <-> int ids. ``path`` is the model/vocabulary file; ``sha256`` identifies what the
+    tokenizer does in architecture JSONs and checkpoints; ``from_cache`` says it was loaded, not trained."""
 
     kind: str
     vocab_size: int
@@ -68,7 +78,7 @@ class Tokenizer(ABC):
 
     def __init__(self, path: Path, *, from_cache: bool = True) -> None:
         self.path = Path(path)
-        self.sha256 = file_digest(self.path)
+        self.sha256 = file_digest(self.path)  # word and char vocabularies are plain lists: their bytes are it
         self.from_cache = from_cache
 
     @abstractmethod
@@ -105,6 +115,15 @@ class Tokenizer(ABC):
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, path={str(self.path)!r})"
 
 
+def sentencepiece_identity(proto: Any) -> str:
+    """sha256 of a SentencePiece model without its incidental trainer fields: pieces, scores,
+    types, normalisation and the settings that shape encoding, as serialised by protobuf."""
+    proto = type(proto).FromString(proto.SerializeToString())  # a copy
+    for name in _INCIDENTAL_TRAINER_FIELDS:
+        proto.trainer_spec.ClearField(name)
+    return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+
+
 def _split_at_eos(ids: Sequence[int], eos: int) -> list[list[int]]:
     parts: list[list[int]] = [[]]
     for i in ids:
@@ -115,14 +134,28 @@ def _split_at_eos(ids: Sequence[int], eos: int) -> list[list[int]]:
     return parts
 
 
+# Trainer settings that say where and how fast a model was trained, not what it does.
+_INCIDENTAL_TRAINER_FIELDS = ("input", "model_prefix", "num_threads")
+
+
 class SentencePieceTokenizer(Tokenizer):
-    """A trained ``spm.model``: unk=0, eos=1, no bos or pad."""
+    """A trained ``spm.model``: unk=0, eos=1, no bos or pad. The unknown piece decodes as ``<unk>``
+    (the WikiText spelling), not SentencePiece's "⁇"."""
 
     kind = "sentencepiece"
 
     def __init__(self, path: Path, *, from_cache: bool = True) -> None:
         super().__init__(path, from_cache=from_cache)
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        proto = sentencepiece_model_pb2.ModelProto()
+        try:
+            proto.ParseFromString(self.path.read_bytes())
+        except DecodeError:
+            raise TokenizerError(f"{self.path} is not a SentencePiece model") from None
+        if not proto.pieces:
+            raise TokenizerError(f"{self.path} is not a SentencePiece model (it holds no pieces)")
+        self.sha256 = sentencepiece_identity(proto)
+        proto.trainer_spec.unk_surface = UNK
+        self.sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
         self.vocab_size = self.sp.get_piece_size()
         self.eos_id, self.unk_id = self.sp.eos_id(), self.sp.unk_id()
 
@@ -292,6 +325,25 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
     else:
         raise TokenizerError(f"unknown data.tokenizer {cfg.tokenizer!r}; choose sentencepiece, word or char")
     if (target / filename).is_file():
-        return cls(target / filename, from_cache=True)
+        try:
+            tokenizer = cls(target / filename, from_cache=True)
+            if cls is SentencePieceTokenizer and tokenizer.vocab_size != cfg.vocab_size:
+                raise TokenizerError(f"it has {tokenizer.vocab_size} pieces, not {cfg.vocab_size}")
+            return tokenizer
+        except Exception as e:  # whatever a damaged file raises, the remedy is a rebuild
+            reason = " ".join(str(e).split())[:160] or type(e).__name__
+            print(f"parnas: note: the cached tokenizer {target} is damaged ({reason}); building it again",
+                  file=sys.stderr)
+            discard(target)
     _build_once(target, filename, build)
     return cls(target / filename, from_cache=False)
+
+
+def discard(target: Path) -> None:
+    """Remove a damaged cache entry: renamed aside first (atomic), so no reader sees it half-deleted."""
+    aside = target.with_name(f".{target.name}.damaged-{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        os.rename(target, aside)
+    except FileNotFoundError:
+        return  # another process discarded it first
+    shutil.rmtree(aside, ignore_errors=True)

@@ -12,10 +12,17 @@ the segments, are what ranks divide: rank r of W reads streams
 Resume: ``<out_dir>/checkpoints/last.ckpt`` is written every ``ckpt_every``
 steps and at the end (:mod:`parnas.checkpoint`); the task restores the data
 position and memory from it and the training sampler starts where it stopped.
+A run without ``--resume`` refuses a folder that holds a run, and everything
+(folder, settings, data, resumability) is checked before any file is written.
+
+Output: Lightning's progress bar only on a terminal; otherwise (pipes, nnictl's
+trial.log) one plain line every ``log_every`` steps and after each validation.
+Lightning's and NNI's info messages only with ``parnas --verbose``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import resource
 import sys
@@ -39,7 +46,7 @@ from parnas import checkpoint as ckpt
 from parnas.config import Config, TrainConfig
 from parnas.data import ContextBatches, load_splits
 from parnas.errors import ConfigError
-from parnas.files import write_json_atomic
+from parnas.files import check_run_dir, write_json_atomic
 from parnas.model import TransformerXL, build_fixed_model
 from parnas.task import LanguageModelTask, evaluate
 from parnas.tokenizer import Tokenizer
@@ -156,6 +163,40 @@ class Throughput(pl.Callback):
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
+class PlainProgress(pl.Callback):
+    """Progress without a terminal: one line every ``every`` optimiser steps and one after each
+    validation, on rank 0, instead of a progress bar's escape codes."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self._printed = every, -1
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        if step % self.every or step == self._printed or not trainer.is_global_zero:
+            return  # (a step repeats while gradients accumulate)
+        self._printed = step
+        metrics = trainer.callback_metrics
+        parts = [f"step {step:,}/{trainer.max_steps:,}"]
+        for key, name in (("train/loss", "train loss"), ("search/tau", "tau")):
+            if key in metrics:
+                parts.append(f"{name} {float(metrics[key]):.3f}")
+        print(", ".join(parts), flush=True)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        ppl = trainer.callback_metrics.get("val/ppl")
+        if not trainer.sanity_checking and trainer.is_global_zero and ppl is not None:
+            print(f"step {trainer.global_step:,}: validation perplexity {float(ppl):.2f}", flush=True)
+
+
+def quiet_libraries() -> None:
+    """Lightning's and NNI's info messages (devices found, tips, "fit stopped") only when the
+    ``parnas`` logger asks for info (``parnas --verbose``). Called once they are imported,
+    because importing them resets their levels."""
+    verbose = 0 < logging.getLogger("parnas").level <= logging.INFO
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning", "nni"):
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+
+
 def _input_tokens(batch: Any) -> int:
     """Tokens in a batch: ``(x, y)``, or the search's ``{"train": (x, y), "val": (x, y)}`` (its train stream)."""
     if isinstance(batch, dict):
@@ -172,8 +213,11 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
                   **overrides: Any) -> pl.Trainer:
     """A Trainer that validates every ``eval_every`` optimiser steps, across epoch boundaries, and writes
     ``<out_dir>/checkpoints/last.ckpt`` every ``ckpt_every`` steps and at the end (weights-only loadable).
-    ``trainer_cls``: the search passes NNI's traced ``Trainer``, which NNI's evaluator requires."""
+    ``trainer_cls``: the search passes NNI's traced ``Trainer``, which NNI's evaluator requires.
+    A progress bar only when stdout is a terminal; otherwise plain lines (:class:`PlainProgress`)."""
+    quiet_libraries()
     out_dir = Path(out_dir)
+    progress: pl.Callback = TQDMProgressBar() if sys.stdout.isatty() else PlainProgress(cfg.log_every)
     kwargs: dict[str, Any] = dict(
         max_steps=cfg.stop_at or cfg.max_steps, max_epochs=-1,
         val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
@@ -183,7 +227,8 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         strategy="ddp_find_unused_parameters_true" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
         logger=TensorBoardLogger(out_dir, name="tensorboard", version=""),
         callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every),
-                   TQDMProgressBar(refresh_rate=1 if sys.stderr.isatty() else cfg.log_every)],
+                   progress],
+        enable_progress_bar=isinstance(progress, TQDMProgressBar),
         plugins=[ckpt.SafeCheckpointIO()], enable_checkpointing=False,
         log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
         enable_model_summary=False,
@@ -210,6 +255,7 @@ def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
 
 def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics."""
+    check_run_dir(cfg.train.out_dir, resume)
     tokenizer, splits = load_splits(cfg.data)
     layout = cfg.model.layout
     cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(layout)))
@@ -254,19 +300,20 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
 
     ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
-    continues from ``<out_dir>/checkpoints/last.ckpt``, which must exist and match ``cfg``.
+    continues from ``<out_dir>/checkpoints/last.ckpt``, which must exist and match ``cfg``;
+    without it ``out_dir`` must hold no run. Everything is checked before a file is written.
     Returns the metrics on rank 0, ``{}`` on other ranks.
     """
-    out_dir = Path(cfg.train.out_dir)
+    out_dir = check_run_dir(cfg.train.out_dir, resume)
     last = out_dir / "checkpoints" / "last.ckpt"
     if resume:
-        if not last.is_file():
-            raise ConfigError(f"nothing to resume: no checkpoint at {last}; run without --resume to start")
         check_resumable(ckpt.load(last), cfg, record, tokenizer, str(last))
+    data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
+    for split in splits:  # every split holds a segment (or raises DataError) before tensorboard/ exists
+        data.batches(split, 0, cfg.train.devices * getattr(cfg.train, "num_nodes", 1))
     meta = {"config": cfg.to_dict(), "architecture": record, "tokenizer": tokenizer_meta(tokenizer)}
     task = LanguageModelTask(cfg.train, meta)
     task.set_model(model)
-    data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
     trainer = build_trainer(cfg.train, out_dir)
     trainer.callbacks = [*trainer.callbacks, *callbacks]
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
@@ -308,24 +355,37 @@ def autocast(device: torch.device, precision: str) -> Any:
     return nullcontext()
 
 
+# Evaluation speed is quoted only when measured after WARMUP_SEGMENTS untimed segments (first calls
+# allocate, CUDA kernels load) and over at least MIN_TIMED_SECONDS: shorter timings are mostly noise.
+WARMUP_SEGMENTS, MIN_TIMED_SECONDS = 2, 1.0
+
+
+def tokens_per_s(tokens: int, seconds: float) -> float | None:
+    """``tokens / seconds``, or None when the timing is too short to mean anything."""
+    return round(tokens / seconds, 1) if seconds >= MIN_TIMED_SECONDS else None
+
+
 def split_metrics(model: TransformerXL, data: SegmentData, split: str, device: torch.device,
                   precision: str = "32-true") -> dict[str, Any]:
-    """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed."""
+    """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
+    (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS)."""
     batches = data.batches(split)
     with autocast(device, precision):
+        evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, len(batches)))), device)
         result = evaluate(model, batches, device)
     name = "val" if split == "valid" else split
     return {f"{name}_ppl": result.ppl if math.isfinite(result.ppl) else None, f"{name}_loss": result.loss,
             f"{name}_ppl_batch_mean": result.batch_mean_ppl if math.isfinite(result.batch_mean_ppl) else None,
             f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
-            f"{name}_eval_tokens_per_s": round(result.tokens_per_s, 1), f"{name}_eval_seconds": result.seconds}
+            f"{name}_eval_tokens_per_s": tokens_per_s(result.tokens, result.seconds),
+            f"{name}_eval_seconds": round(result.seconds, 3)}
 
 
 def final_metrics(model: TransformerXL, data: SegmentData, device: torch.device,
                   precision: str = "32-true") -> dict[str, Any]:
-    """Valid and test perplexity, and evaluation tokens/s over both splits."""
+    """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time)."""
     out = {**split_metrics(model, data, "valid", device, precision),
            **split_metrics(model, data, "test", device, precision)}
     seconds = out["val_eval_seconds"] + out["test_eval_seconds"]
-    out["eval_tokens_per_s"] = round((out["val_tokens"] + out["test_tokens"]) / seconds, 1)
+    out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out["test_tokens"], seconds)
     return out

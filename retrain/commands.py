@@ -1,32 +1,36 @@
 """``parnas retrain | evaluate | generate | compare``.
 
-Only argparse is imported here; each handler imports what it needs, so
-``parnas --help`` stays fast. User mistakes raise ParnasError subclasses, which
-the CLI turns into one line and exit status 2.
+Only argparse is imported here; each handler checks its arguments, config and
+output folder first and then imports what it needs, so ``parnas --help`` is fast
+and a mistake fails at once. User mistakes raise ParnasError subclasses, which
+the CLI turns into one line and exit status 2; argument types are checked by
+argparse (one line too).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import re
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the fixed model of an architecture JSON (or a named layout) from scratch, then evaluate it."""
-    from retrain.run import retrain
+    from parnas.cli import summary
+    from parnas.config import load_config
+    from parnas.files import check_run_dir
 
     overrides = list(args.set)
     for key in ("accelerator", "devices", "precision", "out_dir"):
         if getattr(args, key) is not None:
             overrides.append(f"train.{key}={getattr(args, key)}")
+    cfg = load_config(args.config, overrides)  # before torch is imported: a mistake fails at once
+    check_run_dir(cfg.train.out_dir, args.resume)
+    from retrain.run import retrain
+
     metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
-        keys = ("architecture", "steps", "val_ppl", "test_ppl", "train_tokens_per_s", "eval_tokens_per_s",
-                "peak_memory_mb", "parameters", "attention_blocks")
-        print(json.dumps({k: metrics[k] for k in keys}))
-        out = metrics["config"]["train"]["out_dir"]
-        print(f"{metrics['architecture']}: validation perplexity {metrics['val_ppl']:.2f}, "
-              f"test {metrics['test_ppl']:.2f} after {metrics['steps']} steps (metrics in {out}/metrics.json)")
+        print(summary(metrics, metrics["config"]["train"]["out_dir"]))
     return 0
 
 
@@ -34,7 +38,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Perplexity of a checkpoint on a whole split (exp of total NLL, memory carried) and evaluation tokens/s."""
     from pathlib import Path
 
-    from parnas.files import write_json_atomic
+    from parnas.errors import ParnasError
+    from parnas.files import check_writable_dir, write_json_atomic
+
+    out = Path(args.out) if args.out else None  # checked before the evaluation, not after it
+    if out is not None and out.is_dir():
+        raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
+    check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
     from retrain.evaluate import default_output, evaluate_checkpoint
     from retrain.load import device_for, load_trained, scratch_dir
 
@@ -43,11 +53,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         trained = load_trained(args.checkpoint, device, Path(tmp))
         result = evaluate_checkpoint(trained, args.split, device, args.mem_len, args.data_path)
     result["checkpoint"] = str(args.checkpoint)
-    out = args.out or default_output(args.checkpoint, args.split, result["mem_len"])
+    out = out or default_output(args.checkpoint, args.split, result["mem_len"])
     write_json_atomic(out, result)
-    print(json.dumps(result))
-    print(f"{args.split} perplexity {result['ppl']:.3f} at step {result['step']} (memory {result['mem_len']}, "
-          f"{result['eval_tokens_per_s']:,.0f} tokens/s; written to {out})")
+    speed = result["eval_tokens_per_s"]
+    timing = f"{speed:,.0f} tokens/s over {result['eval_seconds']:.1f} s" if speed else "too quick to time"
+    print(f"{args.split} perplexity {result['ppl']:.3f} at step {result['step']:,} (memory {result['mem_len']}, "
+          f"{result['tokens']:,} tokens, {timing}); written to {out}")
     return 0
 
 
@@ -70,10 +81,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """One table of finished runs: architecture, size, speed, memory and perplexity."""
-    from parnas.files import write_text_atomic
+    from pathlib import Path
+
+    from parnas.errors import ParnasError
+    from parnas.files import check_writable_dir, write_text_atomic
     from retrain.compare import markdown, rows, to_csv
 
     table = rows(args.runs)
+    if args.out:  # checked before anything is printed or written
+        for target in (Path(f"{args.out}.md"), Path(f"{args.out}.csv")):
+            if target.is_dir():
+                raise ParnasError(f"{target} is a folder; give --out a file prefix")
+        check_writable_dir(Path(f"{args.out}.md").parent)
     text = markdown(table)
     print(text, end="")
     if args.out:
@@ -83,12 +102,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(kind: type, least: float, what: str) -> object:
+    """An argparse type: a finite ``kind`` >= ``least`` (argparse reports a bad one in one line)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+        if not math.isfinite(value) or value < least:
+            raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
+        return value
+    return parse
+
+
+def _device(text: str) -> str:
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas.cli import add_command, add_config_args
 
     p = add_command(sub, "retrain", cmd_retrain)
     p.add_argument("--arch", required=True, metavar="JSON|LAYOUT",
-                   help="architecture JSON from a search, or a named layout: transformer-xl, all-attention")
+                   help="architecture JSON from a search, or a baseline at the same model.n_blocks: "
+                        "transformer-xl (attention and dense blocks alternating, so 6 blocks = 3 Transformer-XL "
+                        "layers) or all-attention")
     add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt")
     p.add_argument("--accelerator", default=None, help="auto (CUDA when present), gpu or cpu (train.accelerator)")
@@ -99,21 +139,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "evaluate", cmd_evaluate)
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by parnas, e.g. RUN/checkpoints/last.ckpt")
     p.add_argument("--split", default="valid", choices=["valid", "test"])
-    p.add_argument("--mem-len", type=int, default=None, metavar="M",
+    p.add_argument("--mem-len", type=_number(int, 0, "must be an integer >= 0"), default=None, metavar="M",
                    help="memory length at evaluation (default: the training one; longer is allowed)")
     p.add_argument("--data-path", default=None, help="corpus directory, if it moved since training")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--out", default=None, help="result JSON (default: beside the checkpoint)")
 
     p = add_command(sub, "generate", cmd_generate)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--prompt", default="", help="text to continue (default: the start of a line)")
-    p.add_argument("--tokens", type=int, default=200, help="how many tokens to sample")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 picks the most likely token")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: all)")
+    p.add_argument("--tokens", type=_number(int, 1, "must be an integer > 0"), default=200,
+                   help="how many tokens to sample")
+    p.add_argument("--temperature", type=_number(float, 0, "must be a finite number >= 0"), default=1.0,
+                   help="0 picks the most likely token")
+    p.add_argument("--top-k", type=_number(int, 0, "must be an integer >= 0"), default=0,
+                   help="sample among the K most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=0, help="same seed, checkpoint and device: same text")
-    p.add_argument("--mem-len", type=int, default=None, help="memory length (default: mem_len + seg_len)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--mem-len", type=_number(int, 0, "must be an integer >= 0"), default=None,
+                   help="memory length (default: mem_len + seg_len)")
+    p.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:N or mps")
 
     p = add_command(sub, "compare", cmd_compare)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.json")

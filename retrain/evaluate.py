@@ -13,6 +13,7 @@ at a time, carrying the memory throughout; by default the memory holds
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from retrain.load import TrainedModel
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device, mem_len: int | None = None,
                         data_path: str | None = None) -> dict[str, Any]:
-    """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried)."""
+    """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried), and
+    tokens/s when the split takes long enough to time (see :func:`parnas.train.split_metrics`)."""
     if split not in ("valid", "test"):
         raise ConfigError(f"--split must be valid or test, not {split!r}")
     cfg = trained.config
@@ -41,7 +43,8 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device,
     out = split_metrics(trained.model, data, split, device, cfg.train.precision)
     name = "val" if split == "valid" else split
     return {"split": split, "ppl": out[f"{name}_ppl"], "loss": out[f"{name}_loss"], "tokens": out[f"{name}_tokens"],
-            "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "mem_len": trained.model.mem_len,
+            "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "eval_seconds": out[f"{name}_eval_seconds"],
+            "mem_len": trained.model.mem_len,
             "step": trained.step, "corpus": str(corpus), "device": str(device)}
 
 
@@ -56,7 +59,7 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.tokens <= 0:
             raise ConfigError("--tokens must be > 0")
-        if self.temperature < 0:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
         if self.top_k < 0:
             raise ConfigError("--top-k must be >= 0 (0 keeps the whole vocabulary)")

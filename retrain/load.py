@@ -39,27 +39,39 @@ class TrainedModel:
 
 
 def device_for(name: str) -> torch.device:
-    """``auto`` is CUDA when present, else the CPU."""
+    """``auto`` is CUDA when present, else the CPU; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` must exist here."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but no CUDA device is available; use --device cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, not {name!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name} asked for, but no CUDA device is available; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: there are only {torch.cuda.device_count()} CUDA devices")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps asked for, but MPS is not available; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, not {name!r}")
+    return device
 
 
 def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tokenizer:
-    """The tokenizer whose file the checkpoint carries, checked against its recorded sha256."""
+    """The tokenizer whose file the checkpoint carries, checked against its recorded identity."""
     kind, data = meta.get("kind"), meta.get("file")
     if kind not in TOKENIZERS or not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
         raise ckpt.CheckpointError(f"{source}: its tokenizer record is missing or damaged")
     path = folder / Path(str(meta.get("filename", "tokenizer"))).name
     path.write_bytes(data.numpy().tobytes())
-    if file_digest(path) != meta.get("sha256"):
-        raise ckpt.CheckpointError(f"{source}: its tokenizer file does not match its recorded sha256")
     try:
-        return TOKENIZERS[kind](path)
+        tokenizer = TOKENIZERS[kind](path)
     except Exception as e:  # a file SentencePiece or the vocabulary reader cannot parse
         raise ckpt.CheckpointError(f"{source}: its tokenizer cannot be loaded ({e})") from None
+    if meta.get("sha256") not in (tokenizer.sha256, file_digest(path)):  # identity; older records: file bytes
+        raise ckpt.CheckpointError(f"{source}: its tokenizer file does not match its recorded sha256")
+    return tokenizer
 
 
 def load_trained(path: str | Path, device: torch.device, workdir: Path) -> TrainedModel:

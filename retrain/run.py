@@ -1,7 +1,8 @@
 """Retrain: the fixed PAR model an architecture JSON describes, trained from scratch.
 
 Order matters for the "nothing written" promise: the architecture file is read
-and validated, the config resolved, the tokenizer built and checked against the
+and validated, the config resolved, the output folder checked (writable; holding
+no earlier run unless ``--resume``), the tokenizer built and checked against the
 architecture's vocabulary, all before the run directory is touched. The model
 comes from the search-space class under ``model_context`` (``search_spaces.fixed_model``)
 so retrain and search share every line of block code, and the training itself is
@@ -30,6 +31,7 @@ from parnas.architecture import ArchitectureError
 from parnas.config import Config, load_config, parse_overrides
 from parnas.data import load_splits
 from parnas.errors import ConfigError
+from parnas.files import check_run_dir
 from parnas.tokenizer import Tokenizer
 from parnas.train import fit
 
@@ -87,6 +89,7 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
 
     source = read_architecture(arch)
     cfg = resolve_config(source, config, overrides)
+    check_run_dir(cfg.train.out_dir, resume)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
     if isinstance(source, str):

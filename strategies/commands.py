@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Search a PAR architecture with Gumbel-DARTS and write architecture.json (inside nnictl: a trial)."""
     from parnas.config import load_config
+    from parnas.files import check_writable_dir
+
+    if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
+        check_writable_dir(load_config(args.config, args.set).search.out_dir)
     from strategies.search import run_search, trial_parameters
 
     cfg = load_config(args.config, args.set, extra=trial_parameters())
@@ -29,6 +34,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                                                  ("met" if latency["within_budget"] else "NOT MET"))
             print(f"  predicted train step {latency['train_step_ms']:.1f} ms = {latency['ratio']:.2f} x "
                   f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{verdict}")
+        if search.get("fitted_to_budget"):
+            print(f"  the argmax {search['argmax']} was over the budget: exported the most probable layout within it")
         for label, probs in record["probabilities"].items():
             print(f"  {label}: " + "  ".join(f"{k} {p:.3f}" for k, p in probs.items()))
     return 0

@@ -33,7 +33,7 @@ from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data import load_splits
 from parnas.errors import ParnasError
-from parnas.files import write_text_atomic
+from parnas.files import check_writable_dir, ensure_writable_dir, write_text_atomic
 from parnas.latency import latency_table
 from parnas.plots import plot_run
 from parnas.task import LanguageModelTask, evaluate
@@ -75,7 +75,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> Path | None:
 def prepare_run_dir(run_dir: Path, ckpt: Path | None) -> None:
     """Once every check has passed: a fresh search clears stale logs; a resumed one drops the history
     written after its checkpoint (about to be redone). Lines at the checkpoint's step were written before it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(run_dir)
     history = run_dir / "history.jsonl"
     if ckpt is None:
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
@@ -201,10 +201,14 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched."""
     trial = in_nni_trial()
     run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
+    check_writable_dir(run_dir)  # creates nothing: a search refused below leaves no empty folder
     ckpt = check_run_dir(run_dir, resume)
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
+    for split in splits:  # a segment longer than a split fails here, before tensorboard/ exists
+        SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len).batches(
+            split, 0, cfg.train.devices * getattr(cfg.train, "num_nodes", 1))
 
     def report(result: Evaluated) -> None:
         if trial:

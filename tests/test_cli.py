@@ -58,6 +58,7 @@ def test_corpus_missing_and_offline(capsys, tmp_path, monkeypatch):
     spec = dataclasses.replace(DATASETS["wikitext-2"], url=(tmp_path / "nowhere.zip").as_uri(), mirrors=())
     monkeypatch.setattr(parnas.data, "DATASETS", {"wikitext-2": spec})
     monkeypatch.delenv("PARNAS_DATA_DIR", raising=False)
+    monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path / "cache"))  # nothing remembered from other tests
     code, err = run(capsys, "--config", "tiny", "--set", f"train.out_dir={tmp_path}/run")
     assert_one_line(code, err, "train.txt", "PARNAS_DATA_DIR")
 
@@ -68,5 +69,6 @@ def test_checksum_mismatch(capsys, tmp_path, monkeypatch):
     spec = dataclasses.replace(DATASETS["wikitext-2"], url=archive.as_uri(), mirrors=(), size=archive.stat().st_size)
     monkeypatch.setattr(parnas.data, "DATASETS", {"wikitext-2": spec})
     monkeypatch.delenv("PARNAS_DATA_DIR", raising=False)
+    monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path / "cache"))  # nothing remembered from other tests
     code, err = run(capsys, "--config", "tiny", "--set", f"train.out_dir={tmp_path}/run")
     assert_one_line(code, err, "checksum")

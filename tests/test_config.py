@@ -20,6 +20,12 @@ def test_presets_load_and_set_overrides_win(tmp_path):
     assert load_config(None) == Config()
 
 
+def test_settings_lightning_accepts_pass():
+    cfg = load_config("tiny", ["train.precision=bf16-mixed", "train.accelerator=gpu", "train.devices=2",
+                               "train.weight_decay=0.01"])
+    assert (cfg.train.precision, cfg.train.accelerator, cfg.train.devices) == ("bf16-mixed", "gpu", 2)
+
+
 def test_parse_overrides_nests_and_parses_yaml_values():
     assert parse_overrides(["a.b=3", "a.c=[1, 2]", "d=x"]) == {"a": {"b": 3, "c": [1, 2]}, "d": "x"}
 
@@ -41,6 +47,14 @@ def test_parse_overrides_nests_and_parses_yaml_values():
     (["data.tokenizer=bytes"], "data.tokenizer"),
     (["train.max_steps=0"], "train.max_steps"),
     (["nokey"], "key=value"),
+    (["train.precision=bogus"], "train.precision"),
+    (["train.accelerator=tpu"], "train.accelerator"),
+    (["train.weight_decay=-1"], "train.weight_decay"),
+    (["train.lr=.inf"], "train.lr must be a finite number"),
+    (["search.tau_start=.inf"], "search.tau_start must be a finite number"),
+    (["search.arch_lr=nan"], "search.arch_lr must be a finite number"),
+    (["train.devices=3"], "divisible by the 3 processes"),
+    (["train.devices=2", "data.eval_batch_size=3"], "data.eval_batch_size"),
 ])
 def test_bad_settings_raise_one_line_naming_the_problem(overrides, names):
     with pytest.raises(ConfigError, match=names.replace(".", r"\.").replace("[", r"\[")) as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -262,3 +263,45 @@ def test_token_ids_are_cached_as_npy_and_reused(tmp_path, monkeypatch):
     assert tok2.from_cache and tok2.sha256 == tok.sha256
     for split in splits:
         np.testing.assert_array_equal(again[split], splits[split])
+
+
+def _valid_ids(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", *(TEXTS[s] * 50 for s in ("train", "valid", "test")))
+    cfg = DataConfig(path=str(corpus), tokenizer="word")
+    tok, splits = load_splits(cfg)
+    npy = next(tok.path.parent.glob("valid-*.npy"))
+    return cfg, tok, np.array(splits["valid"]), npy
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "truncated", "outside the vocabulary", "wrong dtype"])
+def test_damaged_token_id_caches_are_reported_and_encoded_again(tmp_path, capsys, damage):
+    cfg, tok, ids, npy = _valid_ids(tmp_path)
+    if damage == "empty":
+        npy.write_bytes(b"")
+    elif damage == "garbage":
+        npy.write_bytes(b"\x93NUMPY but not really" * 10)
+    elif damage == "truncated":
+        npy.write_bytes(npy.read_bytes()[:-40])
+    elif damage == "outside the vocabulary":
+        np.save(npy, np.full_like(ids, tok.vocab_size + 5))
+    else:
+        np.save(npy, ids.astype(np.int64))
+    capsys.readouterr()
+    _, splits = load_splits(cfg)
+    note = capsys.readouterr().err.strip()
+    assert len(note.splitlines()) == 1 and "damaged" in note and str(npy) in note, note
+    np.testing.assert_array_equal(splits["valid"], ids)
+    _, again = load_splits(cfg)  # repaired: read quietly from now on
+    assert capsys.readouterr().err == ""
+
+
+def test_a_corpus_found_through_the_data_dir_is_found_again_without_it(tmp_path, monkeypatch):
+    data_dir = tmp_path / "data"
+    write_corpus(data_dir / "wikitext-2", *(TEXTS[s] for s in ("train", "valid", "test")))
+    monkeypatch.setenv("PARNAS_DATA_DIR", str(data_dir))
+    assert resolve_corpus("wikitext-2") == data_dir / "wikitext-2"
+    monkeypatch.delenv("PARNAS_DATA_DIR")  # the next command, in a shell without the variable
+    assert resolve_corpus("wikitext-2", registry={}) == data_dir / "wikitext-2"
+    shutil.rmtree(data_dir)
+    with pytest.raises(DataError, match="remembered"):
+        resolve_corpus("wikitext-2", registry={})

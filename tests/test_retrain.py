@@ -73,7 +73,8 @@ def test_retrained_runs_record_their_layout(trained):
     assert found["blocks"] == ["attention", "attention", "dense", "identity"] and found["architecture"] == "AADI"
     assert found["attention_blocks"] == 2 and baseline["architecture"] == "ADAD"
     for m in (found, baseline):
-        assert m["steps"] == 40 and m["val_ppl"] > 1 and m["train_tokens_per_s"] > 0 and m["eval_tokens_per_s"] > 0
+        assert m["steps"] == 40 and m["val_ppl"] > 1 and m["train_tokens_per_s"] > 0
+        assert m["eval_tokens_per_s"] is None or m["eval_tokens_per_s"] > 0  # None: too quick to time
         assert m["peak_memory_mb"] > 0 and m["parameters"] > 0 and [h["step"] for h in m["history"]] == [20, 40]
     run = trained["root"] / "aadi"
     assert architecture.read(run / "architecture.json")["architecture"] == record_for("AADI")["architecture"]
@@ -245,7 +246,8 @@ def test_damaged_or_edited_checkpoints_are_refused_never_executed(trained, tmp_p
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.ckpt"
     torch.save({"parnas": Payload(marker), "state_dict": {}}, evil)
-    assert "refused" in _evaluate_err(capsys, evil)
+    err = _evaluate_err(capsys, evil)
+    assert "refused" in err and "weights_only" not in err  # never advise loading it unsafely
     assert not marker.exists()
 
     checkpoint = torch.load(trained["root"] / "aadi/checkpoints/last.ckpt", weights_only=True)
@@ -258,6 +260,8 @@ def test_damaged_or_edited_checkpoints_are_refused_never_executed(trained, tmp_p
     checkpoint["state_dict"][name] = original
     checkpoint["parnas"]["architecture"]["architecture"]["block_3"] = "attention"  # identity weights absent
     torch.save(checkpoint, tmp_path / "layout.ckpt")
+    assert "edited" in _evaluate_err(capsys, tmp_path / "layout.ckpt")
+    ckpt.save(checkpoint, tmp_path / "layout.ckpt")  # digests made to match: the weights still do not fit
     assert "do not fit" in _evaluate_err(capsys, tmp_path / "layout.ckpt")
     assert "no checkpoint" in _evaluate_err(capsys, tmp_path / "absent.ckpt")
 
@@ -270,7 +274,8 @@ def test_evaluate_equals_the_perplexity_recorded_at_the_end_of_training(trained,
         out = tmp_path / f"{split}.json"
         assert main(["evaluate", "--checkpoint", str(last), "--split", split, "--out", str(out)]) == 0
         result = json.loads(out.read_text())
-        assert result["ppl"] == trained["found"][key] and result["eval_tokens_per_s"] > 0
+        assert result["ppl"] == trained["found"][key] and result["tokens"] > 0
+        assert result["eval_tokens_per_s"] is None or result["eval_seconds"] >= 1.0  # quoted only when timed long
         assert f"{split} perplexity" in capsys.readouterr().out
     assert main(["evaluate", "--checkpoint", str(last), "--mem-len", "48"]) == 0
     longer = json.loads((last.parent / "last.ckpt.valid-mem48.json").read_text())

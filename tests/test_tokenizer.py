@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -141,3 +142,49 @@ def test_sentencepiece_vocab_too_large_is_one_clear_line(tmp_path):
         build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=50_000), corpus, tmp_path / "cache")
     assert "\n" not in str(e.value) and "smaller data.vocab_size" in str(e.value)
     assert list((tmp_path / "cache" / "tokenizers").iterdir()) == []  # nothing half-built left behind
+
+
+def test_identity_survives_a_rebuild_of_the_cache(tmp_path):
+    """spm.model embeds the temporary path it was built in; the identity is what the tokenizer does."""
+    corpus = write_corpus(tmp_path / "c", text_slice(1000))
+    cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200)
+    first = build_tokenizer(cfg, corpus, tmp_path / "cache")
+    lines = list(read_lines(corpus / "train.txt"))[:20]
+    shutil.rmtree(tmp_path / "cache")
+    rebuilt = build_tokenizer(cfg, corpus, tmp_path / "cache")
+    elsewhere = build_tokenizer(cfg, corpus, tmp_path / "other-cache")
+    assert not rebuilt.from_cache and rebuilt.identity() == first.identity() == elsewhere.identity()
+    np.testing.assert_array_equal(rebuilt.encode_lines(lines), first.encode_lines(lines))
+    other = build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=220), corpus, tmp_path / "cache")
+    assert other.sha256 != first.sha256  # another tokenizer, another identity
+
+
+@pytest.mark.parametrize("damage", [b"", b"garbage, not a protobuf \xff\xfe"])
+def test_a_damaged_cached_model_is_reported_and_built_again(tmp_path, capsys, damage):
+    corpus = write_corpus(tmp_path / "c", text_slice(1000))
+    cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200)
+    good = build_tokenizer(cfg, corpus, tmp_path / "cache")
+    good.path.write_bytes(damage)
+    capsys.readouterr()
+    again = build_tokenizer(cfg, corpus, tmp_path / "cache")
+    note = capsys.readouterr().err.strip()
+    assert len(note.splitlines()) == 1 and "damaged" in note and "building it again" in note, note
+    assert not again.from_cache and again.sha256 == good.sha256 and again.vocab_size == 200
+    assert [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()] == [good.path.parent.name]
+
+
+def test_a_damaged_word_vocabulary_is_built_again(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "c", " a b c \n b c \n")
+    good = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    good.path.write_text("no eos or unk in here\n")
+    again = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    assert "damaged" in capsys.readouterr().err and again.sha256 == good.sha256
+
+
+def test_sentencepiece_writes_the_unknown_piece_as_unk(tmp_path):
+    corpus = write_corpus(tmp_path / "c", text_slice(1000))
+    tok = build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=200), corpus, tmp_path / "cache")
+    ids = tok.encode("the \u6f22 cat")  # a character the corpus never had
+    assert tok.unk_id in ids
+    text = tok.decode(ids)
+    assert text == "the <unk> cat" and "\u2047" not in text
