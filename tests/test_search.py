@@ -220,7 +220,7 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
     ("search.penalty_weight=-0.1", "search.penalty_weight must be >= 0"),
     ("search.latency_budget=0", "search.latency_budget must be in (0, 1]"),
     ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),
-    ("search.latency_budget=.nan", "search.latency_budget must be in (0, 1]"),
+    ("search.latency_budget=.nan", "search.latency_budget must be a finite number"),
     ("search.latency_budget=fast", "search.latency_budget must be float"),
     ("search.latency_budget=0.65 --set search.penalty_weight=0.1", "are exclusive"),
     ("search.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
