@@ -183,8 +183,14 @@ class PlainProgress(pl.Callback):
         print(", ".join(parts), flush=True)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        ppl = trainer.callback_metrics.get("val/ppl")
-        if not trainer.sanity_checking and trainer.is_global_zero and ppl is not None:
+        metrics = trainer.callback_metrics
+        ppl = metrics.get("val/ppl")
+        if trainer.sanity_checking or not trainer.is_global_zero or ppl is None:
+            return
+        if "val/ppl_exported" in metrics:  # a search: the exported architecture's own, and the supernet's
+            print(f"step {trainer.global_step:,}: validation perplexity {float(metrics['val/ppl_exported']):.2f} "
+                  f"exported architecture, {float(ppl):.2f} supernet", flush=True)
+        else:
             print(f"step {trainer.global_step:,}: validation perplexity {float(ppl):.2f}", flush=True)
 
 
