@@ -47,7 +47,8 @@ def rows(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     return [{key: m.get(key) for _, key, _ in COLUMNS} for m in map(read_run, run_dirs)]
 
 
-def _cell(value: Any, fmt: str) -> str:
+def cell(value: Any, fmt: str) -> str:
+    """A table cell: ``fmt`` applied where it applies, '-' for a missing value."""
     if value is None:
         return "-"
     try:
@@ -60,7 +61,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
     head = [h for h, _, _ in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
     for row in table:
-        lines.append("| " + " | ".join(_cell(row[key], fmt) for _, key, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join(cell(row[key], fmt) for _, key, fmt in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from parnas.files import write_json_atomic, write_text_atomic
+from retrain.compare import cell
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 SPEEDUP = 0.30  # "faster": a measured train step at least 30% shorter than Transformer-XL's
@@ -181,12 +182,7 @@ def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, A
 # --- files ---------------------------------------------------------------------------------------------
 
 def _fmt(value: Any, fmt: str = "{:.2f}") -> str:
-    if value is None:
-        return "-"
-    try:
-        return fmt.format(value)
-    except (ValueError, TypeError):
-        return str(value)
+    return cell(value, fmt)
 
 
 def _pm(mean: float | None, std: float | None, fmt: str) -> str:
