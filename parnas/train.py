@@ -28,7 +28,7 @@ import resource
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -163,6 +163,15 @@ class Throughput(pl.Callback):
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
+class StepsTakenLogger(TensorBoardLogger):
+    """TensorBoard with steps counted as optimiser steps taken, as history.jsonl, metrics.json and NNI count
+    them: Lightning logs a batch's metrics (and a validation after step N) under the count of steps
+    finished before that batch, one less (N-1)."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, None if step is None else step + 1)
+
+
 class PlainProgress(pl.Callback):
     """Progress without a terminal: one line every ``every`` optimiser steps and one after each
     validation, on rank 0, instead of a progress bar's escape codes."""
@@ -231,7 +240,7 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         accelerator=cfg.accelerator, devices=cfg.devices, precision=cfg.precision,
         # adaptive softmax leaves a tail cluster unused when no target of a batch falls in it
         strategy="ddp_find_unused_parameters_true" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
-        logger=TensorBoardLogger(out_dir, name="tensorboard", version=""),
+        logger=StepsTakenLogger(out_dir, name="tensorboard", version=""),
         callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every),
                    progress],
         enable_progress_bar=isinstance(progress, TQDMProgressBar),

@@ -211,6 +211,14 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
     last = search.module.last_evaluation
     assert last.step == 20 and last.val_ppl == evaluations[-1]["val_ppl"]
 
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    steps = {tag: [e.step for e in board.Scalars(tag)] for tag in ("prob/block_0/attention", "val/ppl_exported")}
+    assert steps == {"prob/block_0/attention": [5, 10, 15, 20], "val/ppl_exported": [10, 20]}  # as history counts
+
 
 @pytest.mark.parametrize("setting, needle", [
     ("search.nonsense=1", "unknown config key search.nonsense"),
