@@ -49,6 +49,14 @@ def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None) -> 
     return model.nll(h, y), mems
 
 
+def adam(params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.Adam:
+    """Adam with torch's fused kernel (one pass per parameter on the CPU and CUDA; the
+    per-op ``foreach`` path spent ~8% of a CPU step), where every parameter allows it."""
+    params = list(params)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params) or None
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=fused)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     nll: float  # total negative log-likelihood, nats
@@ -148,7 +156,7 @@ class LanguageModelTask(LightningModule):
 
     def configure_optimizers(self) -> Any:
         cfg = self.train_cfg
-        optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_multiplier(step, cfg.warmup_steps, cfg.max_steps, cfg.min_lr / cfg.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
