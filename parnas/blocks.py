@@ -37,12 +37,12 @@ class _KeepScale(torch.autograd.Function):
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        return torch.where(keep, x, 0.0).mul_(scale)  # where, not mul: a bool factor would be cast to float
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None, None
 
 
 class _ReLUKeepScale(torch.autograd.Function):
@@ -52,7 +52,7 @@ class _ReLUKeepScale(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
-        out = x.mul(keep).clamp_min_(0.0).mul_(scale)
+        out = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
         ctx.save_for_backward(out)
         ctx.scale = scale
         return out
@@ -60,7 +60,7 @@ class _ReLUKeepScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (out,) = ctx.saved_tensors
-        return grad.mul(out > 0).mul_(ctx.scale), None, None
+        return torch.where(out > 0, grad, 0.0).mul_(ctx.scale), None, None
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -130,6 +130,14 @@ def causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Ten
         return torch.zeros(L, M + L, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
 
 
+def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float) -> Tensor:
+    """``F.scaled_dot_product_attention`` over (H, B) batches: the path off the CPU, where SDPA's
+    fused kernels take the position bias. Shapes as :meth:`AttentionBlock._attend`."""
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                          attn_mask=bias.transpose(0, 1), dropout_p=dropout_p,
+                                          scale=scale).transpose(0, 1)
+
+
 class AttentionBlock(nn.Module):
     """Relative multi-head self-attention over [memory; segment], causal."""
 
@@ -150,36 +158,40 @@ class AttentionBlock(nn.Module):
         self.dropatt, self.pre_norm = dropatt, pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+        # heads lead the batch order (H, B): the position scores are then one bmm per head over all
+        # B*L queries, read in place from the projection (no copy of q, no B copies of r)
         B, L, D = h.shape
         M, H, Dh = mem.size(1), self.n_heads, self.d_head
         K = M + L
         c = torch.cat([mem, h], dim=1) if M else h  # (B, K, D)
         if self.pre_norm:
             c = self.norm(c)
-        q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
-        k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, Dh)
+        q = self.q(c[:, M:] if self.pre_norm else h).view(B * L, H, Dh)  # (B*L, H, Dh)
+        k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 3, 0, 1, 4)  # 2 x (H, B, K, Dh)
         r = F.pad(self.r(pos).view(K, H, Dh).permute(1, 2, 0), (1, 0))  # (H, Dh, 1+K), zero column first
         scale = 1.0 / math.sqrt(Dh)
-        position = rel_shift((q + self.v[:, None]) @ r)  # (B, H, L, K)
-        bias = torch.add(causal_bias(L, M, h.device, position.dtype), position, alpha=scale)  # (B, H, L, K)
+        position = torch.bmm((q + self.v).transpose(0, 1), r)  # (H, B*L, 1+K)
+        position = rel_shift(position.view(H, B, L, 1 + K))  # (H, B, L, K)
+        bias = torch.add(causal_bias(L, M, h.device, position.dtype), position, alpha=scale)  # (H, B, L, K)
+        q = (q + self.u).view(B, L, H, Dh).permute(2, 0, 1, 3)  # (H, B, L, Dh)
         if h.device.type == "cpu":
-            a = self._attend(q + self.u[:, None], k, v, bias, scale)
+            a = self._attend(q, k, v, bias, scale)
         else:
-            a = F.scaled_dot_product_attention(q + self.u[:, None], k, v, attn_mask=bias,
-                                               dropout_p=self.dropatt if self.training else 0.0, scale=scale)
-        a = self.out(a.transpose(1, 2).reshape(B, L, D))  # (B, L, D)
+            a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0)
+        a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, D))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-        """softmax(bias + scale q k^T) v, what SDPA computes. On the CPU SDPA takes its math path for a
-        bias that needs a gradient, which adds safe-softmax passes this causal mask never needs
-        (every query sees itself); one ``baddbmm`` also folds the bias add into the product."""
-        B, H, L, Dh = q.shape
+        """softmax(bias + scale q k^T) v over (H, B) batches, what SDPA computes. On the CPU SDPA takes
+        its math path for a bias that needs a gradient, which adds safe-softmax passes this causal
+        mask never needs (every query sees itself); one ``baddbmm`` also folds the bias add into
+        the product. q (H, B, L, Dh), k and v (H, B, K, Dh), bias (H, B, L, K) -> (H, B, L, Dh)"""
+        H, B, L, Dh = q.shape
         K = k.size(2)
-        scores = torch.baddbmm(bias.view(B * H, L, K), q.reshape(B * H, L, Dh),
-                               k.reshape(B * H, K, Dh).transpose(1, 2), alpha=scale)  # (B*H, L, K)
+        scores = torch.baddbmm(bias.view(H * B, L, K), q.reshape(H * B, L, Dh),
+                               k.reshape(H * B, K, Dh).transpose(1, 2), alpha=scale)  # (H*B, L, K)
         weights = dropout(scores.softmax(-1), self.dropatt, self.training)
-        return torch.bmm(weights, v.reshape(B * H, K, Dh)).view(B, H, L, Dh)
+        return torch.bmm(weights, v.reshape(H * B, K, Dh)).view(H, B, L, Dh)
 
 
 class DenseBlock(nn.Module):

@@ -23,6 +23,7 @@ from parnas.blocks import (
     dropout,
     rel_shift,
     relu_dropout,
+    sdpa,
 )
 from parnas.config import ModelConfig
 from parnas.model import build_fixed_model
@@ -137,15 +138,19 @@ def test_training_step_matches_the_previous_path_with_dropout_off(layout, pre_no
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-def test_cpu_attention_equals_sdpa_the_cuda_path():
+@pytest.mark.parametrize("M", [0, 7])
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_cpu_attention_equals_sdpa_the_path_off_the_cpu(M, pre_norm):
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0, pre_norm=False)
-    B, H, L, M, Dh = 2, 3, 5, 7, 8
-    q, k, v = torch.randn(B, H, L, Dh), torch.randn(B, H, M + L, Dh), torch.randn(B, H, M + L, Dh)
-    bias = torch.randn(B, H, L, M + L) + causal_bias(L, M, q.device, q.dtype)
-    ours = block._attend(q, k, v, bias, 0.3)
-    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.3),
-                               atol=1e-5, rtol=1e-5)
+    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0, pre_norm=pre_norm)
+    with torch.no_grad():
+        block.u.normal_()
+        block.v.normal_()
+    h, mem, pos = torch.randn(2, 5, 24), torch.randn(2, M, 24), torch.randn(M + 5, 24)
+    ours = block(h, mem, pos)
+    block._attend = lambda q, k, v, bias, scale: sdpa(q, k, v, bias, scale, 0.0)  # what CUDA runs
+    torch.testing.assert_close(block(h, mem, pos), ours, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, old_attention(block, h, mem, pos), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("M", [0, 3])
