@@ -22,65 +22,37 @@ from parnas.config import ModelConfig
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> Tensor:
-    """Bernoulli(1 - p) keep mask from torch's generator, one 31-bit integer draw per entry.
+    """Inverted-dropout factors, float32: 1/(1-p) with probability 1 - p, else 0.
 
-    P(keep) is 1 - p to within 2^-32 (float32 ``rand`` would give 2^-24). On the CPU this is
-    about twice as fast as ``bernoulli_``, the bulk of dropout's cost there."""
+    One 31-bit integer draw per entry from torch's generator, compared in float32 (P(keep) is
+    1 - p to within 1e-8). Float factors make applying the mask, forward and backward, one
+    vectorised multiply; on the CPU ``bernoulli_`` and ops on bool masks cost several times more.
+    """
     bits = torch.empty(shape, dtype=torch.int32, device=device).random_()  # uniform on [0, 2^31)
-    return bits >= round(p * 2**31)
-
-
-class _KeepScale(torch.autograd.Function):
-    """x * keep * scale, saving only the bool mask for backward (as ``native_dropout`` does)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, x, 0.0).mul_(scale)  # where, not mul: a bool factor would be cast to float
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None, None
-
-
-class _ReLUKeepScale(torch.autograd.Function):
-    """relu(x) * keep * scale in one node. Backward needs no mask: the output is > 0 exactly
-    where both the ReLU and the mask let x through, and the output is kept anyway by the
-    linear layer that reads it."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
-        out = torch.where(keep, x, 0.0).clamp_min_(0.0).mul_(scale)
-        ctx.save_for_backward(out)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        (out,) = ctx.saved_tensors
-        return torch.where(out > 0, grad, 0.0).mul_(ctx.scale), None, None
+    return bits.float().ge_(p * 2**31).mul_(1.0 / (1.0 - p))
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Inverted dropout: each entry zeroed with probability p, the rest scaled by 1/(1-p).
 
-    No op at p = 0 or in evaluation. On the CPU the mask is :func:`keep_mask`; on other devices
-    it is torch's fused ``F.dropout``. Either way it comes from torch's generator, so
-    ``torch.manual_seed`` fixes it."""
+    No op at p = 0 or in evaluation. For float32 on the CPU the mask is :func:`keep_mask`
+    (autograd keeps it for backward: 4 bytes an entry where torch keeps a 1-byte bool);
+    elsewhere it is torch's fused ``F.dropout``. Either way it comes from torch's generator,
+    so ``torch.manual_seed`` fixes it."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or x.dtype != torch.float32:
         return F.dropout(x, p, True)
-    return _KeepScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
+    return x * keep_mask(x.shape, p, x.device)
 
 
 def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``dropout(relu(x))`` (same masks, same random draws), one autograd node on the CPU."""
-    if not training or p == 0.0 or x.device.type != "cpu":
+    """``dropout(relu(x))``, the same masks from the same draws. On the CPU relu(x * mask): the
+    ReLU runs in place and its output is the one the next layer keeps, so backward holds one
+    tensor fewer than torch's ReLU then dropout."""
+    if not training or p == 0.0 or x.device.type != "cpu" or x.dtype != torch.float32:
         return dropout(F.relu(x), p, training)
-    return _ReLUKeepScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - p))
+    return torch.relu_(x * keep_mask(x.shape, p, x.device))
 
 
 class Dropout(nn.Dropout):
