@@ -1,30 +1,54 @@
-"""Training throughput of the fixed model at the reference configuration.
+"""Training throughput of the fixed model, side by side with its previous path and Dai et al.'s code.
 
 Times full optimiser steps (forward, backward, clipping, Adam) with the memory
-carried, on Zipf-distributed token ids (adaptive softmax cost depends on how
-often the tail clusters are hit, so uniform ids would be unrealistically slow).
-Prints train tokens/s and peak RSS for each layout.
+carried, on one Zipf-distributed token stream (adaptive softmax cost depends on
+how often the tail clusters are hit, so uniform ids would be unrealistically
+slow). Every implementation is built once; each round then runs ``--steps``
+steps of each, in an order that rotates from round to round, so a busy machine
+slows all of them alike. Prints each one's median tokens/s over the rounds and
+the median over rounds of the same-round ratios.
 
-    python benchmarks/train_step.py                 # both reference layouts
-    python benchmarks/train_step.py --steps 50 --set model.d_model=256
+Implementations:
+  parnas            the library as it is
+  previous          the same model through the path it replaced: torch's dropout, the
+                    concatenating rel-shift and fresh causal mask with SDPA, memory by
+                    concatenation, nn.AdaptiveLogSoftmaxWithLoss's forward, per-tensor Adam
+  previous <part>   (--ablate) parnas with only <part> on its previous path: the ratio
+                    parnas / this is what the change of <part> bought
+  reference         (--peer-dir) Dai et al.'s MemTransformerLM, imported from a local checkout
+                    of the pytorch/ folder of github.com/kimiyoung/transformer-xl, at the same
+                    configuration, with its train.py's defaults (tied adaptive input/output,
+                    plain Adam)
+
+    python benchmarks/train_step.py                                  # parnas vs previous
+    python benchmarks/train_step.py --peer-dir /tmp/txl-ref/pytorch  # + Dai et al.
+    python benchmarks/train_step.py --ablate --rounds 7              # what each change bought
+    python benchmarks/train_step.py --blocks ADADAD                  # another layout
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import math
+import statistics
+import sys
 import time
+import types
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from parnas.architecture import layout_string
+from parnas.blocks import AttentionBlock, Dropout, ReLUDropout
 from parnas.config import load_config
-from parnas.model import build_fixed_model
+from parnas.model import TransformerXL, build_fixed_model
+from parnas.task import adam
 
-LAYOUTS = {
-    "par-alternating (6 blocks: A D A D A D)": ["attention", "dense"] * 3,
-    "transformer-xl (6 layers = 12 blocks: A D x 6)": ["attention", "dense"] * 6,
-}
+KINDS = {"A": "attention", "D": "dense", "I": "identity"}
 
 
 def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
@@ -36,7 +60,7 @@ def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
 def time_steps(model: torch.nn.Module, params: list[list[torch.nn.Parameter]], cfg, vocab_size: int,
                steps: int, warmup: int) -> float:
     """Seconds per optimiser step: forward, backward, clipping of ``params[0]``, one Adam per parameter list."""
-    optimizers = [torch.optim.Adam(p, lr=cfg.train.lr, foreach=True) for p in params]
+    optimizers = [adam(p, lr=cfg.train.lr) for p in params]
     B, L = cfg.data.batch_size, cfg.data.seg_len
     stream = zipf_ids(B * L * (steps + warmup) + 1, vocab_size)
     mems, start = None, 0.0
@@ -56,12 +80,142 @@ def time_steps(model: torch.nn.Module, params: list[list[torch.nn.Parameter]], c
     return (time.perf_counter() - start) / steps
 
 
-def bench(layout: list[str], cfg, vocab_size: int, steps: int, warmup: int) -> float:
-    """Train tokens/s of the fixed model with ``layout``."""
+# --- parnas's previous path, part by part (the library's code before it was replaced) -------------
+
+def _old_rel_shift(x: Tensor) -> Tensor:
+    *batch, L, K = x.shape
+    x = F.pad(x, (1, 0))  # (..., L, K+1)
+    x = x.view(*batch, K + 1, L)[..., 1:, :]  # (..., K, L)
+    return x.reshape(*batch, L, K)
+
+
+def _old_attention(self: AttentionBlock, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+    B, L, D = h.shape
+    M, H, Dh = mem.size(1), self.n_heads, self.d_head
+    K = M + L
+    c = torch.cat([mem, h], dim=1)  # (B, K, D)
+    if self.pre_norm:
+        c = self.norm(c)
+    q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
+    k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, Dh)
+    r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)  # (H, Dh, K)
+    scale = 1.0 / math.sqrt(Dh)
+    position = _old_rel_shift((q + self.v[:, None]) @ r)  # (B, H, L, K)
+    future = torch.ones(L, K, dtype=torch.bool, device=h.device).triu_(M + 1)  # (L, K)
+    bias = (position * scale).masked_fill_(future, float("-inf"))  # (B, H, L, K)
+    a = F.scaled_dot_product_attention(q + self.u[:, None], k, v, attn_mask=bias,
+                                       dropout_p=self.dropatt if self.training else 0.0, scale=scale)
+    a = self.out(a.transpose(1, 2).reshape(B, L, D))  # (B, L, D)
+    return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
+
+
+def _old_dropout(self: nn.Dropout, x: Tensor) -> Tensor:
+    return F.dropout(x, self.p, self.training)
+
+
+def _old_relu_dropout(self: nn.Dropout, x: Tensor) -> Tensor:
+    return F.dropout(F.relu(x), self.p, self.training)
+
+
+def _old_update(self: TransformerXL, mem: Tensor, h: Tensor) -> Tensor:
+    both = torch.cat([mem, h], dim=1)  # (B, M+L, D)
+    return both[:, max(0, both.size(1) - self.mem_len):].detach()
+
+
+def _old_nll(self: nn.Module, h: Tensor, y: Tensor) -> Tensor:
+    flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
+    return -self.adaptive(flat_h, flat_y).output.view(y.shape)
+
+
+def _patch(modules: list[nn.Module], name: str, fn: Callable) -> None:
+    for m in modules:
+        setattr(m, name, types.MethodType(fn, m))
+
+
+def use_previous(model: TransformerXL, part: str) -> None:
+    """Put ``part`` of ``model`` back on its previous path (adam is chosen in :func:`parnas_step`)."""
+    mods = list(model.modules())
+    if part == "dropout":
+        _patch([m for m in mods if type(m) is Dropout], "forward", _old_dropout)
+        _patch([m for m in mods if type(m) is ReLUDropout], "forward", _old_relu_dropout)
+    elif part == "attention":
+        _patch([m for m in mods if isinstance(m, AttentionBlock)], "forward", _old_attention)
+    elif part == "memory":
+        _patch([model], "_update", _old_update)
+    elif part == "head":
+        if hasattr(model.head, "adaptive"):
+            _patch([model.head], "nll", _old_nll)
+
+
+PARTS = ("dropout", "attention", "memory", "head", "adam")
+
+
+def parnas_step(cfg, vocab_size: int, layout: list[str], previous: tuple[str, ...]) -> Callable[[Tensor], None]:
+    """One training step of the fixed model, ``previous`` parts on their old paths."""
     torch.manual_seed(0)
     model = build_fixed_model(cfg.model, vocab_size, layout).train()
-    seconds = time_steps(model, [list(model.parameters())], cfg, vocab_size, steps, warmup)
-    return cfg.data.batch_size * cfg.data.seg_len / seconds
+    for part in previous:
+        use_previous(model, part)
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=cfg.train.lr) if "adam" in previous else adam(params, lr=cfg.train.lr)
+    mems = None
+
+    def step(tokens: Tensor) -> None:  # tokens (B, L+1)
+        nonlocal mems
+        h, mems = model(tokens[:, :-1], mems)
+        loss = model.nll(h, tokens[:, 1:]).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.clip)
+        optimizer.step()
+    return step
+
+
+# --- Dai et al.'s reference, imported from a local checkout --------------------------------------
+
+def reference_step(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> Callable[[Tensor], None]:
+    """A training step of Dai et al.'s MemTransformerLM as its train.py takes it (adaptive softmax
+    with tied input/output, plain Adam, clip), time-major (L, B) as it expects."""
+    sys.path[:0] = [str(peer_dir), str(peer_dir / "utils")]
+    if torch.version.cuda is None:  # read at import for a branch the file has commented out
+        torch.version.cuda = "0.0"
+        from mem_transformer import MemTransformerLM
+        torch.version.cuda = None
+    else:
+        from mem_transformer import MemTransformerLM
+    m = cfg.model
+    torch.manual_seed(0)
+    model = MemTransformerLM(vocab_size, n_layer, m.n_heads, m.d_model, m.d_model // m.n_heads, m.d_ff,
+                             m.dropout, m.dropatt, tie_weight=True, d_embed=m.d_model, div_val=int(m.div_value),
+                             tie_projs=[False] + [True] * len(m.cutoffs), pre_lnorm=m.pre_norm,
+                             tgt_len=cfg.data.seg_len, ext_len=0, mem_len=m.mem_len, cutoffs=list(m.cutoffs),
+                             same_length=False, attn_type=0, clamp_len=-1, sample_softmax=-1).train()
+    for name, p in model.named_parameters():  # its train.py initialises; several are torch.Tensor(...) garbage
+        with torch.no_grad():
+            if "layer_norm.weight" in name:
+                p.fill_(1.0)
+            elif p.dim() == 1:
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+    for layer in model.layers:  # it builds uint8 masks, which masked_fill no longer takes
+        attn = layer.dec_attn
+        attn.forward = types.MethodType(
+            lambda self, w, r, rw, rr, attn_mask=None, mems=None, inner=attn.forward:
+            inner(w, r, rw, rr, attn_mask=None if attn_mask is None else attn_mask.bool(), mems=mems), attn)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
+    mems: tuple = ()
+
+    def step(tokens: Tensor) -> None:  # tokens (B, L+1)
+        nonlocal mems
+        data, target = tokens[:, :-1].t().contiguous(), tokens[:, 1:].t().contiguous()  # (L, B)
+        model.zero_grad()
+        ret = model(data, target, *mems)
+        loss, mems = ret[0], tuple(ret[1:])
+        loss.float().mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        optimizer.step()
+    return step
 
 
 def main() -> None:
@@ -69,19 +223,71 @@ def main() -> None:
     parser.add_argument("--config", default="wt2-seed")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--vocab-size", type=int, default=12000)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--blocks", default="", help="letter code, e.g. ADADAD (default: the standard "
+                        "Transformer-XL, attention and dense alternating, 12 blocks)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per implementation per round")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--peer-dir", type=Path, help="local checkout of transformer-xl's pytorch/ folder")
+    parser.add_argument("--ablate", action="store_true", help="also time parnas with one part on its previous path")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.set)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {cfg.data.batch_size} x "
-          f"segment {cfg.data.seg_len}, memory {cfg.model.mem_len}, d_model {cfg.model.d_model}, "
-          f"heads {cfg.model.n_heads}, d_ff {cfg.model.d_ff}, vocab {args.vocab_size}, "
-          f"cutoffs {list(cfg.model.cutoffs)}")
-    for name, layout in LAYOUTS.items():
-        tps = bench(layout, cfg, args.vocab_size, args.steps, args.warmup)
-        print(f"{name:48s} {tps:9,.0f} train tokens/s")
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS {peak_mib:,.0f} MiB")
+    layout = [KINDS[c] for c in args.blocks.upper()] or ["attention", "dense"] * 6
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+
+    steps: dict[str, Callable[[Tensor], None]] = {
+        "parnas": parnas_step(cfg, args.vocab_size, layout, ()),
+        "previous": parnas_step(cfg, args.vocab_size, layout, PARTS),
+    }
+    if args.ablate:
+        steps.update({f"previous {p}": parnas_step(cfg, args.vocab_size, layout, (p,)) for p in PARTS})
+    if args.peer_dir:
+        if layout != ["attention", "dense"] * (len(layout) // 2):
+            parser.error("--peer-dir compares the standard layout only (attention, dense, ...): drop --blocks")
+        steps["reference"] = reference_step(args.peer_dir, cfg, args.vocab_size, len(layout) // 2)
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {layout_string(layout)} "
+          f"({len(layout)} blocks), batch {B} x segment {L}, memory {cfg.model.mem_len}, d_model {cfg.model.d_model}, "
+          f"heads {cfg.model.n_heads}, d_ff {cfg.model.d_ff}, dropout {cfg.model.dropout}, vocab {args.vocab_size}, "
+          f"cutoffs {list(cfg.model.cutoffs)} div {cfg.model.div_value:g}")
+    print(f"{args.rounds} rounds x {args.steps} steps per implementation (after {args.warmup} warm-up steps), "
+          f"order rotating")
+    names = list(steps)
+    n_tokens = B * (L * (args.warmup + args.rounds * args.steps) + 1)
+    stream = zipf_ids(n_tokens, args.vocab_size).view(B, -1)  # B streams, read segment by segment
+    position = dict.fromkeys(names, 0)
+
+    def run(name: str, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            t = position[name]
+            steps[name](stream[:, t:t + L + 1])
+            position[name] = t + L
+        return n * B * L / (time.perf_counter() - start)
+
+    for name in names:
+        run(name, args.warmup)
+    tps: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            tps[name].append(run(name, args.steps))
+
+    for name in names:
+        rounds = ", ".join(f"{t:,.0f}" for t in tps[name])
+        print(f"{name:20s} {statistics.median(tps[name]):9,.0f} train tokens/s   (rounds: {rounds})")
+
+    def ratio(a: str, b: str) -> None:
+        same_round = [x / y for x, y in zip(tps[a], tps[b])]
+        print(f"ratio {a} / {b}: {statistics.median(same_round):.2f}x "
+              f"(median of same-round ratios; range {min(same_round):.2f}-{max(same_round):.2f})")
+
+    if "reference" in steps:
+        ratio("parnas", "reference")
+    for name in names:
+        if name.startswith("previous"):
+            ratio("parnas", name)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ One signature is what lets NNI call every candidate of a ``LayerChoice`` alike.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,54 @@ from torch import Tensor, nn
 
 from parnas import kinds
 from parnas.config import ModelConfig
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> Tensor:
+    """Inverted-dropout factors, float32: 1/(1-p) with probability 1 - p, else 0.
+
+    One 31-bit integer draw per entry from torch's generator, compared in float32 (P(keep) is
+    1 - p to within 1e-8). Float factors make applying the mask, forward and backward, one
+    vectorised multiply; on the CPU ``bernoulli_`` and ops on bool masks cost several times more.
+    """
+    bits = torch.empty(shape, dtype=torch.int32, device=device).random_()  # uniform on [0, 2^31)
+    return bits.float().ge_(p * 2**31).mul_(1.0 / (1.0 - p))
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout: each entry zeroed with probability p, the rest scaled by 1/(1-p).
+
+    No op at p = 0 or in evaluation. For float32 on the CPU the mask is :func:`keep_mask`
+    (autograd keeps it for backward: 4 bytes an entry where torch keeps a 1-byte bool);
+    elsewhere it is torch's fused ``F.dropout``. Either way it comes from torch's generator,
+    so ``torch.manual_seed`` fixes it."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return F.dropout(x, p, True)
+    return x * keep_mask(x.shape, p, x.device)
+
+
+def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """``dropout(relu(x))``, the same masks from the same draws. On the CPU relu(x * mask): the
+    ReLU runs in place and its output is the one the next layer keeps, so backward holds one
+    tensor fewer than torch's ReLU then dropout."""
+    if not training or p == 0.0 or x.device.type != "cpu" or x.dtype != torch.float32:
+        return dropout(F.relu(x), p, training)
+    return torch.relu_(x * keep_mask(x.shape, p, x.device))
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` computed by :func:`dropout`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+
+class ReLUDropout(nn.Dropout):
+    """ReLU then dropout, computed by :func:`relu_dropout`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return relu_dropout(x, self.p, self.training)
 
 
 def sinusoid(klen: int, d_model: int, device: torch.device | None = None,
@@ -30,16 +80,35 @@ def sinusoid(klen: int, d_model: int, device: torch.device | None = None,
 
 
 def rel_shift(x: Tensor) -> Tensor:
-    """Turn scores against the position table into scores against key positions.
+    """Turn scores against the position table into scores against key positions (a view, no copy).
 
-    ``x[..., i, k]`` scores query i against distance K-1-k; the result's
-    ``[..., i, j]`` scores it against key j, i.e. distance M+i-j (Dai et al.,
-    appendix B). Entries with j > M+i are garbage and must be masked.
+    ``x[..., i, 1+k]`` scores query i against distance K-1-k and ``x[..., 0]`` is zero (the
+    position table gets a zero column in front: one more column of the matmul instead of a
+    padded copy of the scores). The result's ``[..., i, j]`` scores query i against key j, i.e.
+    distance M+i-j (Dai et al., appendix B); entries with j > M+i are garbage and must be
+    masked. Read row-major, the padded (L, 1+K) rows minus their first L entries are the
+    shifted (L, K) rows, so each contiguous (L, 1+K) block gives a view. (..., L, 1+K) -> (..., L, K)
     """
-    *batch, L, K = x.shape
-    x = F.pad(x, (1, 0))  # (..., L, K+1)
-    x = x.view(*batch, K + 1, L)[..., 1:, :]  # (..., K, L)
-    return x.reshape(*batch, L, K)
+    *batch, L, K1 = x.shape
+    return x.reshape(*batch, L * K1)[..., L:].view(*batch, L, K1 - 1)
+
+
+@functools.lru_cache(maxsize=32)
+def causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """0 where query i may see key j (j <= M+i), -inf elsewhere: (L, M+L), made once per shape.
+
+    Made outside inference mode, so a table first made during evaluation also serves training."""
+    with torch.inference_mode(False), torch.no_grad():
+        future = torch.ones(L, M + L, dtype=torch.bool, device=device).triu_(M + 1)
+        return torch.zeros(L, M + L, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float) -> Tensor:
+    """``F.scaled_dot_product_attention`` over (H, B) batches: the path off the CPU, where SDPA's
+    fused kernels take the position bias. Shapes as :meth:`AttentionBlock._attend`."""
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                          attn_mask=bias.transpose(0, 1), dropout_p=dropout_p,
+                                          scale=scale).transpose(0, 1)
 
 
 class AttentionBlock(nn.Module):
@@ -58,27 +127,44 @@ class AttentionBlock(nn.Module):
         self.v = nn.Parameter(torch.zeros(n_heads, self.d_head))  # position bias
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.norm = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.dropatt, self.pre_norm = dropatt, pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+        # heads lead the batch order (H, B): the position scores are then one bmm per head over all
+        # B*L queries, read in place from the projection (no copy of q, no B copies of r)
         B, L, D = h.shape
         M, H, Dh = mem.size(1), self.n_heads, self.d_head
         K = M + L
-        c = torch.cat([mem, h], dim=1)  # (B, K, D)
+        c = torch.cat([mem, h], dim=1) if M else h  # (B, K, D)
         if self.pre_norm:
             c = self.norm(c)
-        q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
-        k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, Dh)
-        r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)  # (H, Dh, K)
+        q = self.q(c[:, M:] if self.pre_norm else h).view(B * L, H, Dh)  # (B*L, H, Dh)
+        k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 3, 0, 1, 4)  # 2 x (H, B, K, Dh)
+        r = F.pad(self.r(pos).view(K, H, Dh).permute(1, 2, 0), (1, 0))  # (H, Dh, 1+K), zero column first
         scale = 1.0 / math.sqrt(Dh)
-        position = rel_shift((q + self.v[:, None]) @ r)  # (B, H, L, K)
-        future = torch.ones(L, K, dtype=torch.bool, device=h.device).triu_(M + 1)  # (L, K)
-        bias = (position * scale).masked_fill_(future, float("-inf"))  # (B, H, L, K)
-        a = F.scaled_dot_product_attention(q + self.u[:, None], k, v, attn_mask=bias,
-                                           dropout_p=self.dropatt if self.training else 0.0, scale=scale)
-        a = self.out(a.transpose(1, 2).reshape(B, L, D))  # (B, L, D)
+        position = torch.bmm((q + self.v).transpose(0, 1), r)  # (H, B*L, 1+K)
+        position = rel_shift(position.view(H, B, L, 1 + K))  # (H, B, L, K)
+        bias = torch.add(causal_bias(L, M, h.device, position.dtype), position, alpha=scale)  # (H, B, L, K)
+        q = (q + self.u).view(B, L, H, Dh).permute(2, 0, 1, 3)  # (H, B, L, Dh)
+        if h.device.type == "cpu":
+            a = self._attend(q, k, v, bias, scale)
+        else:
+            a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0)
+        a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, D))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+        """softmax(bias + scale q k^T) v over (H, B) batches, what SDPA computes. On the CPU SDPA takes
+        its math path for a bias that needs a gradient, which adds safe-softmax passes this causal
+        mask never needs (every query sees itself); one ``baddbmm`` also folds the bias add into
+        the product. q (H, B, L, Dh), k and v (H, B, K, Dh), bias (H, B, L, K) -> (H, B, L, Dh)"""
+        H, B, L, Dh = q.shape
+        K = k.size(2)
+        scores = torch.baddbmm(bias.view(H * B, L, K), q.reshape(H * B, L, Dh),
+                               k.reshape(H * B, K, Dh).transpose(1, 2), alpha=scale)  # (H*B, L, K)
+        weights = dropout(scores.softmax(-1), self.dropatt, self.training)
+        return torch.bmm(weights, v.reshape(H * B, K, Dh)).view(H, B, L, Dh)
 
 
 class DenseBlock(nn.Module):
@@ -89,8 +175,10 @@ class DenseBlock(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, pre_norm: bool) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(d_ff, d_model), nn.Dropout(dropout))
+        # ReLU and its dropout are one module; the indices stay those of the unfused
+        # (Linear, ReLU, Dropout, Linear, Dropout), so checkpoints keep their keys
+        self.net = nn.Sequential(OrderedDict([("0", nn.Linear(d_model, d_ff)), ("1", ReLUDropout(dropout)),
+                                              ("3", nn.Linear(d_ff, d_model)), ("4", Dropout(dropout))]))
         self.norm = nn.LayerNorm(d_model)
         self.pre_norm = pre_norm
 

@@ -138,12 +138,13 @@ class TrainConfig:
     ckpt_every: int = 1000
     seed: int = 0
     accelerator: str = "auto"
-    devices: int = 1
+    devices: int = 1  # processes per machine
+    num_nodes: int = 1  # machines (DDP across them; launched by torchrun or SLURM)
     precision: str = "32-true"
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices"):
+        for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
             _require(getattr(self, key) > 0, f"train.{key} must be > 0")
         _require(0 <= self.stop_at <= self.max_steps,
                  "train.stop_at must be in [0, train.max_steps] (0: run to the end)")
@@ -228,7 +229,7 @@ class Config:
 
     def __post_init__(self) -> None:
         # Checked here, once, rather than inside every DDP process Lightning would start.
-        processes = self.train.devices * getattr(self.train, "num_nodes", 1)
+        processes = self.train.devices * self.train.num_nodes
         for key in ("batch_size", "eval_batch_size"):
             size = getattr(self.data, key)
             _require(size % processes == 0,

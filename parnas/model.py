@@ -28,11 +28,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.blocks import make_block, sinusoid
+from parnas.blocks import Dropout, make_block, sinusoid
 from parnas.config import ModelConfig
 from parnas.variants import DepthStep
 
 Memory = list[Optional[Tensor]]
+
+
+class _TargetNLL(torch.autograd.Function):
+    """-log_softmax(logits)[i, target_i] for each row. (N, C), (N,) -> (N,)
+
+    Backward is softmax minus the one-hot target, written into one buffer; autograd's
+    log_softmax, gather chain fills a zero (N, C) tensor, scatters into it and reads it again."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:  # type: ignore[override]
+        logp = logits.log_softmax(-1)  # (N, C)
+        ctx.save_for_backward(logp, target)
+        return -logp.gather(1, target[:, None]).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        logp, target = ctx.saved_tensors
+        grad_logits = logp.exp().mul_(grad[:, None])  # softmax * grad
+        return grad_logits.scatter_add_(1, target[:, None], -grad[:, None]), None
 
 
 class OutputHead(nn.Module):
@@ -52,8 +71,24 @@ class OutputHead(nn.Module):
         """Negative log-likelihood of each target. h (..., D), y (...) -> (...)"""
         flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
         if hasattr(self, "adaptive"):
-            return -self.adaptive(flat_h, flat_y).output.view(y.shape)
+            return self._adaptive_nll(flat_h, flat_y).view(y.shape)
         return F.cross_entropy(self.proj(flat_h), flat_y, reduction="none").view(y.shape)
+
+    def _adaptive_nll(self, h: Tensor, y: Tensor) -> Tensor:
+        """``-self.adaptive(h, y).output`` with the module's own weights, one autograd node per
+        log-softmax (:class:`_TargetNLL`) instead of log_softmax, gather and their backward's
+        zero-filled scatter. h (N, D), y (N,) -> (N,)"""
+        asm = self.adaptive
+        head_target = y.clone()
+        nll = h.new_zeros(y.shape)
+        for i, (low, high) in enumerate(zip(asm.cutoffs, asm.cutoffs[1:])):
+            rows = ((y >= low) & (y < high)).nonzero().squeeze(1)  # tokens in tail cluster i
+            if rows.numel() == 0:
+                continue
+            head_target.index_fill_(0, rows, asm.shortlist_size + i)
+            logits = asm.tail[i](h.index_select(0, rows))  # (n_i, cluster size)
+            nll = nll.index_add(0, rows, _TargetNLL.apply(logits, y.index_select(0, rows) - low))
+        return nll + _TargetNLL.apply(asm.head(h), head_target)
 
     def log_probs(self, h: Tensor) -> Tensor:
         """Log-probabilities over the whole vocabulary. (..., D) -> (..., V)"""
@@ -70,7 +105,7 @@ class TransformerXL(nn.Module):
         cfg.check_vocab(vocab_size)
         self.cfg, self.vocab_size, self.mem_len = cfg, vocab_size, cfg.mem_len
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self._shared: dict[str, nn.Module] = {}  # kind -> the one module its blocks share (block_for)
         self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
         self._keepers = [[m for m in b.modules() if hasattr(m, "n_memories")] for b in self.blocks]
@@ -127,9 +162,13 @@ class TransformerXL(nn.Module):
         return self.final_norm(h), new_mems + new_kept
 
     def _update(self, mem: Tensor, h: Tensor) -> Tensor:
-        """The last ``mem_len`` states of [mem; h], detached: the next segment's memory."""
-        both = torch.cat([mem, h], dim=1)  # (B, M+L, D)
-        return both[:, max(0, both.size(1) - self.mem_len):].detach()
+        """The last ``mem_len`` states of [mem; h], detached: the next segment's memory.
+        A slice of h when the segment alone is long enough (no concatenation)."""
+        M, L = mem.size(1), h.size(1)
+        keep = min(self.mem_len, M + L)
+        if keep <= L:
+            return h[:, L - keep:].detach()  # (B, keep, D)
+        return torch.cat([mem[:, M + L - keep:], h], dim=1).detach()  # (B, keep, D)
 
     def nll(self, h: Tensor, y: Tensor) -> Tensor:
         """Per-token negative log-likelihood of targets y (B, L) given hidden states h (B, L, D)."""

@@ -53,8 +53,9 @@ from parnas.tokenizer import Tokenizer
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
 # Anything else must match the checkpoint.
-RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.accelerator", "train.precision", "train.out_dir",
-                     "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size", "data.path"}
+RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train.accelerator", "train.precision",
+                     "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
+                     "data.path"}
 
 
 class ResumableSampler(Sampler[int]):
@@ -237,9 +238,10 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         max_steps=cfg.stop_at or cfg.max_steps, max_epochs=-1,
         val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
         accumulate_grad_batches=cfg.accumulate, gradient_clip_val=cfg.clip or None,
-        accelerator=cfg.accelerator, devices=cfg.devices, precision=cfg.precision,
+        accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, precision=cfg.precision,
         # adaptive softmax leaves a tail cluster unused when no target of a batch falls in it
-        strategy="ddp_find_unused_parameters_true" if cfg.devices > 1 else "auto", use_distributed_sampler=False,
+        strategy="ddp_find_unused_parameters_true" if cfg.devices * cfg.num_nodes > 1 else "auto",
+        use_distributed_sampler=False,
         logger=StepsTakenLogger(out_dir, name="tensorboard", version=""),
         callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every),
                    progress],

@@ -208,7 +208,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     cfg.model.check_vocab(tokenizer.vocab_size)
     for split in splits:  # a segment longer than a split fails here, before tensorboard/ exists
         SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len).batches(
-            split, 0, cfg.train.devices * getattr(cfg.train, "num_nodes", 1))
+            split, 0, cfg.train.devices * cfg.train.num_nodes)
 
     def report(result: Evaluated) -> None:
         if trial:

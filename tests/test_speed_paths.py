@@ -1,0 +1,289 @@
+"""The faster training paths compute what the paths they replaced computed.
+
+The previous paths are written out here as they were in the library (torch's
+dropout, rel-shift by a padded copy, a fresh causal mask, SDPA, memory by
+concatenation, ``nn.AdaptiveLogSoftmaxWithLoss``'s forward, torch's default
+Adam): with dropout off the two agree to 1e-5; with it on they draw from the
+same distribution (keep-rate, scale, mean over many draws).
+"""
+
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parnas.blocks import (
+    AttentionBlock,
+    DenseBlock,
+    Dropout,
+    ReLUDropout,
+    causal_bias,
+    dropout,
+    rel_shift,
+    relu_dropout,
+    sdpa,
+)
+from parnas.config import ModelConfig
+from parnas.model import build_fixed_model
+from parnas.task import adam
+
+VOCAB = 97
+
+
+# --- the previous paths -----------------------------------------------------------------------
+
+def old_rel_shift(x):
+    *batch, L, K = x.shape
+    x = F.pad(x, (1, 0)).view(*batch, K + 1, L)[..., 1:, :]
+    return x.reshape(*batch, L, K)
+
+
+def old_attention(self, h, mem, pos):
+    B, L, D = h.shape
+    M, H, Dh = mem.size(1), self.n_heads, self.d_head
+    K = M + L
+    c = torch.cat([mem, h], dim=1)
+    if self.pre_norm:
+        c = self.norm(c)
+    q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)
+    k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)
+    r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)
+    scale = 1.0 / math.sqrt(Dh)
+    position = old_rel_shift((q + self.v[:, None]) @ r)
+    future = torch.ones(L, K, dtype=torch.bool).triu_(M + 1)
+    bias = (position * scale).masked_fill_(future, float("-inf"))
+    a = F.scaled_dot_product_attention(q + self.u[:, None], k, v, attn_mask=bias, scale=scale)
+    a = self.out(a.transpose(1, 2).reshape(B, L, D))
+    return h + F.dropout(a, self.drop.p, self.training) if self.pre_norm \
+        else self.norm(h + F.dropout(a, self.drop.p, self.training))
+
+
+def old_dropout(self, x):
+    return F.dropout(x, self.p, self.training)
+
+
+def old_relu_dropout(self, x):
+    return F.dropout(F.relu(x), self.p, self.training)
+
+
+def old_update(self, mem, h):
+    both = torch.cat([mem, h], dim=1)
+    return both[:, max(0, both.size(1) - self.mem_len):].detach()
+
+
+def old_nll(self, h, y):
+    return -self.adaptive(h.reshape(-1, h.size(-1)), y.reshape(-1)).output.view(y.shape)
+
+
+def previous(model):
+    """``model`` with every replaced part back on its previous path (same weights)."""
+    for m in model.modules():
+        if isinstance(m, AttentionBlock):
+            m.forward = types.MethodType(old_attention, m)
+        elif type(m) is ReLUDropout:
+            m.forward = types.MethodType(old_relu_dropout, m)
+        elif type(m) is Dropout:
+            m.forward = types.MethodType(old_dropout, m)
+    model._update = types.MethodType(old_update, model)
+    if hasattr(model.head, "adaptive"):
+        model.head.nll = types.MethodType(old_nll, model.head)
+    return model
+
+
+def pair(layout, pre_norm=False, dropout=0.0, cutoffs=(20, 60), mem_len=8):
+    """The same model twice: on the current paths and on the previous ones."""
+    cfg = ModelConfig(n_blocks=len(layout), d_model=32, n_heads=4, d_ff=48, mem_len=mem_len, dropout=dropout,
+                      pre_norm=pre_norm, cutoffs=cutoffs, blocks=tuple(layout))
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = build_fixed_model(cfg, VOCAB)
+        with torch.no_grad():  # non-zero u, v so the position and content biases take part
+            for name, p in model.named_parameters():
+                if name.endswith((".u", ".v")):
+                    p.normal_(std=0.5)
+        models.append(model.train())
+    return models[0], previous(models[1])
+
+
+# --- with dropout off: the same numbers ---------------------------------------------------------
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+@pytest.mark.parametrize("layout", [("attention", "dense") * 2, ("attention", "identity", "dense", "attention")])
+def test_training_step_matches_the_previous_path_with_dropout_off(layout, pre_norm):
+    new, old = pair(layout, pre_norm=pre_norm)
+    torch.manual_seed(1)
+    segments = torch.randint(0, VOCAB, (3, 4, 13))  # 3 segments of 12 tokens (+1 target), memory 8
+    mems_new = mems_old = None
+    for tokens in segments:
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        h_new, mems_new = new(x, mems_new)
+        h_old, mems_old = old(x, mems_old)
+        torch.testing.assert_close(new.log_probs(h_new), old.log_probs(h_old), atol=1e-5, rtol=0)
+        nll_new, nll_old = new.nll(h_new, y), old.nll(h_old, y)
+        torch.testing.assert_close(nll_new, nll_old, atol=1e-5, rtol=0)
+        for a, b in zip(mems_new, mems_old):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.shape == b.shape and not a.requires_grad
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        grads_new = torch.autograd.grad(nll_new.mean(), list(new.parameters()), allow_unused=True)
+        grads_old = torch.autograd.grad(nll_old.mean(), list(old.parameters()), allow_unused=True)
+        for a, b in zip(grads_new, grads_old):
+            if a is None or b is None:  # a tail cluster no target fell in
+                assert a is None or not a.any()
+                continue
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("M", [0, 7])
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_cpu_attention_equals_sdpa_the_path_off_the_cpu(M, pre_norm):
+    torch.manual_seed(0)
+    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0, pre_norm=pre_norm)
+    with torch.no_grad():
+        block.u.normal_()
+        block.v.normal_()
+    h, mem, pos = torch.randn(2, 5, 24), torch.randn(2, M, 24), torch.randn(M + 5, 24)
+    ours = block(h, mem, pos)
+    block._attend = lambda q, k, v, bias, scale: sdpa(q, k, v, bias, scale, 0.0)  # what CUDA runs
+    torch.testing.assert_close(block(h, mem, pos), ours, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, old_attention(block, h, mem, pos), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("M", [0, 3])
+def test_rel_shift_view_equals_the_padded_copy(M):
+    L = 4
+    scores = torch.randn(2, 3, L, M + L)
+    padded = F.pad(scores, (1, 0))  # what a zero column in front of the position table yields
+    torch.testing.assert_close(rel_shift(padded), old_rel_shift(scores), atol=0, rtol=0)
+
+
+def test_causal_bias_made_in_inference_mode_serves_training():
+    causal_bias.cache_clear()
+    with torch.inference_mode():
+        made = causal_bias(6, 2, torch.device("cpu"), torch.float32)
+    assert not made.is_inference()
+    expected = torch.zeros(6, 8).masked_fill_(torch.ones(6, 8, dtype=torch.bool).triu_(3), float("-inf"))
+    torch.testing.assert_close(made, expected)
+    block = AttentionBlock(d_model=8, n_heads=2, dropout=0.0, dropatt=0.0, pre_norm=False)
+    h = torch.randn(1, 6, 8, requires_grad=True)
+    block(h, torch.randn(1, 2, 8), torch.randn(8, 8)).sum().backward()  # the cached bias in a training graph
+    assert h.grad is not None and causal_bias(6, 2, torch.device("cpu"), torch.float32) is made
+
+
+@pytest.mark.parametrize("mem_len,seg_len", [(8, 12), (8, 5), (8, 8), (0, 5)])
+def test_memory_is_the_last_mem_len_states_entering_each_attention_block(mem_len, seg_len):
+    new, old = pair(("attention", "dense"), mem_len=mem_len)
+    mems_new = mems_old = None
+    for _ in range(3):
+        x = torch.randint(0, VOCAB, (2, seg_len))
+        _, mems_new = new(x, mems_new)
+        _, mems_old = old(x, mems_old)
+        assert mems_new[0].shape == mems_old[0].shape
+        torch.testing.assert_close(mems_new[0], mems_old[0], atol=1e-6, rtol=0)
+
+
+def test_head_nll_and_its_gradient_equal_torchs_adaptive_softmax():
+    new, _ = pair(("dense",))
+    head = new.head
+    h, y = torch.randn(300, 32, requires_grad=True), torch.randint(0, VOCAB, (300,))
+    ours, torchs = head.nll(h, y), -head.adaptive(h, y).output
+    torch.testing.assert_close(ours, torchs, atol=1e-5, rtol=0)
+    weights = torch.rand(300)  # any upstream gradient, not only a mean
+    g_ours = torch.autograd.grad((ours * weights).sum(), [h, *head.parameters()])
+    g_torch = torch.autograd.grad((torchs * weights).sum(), [h, *head.parameters()])
+    for a, b in zip(g_ours, g_torch):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_adam_steps_like_torchs_default_adam():
+    torch.manual_seed(0)
+    params = [torch.randn(40, 30, requires_grad=True), torch.randn(30, requires_grad=True)]
+    twins = [p.detach().clone().requires_grad_() for p in params]
+    fused, plain = adam(params, lr=1e-2, weight_decay=0.01), torch.optim.Adam(twins, lr=1e-2, weight_decay=0.01)
+    assert fused.defaults["fused"]
+    for _ in range(5):
+        grads = [torch.randn_like(p) for p in params]
+        for ps, opt in ((params, fused), (twins, plain)):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(params, twins):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_adam_under_mixed_precision_lets_lightning_clip(precision):
+    from lightning_fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+    assert _optimizer_handles_unscaling(adam([torch.zeros(3, requires_grad=True)], 1e-3))  # fused
+    assert not _optimizer_handles_unscaling(adam([torch.zeros(3, requires_grad=True)], 1e-3, precision=precision))
+
+
+# --- with dropout on: the same distribution -------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_keeps_with_probability_1_minus_p_and_keeps_the_mean(p):
+    n = 2_000_000
+    x = torch.ones(n, requires_grad=True)
+    torch.manual_seed(0)
+    out = dropout(x, p, True)
+    kept = out != 0
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * sigma
+    assert abs(F.dropout(torch.ones(n), p).ne(0).float().mean().item() - (1 - p)) < 5 * sigma  # torch's, alike
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (1 - p)))  # inverted scaling
+    assert abs(out.mean().item() - 1.0) < 5 * sigma / (1 - p)
+    assert abs(kept[1:].float().mul(kept[:-1]).mean().item() - (1 - p) ** 2) < 10 * sigma  # neighbours independent
+    grad = torch.randn(n)
+    out.backward(grad)
+    torch.testing.assert_close(x.grad, grad * kept / (1 - p))  # backward uses the same mask
+
+
+def test_dropout_masks_follow_the_seed_and_differ_between_calls():
+    x = torch.ones(1000)
+    torch.manual_seed(3)
+    a, b = dropout(x, 0.3, True), dropout(x, 0.3, True)
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.3, True), a) and not torch.equal(a, b)
+
+
+def test_dropout_is_the_identity_in_evaluation_and_at_p_zero():
+    x = torch.randn(10)
+    assert dropout(x, 0.5, False) is x and dropout(x, 0.0, True) is x
+    torch.testing.assert_close(relu_dropout(x, 0.5, False), F.relu(x))
+
+
+def test_relu_dropout_is_dropout_of_relu_with_the_same_draws():
+    x = torch.randn(5000)
+    x[:10] = 0.0  # the ReLU's kink: no gradient, as torch's relu
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(5)
+    fused = relu_dropout(x1, 0.2, True)
+    torch.manual_seed(5)
+    plain = dropout(F.relu(x2), 0.2, True)
+    torch.testing.assert_close(fused, plain, atol=0, rtol=0)
+    grad = torch.randn(5000)
+    fused.backward(grad)
+    plain.backward(grad)
+    torch.testing.assert_close(x1.grad, x2.grad, atol=0, rtol=0)
+
+
+def test_dense_block_with_dropout_has_the_previous_mean_output():
+    torch.manual_seed(0)
+    block = DenseBlock(d_model=16, d_ff=64, dropout=0.3, pre_norm=False).train()
+    h = torch.randn(4, 8, 16)
+    draws = 400
+    with torch.no_grad():
+        new = torch.stack([block(h, h[:, :0], h[0]) for _ in range(draws)])
+        for m in block.modules():
+            if isinstance(m, (Dropout, ReLUDropout)):
+                m.forward = types.MethodType(old_relu_dropout if type(m) is ReLUDropout else old_dropout, m)
+        old = torch.stack([block(h, h[:, :0], h[0]) for _ in range(draws)])
+    stderr = (new.var(0) / draws + old.var(0) / draws).sqrt()
+    z = (new.mean(0) - old.mean(0)) / stderr
+    assert z.abs().mean() < 1.0  # |N(0,1)| averages 0.8; a biased path would sit far above
+    assert (new.std(0) / old.std(0)).median().sub(1).abs() < 0.1
