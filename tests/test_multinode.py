@@ -81,7 +81,7 @@ def test_two_nodes_of_one_process_train_like_one_process(wt2_slice, tmp_path, tm
 
 
 def test_num_nodes_must_be_positive():
-    assert load_config("tiny", ["train.num_nodes=3"]).train.num_nodes == 3
+    assert load_config("tiny", ["train.num_nodes=2"]).train.num_nodes == 2
     with pytest.raises(ConfigError, match="train.num_nodes must be > 0"):
         load_config("tiny", ["train.num_nodes=0"])
 
