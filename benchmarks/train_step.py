@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import statistics
 import sys
 import time
@@ -289,6 +290,8 @@ def main() -> None:
     for name in names:
         if name.startswith("previous"):
             ratio("parnas", name)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    print(f"peak RSS {peak_mib:,.0f} MiB (the whole process, every implementation)")
 
 
 if __name__ == "__main__":
