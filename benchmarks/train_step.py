@@ -17,8 +17,8 @@ Implementations:
                     parnas / this is what the change of <part> bought
   reference         (--peer-dir) Dai et al.'s MemTransformerLM, imported from a local checkout
                     of the pytorch/ folder of github.com/kimiyoung/transformer-xl, at the same
-                    configuration, with its train.py's defaults (tied adaptive input/output,
-                    plain Adam)
+                    configuration (weights tied as model.tie_weights says: not with an adaptive
+                    softmax), with its train.py's plain Adam and clipping
 
     python benchmarks/train_step.py                                  # parnas vs previous
     python benchmarks/train_step.py --peer-dir /tmp/txl-ref/pytorch  # + Dai et al.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import statistics
 import sys
 import time
@@ -174,8 +175,8 @@ def parnas_step(cfg, vocab_size: int, layout: list[str], previous: tuple[str, ..
 # --- Dai et al.'s reference, imported from a local checkout --------------------------------------
 
 def reference_step(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> Callable[[Tensor], None]:
-    """A training step of Dai et al.'s MemTransformerLM as its train.py takes it (adaptive softmax
-    with tied input/output, plain Adam, clip), time-major (L, B) as it expects."""
+    """A training step of Dai et al.'s MemTransformerLM as its train.py takes it (adaptive softmax,
+    and its adaptive input with the same div_value; plain Adam; clip), time-major (L, B)."""
     sys.path[:0] = [str(peer_dir), str(peer_dir / "utils")]
     if torch.version.cuda is None:  # read at import for a branch the file has commented out
         torch.version.cuda = "0.0"
@@ -186,8 +187,9 @@ def reference_step(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> Callab
     m = cfg.model
     torch.manual_seed(0)
     model = MemTransformerLM(vocab_size, n_layer, m.n_heads, m.d_model, m.d_model // m.n_heads, m.d_ff,
-                             m.dropout, m.dropatt, tie_weight=True, d_embed=m.d_model, div_val=int(m.div_value),
-                             tie_projs=[False] + [True] * len(m.cutoffs), pre_lnorm=m.pre_norm,
+                             m.dropout, m.dropatt, tie_weight=m.tie_weights, d_embed=m.d_model,
+                             div_val=int(m.div_value), tie_projs=[False] + [m.tie_weights] * len(m.cutoffs),
+                             pre_lnorm=m.pre_norm,
                              tgt_len=cfg.data.seg_len, ext_len=0, mem_len=m.mem_len, cutoffs=list(m.cutoffs),
                              same_length=False, attn_type=0, clamp_len=-1, sample_softmax=-1).train()
     for name, p in model.named_parameters():  # its train.py initialises; several are torch.Tensor(...) garbage
@@ -288,6 +290,8 @@ def main() -> None:
     for name in names:
         if name.startswith("previous"):
             ratio("parnas", name)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    print(f"peak RSS {peak_mib:,.0f} MiB (the whole process, every implementation)")
 
 
 if __name__ == "__main__":

@@ -287,3 +287,13 @@ def test_dense_block_with_dropout_has_the_previous_mean_output():
     z = (new.mean(0) - old.mean(0)) / stderr
     assert z.abs().mean() < 1.0  # |N(0,1)| averages 0.8; a biased path would sit far above
     assert (new.std(0) / old.std(0)).median().sub(1).abs() < 0.1
+
+
+def test_blocks_keep_their_checkpoint_keys():
+    """Checkpoints written before the ReLU and its dropout became one module still load."""
+    dense = DenseBlock(d_model=8, d_ff=16, dropout=0.1, pre_norm=False)
+    assert set(dense.state_dict()) == {"net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias",
+                                       "norm.weight", "norm.bias"}
+    attention = AttentionBlock(d_model=8, n_heads=2, dropout=0.1, dropatt=0.0, pre_norm=False)
+    assert set(attention.state_dict()) == {"q.weight", "kv.weight", "r.weight", "u", "v", "out.weight",
+                                           "norm.weight", "norm.bias"}
