@@ -169,7 +169,10 @@ class PARDartsModule(DartsLightningModule):
                 for m in self.choices()}
 
     def argmax(self) -> list[str]:
-        return [m.names[int(m._arch_alpha.argmax())] for m in self.choices()]
+        """Each block's most probable kind, read with one device-to-host copy (it runs every step)."""
+        choices = self.choices()
+        best = torch.stack([m._arch_alpha.detach() for m in choices]).argmax(-1).tolist()  # (n_blocks,)
+        return [m.names[i] for m, i in zip(choices, best)]
 
     def exported_kinds(self) -> tuple[list[str], bool]:
         """What is exported: the argmax, or, when a budget is set and the argmax is over it, the most probable
