@@ -204,10 +204,13 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
         final.update({b: dict(p) for b, p in (record.get("probabilities") or {}).items() if isinstance(p, dict)})
     blocks = sorted(arch, key=block_key)
     search = (record or {}).get("search") or {}
-    fig = figure(7.4, 0.6 * (len(blocks) + 5.2))
+    legend_kinds = list(dict.fromkeys([*kinds, *arch.values()]))
+    legend_rows = math.ceil(len(legend_kinds) / 4)  # 4 kinds a row; 7 kinds take two rows under the softmax
+    bottom = len(blocks) + 2.65 + 0.55 * legend_rows
+    fig = figure(7.4, 0.6 * (bottom + 2.0))
     ax = fig.add_axes([0, 0, 1, 1])
     ax.set_xlim(0, 10)
-    ax.set_ylim(-(len(blocks) + 3.2), 2.0)
+    ax.set_ylim(-bottom, 2.0)
     ax.set_axis_off()
 
     def box(y: float, text: str, face: str, edge: str = "none", colour: str = "white") -> None:
@@ -234,9 +237,8 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
         ax.annotate("", xy=(2.7, -(i + 1.62)), xytext=(2.7, -(i + 1.38)),
                     arrowprops={"arrowstyle": "-|>", "color": "#666666"})
     counts = ", ".join(f"{sum(v == k for v in arch.values())} {k}" for k in dict.fromkeys(arch.values()))
-    ax.text(5, 1.55, f"{'Found architecture' if record else 'Architecture so far'}: {len(blocks)} blocks ({counts})",
-            ha="center", fontsize=13,
-            fontweight="bold")
+    title = f"{'Found architecture' if record else 'Architecture so far'}: {len(blocks)} blocks ({counts})"
+    ax.text(5, 1.55, title, ha="center", fontsize=min(13.0, 13.0 * 62 / len(title)), fontweight="bold")  # fits 7.4 in
     exported, supernet = perplexities(search)
     at = ""
     if not record and history.val_steps.size:  # a search still running: its last evaluation so far
@@ -257,6 +259,6 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
     for y, line in zip((1.12, 0.72, 0.37), [line for line in lines if line]):
         ax.text(5, y, line, ha="center", fontsize=10 if y > 1 else 9, color="#333333")
     ax.text(6.7, -0.95, "probabilities", ha="center", fontsize=9, color="#555555")
-    ax.legend(handles=[Patch(color=kind_colour(k), label=k) for k in dict.fromkeys([*kinds, *arch.values()])],
-              loc="lower center", ncols=3, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    ax.legend(handles=[Patch(color=kind_colour(k), label=k) for k in legend_kinds],
+              loc="lower center", ncols=min(4, len(legend_kinds)), frameon=False, bbox_to_anchor=(0.5, 0.0))
     return fig

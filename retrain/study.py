@@ -1,6 +1,8 @@
 """``parnas study``: "the search finds a model faster than Transformer-XL at the same perplexity", checked.
 
-For every budget and seed a search runs (``<out>/search/b<budget>-s<seed>``). Every layout the
+For every budget and seed a search runs (``<out>/search/b<budget>-s<seed>``); with ``--candidates``,
+for every candidate set too (``<out>/search/<LETTERS>-b<budget>-s<seed>``, e.g. ``ACDGI-bnone-s0``), so
+search spaces are compared at equal steps against one Transformer-XL and one timing. Every layout the
 study needs is then retrained from scratch at equal steps and settings, with the config's own
 ``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
 at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
@@ -57,10 +59,31 @@ class Plan:
     retrain_steps: int | None = None
     random_orderings: int = 3
     rounds: int = 5
+    candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
 
     @property
-    def searches(self) -> list[tuple[float | None, int]]:
-        return [(b, s) for b in self.budgets for s in range(self.seeds)]
+    def searches(self) -> list[Search]:
+        return [Search(c, b, s) for c in (self.candidate_sets or (None,)) for b in self.budgets
+                for s in range(self.seeds)]
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search of the study: its candidate set (None: the config's), latency budget and seed."""
+
+    candidates: tuple[str, ...] | None
+    budget: float | None
+    seed: int
+
+    @property
+    def label(self) -> str | None:
+        """The candidate set's letter code (``ACDGI``), None for the config's own set."""
+        return None if self.candidates is None else architecture.layout_string(self.candidates)
+
+    @property
+    def name(self) -> str:
+        head = "" if self.label is None else f"candidates {self.label}, "
+        return f"{head}budget {budget_label(self.budget)}, seed {self.seed}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,7 @@ class Entry:
     budget: float | None = None
     seed: int | None = None
     search: Mapping[str, Any] | None = None  # the found record's ``search`` section
+    candidates: str | None = None  # the search's candidate set as letters; None: the config's set
 
     @property
     def layout(self) -> str:
@@ -102,23 +126,40 @@ def parse_budgets(text: str) -> tuple[float | None, ...]:
     return tuple(budgets)
 
 
+def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """``["attention,dense,identity", "attention,conv,dense,glu,identity"]`` -> tuples of kind names (each
+    kind is checked when the search's config is built)."""
+    sets = []
+    for text in texts:
+        kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+        if len(kinds) < 2:
+            raise ConfigError(f"--candidates {text!r}: give at least two kinds, separated by commas")
+        sets.append(kinds)
+    if len(set(sets)) != len(sets):
+        raise ConfigError("--candidates lists a set twice")
+    return tuple(sets)
+
+
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
-              rounds: int = 5) -> Plan:
+              rounds: int = 5, candidates: Sequence[str] = ()) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
     for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
                                ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
                                ("--rounds", rounds, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
+    candidate_sets = parse_candidate_sets(candidates)
+    if candidate_sets and any(o.split("=", 1)[0].strip() == "search.candidates" for o in overrides):
+        raise ConfigError("give the candidate sets with --candidates alone, not also --set search.candidates")
     plan = Plan(config, tuple(overrides), load_config(config, overrides), seeds, parse_budgets(budgets), Path(out),
-                search_steps, retrain_steps, random_orderings, rounds)
+                search_steps, retrain_steps, random_orderings, rounds, candidate_sets)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     if plan.base.model.blocks:
         raise ConfigError("model.blocks cannot be set for a study: the layouts come from the searches")
-    for budget, seed in plan.searches:
-        search_config(plan, budget, seed)
+    for search in plan.searches:
+        search_config(plan, search)
     retrain_config(plan)
     check_same_settings(plan)
     return plan
@@ -129,12 +170,14 @@ def with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
     return from_dict(Config, merge(cfg.to_dict(), unflatten(settings)))
 
 
-def search_config(plan: Plan, budget: float | None, seed: int) -> Config:
-    settings: dict[str, Any] = {"train.seed": seed, "search.out_dir": str(search_dir(plan, budget, seed))}
+def search_config(plan: Plan, search: Search) -> Config:
+    settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
         settings["train.max_steps"] = plan.search_steps
-    if budget is not None or "latency_budget" in {f.name for f in dataclasses.fields(SearchConfig)}:
-        settings["search.latency_budget"] = budget  # "none" overrides a budget the config may set
+    if search.budget is not None or "latency_budget" in {f.name for f in dataclasses.fields(SearchConfig)}:
+        settings["search.latency_budget"] = search.budget  # "none" overrides a budget the config may set
+    if search.candidates is not None:
+        settings["search.candidates"] = list(search.candidates)
     return with_settings(plan.base, settings)
 
 
@@ -148,8 +191,9 @@ def retrain_config(plan: Plan) -> Config:
     return load_config(plan.config, retrain_overrides(plan, plan.out / "retrain"))
 
 
-def search_dir(plan: Plan, budget: float | None, seed: int) -> Path:
-    return plan.out / "search" / f"b{budget_label(budget)}-s{seed}"
+def search_dir(plan: Plan, search: Search) -> Path:
+    head = "" if search.label is None else f"{search.label}-"
+    return plan.out / "search" / f"{head}b{budget_label(search.budget)}-s{search.seed}"
 
 
 def settings_record(plan: Plan) -> dict[str, Any]:
@@ -193,9 +237,17 @@ def transformer_xl(n_blocks: int) -> tuple[str, ...]:
 
 
 def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
-    """Press et al.'s sandwich ordering of these kinds: all attention, then dense, then identity."""
-    counts = Counter(kinds)
-    return tuple(k for k in (*BLOCK_KINDS, *sorted(set(counts) - set(BLOCK_KINDS))) for _ in range(counts[k]))
+    """Press et al.'s sandwich ordering of these kinds: all attention, then dense, then identity. Other kinds
+    go with their family: token mixers (kinds with a memory: conv, compressive) after attention, other
+    feed-forwards (glu, sqrelu) after dense, each family's kinds by name."""
+    from parnas import kinds as registry
+
+    def rank(kind: str) -> tuple[int, str]:
+        if kind in BLOCK_KINDS:
+            return (0, 2, 4)[BLOCK_KINDS.index(kind)], ""
+        return (1 if registry.is_known(kind) and registry.get(kind).uses_memory else 3), kind
+
+    return tuple(sorted(kinds, key=rank))
 
 
 def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
@@ -218,16 +270,16 @@ def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequenc
     return (fresh + spare)[:count]
 
 
-def plan_entries(plan: Plan, found: Mapping[tuple[float | None, int], Mapping[str, Any]]) -> list[Entry]:
+def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
     """Every row of the study: Transformer-XL once, then per search its found, sandwich and random layouts."""
     n_blocks = len(next(iter(found.values()))["architecture"])
     entries = [Entry("transformer-xl", transformer_xl(n_blocks))]
-    for (budget, seed), record in found.items():
+    for search, record in found.items():
         kinds = tuple(architecture.layout(record))
         ordered = sandwich(kinds)
-        entries += [Entry("found", kinds, budget, seed, record.get("search") or {}),
-                    Entry("sandwich", ordered, budget, seed)]
-        entries += [Entry("random", k, budget, seed) for k in
+        at = {"budget": search.budget, "seed": search.seed, "candidates": search.label}
+        entries += [Entry("found", kinds, search=record.get("search") or {}, **at), Entry("sandwich", ordered, **at)]
+        entries += [Entry("random", k, **at) for k in
                     random_orderings(kinds, plan.random_orderings, exclude=[kinds, ordered])]
     return entries
 
@@ -245,24 +297,23 @@ class Progress:
         self.log(f"[{stage} {index}/{total}] {text}  ({seconds // 60}m{seconds % 60:02d}s)")
 
 
-def run_searches(plan: Plan, progress: Progress) -> dict[tuple[float | None, int], dict[str, Any]]:
-    """Each (budget, seed) search's record: read when finished, resumed from its checkpoint, else run."""
+def run_searches(plan: Plan, progress: Progress) -> dict[Search, dict[str, Any]]:
+    """Each search's record: read when finished, resumed from its checkpoint, else run."""
     from strategies.search import run_search
 
     found = {}
-    for i, (budget, seed) in enumerate(plan.searches, 1):
-        run_dir = search_dir(plan, budget, seed)
-        name = f"budget {budget_label(budget)}, seed {seed}"
+    for i, search in enumerate(plan.searches, 1):
+        run_dir, name = search_dir(plan, search), search.name
         if (run_dir / "architecture.json").is_file():
-            found[budget, seed] = architecture.read(run_dir / "architecture.json")
+            found[search] = architecture.read(run_dir / "architecture.json")
             progress("search", i, len(plan.searches), f"{name}: done already, "
-                     f"{architecture.layout_string(architecture.layout(found[budget, seed]))}")
+                     f"{architecture.layout_string(architecture.layout(found[search]))}")
             continue
         resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
         progress("search", i, len(plan.searches), f"{name}{' (resumed)' if resume else ''} in {run_dir} ...")
-        found[budget, seed] = run_search(search_config(plan, budget, seed), resume=resume)
+        found[search] = run_search(search_config(plan, search), resume=resume)
         progress("search", i, len(plan.searches),
-                 f"{name}: found {architecture.layout_string(architecture.layout(found[budget, seed]))}")
+                 f"{name}: found {architecture.layout_string(architecture.layout(found[search]))}")
     return found
 
 

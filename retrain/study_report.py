@@ -1,4 +1,7 @@
-"""What ``parnas study`` writes: one row per (role, layout, search), a summary per budget, and verdicts.
+"""What ``parnas study`` writes: one row per (role, layout, search), a summary per group, and verdicts.
+
+A group is a budget, or with ``--candidates`` a (candidate set, budget) pair: its seeds are summarised
+together and every verdict is given per group.
 
 Every verdict is computed from the rows: Transformer-XL's validation perplexity reached within
 ``PPL_TOLERANCE`` at a measured train step at least ``SPEEDUP`` shorter; the found architecture
@@ -25,7 +28,8 @@ PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 SPEEDUP = 0.30  # "faster": a measured train step at least 30% shorter than Transformer-XL's
 
 COLUMNS = [  # (key, header, format)
-    ("role", "role", "{}"), ("budget", "budget", "{}"), ("seed", "seed", "{}"), ("layout", "layout", "{}"),
+    ("role", "role", "{}"), ("candidates", "candidates", "{}"), ("budget", "budget", "{}"), ("seed", "seed", "{}"),
+    ("layout", "layout", "{}"),
     ("attention", "attention", "{}"), ("val_ppl", "val ppl", "{:.2f}"), ("test_ppl", "test ppl", "{:.2f}"),
     ("train_tokens_per_s", "train tok/s", "{:,.0f}"), ("inference_tokens_per_s", "inference tok/s", "{:,.0f}"),
     ("train_step_ms", "train step ms", "{:.2f}"), ("latency_ratio", "ratio to TXL", "{:.3f}"),
@@ -49,7 +53,8 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
     for e in entries:
         m, search = metrics[e.layout], e.search or {}
         rows.append({
-            "role": e.role, "budget": None if e.role == "transformer-xl" else budget_label(e.budget),
+            "role": e.role, "candidates": e.candidates,
+            "budget": None if e.role == "transformer-xl" else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "attention": e.kinds.count("attention"),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"),
             "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
@@ -79,23 +84,37 @@ def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
     return [r[key] for r in rows]
 
 
+Group = tuple[Any, str]  # (candidate set letters or None, budget label)
+
+
 def budgets(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(r["budget"] for r in rows if r["role"] == "found"))
 
 
-def _of(rows: Sequence[Mapping[str, Any]], role: str, budget: str, seed: int | None = None) -> list[Mapping]:
-    return [r for r in rows if r["role"] == role and r["budget"] == budget and (seed is None or r["seed"] == seed)]
+def groups(rows: Sequence[Mapping[str, Any]]) -> list[Group]:
+    """The (candidates, budget) pairs searched, in the order of the rows."""
+    return list(dict.fromkeys((r.get("candidates"), r["budget"]) for r in rows if r["role"] == "found"))
+
+
+def group_name(s: Mapping[str, Any]) -> str:
+    """``budget 0.65``, or ``candidates ACDGI, budget none`` in a study of several candidate sets."""
+    return ("" if s.get("candidates") is None else f"candidates {s['candidates']}, ") + f"budget {s['budget']}"
+
+
+def _of(rows: Sequence[Mapping[str, Any]], role: str, group: Group, seed: int | None = None) -> list[Mapping]:
+    return [r for r in rows if r["role"] == role and (r.get("candidates"), r["budget"]) == group
+            and (seed is None or r["seed"] == seed)]
 
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per budget: the found architectures' mean and std over seeds; random, sandwich and Transformer-XL means."""
+    """Per group: the found architectures' mean and std over seeds; random, sandwich and Transformer-XL means."""
     txl = next(r for r in rows if r["role"] == "transformer-xl")
     out = []
-    for budget in budgets(rows):
-        found = _of(rows, "found", budget)
-        row: dict[str, Any] = {"budget": budget, "seeds": len(found)}
+    for key in groups(rows):
+        found = _of(rows, "found", key)
+        row: dict[str, Any] = {"candidates": key[0], "budget": key[1], "seeds": len(found)}
         for role in ("found", "random", "sandwich"):
-            group = _of(rows, role, budget)
+            group = _of(rows, role, key)
             row[f"{role}_val_ppl"] = _mean(_column(group, "val_ppl"))
             row[f"{role}_ratio"] = _mean(_column(group, "latency_ratio"))
         row["found_val_ppl_std"] = _std(_column(found, "val_ppl"))
@@ -106,9 +125,9 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def attention_early(layout: str) -> bool | None:
-    """Do the attention blocks sit earlier (lower mean depth) than the dense and identity ones? None: not both."""
+    """Do the attention blocks sit earlier (lower mean depth) than the blocks of every other kind? None: not both."""
     att = [i for i, c in enumerate(layout) if c == "A"]
-    rest = [i for i, c in enumerate(layout) if c in "DI"]
+    rest = [i for i, c in enumerate(layout) if c != "A"]
     return statistics.fmean(att) < statistics.fmean(rest) if att and rest else None
 
 
@@ -126,7 +145,7 @@ def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
     why = "yes" if same and fast else "no: " + " and ".join(
         w for w, bad in ((f"perplexity not within {PPL_TOLERANCE:.0%}", not same),
                          (f"step not {SPEEDUP:.0%} shorter", not fast)) if bad)
-    return (f"budget {s['budget']}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
+    return (f"{group_name(s)}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
             f"({_fmt(txl)}) within {PPL_TOLERANCE:.0%} at a measured train step >= {SPEEDUP:.0%} shorter. Mean over "
             f"seeds: val ppl {_fmt(s['found_val_ppl'])} ({gap:+.1f}% vs Transformer-XL) at {s['found_ratio']:.2f}x "
             f"its step time -> {why}.")
@@ -134,7 +153,7 @@ def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
 
 def _beats(rows: Sequence[Mapping[str, Any]], found: Mapping[str, Any], role: str) -> bool | None:
     """Is the found layout's val ppl below the mean of its ``role`` orderings? None: nothing else to compare."""
-    others = _of(rows, role, found["budget"], found["seed"])
+    others = _of(rows, role, (found.get("candidates"), found["budget"]), found["seed"])
     ppl = [x["val_ppl"] for x in others]
     if not others or all(x["layout"] == found["layout"] for x in others) or None in (found["val_ppl"], *ppl):
         return None
@@ -150,7 +169,7 @@ def orderings_verdict(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any],
         parts.append(f"{what} in {sum(results)} of {len(results)} seeds")
     skipped = "" if all(_beats(rows, r, "random") is not None for r in found) else \
         " (a seed whose found blocks have no other ordering is not counted)"
-    return (f"budget {s['budget']}: the found architecture beats {parts[0]} and {parts[1]}{skipped}; mean val ppl: "
+    return (f"{group_name(s)}: the found architecture beats {parts[0]} and {parts[1]}{skipped}; mean val ppl: "
             f"found {_fmt(s['found_val_ppl'])}, random {_fmt(s['random_val_ppl'])}, "
             f"sandwich {_fmt(s['sandwich_val_ppl'])}.")
 
@@ -162,19 +181,19 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
     unanimous = sum(len({lay[i] for lay in layouts}) == 1 for i in range(len(layouts[0])))
     both = [e for e in early if e is not None]
     if not both:
-        answer = "cannot say: no seed found both attention and dense/identity blocks"
+        answer = "cannot say: no seed found both attention and other blocks"
     else:
         answer = "the seeds agree" if len(both) == len(early) and all(both) else "the seeds do not agree"
-    return (f"budget {s['budget']}: attention early, dense/identity late in {sum(both)} of {len(early)} seeds "
+    return (f"{group_name(s)}: attention early, the other kinds late in {sum(both)} of {len(early)} seeds "
             f"({', '.join(layouts)}) -> {answer}; all seeds choose the same kind at {unanimous} of "
             f"{len(layouts[0])} depths.")
 
 
 def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Plain-language answers to the study's three questions, per budget, from the numbers."""
+    """Plain-language answers to the study's three questions, per group, from the numbers."""
     lines = []
     for s in summary:
-        found = _of(rows, "found", s["budget"])
+        found = _of(rows, "found", (s["candidates"], s["budget"]))
         lines += [claim_verdict(s, found), orderings_verdict(rows, s, found), depth_verdict(s, found)]
     return lines
 
@@ -192,25 +211,31 @@ def _pm(mean: float | None, std: float | None, fmt: str) -> str:
 def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
              lines: Sequence[str], timing: Mapping[str, Any]) -> str:
     steps = f"search {plan.search_steps or 'config'} steps, retrain {plan.retrain_steps or 'config'} steps"
+    sets = [c for c in dict.fromkeys(r.get("candidates") for r in rows) if c is not None]
+    columns = [c for c in COLUMNS if sets or c[0] != "candidates"]
     out = [f"# parnas study: {plan.config or 'defaults'}", "",
+           (f"candidate sets {', '.join(sets)}; " if sets else "") +
            f"{plan.seeds} seeds, budgets {', '.join(budgets(rows))}, {steps}, {plan.random_orderings} random "
            f"orderings; settings: {' '.join(plan.overrides) or '(config as is)'}.",
            f"Timing: {timing['device']}, {timing['threads']} threads, torch {timing['torch']}, median of "
            f"{timing['rounds']} alternating rounds, batch {timing['batch_size']} x {timing['seg_len']} tokens "
            f"(train and inference), memory {timing['mem_len']}.", "", "## Verdicts", ""]
     out += [f"- {line}" for line in lines]
-    out += ["", "## Per budget (mean ± std over seeds)", "",
-            "| budget | seeds | found val ppl | found ratio | random val ppl | random ratio | sandwich val ppl "
-            "| sandwich ratio | Transformer-XL val ppl | TXL step ms |", "|---" * 10 + "|"]
+    head = "| candidates " if sets else ""
+    out += ["", f"## Per {'candidate set and ' if sets else ''}budget (mean ± std over seeds)", "",
+            f"{head}| budget | seeds | found val ppl | found ratio | random val ppl | random ratio | sandwich val ppl "
+            "| sandwich ratio | Transformer-XL val ppl | TXL step ms |", "|---" * (10 + bool(sets)) + "|"]
     for s in summary:
-        out.append(f"| {s['budget']} | {s['seeds']} | {_pm(s['found_val_ppl'], s['found_val_ppl_std'], '{:.2f}')} "
+        first = f"| {s['candidates']} " if sets else ""
+        out.append(f"{first}| {s['budget']} | {s['seeds']} "
+                   f"| {_pm(s['found_val_ppl'], s['found_val_ppl_std'], '{:.2f}')} "
                    f"| {_pm(s['found_ratio'], s['found_ratio_std'], '{:.3f}')} | {_fmt(s['random_val_ppl'])} "
                    f"| {_fmt(s['random_ratio'], '{:.3f}')} | {_fmt(s['sandwich_val_ppl'])} "
                    f"| {_fmt(s['sandwich_ratio'], '{:.3f}')} | {_fmt(s['transformer_xl_val_ppl'])} "
                    f"| {_fmt(s['transformer_xl_train_step_ms'])} |")
-    out += ["", "## All runs", "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-            "|" + "|".join("---" if i < 4 else "---:" for i in range(len(COLUMNS))) + "|"]
-    out += ["| " + " | ".join(_fmt(r[k], f) for k, _, f in COLUMNS) + " |" for r in rows]
+    out += ["", "## All runs", "", "| " + " | ".join(h for _, h, _ in columns) + " |",
+            "|" + "|".join("---" if i < 4 + bool(sets) else "---:" for i in range(len(columns))) + "|"]
+    out += ["| " + " | ".join(_fmt(r[k], f) for k, _, f in columns) + " |" for r in rows]
     out += ["", "Val and test ppl: exp of the mean NLL over the whole split, each layout retrained from scratch with "
             "the same steps, settings and seed. Step times and tokens/s: measured side by side in one process after "
             "the retrains; ratio to TXL = train step / Transformer-XL's. Search val ppl: the exported architecture "
@@ -265,6 +290,7 @@ def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any
     out = Path(plan.out)
     study = {"format": "parnas.study", "version": 1, "config": plan.config, "overrides": list(plan.overrides),
              "seeds": plan.seeds, "budgets": budgets(rows), "search_steps": plan.search_steps,
+             "candidate_sets": [list(c) for c in getattr(plan, "candidate_sets", ())],
              "retrain_steps": plan.retrain_steps, "random_orderings": plan.random_orderings, "timing": dict(timing),
              "rows": rows, "summary": summary, "verdicts": lines}
     write_text_atomic(out / "study.md", markdown(plan, rows, summary, lines, timing))

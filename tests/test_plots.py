@@ -338,3 +338,30 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, setup, args, needle):
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert needle in err, err
     assert not list(tmp_path.rglob("*.gif")) and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_pictures_of_seven_kinds_keep_every_label_apart_and_inside(tmp_path):
+    """With 5-7 candidates the architecture picture's title still fits and its legend stays clear of the
+    blocks; the heat map gives each kind its own column header."""
+    from matplotlib.patches import FancyBboxPatch
+
+    seven = ("attention", "dense", "identity", "conv", "glu", "sqrelu", "compressive")
+    winners = [seven[b % 7] for b in range(12)]
+    history = load_history(write_run(tmp_path / "run", n_blocks=12, kinds=seven, winners=winners, arch=False))
+    fig = plots.architecture_figure(history)
+    renderer = fig.canvas.get_renderer()
+    width = fig.bbox.width
+    for text in fig.axes[0].texts:
+        box = text.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= width, text.get_text()
+    legend = fig.axes[0].get_legend().get_window_extent(renderer)
+    blocks = [p.get_window_extent(renderer) for p in fig.axes[0].patches if isinstance(p, FancyBboxPatch)]
+    assert len(fig.axes[0].get_legend().get_texts()) == 7
+    assert all(legend.y1 < b.y0 or legend.y0 > b.y1 or legend.x1 < b.x0 or legend.x0 > b.x1 for b in blocks)
+
+    frame = heatmap.HeatmapFigure(history)
+    fig = frame.fig
+    renderer = fig.canvas.get_renderer()
+    headers = sorted((t.get_window_extent(renderer) for t in frame.ax.texts if t.get_text() in seven),
+                     key=lambda b: b.x0)
+    assert len(headers) == 7 and all(a.x1 < b.x0 for a, b in zip(headers, headers[1:]))

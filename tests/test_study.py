@@ -31,6 +31,11 @@ def test_sandwich_puts_attention_first_then_dense_then_identity():
     assert letters(transformer_xl(5)) == "ADADA"
 
 
+def test_sandwich_puts_other_mixers_after_attention_and_other_feed_forwards_after_dense():
+    kinds = ["identity", "glu", "sqrelu", "dense", "compressive", "conv", "attention", "glu"]
+    assert letters(sandwich(kinds)) == "AMCDGGSI"  # compressive, conv: by name
+
+
 def test_random_orderings_keep_the_counts_avoid_the_found_ones_and_depend_only_on_the_counts():
     found = ("attention", "dense", "identity", "attention", "dense", "dense")
     shuffled = tuple(reversed(found))
@@ -120,6 +125,26 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
                                                                         for r in rows]
 
 
+def test_candidate_sets_are_searched_side_by_side_against_one_transformer_xl(small_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    sets = ["attention,dense,identity", "attention,conv,dense,glu,identity"]
+    args = [a if a != str(SEEDS) else "1" for a in study_args(small_corpus, out)]  # one seed per set
+    assert main([*args, *(a for c in sets for a in ("--candidates", c))]) == 0
+    assert "[search 2/2] candidates ACDGI, budget none, seed 0: found" in capsys.readouterr().out
+    study = json.loads((out / "study.json").read_text())
+    assert study["candidate_sets"] == [c.split(",") for c in sets]
+    for label, kinds in (("ADI", {"attention", "dense", "identity"}),
+                         ("ACDGI", {"attention", "conv", "dense", "glu", "identity"})):
+        record = architecture.read(out / "search" / f"{label}-bnone-s0" / "architecture.json")
+        assert set(record["search"]["candidates"]) == kinds
+        found = [r for r in study["rows"] if r["role"] == "found" and r["candidates"] == label]
+        assert [r["layout"] for r in found] == [letters(architecture.layout(record))]
+    assert [r["layout"] for r in study["rows"] if r["role"] == "transformer-xl"] == ["ADAD"]
+    assert [(s["candidates"], s["budget"]) for s in study["summary"]] == [("ADI", "none"), ("ACDGI", "none")]
+    text = (out / "study.md").read_text()
+    assert text.count("- candidates ACDGI, budget none:") == 3 and "| candidates | budget |" in text
+
+
 def test_verdicts_follow_the_numbers():
     def row(role, layout, ppl, ratio, seed=None):
         return {"role": role, "budget": None if seed is None else "0.65", "seed": seed, "layout": layout,
@@ -158,6 +183,10 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
     (["--budgets", "0"], "(0, 1]"), (["--budgets", "-0.5"], "(0, 1]"), (["--budgets", "1.5"], "(0, 1]"),
     (["--budgets", "fast"], "not a number"), (["--budgets", "nan"], "(0, 1]"), (["--seeds", "0"], "--seeds"),
     (["--config", "no-such-preset"], "no config file or preset"),
+    (["--candidates", "attention"], "at least two kinds"),
+    (["--candidates", "attention,dense", "--candidates", "attention, dense"], "a set twice"),
+    (["--candidates", "attention,warp_drive"], "warp_drive"),
+    (["--candidates", "attention,dense", "--set", "search.candidates=[attention,identity]"], "--candidates alone"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "study"
