@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -133,7 +134,7 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
                   steps: int, warmup: int, device: torch.device) -> list[list[float]]:
     steppers = [_Stepper(layout, cfg, vocab_size, mode, device) for layout in layouts]
     for s in steppers:
-        s.steps(warmup)
+        s.steps(max(warmup, full_memory_steps(cfg)))
     times: list[list[float]] = [[] for _ in steppers]
     for r in range(rounds):
         for i in _rotated(len(steppers), r):
@@ -143,6 +144,13 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
             _sync(device)
             times[i].append((time.perf_counter() - start) * 1e3 / steps)
     return times
+
+
+def full_memory_steps(cfg: Config) -> int:
+    """Steps after which every memory is full: the memory's ``mem_len`` states, and a compressive block's
+    ``compress_len`` compressed ones (``compress_rate`` evicted states each), so steps are timed at steady state."""
+    m = cfg.model
+    return math.ceil((m.mem_len + m.compress_rate * m.compress_len) / cfg.data.seg_len) + 1
 
 
 def _rotated(n: int, r: int) -> Iterator[int]:

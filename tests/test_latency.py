@@ -57,3 +57,23 @@ def test_time_layouts_returns_one_positive_median_per_layout():
     ms = latency.time_layouts([["attention", "dense"], ["identity", "identity"]], tiny_config(), VOCAB,
                               mode="inference", rounds=2, steps=1)
     assert len(ms) == 2 and all(m > 0 for m in ms)
+
+
+def test_timing_starts_with_every_memory_full_compressed_memory_included(monkeypatch):
+    """Steps are timed at steady state: a compressive block's compressed memory is full before the first round."""
+    cfg = tiny_config("data.seg_len=4", "model.mem_len=16", "model.compress_rate=2", "model.compress_len=8")
+    warm = latency.full_memory_steps(cfg)
+    assert warm == (16 + 2 * 8) // 4 + 1
+    stepped = []
+    real = latency._Stepper.steps
+
+    def record(self, n):
+        real(self, n)
+        stepped.append(self)
+
+    monkeypatch.setattr(latency._Stepper, "steps", record)
+    latency.time_layouts([["compressive", "dense"]], cfg, VOCAB, rounds=1, steps=1, warmup=1)
+    after_warmup = stepped[0]
+    assert after_warmup.t == warm + 1  # warm-up, then one timed step
+    compressed = after_warmup.mems[2]  # mems: one per block, then the compressive block's [compressed, pending]
+    assert compressed.size(1) == 8
