@@ -110,6 +110,15 @@ def layout_string(layout: Sequence[str]) -> str:
     return "".join(kinds.letter(k) for k in layout)
 
 
+def legend(layout: Sequence[str] | str) -> str:
+    """What the letters of a layout mean: ``'ACD'`` or ``['attention', 'conv']`` -> ``'A attention, C conv, ...'``
+    (each kind once, in order of appearance)."""
+    if isinstance(layout, str):
+        by_letter = {kinds.letter(k): k for k in kinds.names()}
+        return ", ".join(f"{c} {by_letter.get(c, 'unknown kind')}" for c in dict.fromkeys(layout))
+    return ", ".join(f"{kinds.letter(k)} {k}" for k in dict.fromkeys(layout))
+
+
 def read(path: str | Path) -> dict:
     """Load and validate an architecture file."""
     try:

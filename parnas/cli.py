@@ -51,7 +51,9 @@ def summary(metrics: dict[str, Any], out_dir: str) -> str:
              f"{metrics['eval_tokens_per_s']:,.0f} eval tokens/s" if metrics.get("eval_tokens_per_s") else None,
              f"peak memory {metrics['peak_memory_mb']:,.0f} MB" if metrics.get("peak_memory_mb") else None]
     lines.append("  " + ", ".join(s for s in speed if s))
-    lines.append(f"  metrics in {out_dir}/metrics.json (A=attention, D=dense, I=identity block)")
+    from parnas.architecture import legend
+
+    lines.append(f"  metrics in {out_dir}/metrics.json ({legend(metrics['architecture'])})")
     return "\n".join(lines)
 
 

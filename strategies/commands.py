@@ -20,10 +20,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, extra=trial_parameters())
     record = run_search(cfg, resume=args.resume)
     if record:
-        from parnas.architecture import layout, layout_string
+        from parnas.architecture import layout, layout_string, legend
 
         search = record["search"]
-        print(f"architecture {layout_string(layout(record))} (A attention, D dense, I identity) "
+        print(f"architecture {layout_string(layout(record))} ({legend(search.get('candidates') or layout(record))}) "
               f"after {search['steps']} steps")
         print(f"  val ppl {search['val_ppl']:.2f} exported architecture (supernet weights, not retrained); "
               f"{search['supernet_val_ppl']:.2f} supernet (discretisation gap {search['discretisation_gap']:+.2f})")

@@ -57,6 +57,12 @@ def test_builtins_are_registered_in_order_with_unique_letters():
     assert len({kinds.get(k).letter for k in kinds.names()}) == len(kinds.names())
 
 
+def test_printed_layouts_say_what_each_of_their_letters_means():
+    assert architecture.legend("ACAAACGGGDDG") == "A attention, C conv, G glu, D dense"
+    assert architecture.legend(["attention", "dense", "identity"]) == "A attention, D dense, I identity"
+    assert architecture.legend("AQ") == "A attention, Q unknown kind"
+
+
 def test_every_kind_is_built_from_the_config_alone_and_keeps_the_block_call():
     h, pos = torch.randn(2, 3, 16), torch.randn(7, 16)
     for name in kinds.names():
