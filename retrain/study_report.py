@@ -163,13 +163,19 @@ def _beats(rows: Sequence[Mapping[str, Any]], found: Mapping[str, Any], role: st
 def orderings_verdict(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any],
                       found: Sequence[Mapping[str, Any]]) -> str:
     """Is the found order better than the same blocks in random order, and than the sandwich order?"""
-    parts = []
+    beats, missing = [], []
     for role, what in (("random", "the mean of its random orderings"), ("sandwich", "its sandwich ordering")):
+        if not any(_of(rows, role, (r.get("candidates"), r["budget"]), r["seed"]) for r in found):
+            missing.append(role)
+            continue
         results = [b for b in (_beats(rows, r, role) for r in found) if b is not None]
-        parts.append(f"{what} in {sum(results)} of {len(results)} seeds")
-    skipped = "" if all(_beats(rows, r, "random") is not None for r in found) else \
-        " (a seed whose found blocks have no other ordering is not counted)"
-    return (f"{group_name(s)}: the found architecture beats {parts[0]} and {parts[1]}{skipped}; mean val ppl: "
+        beats.append(f"{what} in {sum(results)} of {len(results)} seeds")
+        if len(results) < len(found):
+            beats[-1] += " (a seed whose found blocks have no other ordering is not counted)"
+    parts = "the found architecture beats " + " and ".join(beats) if beats else "no other ordering was trained"
+    if beats and missing:
+        parts += f" ({' and '.join(missing)} orderings: none trained)"
+    return (f"{group_name(s)}: {parts}; mean val ppl: "
             f"found {_fmt(s['found_val_ppl'])}, random {_fmt(s['random_val_ppl'])}, "
             f"sandwich {_fmt(s['sandwich_val_ppl'])}.")
 
@@ -179,14 +185,17 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
     layouts = [r["layout"] for r in found]
     early = [attention_early(lay) for lay in layouts]
     unanimous = sum(len({lay[i] for lay in layouts}) == 1 for i in range(len(layouts[0])))
+    agreement = (f"all seeds choose the same kind at {unanimous} of {len(layouts[0])} depths" if len(layouts) > 1
+                 else "one seed: agreement across seeds not measured")
     both = [e for e in early if e is not None]
     if not both:
         answer = "cannot say: no seed found both attention and other blocks"
     else:
-        answer = "the seeds agree" if len(both) == len(early) and all(both) else "the seeds do not agree"
+        pattern = len(both) == len(early) and all(both)
+        answer = ("yes" if pattern else "no") if len(early) == 1 else \
+            "the seeds agree" if pattern else "the seeds do not agree"
     return (f"{group_name(s)}: attention early, the other kinds late in {sum(both)} of {len(early)} seeds "
-            f"({', '.join(layouts)}) -> {answer}; all seeds choose the same kind at {unanimous} of "
-            f"{len(layouts[0])} depths.")
+            f"({', '.join(layouts)}) -> {answer}; {agreement}.")
 
 
 def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> list[str]:

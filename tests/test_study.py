@@ -194,3 +194,16 @@ def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("parnas study: error:") and message in err[0]
     assert not out.exists()
+
+
+def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no_random_comparison():
+    rows = [{"role": "transformer-xl", "budget": None, "seed": None, "layout": "ADAD", "val_ppl": 50.0,
+             "latency_ratio": 1.0, "train_step_ms": 10.0},
+            {"role": "found", "candidates": "ACD", "budget": "none", "seed": 0, "layout": "ADCD", "val_ppl": 49.0,
+             "latency_ratio": 0.9, "train_step_ms": 9.0},
+            {"role": "sandwich", "candidates": "ACD", "budget": "none", "seed": 0, "layout": "ACDD",
+             "val_ppl": 49.0, "latency_ratio": 0.9, "train_step_ms": 9.0}]
+    claim, orders, depth = verdicts(rows, summarise(rows))
+    assert claim.startswith("candidates ACD, budget none: 0 of 1 seeds")
+    assert "sandwich ordering in 0 of 1 seeds (random orderings: none trained)" in orders and "0 of 0" not in orders
+    assert depth.endswith("-> yes; one seed: agreement across seeds not measured.")
