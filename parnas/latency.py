@@ -233,19 +233,46 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
                   cache_dir: Path | None = None, refresh: bool = False) -> tuple[LatencyTable, bool]:
     """The cached table for these shapes on this device, timed now if absent; returns (table, was_cached).
 
-    A table for a superset of ``kinds`` with otherwise equal shapes is not looked for: the key names the kinds.
+    A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
+    that cover them the newest is used: searches of different candidate sets started after one timing then
+    price the kinds they share alike (timings of one kind taken at different times differ with the load).
     """
     device = torch.device(device)
     kinds = sorted(set(kinds) | {"identity"})
     key = table_key(cfg, vocab_size, kinds, device)
     path = cache_path(key, cache_dir)
-    if path.is_file() and not refresh:
-        try:
-            table = LatencyTable.from_dict(json.loads(path.read_text()))
-            if table.key == key:
-                return table, True
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable or stale: time again and replace it
+    if not refresh:
+        table = newest_covering(key, path.parent)
+        if table is not None:
+            return table, True
     table = measure_table(cfg, vocab_size, kinds, device)
     write_json_atomic(path, table.to_dict())
     return table, False
+
+
+def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
+    """The newest readable table in ``folder`` with ``key``'s shapes and device and at least its kinds,
+    restricted to them; None if there is none (unreadable or stale files are skipped)."""
+    shapes = {k: v for k, v in key.items() if k != "kinds"}
+    dated = []
+    for file in folder.glob("*.json"):
+        try:
+            dated.append((file.stat().st_mtime_ns, file))
+        except OSError:
+            continue  # removed meanwhile
+    for _, file in sorted(dated, reverse=True):
+        try:
+            table = LatencyTable.from_dict(json.loads(file.read_text()))
+            covers = ({k: v for k, v in table.key.items() if k != "kinds"} == shapes
+                      and set(key["kinds"]) <= set(table.key["kinds"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if covers:
+            return LatencyTable(key, table.constant_ms, {k: table.kinds_ms[k] for k in key["kinds"]},
+                                table.n_reference)
+    return None
+
+
+def read_table(path: Path) -> LatencyTable:
+    """A table written by :meth:`LatencyTable.to_dict` (a search pins its own in its run directory)."""
+    return LatencyTable.from_dict(json.loads(path.read_text()))

@@ -33,8 +33,8 @@ from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data import load_splits
 from parnas.errors import ParnasError
-from parnas.files import check_writable_dir, ensure_writable_dir, write_text_atomic
-from parnas.latency import latency_table
+from parnas.files import check_writable_dir, ensure_writable_dir, write_json_atomic, write_text_atomic
+from parnas.latency import latency_table, read_table
 from parnas.plots import plot_run
 from parnas.task import LanguageModelTask, evaluate
 from parnas.train import SegmentData, build_trainer, position_restored_by_task, tokenizer_meta
@@ -87,13 +87,21 @@ def prepare_run_dir(run_dir: Path, ckpt: Path | None) -> None:
         write_text_atomic(history, "".join(line + "\n" for line in kept))
 
 
-def cost_model(cfg: Config, vocab_size: int, device: torch.device) -> tuple[CostModel, dict[str, Any] | None]:
+PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
+
+
+def cost_model(cfg: Config, vocab_size: int, device: torch.device,
+               pinned: Path | None = None) -> tuple[CostModel, dict[str, Any] | None]:
     """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
-    table's record when costs are measured."""
+    table's record when costs are measured. ``pinned``: a resumed search's own table, if it wrote one, so
+    its costs do not change with tables timed since it started."""
     kinds = sorted(set(cfg.search.candidates) | {"attention", "dense"})
     if cfg.search.penalty_cost == "flops":
         return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None
-    table, cached = latency_table(cfg, vocab_size, kinds, device)
+    if pinned is not None and pinned.is_file():
+        table, cached = read_table(pinned), True
+    else:
+        table, cached = latency_table(cfg, vocab_size, kinds, device)
     return latency_costs(table, cfg.model.n_blocks), {"table": table, "cached": cached}
 
 
@@ -165,7 +173,8 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
     trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
                             log_every_n_steps=cfg.search.log_every)
-    costs, latency = cost_model(cfg, vocab_size, trainer.strategy.root_device)
+    costs, latency = cost_model(cfg, vocab_size, trainer.strategy.root_device,
+                                pinned=run_dir / PINNED_TABLE if ckpt else None)
     check_budget(cfg, costs)
     strategy = PARGumbelDARTS(cfg.search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
@@ -221,6 +230,8 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
     prepare_run_dir(run_dir, ckpt)  # everything checked (latency budget included): now files may be touched
+    if search.latency and search.trainer.is_global_zero:
+        write_json_atomic(run_dir / PINNED_TABLE, search.latency["table"].to_dict())
     seconds = search.run()
     if not search.trainer.is_global_zero:
         return {}

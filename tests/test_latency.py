@@ -77,3 +77,56 @@ def test_timing_starts_with_every_memory_full_compressed_memory_included(monkeyp
     assert after_warmup.t == warm + 1  # warm-up, then one timed step
     compressed = after_warmup.mems[2]  # mems: one per block, then the compressive block's [compressed, pending]
     assert compressed.size(1) == 8
+
+
+def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table_wins(tmp_path, monkeypatch):
+    """Searches of different candidate sets started after one timing price their shared kinds alike."""
+    import os
+
+    cfg = tiny_config()
+    wide, cached = latency.latency_table(cfg, VOCAB, ["attention", "conv", "dense"], cache_dir=tmp_path)
+    assert not cached
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(latency, "measure_table", no_timing)
+    narrow, cached = latency.latency_table(cfg, VOCAB, ["dense", "attention"], cache_dir=tmp_path)
+    assert cached and narrow.key["kinds"] == ["attention", "dense", "identity"]
+    assert narrow.kinds_ms == {k: wide.kinds_ms[k] for k in ("attention", "dense", "identity")}
+    assert narrow.constant_ms == wide.constant_ms
+
+    # an older table for exactly these kinds loses to the newer wide one; once newer, it wins
+    older = latency.LatencyTable(narrow.key, {"train": 1.0, "inference": 1.0},
+                                 {k: {"train": 2.0, "inference": 2.0} for k in narrow.kinds_ms}, narrow.n_reference)
+    exact = latency.cache_path(narrow.key, tmp_path)
+    exact.write_text(json.dumps(older.to_dict()))
+    wide_file = latency.cache_path(wide.key, tmp_path)
+    os.utime(exact, ns=(wide_file.stat().st_mtime_ns - 10**9,) * 2)
+    assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
+    os.utime(exact, ns=(wide_file.stat().st_mtime_ns + 10**9,) * 2)
+    assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0] == older
+
+    # other shapes, or a kind the tables lack, are timed afresh
+    for args in ((tiny_config("data.seg_len=4"), ["attention", "dense"]), (cfg, ["attention", "glu"])):
+        with pytest.raises(AssertionError, match="timed again"):
+            latency.latency_table(args[0], VOCAB, args[1], cache_dir=tmp_path)
+
+
+def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch):
+    import torch
+
+    from strategies.search import cost_model
+
+    cfg = tiny_config()
+    table, _ = latency.latency_table(cfg, VOCAB, ["attention", "dense"])  # the session's private cache
+    pinned = latency.LatencyTable(table.key, {"train": 5.0, "inference": 1.0},
+                                  {"attention": {"train": 3.0, "inference": 1.0},
+                                   "dense": {"train": 1.0, "inference": 0.5},
+                                   "identity": {"train": 0.0, "inference": 0.0}}, table.n_reference)
+    path = tmp_path / "latency_table.json"
+    path.write_text(json.dumps(pinned.to_dict()))
+    costs, record = cost_model(cfg, VOCAB, torch.device("cpu"), pinned=path)
+    assert record["table"] == pinned and costs.per_kind["attention"] == 3.0 and costs.per_kind["dense"] == 1.0
+    costs, record = cost_model(cfg, VOCAB, torch.device("cpu"), pinned=tmp_path / "absent.json")
+    assert record["table"].kinds_ms == table.kinds_ms
