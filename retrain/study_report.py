@@ -279,8 +279,9 @@ def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
         ax.step(*zip(*front), where="post", color="#1f77b4", linewidth=1.2, zorder=1)
         ax.scatter(*zip(*front), s=260, facecolors="none", edgecolors="#1f77b4", linewidths=1.5,
                    label="Pareto front", zorder=2)
-    for lay, (x, y) in layouts.items():
-        ax.annotate(lay, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7, family="monospace")
+    for names, (x, y) in _label_groups(layouts):
+        ax.annotate("\n".join(names), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7,
+                    family="monospace", va="bottom")
     ax.set_xlabel("measured train step (ms)  \u2192 faster to the left")
     ax.set_ylabel("validation perplexity after retraining (lower is better)")
     ax.set_title(title)
@@ -288,6 +289,25 @@ def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     ax.margins(x=0.15, y=0.1)
     ax.legend(frameon=False)
     return fig
+
+
+def _label_groups(points: Mapping[str, tuple[float, float]], near: float = 0.015
+                  ) -> list[tuple[list[str], tuple[float, float]]]:
+    """Layouts whose points lie within ``near`` of the axes' spans of each other share one label (one name a
+    line), so coincident points (layouts equal up to identity blocks) do not print over each other."""
+    if not points:
+        return []
+    xs, ys = zip(*points.values())
+    dx, dy = (max(xs) - min(xs)) * near or 1.0, (max(ys) - min(ys)) * near or 1.0
+    groups: list[tuple[list[str], tuple[float, float]]] = []
+    for name, (x, y) in points.items():
+        for names, (gx, gy) in groups:
+            if abs(x - gx) <= dx and abs(y - gy) <= dy:
+                names.append(name)
+                break
+        else:
+            groups.append(([name], (x, y)))
+    return groups
 
 
 def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any]) -> dict[str, Any]:

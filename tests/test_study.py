@@ -207,3 +207,11 @@ def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no
     assert claim.startswith("candidates ACD, budget none: 0 of 1 seeds")
     assert "sandwich ordering in 0 of 1 seeds (random orderings: none trained)" in orders and "0 of 0" not in orders
     assert depth.endswith("-> yes; one seed: agreement across seeds not measured.")
+
+
+def test_coincident_points_of_the_study_figure_share_one_label():
+    from retrain.study_report import _label_groups
+
+    points = {"AIAIAIIIIADD": (164.6, 64.54), "AAAADDIIIIII": (162.7, 64.54), "ADADADADADAD": (286.6, 63.27)}
+    assert _label_groups(points) == [(["AIAIAIIIIADD", "AAAADDIIIIII"], (164.6, 64.54)),
+                                     (["ADADADADADAD"], (286.6, 63.27))]
