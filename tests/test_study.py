@@ -212,6 +212,6 @@ def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no
 def test_coincident_points_of_the_study_figure_share_one_label():
     from retrain.study_report import _label_groups
 
-    points = {"AIAIAIIIIADD": (164.6, 64.54), "AAAADDIIIIII": (162.7, 64.54), "ADADADADADAD": (286.6, 63.27)}
-    assert _label_groups(points) == [(["AIAIAIIIIADD", "AAAADDIIIIII"], (164.6, 64.54)),
+    points = {"AIAIAIIIIADD": (163.6, 64.54), "AAAADDIIIIII": (162.7, 64.54), "ADADADADADAD": (286.6, 63.27)}
+    assert _label_groups(points) == [(["AIAIAIIIIADD", "AAAADDIIIIII"], (163.6, 64.54)),
                                      (["ADADADADADAD"], (286.6, 63.27))]
