@@ -18,8 +18,8 @@ import statistics
 import torch
 
 from parnas.architecture import layout_string
-from parnas.config import load_config
-from parnas.latency import latency_table, time_layouts, transformer_xl_layout
+from parnas.config import load_config, transformer_xl_layout
+from parnas.latency import latency_table, time_layouts
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from parnas import kinds
-from parnas.config import ModelConfig, from_dict
+from parnas.config import ModelConfig, from_dict, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
 
@@ -53,7 +53,7 @@ def make_record(architecture: Mapping[str, str], model: ModelConfig, vocab_size:
 def named_layout(name: str, model: ModelConfig, vocab_size: int) -> dict:
     """Baselines: ``transformer-xl`` (attention, dense, ...) or ``all-attention``, at ``model.n_blocks``."""
     if name == "transformer-xl":
-        kinds = [("attention", "dense")[i % 2] for i in range(model.n_blocks)]
+        kinds = list(transformer_xl_layout(model.n_blocks))
     elif name == "all-attention":
         kinds = ["attention"] * model.n_blocks
     else:

@@ -88,7 +88,7 @@ class ModelConfig:
     @property
     def layout(self) -> tuple[str, ...]:
         """The block kinds in order (the standard Transformer-XL when ``blocks`` is empty)."""
-        return self.blocks or tuple(("attention", "dense")[i % 2] for i in range(self.n_blocks))
+        return self.blocks or transformer_xl_layout(self.n_blocks)
 
     def shares_weights(self, kind: str) -> bool:
         """Whether all blocks of ``kind`` reuse one module (Universal Transformer-style depth recurrence)."""
@@ -238,6 +238,11 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def transformer_xl_layout(n_blocks: int) -> tuple[str, ...]:
+    """The standard Transformer-XL at ``n_blocks``: attention, dense, attention, dense, ..."""
+    return tuple(("attention", "dense")[i % 2] for i in range(n_blocks))
 
 
 def _require(ok: bool, message: str) -> None:

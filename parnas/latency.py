@@ -35,17 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from parnas.config import Config
+from parnas.config import Config, transformer_xl_layout
 from parnas.files import write_json_atomic
 from parnas.model import build_fixed_model
 
 MODES = ("train", "inference")
 FORMAT, VERSION = "parnas.latency", 1
-
-
-def transformer_xl_layout(n_blocks: int) -> list[str]:
-    """The standard Transformer-XL at ``n_blocks``: attention, dense, attention, dense, ..."""
-    return [("attention", "dense")[i % 2] for i in range(n_blocks)]
 
 
 def device_name(device: torch.device) -> str:

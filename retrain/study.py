@@ -33,7 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture
-from parnas.config import BLOCK_KINDS, Config, SearchConfig, from_dict, load_config, merge, unflatten
+from parnas.config import (
+    BLOCK_KINDS,
+    Config,
+    SearchConfig,
+    from_dict,
+    load_config,
+    merge,
+    parse_overrides,
+    transformer_xl_layout,
+    unflatten,
+)
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
 
@@ -150,7 +160,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
-    if candidate_sets and any(o.split("=", 1)[0].strip() == "search.candidates" for o in overrides):
+    if candidate_sets and "candidates" in parse_overrides(overrides).get("search", {}):
         raise ConfigError("give the candidate sets with --candidates alone, not also --set search.candidates")
     plan = Plan(config, tuple(overrides), load_config(config, overrides), seeds, parse_budgets(budgets), Path(out),
                 search_steps, retrain_steps, random_orderings, rounds, candidate_sets)
@@ -232,10 +242,6 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 # --- orderings ----------------------------------------------------------------------------------------
 
-def transformer_xl(n_blocks: int) -> tuple[str, ...]:
-    return tuple(("attention", "dense")[i % 2] for i in range(n_blocks))
-
-
 def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
     """Press et al.'s sandwich ordering of these kinds: all attention, then dense, then identity. Other kinds
     go with their family: token mixers (kinds with a memory: conv, compressive) after attention, other
@@ -273,7 +279,7 @@ def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequenc
 def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
     """Every row of the study: Transformer-XL once, then per search its found, sandwich and random layouts."""
     n_blocks = len(next(iter(found.values()))["architecture"])
-    entries = [Entry("transformer-xl", transformer_xl(n_blocks))]
+    entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks))]
     for search, record in found.items():
         kinds = tuple(architecture.layout(record))
         ordered = sandwich(kinds)
@@ -362,13 +368,13 @@ def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, pro
     """Train and inference step times of every layout, side by side in this process."""
     import torch
 
-    from parnas.latency import time_layouts
+    from parnas.latency import device_name, time_layouts
 
     cfg = retrain_config(plan)
     accelerator = cfg.train.accelerator
     device = torch.device("cuda" if accelerator in ("gpu", "cuda") or
                           (accelerator == "auto" and torch.cuda.is_available()) else "cpu")
-    timing: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    timing: dict[str, Any] = {"device": device_name(device),
                               "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": plan.rounds,
                               "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
                               "mem_len": cfg.model.mem_len}

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from parnas import kinds
 from parnas.blocks import make_block
-from parnas.config import ModelConfig
-from parnas.latency import LatencyTable, transformer_xl_layout
+from parnas.config import ModelConfig, transformer_xl_layout
+from parnas.latency import LatencyTable
 
 
 def flops_per_token(kind: str, cfg: ModelConfig, seg_len: int, batch_size: int) -> float:

@@ -9,7 +9,8 @@ import pytest
 
 from parnas import architecture
 from parnas.cli import main
-from retrain.study import make_plan, random_orderings, sandwich, settings_record, transformer_xl
+from parnas.config import transformer_xl_layout as transformer_xl
+from retrain.study import make_plan, random_orderings, sandwich, settings_record
 from retrain.study_report import summarise, verdicts
 
 SEEDS, RANDOM = 2, 1
