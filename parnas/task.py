@@ -82,10 +82,21 @@ class Evaluation:
         return self.tokens / self.seconds
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device ``model``'s weights are on. Evaluation sends its batches there rather than to a device
+    named by the caller, so the two cannot disagree (Lightning moves a module back to the CPU when
+    ``fit`` ends, while the trainer still names the GPU it trained on)."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
-             device: torch.device | str = "cpu") -> Evaluation:
-    """Perplexity over a whole split, memory carried across segments, dropout off."""
+def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> Evaluation:
+    """Perplexity over a whole split, memory carried across segments, dropout off, on the model's device."""
+    device = model_device(model)
     was_training = model.training
     model.eval()
     total, count, mems = torch.zeros((), dtype=torch.float64, device=device), 0, None

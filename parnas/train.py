@@ -48,7 +48,7 @@ from parnas.data import ContextBatches, load_splits
 from parnas.errors import ConfigError
 from parnas.files import check_run_dir, write_json_atomic
 from parnas.model import TransformerXL, build_fixed_model
-from parnas.task import LanguageModelTask, evaluate
+from parnas.task import LanguageModelTask, evaluate, model_device
 from parnas.tokenizer import Tokenizer
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
@@ -341,7 +341,8 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     if not trainer.is_global_zero:
         return {}
     device = trainer.strategy.root_device
-    metrics = final_metrics(model, data, device, cfg.train.precision)
+    model.to(device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
+    metrics = final_metrics(model, data, cfg.train.precision)
     kinds = model.block_kinds
     metrics.update(
         steps=trainer.global_step, train_seconds=round(seconds, 2),
@@ -382,14 +383,15 @@ def tokens_per_s(tokens: int, seconds: float) -> float | None:
     return round(tokens / seconds, 1) if seconds >= MIN_TIMED_SECONDS else None
 
 
-def split_metrics(model: TransformerXL, data: SegmentData, split: str, device: torch.device,
+def split_metrics(model: TransformerXL, data: SegmentData, split: str,
                   precision: str = "32-true") -> dict[str, Any]:
     """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
-    (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS)."""
+    (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS),
+    on the device the model's weights are on."""
     batches = data.batches(split)
-    with autocast(device, precision):
-        evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, len(batches)))), device)
-        result = evaluate(model, batches, device)
+    with autocast(model_device(model), precision):
+        evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, len(batches)))))
+        result = evaluate(model, batches)
     name = "val" if split == "valid" else split
     return {f"{name}_ppl": result.ppl if math.isfinite(result.ppl) else None, f"{name}_loss": result.loss,
             f"{name}_ppl_batch_mean": result.batch_mean_ppl if math.isfinite(result.batch_mean_ppl) else None,
@@ -398,11 +400,10 @@ def split_metrics(model: TransformerXL, data: SegmentData, split: str, device: t
             f"{name}_eval_seconds": round(result.seconds, 3)}
 
 
-def final_metrics(model: TransformerXL, data: SegmentData, device: torch.device,
-                  precision: str = "32-true") -> dict[str, Any]:
-    """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time)."""
-    out = {**split_metrics(model, data, "valid", device, precision),
-           **split_metrics(model, data, "test", device, precision)}
+def final_metrics(model: TransformerXL, data: SegmentData, precision: str = "32-true") -> dict[str, Any]:
+    """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
+    on the device the model's weights are on."""
+    out = {**split_metrics(model, data, "valid", precision), **split_metrics(model, data, "test", precision)}
     seconds = out["val_eval_seconds"] + out["test_eval_seconds"]
     out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out["test_tokens"], seconds)
     return out

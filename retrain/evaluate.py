@@ -40,7 +40,7 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device,
     corpus = resolve_corpus(cfg.data.dataset, data_path or cfg.data.path)
     ids = trained.tokenizer.encode_file(corpus / f"{split}.txt")
     data = SegmentData({split: ids}, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
-    out = split_metrics(trained.model, data, split, device, cfg.train.precision)
+    out = split_metrics(trained.model, data, split, cfg.train.precision)
     name = "val" if split == "valid" else split
     return {"split": split, "ppl": out[f"{name}_ppl"], "loss": out[f"{name}_loss"], "tokens": out[f"{name}_tokens"],
             "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "eval_seconds": out[f"{name}_eval_seconds"],

@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from parnas.architecture import layout_string
 from parnas.config import SearchConfig
-from parnas.task import LanguageModelTask, segment_nll, step_seed
+from parnas.task import LanguageModelTask, model_device, segment_nll, step_seed
 from strategies.costs import CostModel
 
 
@@ -125,8 +125,10 @@ def fit_budget(probabilities: Sequence[Mapping[str, float]], costs: CostModel, b
 
 @torch.no_grad()
 def exported_nll(model: torch.nn.Module, choices: Sequence[DifferentiableMixedLayer], kinds: Sequence[str],
-                 batches: Iterable[tuple[Tensor, Tensor]], device: torch.device) -> Tensor:
-    """(total NLL, predicted tokens) of the exported architecture over ``batches``, memory carried, dropout off."""
+                 batches: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
+    """(total NLL, predicted tokens) of the exported architecture over ``batches``, memory carried, dropout off,
+    on the device the model's weights are on."""
+    device = model_device(model)
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     was_training, mems = model.training, None
     model.eval()
@@ -316,7 +318,7 @@ class PARDartsModule(DartsLightningModule):
         trainer = self.trainer
         batches = trainer.datamodule.batches("valid", trainer.global_rank, trainer.world_size)
         kinds, fitted = self.exported_kinds()
-        sums = exported_nll(self.training_module.model, self.choices(), kinds, batches, self.device)
+        sums = exported_nll(self.training_module.model, self.choices(), kinds, batches)
         sums = trainer.strategy.reduce(sums, reduce_op="sum")
         return self.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet_val_ppl)
 

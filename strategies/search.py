@@ -189,10 +189,10 @@ def final_evaluation(search: Search) -> Evaluated:
     module, step = search.module, search.trainer.global_step
     if module.last_evaluation is not None and module.last_evaluation.step == step:
         return module.last_evaluation
-    device = search.trainer.strategy.root_device
-    supernet = evaluate(search.supernet, search.data.batches("valid"), device).ppl
+    search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
+    supernet = evaluate(search.supernet, search.data.batches("valid")).ppl
     kinds, fitted = module.exported_kinds()
-    sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"), device)
+    sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"))
     return module.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet)
 
 

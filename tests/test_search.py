@@ -177,8 +177,7 @@ def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weight
         if "_arch_alpha" not in name:
             state[name] = value
     fixed.load_state_dict(state)
-    sums = exported_nll(search.supernet, search.module.choices(), list(chosen.values()), search.data.batches("valid"),
-                        torch.device("cpu"))
+    sums = exported_nll(search.supernet, search.module.choices(), list(chosen.values()), search.data.batches("valid"))
     reference = evaluate(fixed, search.data.batches("valid"))
     assert float(sums[0]) == pytest.approx(reference.nll, rel=1e-6) and int(sums[1]) == reference.tokens
 

@@ -38,3 +38,31 @@ def test_evaluate_is_exp_of_total_nll_and_deterministic_with_dropout_configured(
             h, mems = model(x, mems)
             total += model.nll(h, y).sum().item()
     assert first.ppl == pytest.approx(math.exp(total / 48), rel=1e-6)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_evaluation_sends_batches_to_the_device_the_weights_are_on():
+    """Lightning moves a module back to the CPU when fit ends, while the trainer still names the GPU:
+    evaluation must follow the weights, not a device named elsewhere. A model on the meta device shows
+    it without a GPU (batches on any other device would reach its first block)."""
+    from parnas.train import SegmentData, split_metrics
+
+    cfg = ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, mem_len=4, cutoffs=())
+    model = build_fixed_model(cfg, 50).to("meta")
+    seen = []
+
+    def record(module, args):
+        seen.append((args[0].device, next(module.parameters()).device))
+        raise _Stop
+
+    model.register_forward_pre_hook(record)
+    stream = torch.randint(0, 50, (200,)).numpy()
+    data = SegmentData({"valid": stream}, batch_size=2, eval_batch_size=2, seg_len=8)
+    for run in (lambda: evaluate(model, data.batches("valid")), lambda: split_metrics(model, data, "valid")):
+        seen.clear()
+        with pytest.raises(_Stop):
+            run()
+        assert seen == [(torch.device("meta"), torch.device("meta"))]
