@@ -125,6 +125,9 @@ def read(path: str | Path) -> dict:
         text = Path(path).read_text()
     except OSError as e:
         raise ArchitectureError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ArchitectureError(f"{path} is not JSON (not UTF-8 text: give the architecture.json a search wrote, "
+                                "or a named layout)") from None
     try:
         record = json.loads(text)
     except json.JSONDecodeError as e:

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from parnas import architecture
+from parnas.config import Config, from_dict
 from parnas.errors import ParnasError
 from parnas.files import write_atomic
 
@@ -138,6 +140,16 @@ def check(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any]:
     if content_digest(checkpoint) != meta["content_sha256"]:
         fail("its optimiser or training state does not match its recorded sha256: the file was edited or damaged")
     return checkpoint
+
+
+def fixed_model_record(checkpoint: Mapping[str, Any], source: str) -> tuple[Config, dict[str, Any]]:
+    """The config and architecture record of a fixed model's checkpoint (a checked one, :func:`check`);
+    CheckpointError for any other, e.g. a search's, whose record names a space, not an architecture."""
+    meta = checkpoint["parnas"]
+    try:
+        return from_dict(Config, meta["config"]), architecture.validate(meta["architecture"], "architecture")
+    except ParnasError as e:
+        raise CheckpointError(f"{source} is not a fixed model's checkpoint, or its record was edited ({e})") from None
 
 
 def _unsafe_what(e: BaseException) -> str:

@@ -348,10 +348,14 @@ def read_yaml(source: str | Path) -> dict[str, Any]:
             text = path.read_text()
         except OSError as e:
             raise ConfigError(f"cannot read config {source}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{source} is not a YAML config (not UTF-8 text)") from None
     try:
-        values = yaml.safe_load(text) or {}
+        values = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{source} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if values is None:  # nothing but blanks and comments: almost surely not the file meant
+        raise ConfigError(f"{source}: empty config; omit --config for the defaults")
     if not isinstance(values, dict):
         raise ConfigError(f"{source} must hold a mapping of sections (model, data, train)")
     return values

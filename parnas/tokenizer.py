@@ -80,6 +80,7 @@ class Tokenizer(ABC):
         self.path = Path(path)
         self.sha256 = file_digest(self.path)  # word and char vocabularies are plain lists: their bytes are it
         self.from_cache = from_cache
+        self.corpus_sha256: str | None = None  # sha256 of the train split it was built from, where known
 
     @abstractmethod
     def _encode_batch(self, lines: list[str]) -> list[list[int]]:
@@ -306,7 +307,8 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
     if absent. Word and char vocabularies are decided by the corpus (``cfg.vocab_size`` is ignored)."""
     train_file = Path(corpus_dir) / "train.txt"
     root = Path(cache_dir) / "tokenizers"
-    key = file_digest(train_file)[:16]
+    corpus_sha256 = file_digest(train_file)
+    key = corpus_sha256[:16]
     cls: type[Tokenizer]
     build: Callable[[Path], None]
     if cfg.tokenizer == "sentencepiece":
@@ -329,6 +331,7 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
             tokenizer = cls(target / filename, from_cache=True)
             if cls is SentencePieceTokenizer and tokenizer.vocab_size != cfg.vocab_size:
                 raise TokenizerError(f"it has {tokenizer.vocab_size} pieces, not {cfg.vocab_size}")
+            tokenizer.corpus_sha256 = corpus_sha256
             return tokenizer
         except Exception as e:  # whatever a damaged file raises, the remedy is a rebuild
             reason = " ".join(str(e).split())[:160] or type(e).__name__
@@ -336,7 +339,9 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
                   file=sys.stderr)
             discard(target)
     _build_once(target, filename, build)
-    return cls(target / filename, from_cache=False)
+    tokenizer = cls(target / filename, from_cache=False)
+    tokenizer.corpus_sha256 = corpus_sha256
+    return tokenizer
 
 
 def discard(target: Path) -> None:

@@ -45,17 +45,12 @@ from parnas import architecture
 from parnas import checkpoint as ckpt
 from parnas.config import Config, TrainConfig
 from parnas.data import ContextBatches, load_splits
-from parnas.errors import ConfigError
 from parnas.files import check_run_dir, write_json_atomic
+from parnas.memory import check_memory
 from parnas.model import TransformerXL, build_fixed_model
+from parnas.resume import check_resumable
 from parnas.task import LanguageModelTask, evaluate, model_device
 from parnas.tokenizer import Tokenizer
-
-# Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
-# Anything else must match the checkpoint.
-RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train.accelerator", "train.precision",
-                     "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
-                     "data.path"}
 
 
 class ResumableSampler(Sampler[int]):
@@ -114,23 +109,28 @@ class StepCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.saved_at = trainer.global_step  # a resumed run does not rewrite the checkpoint it started from
 
+    def validates(self, trainer: pl.Trainer) -> bool:
+        """Whether the optimiser step that just ended is followed by a validation."""
+        return bool(self.eval_every) and trainer.global_step % self.eval_every == 0 \
+            and not trainer.fit_loop._should_accumulate()
+
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
-        validates = self.eval_every and step % self.eval_every == 0 and not trainer.fit_loop._should_accumulate()
-        if step != self.saved_at and not validates and (step % self.every == 0 or step >= trainer.max_steps):
-            self._save(trainer)
+        if step != self.saved_at and not self.validates(trainer) and (step % self.every == 0
+                                                                      or step >= trainer.max_steps):
+            self.save(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
         if not trainer.sanity_checking and step != self.saved_at and (step % self.every == 0
                                                                       or step >= trainer.max_steps):
-            self._save(trainer)
+            self.save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step != self.saved_at:
-            self._save(trainer)
+            self.save(trainer)
 
-    def _save(self, trainer: pl.Trainer) -> None:
+    def save(self, trainer: pl.Trainer) -> None:
         trainer.save_checkpoint(self.path, weights_only=False)  # everything, not only the weights
         self.saved_at = trainer.global_step
 
@@ -234,6 +234,7 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
     quiet_libraries()
     out_dir = Path(out_dir)
     progress: pl.Callback = TQDMProgressBar() if sys.stdout.isatty() else PlainProgress(cfg.log_every)
+    checkpoint = StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every)
     kwargs: dict[str, Any] = dict(
         max_steps=cfg.stop_at or cfg.max_steps, max_epochs=-1,
         val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
@@ -243,8 +244,7 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         strategy="ddp_find_unused_parameters_true" if cfg.devices * cfg.num_nodes > 1 else "auto",
         use_distributed_sampler=False,
         logger=StepsTakenLogger(out_dir, name="tensorboard", version=""),
-        callbacks=[Throughput(), StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every),
-                   progress],
+        callbacks=[Throughput(), checkpoint, progress],
         enable_progress_bar=isinstance(progress, TQDMProgressBar),
         plugins=[ckpt.SafeCheckpointIO()], enable_checkpointing=False,
         log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
@@ -264,10 +264,12 @@ def position_restored_by_task() -> Iterator[None]:
 
 
 def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
-    """What a checkpoint keeps of the tokenizer: its identity and its file, so sampling needs no corpus."""
+    """What a checkpoint keeps of the tokenizer: its identity and its file, so sampling needs no corpus, and
+    the sha256 of the train split it was built from, so evaluation can refuse another corpus."""
     data = bytearray(tokenizer.path.read_bytes())
+    corpus = {"corpus_sha256": tokenizer.corpus_sha256} if tokenizer.corpus_sha256 else {}
     return {**tokenizer.identity(), "filename": tokenizer.path.name,
-            "file": torch.frombuffer(data, dtype=torch.uint8).clone()}
+            "file": torch.frombuffer(data, dtype=torch.uint8).clone(), **corpus}
 
 
 def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
@@ -279,37 +281,19 @@ def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
     record = architecture.make_record({architecture.label(i): k for i, k in enumerate(layout)},
                                       replace(cfg.model, blocks=()), tokenizer.vocab_size,
                                       tokenizer=tokenizer.identity(), search={"layout": "model.blocks"})
+    check_segments(cfg, splits)
+    check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in layout])  # before the model is allocated
     pl.seed_everything(cfg.train.seed, verbose=False)
     model = build_fixed_model(cfg.model, tokenizer.vocab_size)
     return fit(cfg, model, tokenizer, splits, record, resume=resume)
 
 
-def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any], tokenizer: Tokenizer,
-                    source: str) -> None:
-    """A resumed run must be the run that wrote ``checkpoint``: same architecture, tokenizer and settings."""
-    meta = checkpoint["parnas"]
-    was, now = (architecture.layout_string(architecture.layout(r)) for r in (meta["architecture"], record))
-    if was != now:
-        raise ConfigError(f"{source} was trained with layout {was}, not {now}; resume with the same architecture")
-    if meta["tokenizer"].get("sha256") != tokenizer.sha256:
-        raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
-    # a setting newer than the checkpoint counts as its default (what the code that wrote it did)
-    old, new = _flatten(Config().to_dict()) | _flatten(meta["config"]), _flatten(cfg.to_dict())
-    for key in sorted((set(old) | set(new)) - RESUMABLE_CHANGES):
-        if not key.startswith("search.") and _plain(old.get(key)) != _plain(new.get(key)):
-            raise ConfigError(f"{source} was trained with {key}={old.get(key)!r}, now {new.get(key)!r}; "
-                              "resume with the settings it was trained with")
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def _plain(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+def check_segments(cfg: Config, splits: dict[str, np.ndarray]) -> SegmentData:
+    """The run's data, once every split holds a segment for every process (DataError otherwise)."""
+    data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
+    for split in splits:
+        data.batches(split, 0, cfg.train.devices * cfg.train.num_nodes)
+    return data
 
 
 def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
@@ -325,9 +309,7 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     last = out_dir / "checkpoints" / "last.ckpt"
     if resume:
         check_resumable(ckpt.load(last), cfg, record, tokenizer, str(last))
-    data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
-    for split in splits:  # every split holds a segment (or raises DataError) before tensorboard/ exists
-        data.batches(split, 0, cfg.train.devices * getattr(cfg.train, "num_nodes", 1))
+    data = check_segments(cfg, splits)  # before tensorboard/ exists
     meta = {"config": cfg.to_dict(), "architecture": record, "tokenizer": tokenizer_meta(tokenizer)}
     task = LanguageModelTask(cfg.train, meta)
     task.set_model(model)

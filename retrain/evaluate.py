@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from parnas.data import resolve_corpus
-from parnas.errors import ConfigError
+from parnas.data import default_cache_dir, resolve_corpus
+from parnas.errors import ConfigError, DataError, ParnasError
+from parnas.tokenizer import build_tokenizer, file_digest
 from parnas.train import SegmentData, split_metrics
 from retrain.load import TrainedModel
 
@@ -38,6 +39,7 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device,
             raise ConfigError("--mem-len must be >= 0")
         trained.model.mem_len = mem_len
     corpus = resolve_corpus(cfg.data.dataset, data_path or cfg.data.path)
+    check_corpus(trained, corpus)
     ids = trained.tokenizer.encode_file(corpus / f"{split}.txt")
     data = SegmentData({split: ids}, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
     out = split_metrics(trained.model, data, split, cfg.train.precision)
@@ -46,6 +48,26 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device,
             "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "eval_seconds": out[f"{name}_eval_seconds"],
             "mem_len": trained.model.mem_len,
             "step": trained.step, "corpus": str(corpus), "device": str(device)}
+
+
+def check_corpus(trained: TrainedModel, corpus: Path) -> None:
+    """``corpus`` must be the one the checkpoint's tokenizer was built on: the sha256 of its train split
+    against the one the checkpoint records, or, for a checkpoint from before that record, the tokenizer the
+    data settings give on it against the checkpoint's. Another corpus' perplexity measures text whose token
+    statistics the model never saw, under a vocabulary made for other text."""
+    tokenizer, train = trained.tokenizer, corpus / "train.txt"
+    if tokenizer.corpus_sha256 is not None:
+        same = file_digest(train) == tokenizer.corpus_sha256
+    else:
+        try:
+            same = build_tokenizer(trained.config.data, corpus, default_cache_dir()).sha256 == tokenizer.sha256
+        except ParnasError:  # these settings cannot even build a tokenizer on it
+            same = False
+    if not same:
+        trained_on = trained.config.data.path or trained.config.data.dataset
+        raise DataError(f"{corpus} is not the corpus the checkpoint's tokenizer was built on (its train.txt is not "
+                        f"the one recorded), so its perplexity would not measure this model; give --data-path the "
+                        f"corpus it was trained on ({trained_on}), wherever it is now")
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from parnas import architecture
 from parnas import checkpoint as ckpt
-from parnas.config import Config, from_dict
-from parnas.errors import ConfigError, ParnasError
+from parnas.config import Config
+from parnas.errors import ConfigError
 from parnas.model import TransformerXL
 from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
 
@@ -71,6 +70,8 @@ def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tok
         raise ckpt.CheckpointError(f"{source}: its tokenizer cannot be loaded ({e})") from None
     if meta.get("sha256") not in (tokenizer.sha256, file_digest(path)):  # identity; older records: file bytes
         raise ckpt.CheckpointError(f"{source}: its tokenizer file does not match its recorded sha256")
+    if isinstance(meta.get("corpus_sha256"), str):  # recorded since evaluation checks the corpus against it
+        tokenizer.corpus_sha256 = meta["corpus_sha256"]
     return tokenizer
 
 
@@ -84,12 +85,7 @@ def load_trained(path: str | Path, device: torch.device, workdir: Path) -> Train
     source = str(path)
     checkpoint = ckpt.load(path)
     meta = checkpoint["parnas"]
-    try:
-        cfg = from_dict(Config, meta["config"])
-        record = architecture.validate(meta["architecture"], "architecture")
-    except ParnasError as e:
-        raise ckpt.CheckpointError(f"{source} is not a fixed model's checkpoint, or its record was edited ({e})"
-                                   ) from None
+    cfg, record = ckpt.fixed_model_record(checkpoint, source)
     tokenizer = restore_tokenizer(meta["tokenizer"], workdir, source)
     if tokenizer.vocab_size != record["model"]["vocab_size"]:
         raise ckpt.CheckpointError(f"{source}: its tokenizer has {tokenizer.vocab_size} pieces but the model "

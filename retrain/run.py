@@ -32,8 +32,9 @@ from parnas.config import Config, load_config, parse_overrides
 from parnas.data import load_splits
 from parnas.errors import ConfigError
 from parnas.files import check_run_dir
+from parnas.memory import check_memory
 from parnas.tokenizer import Tokenizer
-from parnas.train import fit
+from parnas.train import check_segments, fit
 
 
 def read_architecture(arch: str) -> dict[str, Any] | str:
@@ -99,6 +100,8 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
     else:
         check_vocabulary(source, tokenizer, arch)
         record = source
+    check_segments(cfg, splits)
+    check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
     pl.seed_everything(cfg.train.seed, verbose=False)
     model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
     if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly

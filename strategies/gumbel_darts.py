@@ -292,7 +292,7 @@ class PARDartsModule(DartsLightningModule):
                 record["exported_cost_ratio"] = round(self.costs.ratio(self.argmax()), 5)
             if self.search.latency_budget is not None:
                 record["lambda"] = round(self.dual, 6)
-            self._append_history(record)
+            self.append_history(record)
         return loss.detach()
 
     # --- evaluation: the supernet through Lightning's validation loop, then the exported architecture
@@ -309,7 +309,7 @@ class PARDartsModule(DartsLightningModule):
         self.log_dict({"val/ppl_exported": result.val_ppl, "val/ppl_supernet": result.supernet_val_ppl,
                        "val/discretisation_gap": result.val_ppl - result.supernet_val_ppl})
         self.last_evaluation = result
-        self._append_history(result.history_line())
+        self.append_history(result.history_line())
         if self.on_evaluation is not None and self.trainer.is_global_zero:
             self.on_evaluation(result)
 
@@ -345,7 +345,7 @@ class PARDartsModule(DartsLightningModule):
         if state.get("arch_memory") is not None:
             self.training_module._restored_streams["arch"] = state["arch_memory"]
 
-    def _append_history(self, record: dict[str, Any]) -> None:
+    def append_history(self, record: dict[str, Any]) -> None:
         if self.history_path is not None and self.trainer.is_global_zero:
             with open(self.history_path, "a") as f:
                 f.write(json.dumps(record) + "\n")

@@ -35,9 +35,11 @@ from parnas.data import load_splits
 from parnas.errors import ParnasError
 from parnas.files import check_writable_dir, ensure_writable_dir, write_json_atomic, write_text_atomic
 from parnas.latency import latency_table, read_table
+from parnas.memory import check_memory
 from parnas.plots import plot_run
+from parnas.resume import check_resumable
 from parnas.task import LanguageModelTask, evaluate
-from parnas.train import SegmentData, build_trainer, position_restored_by_task, tokenizer_meta
+from parnas.train import SegmentData, build_trainer, check_segments, position_restored_by_task, tokenizer_meta
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
 from strategies.gumbel_darts import Evaluated, PARDartsModule, PARGumbelDARTS, exported_nll
@@ -185,7 +187,8 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
 
 
 def final_evaluation(search: Search) -> Evaluated:
-    """The last evaluation if it was taken at the final step, else one now (rank 0, whole validation split)."""
+    """The last evaluation if it was taken at the final step, else one now (rank 0, whole validation split),
+    whose line ends history.jsonl: a search shorter than its log and evaluation intervals has a history too."""
     module, step = search.module, search.trainer.global_step
     if module.last_evaluation is not None and module.last_evaluation.step == step:
         return module.last_evaluation
@@ -193,7 +196,9 @@ def final_evaluation(search: Search) -> Evaluated:
     supernet = evaluate(search.supernet, search.data.batches("valid")).ppl
     kinds, fitted = module.exported_kinds()
     sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"))
-    return module.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet)
+    result = module.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet)
+    module.append_history(result.history_line())
+    return result
 
 
 def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
@@ -215,9 +220,10 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
-    for split in splits:  # a segment longer than a split fails here, before tensorboard/ exists
-        SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len).batches(
-            split, 0, cfg.train.devices * cfg.train.num_nodes)
+    if ckpt is not None:  # the same search: the settings, the tokenizer and the space it was started with
+        check_resumable(checkpoint.load(ckpt), cfg, None, tokenizer, str(ckpt))
+    check_segments(cfg, splits)  # a segment longer than a split fails here, before tensorboard/ exists
+    check_memory(cfg, tokenizer.vocab_size, [cfg.search.candidates] * cfg.model.n_blocks)  # a supernet runs them all
 
     def report(result: Evaluated) -> None:
         if trial:

@@ -27,6 +27,16 @@ def wt2_slice(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def micro(wt2_slice, tmp_path_factory) -> Path:
+    """A few kB of WikiText-2, read byte by byte (char tokenizer): runs of a few steps take seconds."""
+    folder = tmp_path_factory.mktemp("micro")
+    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
+        text = (wt2_slice / f"{split}.txt").read_text()[:size]
+        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
+    return folder
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     """Tests must pass on a loaded 2-core machine: two threads per process there oversubscribe the cores

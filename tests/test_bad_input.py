@@ -37,16 +37,6 @@ def assert_refused(code, err, *needles):
         assert needle in err, err
 
 
-@pytest.fixture(scope="module")
-def micro(wt2_slice, tmp_path_factory):
-    """A few kB of WikiText-2 read byte by byte (char tokenizer): runs of a few steps take seconds."""
-    folder = tmp_path_factory.mktemp("micro")
-    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
-        text = (wt2_slice / f"{split}.txt").read_text()[:size]
-        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
-    return folder
-
-
 def micro_settings(corpus, out, *extra):
     sets = [f"data.path={corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=2",
             "train.eval_every=2", f"train.out_dir={out}", *extra]
@@ -242,3 +232,124 @@ def test_output_without_a_terminal_is_plain_and_quiet(micro, tmp_path, tmp_path_
     verbose = subprocess.run([*base, "--verbose", "train", *micro_settings(micro, tmp_path / "verbose")],
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert verbose.returncode == 0 and "GPU available" in verbose.stdout + verbose.stderr
+
+
+# --- a model too large for this machine: refused before anything is allocated ------------------------
+
+@pytest.mark.parametrize("setting, named", [("model.d_model=100000000000", "model.d_model=100000000000"),
+                                            ("model.d_ff=10000000000", "model.d_ff=10000000000")])
+@pytest.mark.parametrize("command", ["train", "retrain", "search"])
+def test_a_model_too_large_for_this_machine_names_the_setting(capsys, micro, tmp_path, command, setting, named):
+    arch = ["--arch", "transformer-xl"] if command == "retrain" else []
+    code, _, err = cli(capsys, command, *arch, *micro_settings(micro, tmp_path / "run", setting,
+                                                               f"search.out_dir={tmp_path / 'run'}"))
+    assert_refused(code, err, "training needs", "memory", "this machine has", named)
+    assert not (tmp_path / "run").exists()
+
+
+# --- files that are not what they should be ------------------------------------------------------------
+
+def test_a_binary_architecture_file_is_one_line(capsys, tmp_path):
+    binary = tmp_path / "arch.json"
+    binary.write_bytes(bytes(range(256)) * 4)
+    code, _, err = cli(capsys, "retrain", "--arch", binary, "--config", "tiny", "--set", f"train.out_dir={tmp_path}/r")
+    assert_refused(code, err, str(binary), "not JSON")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# nothing set here\n"])
+@pytest.mark.parametrize("command", ["train", "search", "retrain"])
+def test_an_empty_config_file_is_an_error(capsys, tmp_path, text, command):
+    (tmp_path / "c.yaml").write_text(text)
+    arch = ["--arch", "transformer-xl"] if command == "retrain" else []
+    code, _, err = cli(capsys, command, *arch, "--config", tmp_path / "c.yaml", "--set", f"train.out_dir={tmp_path}/r",
+                       "--set", f"search.out_dir={tmp_path}/r")
+    assert_refused(code, err, "empty config; omit --config for the defaults")
+    assert not (tmp_path / "r").exists()
+
+
+# --- a search shorter than its intervals; resuming the wrong thing ---------------------------------------
+
+@pytest.fixture(scope="module")
+def searched(micro, tmp_path_factory):
+    """A search of 3 steps, fewer than search.log_every (10) and train.eval_every (100)."""
+    out = tmp_path_factory.mktemp("searched") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
+        code = main(["search", *search_settings(micro, out)])
+    return out, code
+
+
+def search_settings(corpus, out, *extra):
+    sets = [f"data.path={corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=3",
+            "search.penalty_cost=flops", f"search.out_dir={out}", *extra]
+    return ["--config", "tiny", *[a for s in sets for a in ("--set", s)]]
+
+
+def test_a_search_shorter_than_its_log_and_eval_intervals_finishes(searched):
+    out, code = searched
+    assert code == 0
+    assert all((out / name).is_file() for name in ("architecture.json", "probabilities.gif", "probabilities.png",
+                                                   "architecture.png"))
+    (last,) = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert last["step"] == 3 and last["val_ppl"] > 0 and last["architecture"]
+    assert json.loads((out / "architecture.json").read_text())["search"]["steps"] == 3
+
+
+def files(folder):
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_resumed_search_refuses_changed_settings_listing_what_may_change(capsys, searched, micro):
+    out, _ = searched
+    before = files(out)
+    code, _, err = cli(capsys, "search", *search_settings(micro, out, "search.arch_lr=0.1"), "--resume")
+    assert_refused(code, err, "search.arch_lr=0.03, now 0.1", "a resume may change", "train.stop_at",
+                   "search.out_dir")
+    assert files(out) == before
+
+
+def test_resuming_a_checkpoint_of_the_other_kind_is_one_line(capsys, searched, finished, micro):
+    search_dir, _ = searched
+    before = {**files(search_dir), **files(finished)}
+    code, _, err = cli(capsys, "retrain", "--arch", "transformer-xl", *micro_settings(micro, search_dir), "--resume")
+    assert_refused(code, err, "not a fixed model's checkpoint")
+    code, _, err = cli(capsys, "search", *search_settings(micro, finished, "train.max_steps=2"), "--resume")
+    assert_refused(code, err, "not a search's checkpoint")
+    assert {**files(search_dir), **files(finished)} == before
+
+
+# --- evaluate: only on the corpus the checkpoint's tokenizer was built on ----------------------------------
+
+@pytest.fixture(scope="module")
+def other_corpus(wt2_slice, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("other")
+    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
+        text = (wt2_slice / f"{split}.txt").read_text()[size:3 * size]
+        (folder / f"{split}.txt").write_text(text[text.index("\n") + 1:text.rindex("\n") + 1])
+    return folder
+
+
+def without_corpus_record(source, target):
+    """The checkpoint as parnas wrote it before it recorded the corpus its tokenizer was built on."""
+    checkpoint = torch.load(source, weights_only=True)
+    del checkpoint["parnas"]["tokenizer"]["corpus_sha256"]
+    ckpt.save(checkpoint, target)
+    return target
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_evaluate_refuses_a_corpus_the_tokenizer_was_not_built_on(capsys, finished, micro, other_corpus, tmp_path,
+                                                                  recorded):
+    last = finished / "checkpoints" / "last.ckpt"
+    if not recorded:
+        last = without_corpus_record(last, tmp_path / "old.ckpt")
+    code, _, err = cli(capsys, "evaluate", "--checkpoint", last, "--data-path", other_corpus,
+                       "--out", tmp_path / "e.json")
+    assert_refused(code, err, str(other_corpus), "not the corpus the checkpoint's tokenizer was built on",
+                   f"({micro})")
+    assert not (tmp_path / "e.json").exists()
+    moved = tmp_path / "moved"
+    shutil.copytree(micro, moved)  # the same corpus elsewhere is fine
+    code, out, err = cli(capsys, "evaluate", "--checkpoint", last, "--data-path", moved, "--out", tmp_path / "e.json")
+    assert code == 0 and "valid perplexity" in out, err

@@ -244,7 +244,7 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
     from parnas import architecture
     from parnas.config import Config
     from parnas.errors import ConfigError
-    from parnas.train import check_resumable
+    from parnas.resume import check_resumable
 
     cfg = Config()
     record = architecture.make_record({"block_0": "attention"}, tiny(n_blocks=1), VOCAB)

@@ -286,14 +286,16 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     common = ["--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=300",
               "--set", "model.cutoffs=[100, 200]", "--set", f"search.out_dir={tmp_path}", "--set", "search.log_every=5",
               "--set", "train.ckpt_every=10", "--set", "train.eval_every=100"]
-    assert main(["search", *common, "--set", "train.max_steps=10"]) == 0
-    assert main(["search", *common, "--set", "train.max_steps=10"]) == 2  # a fresh search would overwrite it
+    assert main(["search", *common, "--set", "train.max_steps=20", "--set", "train.stop_at=10"]) == 0
+    assert main(["search", *common, "--set", "train.max_steps=20"]) == 2  # a fresh search would overwrite it
     assert main(["search", *common, "--set", "train.max_steps=20", "--resume"]) == 0
     record = json.loads((tmp_path / "architecture.json").read_text())
     assert record["search"]["steps"] == 20
-    steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]
-    logged = [s for s in steps if s % 5 == 0]
-    assert logged == sorted(set(logged)) and logged[-1] >= 15
+    lines = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    logged = [line["step"] for line in lines if "val_ppl" not in line]  # each logged step once: none redone
+    assert logged == [5, 10, 15, 20]
+    # each run ends with its final evaluation (eval_every is beyond both)
+    assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
 
 
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])

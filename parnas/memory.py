@@ -1,0 +1,175 @@
+"""How much memory a training run needs, from its config alone, and whether this machine has it.
+
+:func:`estimate_memory` counts the parameters exactly, by building the embedding, the head and
+one block of each kind on PyTorch's ``meta`` device (shapes only, nothing allocated), and
+estimates the activations a training step keeps for its backward pass from the shapes. It is a
+lower bound: parameters with their gradients and Adam's two moments, and for activations only
+what the built-in blocks surely keep (a block's input and output, a feed-forward block's hidden
+layer, attention's score matrix, the memories, the head's logits). :func:`check_memory` refuses
+a run whose estimate exceeds the machine's memory (total RAM, or the free memory of each GPU it
+trains on) before anything is allocated, naming the settings that make it too large, instead of
+an allocator's traceback minutes later (or a machine swapping to a halt).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from parnas import kinds
+from parnas.config import Config
+from parnas.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Term:
+    """One part of the estimate: its bytes and the settings it grows with."""
+
+    what: str
+    bytes: float  # inf: a tensor too large for torch to describe
+    settings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """At least this much memory per training process (see the module docstring)."""
+
+    parameters: float  # count (inf: too many to count)
+    terms: tuple[Term, ...]
+
+    @property
+    def parameter_bytes(self) -> float:
+        return sum(t.bytes for t in self.terms if t.what in PARAMETER_TERMS)
+
+    @property
+    def activation_bytes(self) -> float:
+        return sum(t.bytes for t in self.terms if t.what not in PARAMETER_TERMS)
+
+    @property
+    def total(self) -> float:
+        return sum(t.bytes for t in self.terms)
+
+
+PARAMETER_TERMS = ("embedding and output head", "blocks' weights")
+
+
+def _numel(build: object) -> float:
+    """Parameters of the module ``build()`` makes on the meta device; inf when a shape overflows."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            module = build()  # type: ignore[operator]
+    except RuntimeError as e:
+        if "overflow" in str(e):  # "Storage size calculation overflowed": over 2**63 bytes
+            return math.inf
+        raise
+    return float(sum(p.numel() for p in module.parameters()))
+
+
+def _width(precision: str) -> tuple[int, int]:
+    """Bytes per parameter element and per activation element under ``train.precision``."""
+    if precision.startswith("64"):
+        return 8, 8
+    if precision.startswith(("16", "bf16")):
+        return (2, 2) if precision.endswith("true") else (4, 2)  # mixed keeps fp32 weights
+    return 4, 4
+
+
+def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> MemoryEstimate:
+    """A lower bound of one training process's memory; ``blocks[i]`` lists the kinds at depth i (one for a
+    fixed model, the candidates for a supernet, which runs them all)."""
+    from parnas.blocks import make_block
+    from parnas.model import build_fixed_model
+
+    m, d = cfg.model, cfg.data
+    body = _numel(lambda: build_fixed_model(replace(m, blocks=()), vocab_size, ["identity"]))
+    per_kind = {kind: _numel(lambda kind=kind: make_block(kind, m)) for kind in {k for b in blocks for k in b}}
+    seen: set[str] = set()
+    weights = 0.0
+    for kind in (k for b in blocks for k in b):
+        if not (m.shares_weights(kind) and kind in seen):  # a shared module is stored once
+            weights += per_kind[kind]
+        seen.add(kind)
+    processes = cfg.train.devices * cfg.train.num_nodes
+    b, L, M, D, F, H = d.batch_size // processes, d.seg_len, m.mem_len, m.d_model, m.d_ff, m.n_heads
+    hidden = scores = memory = 0.0
+    for kind in (k for blk in blocks for k in blk):
+        if kind == "identity":
+            continue
+        hidden += b * L * (2 * D + (0 if kinds.get(kind).uses_memory else F))
+        memory += b * M * D if kinds.get(kind).uses_memory else 0
+        scores += b * H * L * (L + M) if kind == "attention" else 0
+    head = b * L * (D + (m.cutoffs[0] + len(m.cutoffs) if m.cutoffs else vocab_size))
+    weight_bytes, act_bytes = _width(cfg.train.precision)
+    per_param = 4 * weight_bytes  # weights, gradients, Adam's two moments
+    vocab = "data.vocab_size" if d.tokenizer == "sentencepiece" else "the vocabulary"
+    return MemoryEstimate(body + weights, (
+        Term("embedding and output head", body * per_param, (vocab, "model.d_model")),
+        Term("blocks' weights", weights * per_param, ("model.n_blocks", "model.d_model", "model.d_ff")),
+        Term("activations", (hidden + memory + head) * act_bytes,
+             ("data.batch_size", "data.seg_len", "model.d_model", "model.d_ff", "model.mem_len")),
+        Term("attention scores", scores * act_bytes, ("data.batch_size", "model.n_heads", "data.seg_len",
+                                                      "model.mem_len")),
+    ))
+
+
+def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
+    """(bytes one training process may use, what they are, processes sharing them), or None when unknown:
+    the free memory of the emptiest GPU training uses, or the total RAM shared by this machine's processes."""
+    import torch
+
+    if cfg.train.accelerator in ("gpu", "cuda") or (cfg.train.accelerator == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            return None  # Lightning says that no GPU is there
+        free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(cfg.train.devices, torch.cuda.device_count())))
+        return float(free), "free on the GPU", 1
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return None
+    return float(ram), "of RAM", cfg.train.devices
+
+
+def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> MemoryEstimate:
+    """Raise ConfigError (one line, naming the settings) when training cannot fit this machine's memory."""
+    estimate = estimate_memory(cfg, vocab_size, blocks)
+    available = machine_memory(cfg)
+    if available is None:
+        return estimate
+    free, what, processes = available
+    if estimate.total * processes <= free:
+        return estimate
+    worst = max(estimate.terms, key=lambda t: t.bytes)
+    defaults = _flat(Config())
+    values = _flat(cfg) | {"the vocabulary": vocab_size, "data.vocab_size": vocab_size}
+    grown = sorted((s for s in worst.settings if values[s] > defaults.get(s, values[s])),
+                   key=lambda s: values[s] / (defaults[s] or 1), reverse=True)
+    named = ", ".join(f"{s}={values[s]}" for s in (grown or worst.settings))
+    share = f" in each of {processes} processes" if processes > 1 else ""
+    if math.isfinite(estimate.total):
+        needs = (f"at least {size(estimate.total)} of memory{share} ({estimate.parameters:.3g} parameters: "
+                 f"{size(estimate.parameter_bytes)} with their gradients and Adam moments; activations: "
+                 f"{size(estimate.activation_bytes)})")
+    else:
+        needs = "more than 8 EiB of memory (more parameters than torch can count)"
+    raise ConfigError(f"training needs {needs} but this machine has {size(free)} {what}; the {worst.what} grow with "
+                      f"{named}: make {'it' if len(grown) == 1 else 'them'} smaller")
+
+
+def _flat(cfg: Config) -> dict[str, float]:
+    return {f"{section}.{key}": value for section, values in cfg.to_dict().items()
+            for key, value in values.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+def size(n: float) -> str:
+    """Bytes in binary units, e.g. ``15.6 GiB``; beyond what torch can describe, ``more than 8 EiB``."""
+    if not math.isfinite(n):
+        return "more than 8 EiB"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} EiB"

@@ -1,0 +1,63 @@
+"""Whether a run may continue from a checkpoint: the run that wrote it, with at most bookkeeping changed.
+
+``--resume`` of ``train``, ``retrain`` and ``search`` continues exactly where the checkpoint stopped, so
+everything that moves a weight must be what it was: the architecture (a fixed model's layout, or a
+search's space, whose candidates are among its settings), the tokenizer and every setting but those a
+resume may change (where output goes, how often to log, evaluate and save, the hardware). A refusal is
+one line naming the setting, its old and new value, and what a resume may change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from parnas import architecture
+from parnas import checkpoint as ckpt
+from parnas.config import Config
+from parnas.errors import ConfigError
+from parnas.tokenizer import Tokenizer
+
+# Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
+# Anything else must match the checkpoint.
+RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train.accelerator", "train.precision",
+                     "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
+                     "data.path"}
+# A search may also move its run directory and log at another interval; its other search.* settings must match.
+SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every"}
+
+
+def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
+                    source: str) -> None:
+    """A resumed run must be the run that wrote ``checkpoint``: same architecture, tokenizer and settings.
+
+    ``record``: the fixed model's architecture, or None for a search (its space is in its settings, and
+    its ``search.*`` settings must match too)."""
+    meta = checkpoint["parnas"]
+    if record is not None:
+        written = ckpt.fixed_model_record(checkpoint, source)[1]  # a search's checkpoint is refused here
+        was, now = (architecture.layout_string(architecture.layout(r)) for r in (written, record))
+        if was != now:
+            raise ConfigError(f"{source} was trained with layout {was}, not {now}; resume with the same architecture")
+    elif "space" not in meta["architecture"]:
+        raise ckpt.CheckpointError(f"{source} is not a search's checkpoint (it holds a fixed model: continue it "
+                                   "with parnas retrain --resume or parnas train --resume)")
+    if meta["tokenizer"].get("sha256") != tokenizer.sha256:
+        raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
+    may_change = RESUMABLE_CHANGES if record is not None else SEARCH_RESUMABLE_CHANGES
+    # a setting newer than the checkpoint counts as its default (what the code that wrote it did)
+    old, new = _flatten(Config().to_dict()) | _flatten(meta["config"]), _flatten(cfg.to_dict())
+    for key in sorted((set(old) | set(new)) - may_change):
+        if (record is None or not key.startswith("search.")) and _plain(old.get(key)) != _plain(new.get(key)):
+            raise ConfigError(f"{source} was trained with {key}={old.get(key)!r}, now {new.get(key)!r}; resume with "
+                              f"the settings it was trained with (a resume may change {', '.join(sorted(may_change))})")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
