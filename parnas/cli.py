@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shlex
+import shutil
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
-from parnas.errors import ParnasError
+from parnas.errors import Interrupted, ParnasError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -111,6 +115,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resume_command(argv: Sequence[str] | None, takes_resume: bool, sets: Sequence[str] = ()) -> str:
+    """The command line that continues an interrupted run, shell-quoted: the program as it was started
+    (``parnas``, or ``python -m parnas.cli``), the same arguments, ``--set`` for each of ``sets`` (what a
+    run inside an NNI trial got from outside its arguments) and ``--resume`` where the command takes it."""
+    if argv is None:  # run as a program: sys.orig_argv is the interpreter, its options and the program
+        argv = sys.argv[1:]
+        program = sys.orig_argv[:len(sys.orig_argv) - len(argv)] or ["parnas"]
+        script = Path(program[-1])
+        if script.name == "parnas" and shutil.which("parnas") == str(script):  # the console script, on PATH
+            program = ["parnas"]
+        elif script.name == "parnas":
+            program = [str(script)]
+    else:  # main([...]) from Python
+        program = ["parnas"]
+    extra = [a for s in sets for a in ("--set", s)]
+    resume = ["--resume"] if takes_resume and "--resume" not in argv else []
+    return shlex.join([*program, *argv, *extra, *resume])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (2 for any user mistake, argument errors included)."""
     _quiet_imports()
@@ -127,6 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `parnas ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except Interrupted as e:  # the checkpoint is written (parnas.interrupt)
+        if e.rank == 0:
+            again = resume_command(argv, getattr(args, "resume", None) is not None, getattr(args, "resume_sets", ()))
+            print(f"parnas {args.command}: stopped by {signal.Signals(e.signum).name} after step {e.step:,}, "
+                  f"saved in {e.checkpoint}; resume with: {again}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print(f"parnas {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -19,3 +19,16 @@ class DataError(ParnasError):
 
 class TokenizerError(ParnasError):
     """A tokenizer that cannot be trained or loaded with the given settings."""
+
+
+class Interrupted(BaseException):
+    """A run stopped by SIGINT or SIGTERM once its checkpoint was written (:mod:`parnas.interrupt`).
+
+    Not an error: the CLI exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)
+    and, on rank 0, one line naming the step saved and the command that resumes it. A
+    ``BaseException``, like ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows it.
+    """
+
+    def __init__(self, signum: int, step: int, checkpoint: str, rank: int = 0) -> None:
+        super().__init__(f"stopped by signal {signum} after step {step}; checkpoint {checkpoint}")
+        self.signum, self.step, self.checkpoint, self.rank = signum, step, checkpoint, rank

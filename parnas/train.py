@@ -10,8 +10,9 @@ the segments, are what ranks divide: rank r of W reads streams
 [r*B/W, (r+1)*B/W) of every segment, so each rank's memory stays contiguous.
 
 Resume: ``<out_dir>/checkpoints/last.ckpt`` is written every ``ckpt_every``
-steps and at the end (:mod:`parnas.checkpoint`); the task restores the data
-position and memory from it and the training sampler starts where it stopped.
+steps, at the end, and when SIGINT or SIGTERM stops the run after the step in
+flight (:mod:`parnas.interrupt`); the task restores the data position and
+memory from it and the training sampler starts where it stopped.
 A run without ``--resume`` refuses a folder that holds a run, and everything
 (folder, settings, data, resumability) is checked before any file is written.
 
@@ -46,6 +47,7 @@ from parnas import checkpoint as ckpt
 from parnas.config import Config, TrainConfig
 from parnas.data import ContextBatches, load_splits
 from parnas.files import check_run_dir, write_json_atomic
+from parnas.interrupt import StopOnSignal
 from parnas.memory import check_memory
 from parnas.model import TransformerXL, build_fixed_model
 from parnas.resume import check_resumable
@@ -244,7 +246,7 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         strategy="ddp_find_unused_parameters_true" if cfg.devices * cfg.num_nodes > 1 else "auto",
         use_distributed_sampler=False,
         logger=StepsTakenLogger(out_dir, name="tensorboard", version=""),
-        callbacks=[Throughput(), checkpoint, progress],
+        callbacks=[Throughput(), checkpoint, progress, StopOnSignal(checkpoint)],
         enable_progress_bar=isinstance(progress, TQDMProgressBar),
         plugins=[ckpt.SafeCheckpointIO()], enable_checkpointing=False,
         log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,

@@ -15,9 +15,13 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
         check_writable_dir(load_config(args.config, args.set).search.out_dir)
-    from strategies.search import run_search, trial_parameters
+    from strategies.search import in_nni_trial, run_search, trial_parameters
 
-    cfg = load_config(args.config, args.set, extra=trial_parameters())
+    params = trial_parameters()
+    cfg = load_config(args.config, args.set, extra=params)
+    if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
+        args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
+                            f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
     record = run_search(cfg, resume=args.resume)
     if record:
         from parnas.architecture import layout, layout_string, legend

@@ -1,0 +1,96 @@
+"""Ctrl-C and SIGTERM during training: finish the step in flight, save, stop, say how to resume.
+
+Lightning turns a ``KeyboardInterrupt`` into ``sys.exit(1)`` and SIGTERM into a stop that writes
+nothing, so work since the last periodic checkpoint was lost and nothing said how to go on.
+:class:`StopOnSignal` takes SIGINT and SIGTERM over while the training loop runs (from
+``on_train_start``, after Lightning has set its own handlers, which it restores when ``fit`` ends).
+The handler only records the signal; the loop reads that record once per optimiser step:
+
+- at the end of a step that does not validate, the checkpoint is written there (the state
+  :class:`parnas.train.StepCheckpoint` writes at its periodic steps);
+- at the end of a step that validates, the validation runs first and the checkpoint is written
+  when it ends, as :class:`~parnas.train.StepCheckpoint` does, so a resumed run neither repeats
+  nor loses it;
+
+then :class:`parnas.errors.Interrupted` is raised. Lightning tears the trainer down and passes it
+on, so nothing after ``fit`` (final evaluation, ``metrics.json``, a search's export) runs as if the
+run had finished. ``Trainer.should_stop`` is not used: Lightning 2.6 runs a validation when it is
+set (as for early stopping), which would cost a whole pass and log an evaluation the uninterrupted
+run never made.
+
+After the first signal both are back to their default action, so a second Ctrl-C ends the process
+at once. Under DDP every rank records its own signals and the ranks agree (a max over ranks, one
+scalar per optimiser step, only when there is more than one process) before any of them saves,
+since saving is collective.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any, Protocol
+
+import pytorch_lightning as pl
+import torch
+
+from parnas.errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Checkpointer(Protocol):
+    """What :class:`StopOnSignal` needs of :class:`parnas.train.StepCheckpoint`."""
+
+    path: Any
+    saved_at: int
+
+    def validates(self, trainer: pl.Trainer) -> bool: ...
+
+    def save(self, trainer: pl.Trainer) -> None: ...
+
+
+class StopOnSignal(pl.Callback):
+    """On SIGINT or SIGTERM: checkpoint through ``checkpoint`` at the end of the step in flight, then
+    raise :class:`Interrupted` (see the module docstring)."""
+
+    def __init__(self, checkpoint: Checkpointer) -> None:
+        self.checkpoint = checkpoint
+        self.signum: int | None = None  # the first signal received; read once per optimiser step
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():  # the only thread Python lets set handlers
+            for signum in SIGNALS:
+                signal.signal(signum, self.record)
+
+    def record(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: remember the signal, give both signals back their default action."""
+        if self.signum is None:
+            self.signum = signum
+        for other in SIGNALS:
+            signal.signal(other, signal.SIG_DFL)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.fit_loop._should_accumulate():  # inside an accumulation window: no step has ended
+            return
+        signum = self._agreed(trainer)
+        if signum and not self.checkpoint.validates(trainer):
+            self._stop(trainer, signum)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            signum = self._agreed(trainer)
+            if signum:
+                self._stop(trainer, signum)
+
+    def _agreed(self, trainer: pl.Trainer) -> int:
+        """The signal to stop for (0: none); under DDP the largest any rank received, the same on all."""
+        if trainer.world_size == 1:
+            return self.signum or 0
+        mine = torch.tensor(self.signum or 0, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(mine, reduce_op="max"))
+
+    def _stop(self, trainer: pl.Trainer, signum: int) -> None:
+        if self.checkpoint.saved_at != trainer.global_step:
+            self.checkpoint.save(trainer)
+        raise Interrupted(signum, trainer.global_step, str(self.checkpoint.path), trainer.global_rank)
