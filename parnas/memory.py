@@ -118,14 +118,15 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
 
 def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
     """(bytes one training process may use, what they are, processes sharing them), or None when unknown:
-    the free memory of the emptiest GPU training uses, or the total RAM shared by this machine's processes."""
+    the free memory of the GPU this process trains on (its local rank's; each DDP process checks its own,
+    and touches no other GPU), or the total RAM shared by this machine's processes."""
     import torch
 
     if cfg.train.accelerator in ("gpu", "cuda") or (cfg.train.accelerator == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            return None  # Lightning says that no GPU is there
-        free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(cfg.train.devices, torch.cuda.device_count())))
-        return float(free), "free on the GPU", 1
+        index = int(os.environ.get("LOCAL_RANK", 0))
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            return None  # Lightning says what is missing
+        return float(torch.cuda.mem_get_info(index)[0]), "free on the GPU", 1
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX
