@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,29 @@ def time_steps(model: torch.nn.Module, params: list[list[torch.nn.Parameter]], c
         for opt in optimizers:
             opt.step()
     return (time.perf_counter() - start) / steps
+
+
+def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], rounds: int, steps: int,
+                       warmup: int) -> dict[str, list[float]]:
+    """``run(name, n)`` takes n steps of implementation ``name`` and returns a figure (e.g. tokens/s). Every
+    implementation first takes ``warmup`` untimed steps; then each round runs ``steps`` steps of each, the
+    order rotating by one from round to round, so a machine that slows down slows all of them alike.
+    Returns each implementation's figure per round."""
+    names = list(names)
+    for name in names:
+        run(name, warmup)
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            figures[name].append(run(name, steps))
+    return figures
+
+
+def ratio_line(a: str, b: str, figures: dict[str, list[float]]) -> str:
+    """The median over rounds of ``a``'s figure over ``b``'s in the same round, and their range."""
+    same_round = [x / y for x, y in zip(figures[a], figures[b])]
+    return (f"ratio {a} / {b}: {statistics.median(same_round):.2f}x "
+            f"(median of same-round ratios; range {min(same_round):.2f}-{max(same_round):.2f})")
 
 
 # --- parnas's previous path, part by part (the library's code before it was replaced) -------------
@@ -269,27 +292,15 @@ def main() -> None:
             position[name] = t + L
         return n * B * L / (time.perf_counter() - start)
 
-    for name in names:
-        run(name, args.warmup)
-    tps: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            tps[name].append(run(name, args.steps))
-
+    tps = alternating_rounds(run, names, args.rounds, args.steps, args.warmup)
     for name in names:
         rounds = ", ".join(f"{t:,.0f}" for t in tps[name])
         print(f"{name:20s} {statistics.median(tps[name]):9,.0f} train tokens/s   (rounds: {rounds})")
-
-    def ratio(a: str, b: str) -> None:
-        same_round = [x / y for x, y in zip(tps[a], tps[b])]
-        print(f"ratio {a} / {b}: {statistics.median(same_round):.2f}x "
-              f"(median of same-round ratios; range {min(same_round):.2f}-{max(same_round):.2f})")
-
     if "reference" in steps:
-        ratio("parnas", "reference")
+        print(ratio_line("parnas", "reference", tps))
     for name in names:
         if name.startswith("previous"):
-            ratio("parnas", name)
+            print(ratio_line("parnas", name, tps))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     print(f"peak RSS {peak_mib:,.0f} MiB (the whole process, every implementation)")
 
