@@ -143,3 +143,18 @@ def test_a_gpu_config_still_loads_where_there_is_no_gpu(no_gpu):
     assert cfg.train.accelerator == "gpu"
     with pytest.raises(ConfigError):
         check_devices(cfg.train)
+
+
+def test_bf16_mixed_trains_on_the_cpu(wt2_slice, tmp_path, capsys):
+    """Lightning runs bf16-mixed on the CPU too; the adaptive softmax's log-probabilities are float32 there as
+    CUDA's autocast makes them (CPU autocast leaves log_softmax in bfloat16, which index_add then refused)."""
+    import json
+
+    out = tmp_path / "run"
+    code = main(["train", "--config", "tiny", *[a for s in (f"data.path={wt2_slice}", "data.vocab_size=300",
+                                                            "model.cutoffs=[100, 200]", "train.accelerator=cpu",
+                                                            "train.precision=bf16-mixed", "train.max_steps=3",
+                                                            f"train.out_dir={out}") for a in ("--set", s)]])
+    assert code == 0, capsys.readouterr().err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["precision"] == "bf16-mixed" and 1 < metrics["val_ppl"] < 1e4
