@@ -294,18 +294,3 @@ def test_compare_prints_and_writes_one_table(trained, tmp_path, capsys):
     assert float(rows[1].split(",")[-2]) == trained["found"]["val_ppl"]
     assert main(["compare", str(tmp_path / "nothing")]) == 2
 
-
-# --- GPU -----------------------------------------------------------------------------------------------
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_bf16_retrain_and_evaluate(wt2_slice, tmp_path, capsys):
-    out = tmp_path / "gpu"
-    arch = write_arch(tmp_path / "arch.json", record_for("AADI"))
-    assert main(["retrain", "--arch", arch, "--accelerator", "gpu", "--devices", "1", "--precision", "bf16-mixed",
-                 *settings(wt2_slice, out, "train.max_steps=20")]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["device"].startswith("cuda") and metrics["peak_memory_kind"] == "cuda_max_allocated"
-    assert metrics["precision"] == "bf16-mixed" and metrics["val_ppl"] < 300
-    assert main(["evaluate", "--checkpoint", str(out / "checkpoints/last.ckpt"), "--device", "cuda",
-                 "--out", str(tmp_path / "e.json")]) == 0
-    assert json.loads((tmp_path / "e.json").read_text())["ppl"] == pytest.approx(metrics["val_ppl"], rel=1e-3)
