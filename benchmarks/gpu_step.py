@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from train_step import alternating_rounds, ratio_line, zipf_ids
+from train_step import alternating_rounds, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
 from parnas.config import Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
@@ -184,20 +184,7 @@ def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: C
     """Forward, loss, backward, clipping of ``groups[0]``, one Adam per group (the logits': betas 0.5, 0.999)."""
     optimizers = [adam(groups[0], lr=cfg.train.lr, precision=cfg.train.precision)]
     optimizers += [torch.optim.Adam(g, lr=cfg.search.arch_lr, betas=(0.5, 0.999)) for g in groups[1:]]
-    mems = None
-
-    def step(tokens: Tensor) -> None:  # (B, L+1) on the GPU
-        nonlocal mems
-        with precision_context(precision):
-            h, mems = model(tokens[:, :-1], mems)
-            loss = model.nll(h, tokens[:, 1:]).float().mean()
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(groups[0], cfg.train.clip)
-        for optimizer in optimizers:
-            optimizer.step()
-    return step
+    return training_step(model, optimizers, groups[0], cfg.train.clip, lambda: precision_context(precision))
 
 
 # --- running -------------------------------------------------------------------------------------------
@@ -272,7 +259,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         print(f"  {model:15s} {median:10,.0f} tokens/s  {B * L / median * 1e3:8.1f} ms/step  "
               f"peak {peak_bytes[model] / 2**30:6.2f} GiB  {flops[model] / 1e6:7.1f} MFLOP/token  "
               f"{achieved:7.1f} TFLOP/s  {mfu}   (rounds: {rounds})")
-    print(f"  {ratio_line('transformer-xl', 'supernet', tps)} in tokens/s: the supernet's step over the fixed one's")
+    # tokens/s of the fixed model over the supernet's, round by round: the supernet's step time over the fixed one's
+    print("  " + ratio_line("transformer-xl", "supernet", tps, label="step time supernet / transformer-xl"))
     steps.clear()  # the models go; their memory with them
     torch.cuda.empty_cache()
 

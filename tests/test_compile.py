@@ -58,25 +58,9 @@ def test_graphs_break_only_at_the_adaptive_softmax_clusters_and_the_cpu_dropout(
 
 
 @pytest.mark.parametrize("cutoffs", ["[]", "[100, 400]"])
-def test_no_recompiles_once_the_memory_is_full(cutoffs):
+def test_no_recompiles_once_the_memory_is_full(graphs_made, cutoffs):
     """Graphs are made while the memory grows (0, 16, then 32 states); over ten more segments of other tokens
     (other cluster sizes in the adaptive softmax) none is made again."""
-    model, step = model_and_step(f"model.cutoffs={cutoffs}", "model.dropout=0.1")
-    graphs = []
-
-    def count(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(step, backend=count)
-    stream = zipf_ids(B * (L * 13 + 1), VOCAB).view(B, -1)
-    made, mems = [], None
-    try:
-        for t in range(13):
-            loss, mems = compiled(stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1], mems)
-            loss.backward()
-            made.append(len(graphs))
-    finally:
-        torch._dynamo.reset()
+    _, step = model_and_step(f"model.cutoffs={cutoffs}", "model.dropout=0.1")
+    made = graphs_made(step, zipf_ids(B * (L * 13 + 1), VOCAB).view(B, -1), L, 13)
     assert made[2] > 0 and made[2:] == [made[2]] * 11, made

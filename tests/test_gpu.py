@@ -4,18 +4,15 @@ CPU's recorder says. ``make test-gpu`` runs these alone (``pytest -m gpu``); wit
 and reported as skipped. Tiny shapes throughout: they exercise the device paths, not its speed
 (benchmarks/gpu_step.py measures that)."""
 
-import importlib
 import json
 import math
 import os
 import statistics
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from parnas import architecture
@@ -33,7 +30,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 SMALL = ["data.vocab_size=300", "model.cutoffs=[100, 200]"]
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
 def sets(*pairs: str) -> list[str]:
@@ -149,29 +145,8 @@ def test_cuda_bf16_retrain_and_evaluate(wt2_slice, tmp_path):
 
 # --- kill and resume, and checkpoints between devices ---------------------------------------------------------
 
-class Kill(pl.Callback):
-    """Stop dead when step ``step`` ends: the checkpoint before it (and its validation) is on disk."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            raise RuntimeError(f"killed at step {self.step}")
-
-
-@pytest.fixture
-def micro_corpus(wt2_slice, tmp_path):
-    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
-    folder = tmp_path / "micro"
-    folder.mkdir()
-    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
-        text = (wt2_slice / f"{split}.txt").read_text()[:size]
-        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
-    return folder
-
-
-def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_corpus, tmp_path, deterministic):
+def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_corpus, kill_at, tmp_path,
+                                                                        deterministic):
     """As on the CPU: killed in the middle of a pass and at its very end, resumed, it ends with the same weights,
     memory, perplexities and history, bit for bit."""
     from retrain.run import retrain
@@ -188,7 +163,7 @@ def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_co
     split = [*common, f"train.out_dir={tmp_path / 'split'}"]
     for kill in (half, n):
         with pytest.raises(RuntimeError, match="killed"):
-            retrain("transformer-xl", "tiny", split, resume=kill != half, callbacks=[Kill(kill + 1)])
+            retrain("transformer-xl", "tiny", split, resume=kill != half, callbacks=[kill_at(kill + 1)])
         assert ckpt.load(tmp_path / "split/checkpoints/last.ckpt")["global_step"] == kill
     resumed = retrain("transformer-xl", "tiny", split, resume=True)
     a, b = (ckpt.load(tmp_path / f"{run}/checkpoints/last.ckpt") for run in ("whole", "split"))
@@ -284,20 +259,12 @@ def test_bf16_mixed_trains_within_the_fp32_seed_spread(wt2_slice, tmp_path):
 
 # --- host syncs and compilation -----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def host_syncs():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("host_syncs")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
 @pytest.mark.parametrize("cutoffs, precision", [("[]", "32-true"), ("[]", "bf16-mixed"), ("[100, 400]", "32-true"),
                                                 ("[100, 400]", "bf16-mixed")])
-def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(host_syncs, cutoffs, precision):
+def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(benchmark, cutoffs, precision):
     """CUDA's own sync counter (set_sync_debug_mode) around one step with the memory full agrees with the
     recorder (one nonzero per adaptive-softmax tail cluster); with a full softmax nothing waits at all."""
+    host_syncs = benchmark("host_syncs")
     cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.dropout=0.1", "model.dropatt=0.1"])
     torch.manual_seed(0)
     model = build_fixed_model(cfg.model, 1000).cuda().train()
@@ -337,7 +304,7 @@ def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(ho
 
 
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
-def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda():
+def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda(graphs_made):
     """Off the CPU, dropout is torch's own (traced): with a full softmax, forward and loss are one graph, and no
     graph is made again once the memory is full."""
     import torch._dynamo
@@ -352,25 +319,14 @@ def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda():
         h, mems = model(x, mems)
         return model.nll(h, y).mean(), mems
 
-    graphs = []
-
-    def count(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    with torch.no_grad():
+        _, mems = model(stream[:, :L])
+        _, mems = model(stream[:, L:2 * L], mems)
     torch._dynamo.reset()
     try:
-        with torch.no_grad():
-            _, mems = model(stream[:, :L])
-            _, mems = model(stream[:, L:2 * L], mems)
         explained = torch._dynamo.explain(step)(stream[:, :L], stream[:, 1:L + 1], mems)
-        assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
-        torch._dynamo.reset()
-        compiled, mems, made = torch.compile(step, backend=count), None, []
-        for t in range(12):
-            loss, mems = compiled(stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1], mems)
-            loss.backward()
-            made.append(len(graphs))
     finally:
         torch._dynamo.reset()
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    made = graphs_made(step, stream, L, 12)
     assert made[2:] == [made[2]] * 10, made

@@ -1,7 +1,6 @@
 """benchmarks/gpu_step.py without a GPU: its FLOP count against a hand count and torch's own counter, its
 shapes as valid models (on the meta device: no memory), its peak table, and its one-line refusals."""
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,9 @@ from parnas.model import build_fixed_model
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
-@pytest.fixture(scope="module")
-def gpu_step():
-    sys.path.insert(0, str(BENCHMARKS))  # as when it runs as a script: it imports train_step beside it
-    try:
-        yield importlib.import_module("gpu_step")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+@pytest.fixture
+def gpu_step(benchmark):
+    return benchmark("gpu_step")
 
 
 def test_flops_per_token_match_a_hand_count(gpu_step):

@@ -2,10 +2,6 @@
 lines read a device value back, per step. On a GPU each one stops the host until the queue has run, so none may
 creep into the step unnoticed; tests/test_gpu.py checks the recorder against CUDA's own sync counter."""
 
-import importlib
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,17 +10,12 @@ from parnas.config import load_config
 from parnas.latency import zipf_ids
 from parnas.model import build_fixed_model
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 VOCAB = 1000
 
 
-@pytest.fixture(scope="module")
-def host_syncs():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("host_syncs")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+@pytest.fixture
+def host_syncs(benchmark):
+    return benchmark("host_syncs")
 
 
 def test_the_recorder_sees_reads_back_and_nothing_else(host_syncs):

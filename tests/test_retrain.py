@@ -4,7 +4,6 @@ import json
 import pathlib
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from parnas import architecture
@@ -143,30 +142,8 @@ def test_overrides_cannot_contradict_the_architecture(wt2_slice, tmp_path, capsy
 
 # --- kill and resume ---------------------------------------------------------------------------------
 
-class Kill(pl.Callback):
-    """Stop dead when step ``step`` ends: the checkpoint before it (and its validation) is on disk."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            raise RuntimeError(f"killed at step {self.step}")
-
-
-@pytest.fixture
-def micro_corpus(wt2_slice, tmp_path):
-    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
-    folder = tmp_path / "micro"
-    folder.mkdir()
-    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
-        text = (wt2_slice / f"{split}.txt").read_text()[:size]
-        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
-    return folder
-
-
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpus, tmp_path, accumulate):
+def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpus, kill_at, tmp_path, accumulate):
     tokenizer, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
     # a pass is n segments = n / accumulate steps; n divisible by 2 * accumulate, so that one
     # checkpoint falls in the middle of a pass and one exactly on its end
@@ -183,7 +160,7 @@ def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpu
     split = [*common, f"train.out_dir={tmp_path / 'split'}"]
     for kill in (half, n):  # the middle of a pass, then exactly its end
         with pytest.raises(RuntimeError, match="killed"):
-            retrain(arch, "tiny", split, resume=kill != half, callbacks=[Kill(kill + 1)])
+            retrain(arch, "tiny", split, resume=kill != half, callbacks=[kill_at(kill + 1)])
         assert torch.load(tmp_path / "split/checkpoints/last.ckpt", weights_only=True)["global_step"] == kill
     resumed = retrain(arch, "tiny", split, resume=True)
     a = ckpt.load(tmp_path / "whole/checkpoints/last.ckpt")
