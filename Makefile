@@ -12,7 +12,7 @@ endif
 STEPS  ?= 300
 PORT   ?= 8080
 
-.PHONY: install test search train lint bench clean
+.PHONY: install test test-gpu search train lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest -q
+
+# The CUDA tests alone (tests/test_gpu.py): every command on the GPU, resume, checkpoints across devices, bf16.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu
 
 lint: install
 	$(VENV)/bin/ruff check .

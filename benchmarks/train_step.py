@@ -29,14 +29,16 @@ Implementations:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import resource
 import statistics
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,27 +60,62 @@ def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(seed).choice(vocab_size, size=n, p=p / p.sum()))
 
 
+def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],
+                  clipped: list[torch.nn.Parameter], clip: float,
+                  context: Callable[[], Any] = contextlib.nullcontext) -> Callable[[Tensor], None]:
+    """``step(tokens)``: one optimiser step on a (B, L+1) segment, the memory carried from the last call:
+    forward and loss inside ``context()`` (autocast, say), backward, clipping of ``clipped``, every optimiser."""
+    mems = None
+
+    def step(tokens: Tensor) -> None:
+        nonlocal mems
+        with context():
+            h, mems = model(tokens[:, :-1], mems)
+            loss = model.nll(h, tokens[:, 1:]).float().mean()
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(clipped, clip)
+        for optimizer in optimizers:
+            optimizer.step()
+    return step
+
+
 def time_steps(model: torch.nn.Module, params: list[list[torch.nn.Parameter]], cfg, vocab_size: int,
                steps: int, warmup: int) -> float:
     """Seconds per optimiser step: forward, backward, clipping of ``params[0]``, one Adam per parameter list."""
-    optimizers = [adam(p, lr=cfg.train.lr) for p in params]
+    step = training_step(model, [adam(p, lr=cfg.train.lr) for p in params], params[0], cfg.train.clip)
     B, L = cfg.data.batch_size, cfg.data.seg_len
-    stream = zipf_ids(B * L * (steps + warmup) + 1, vocab_size)
-    mems, start = None, 0.0
-    for step in range(steps + warmup):
-        if step == warmup:
+    stream = zipf_ids(B * (L * (steps + warmup) + 1), vocab_size).view(B, -1)  # B streams
+    start = 0.0
+    for i in range(steps + warmup):
+        if i == warmup:
             start = time.perf_counter()
-        t = step * B * L
-        x, y = stream[t:t + B * L].view(B, L), stream[t + 1:t + B * L + 1].view(B, L)
-        h, mems = model(x, mems)
-        loss = model.nll(h, y).mean()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params[0], cfg.train.clip)
-        for opt in optimizers:
-            opt.step()
+        step(stream[:, i * L:(i + 1) * L + 1])
     return (time.perf_counter() - start) / steps
+
+
+def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], rounds: int, steps: int,
+                       warmup: int) -> dict[str, list[float]]:
+    """``run(name, n)`` takes n steps of implementation ``name`` and returns a figure (e.g. tokens/s). Every
+    implementation first takes ``warmup`` untimed steps; then each round runs ``steps`` steps of each, the
+    order rotating by one from round to round, so a machine that slows down slows all of them alike.
+    Returns each implementation's figure per round."""
+    names = list(names)
+    for name in names:
+        run(name, warmup)
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            figures[name].append(run(name, steps))
+    return figures
+
+
+def ratio_line(a: str, b: str, figures: dict[str, list[float]], label: str = "") -> str:
+    """The median over rounds of ``a``'s figure over ``b``'s in the same round, and their range."""
+    same_round = [x / y for x, y in zip(figures[a], figures[b])]
+    return (f"{label or f'ratio {a} / {b}'}: {statistics.median(same_round):.2f}x "
+            f"(median of same-round ratios; range {min(same_round):.2f}-{max(same_round):.2f})")
 
 
 # --- parnas's previous path, part by part (the library's code before it was replaced) -------------
@@ -159,17 +196,7 @@ def parnas_step(cfg, vocab_size: int, layout: list[str], previous: tuple[str, ..
         use_previous(model, part)
     params = list(model.parameters())
     optimizer = torch.optim.Adam(params, lr=cfg.train.lr) if "adam" in previous else adam(params, lr=cfg.train.lr)
-    mems = None
-
-    def step(tokens: Tensor) -> None:  # tokens (B, L+1)
-        nonlocal mems
-        h, mems = model(tokens[:, :-1], mems)
-        loss = model.nll(h, tokens[:, 1:]).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.train.clip)
-        optimizer.step()
-    return step
+    return training_step(model, [optimizer], params, cfg.train.clip)
 
 
 # --- Dai et al.'s reference, imported from a local checkout --------------------------------------
@@ -269,27 +296,15 @@ def main() -> None:
             position[name] = t + L
         return n * B * L / (time.perf_counter() - start)
 
-    for name in names:
-        run(name, args.warmup)
-    tps: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            tps[name].append(run(name, args.steps))
-
+    tps = alternating_rounds(run, names, args.rounds, args.steps, args.warmup)
     for name in names:
         rounds = ", ".join(f"{t:,.0f}" for t in tps[name])
         print(f"{name:20s} {statistics.median(tps[name]):9,.0f} train tokens/s   (rounds: {rounds})")
-
-    def ratio(a: str, b: str) -> None:
-        same_round = [x / y for x, y in zip(tps[a], tps[b])]
-        print(f"ratio {a} / {b}: {statistics.median(same_round):.2f}x "
-              f"(median of same-round ratios; range {min(same_round):.2f}-{max(same_round):.2f})")
-
     if "reference" in steps:
-        ratio("parnas", "reference")
+        print(ratio_line("parnas", "reference", tps))
     for name in names:
         if name.startswith("previous"):
-            ratio("parnas", name)
+            print(ratio_line("parnas", name, tps))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     print(f"peak RSS {peak_mib:,.0f} MiB (the whole process, every implementation)")
 

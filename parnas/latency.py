@@ -38,6 +38,7 @@ import torch
 from parnas.config import Config, transformer_xl_layout
 from parnas.files import write_json_atomic
 from parnas.model import build_fixed_model
+from parnas.task import adam
 
 MODES = ("train", "inference")
 FORMAT, VERSION = "parnas.latency", 1
@@ -60,6 +61,8 @@ def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def _autocast(device: torch.device, precision: str) -> Any:
@@ -78,7 +81,9 @@ class _Stepper:
         model_cfg = replace(cfg.model, n_blocks=len(layout), blocks=tuple(layout))
         self.model = build_fixed_model(model_cfg, vocab_size).to(device).train(mode == "train")
         self.mode, self.device, self.cfg = mode, device, cfg
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr) if mode == "train" else None
+        # the optimiser training builds (fused where it may run), so the constant part is what a step pays
+        self.optimizer = adam(self.model.parameters(), lr=cfg.train.lr,
+                              precision=cfg.train.precision) if mode == "train" else None
         B, L = cfg.data.batch_size, cfg.data.seg_len
         self.stream = zipf_ids(B * L * 8 + 1, vocab_size).to(device)
         self.mems, self.t = None, 0

@@ -43,7 +43,7 @@ class _TargetNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:  # type: ignore[override]
-        logp = logits.log_softmax(-1)  # (N, C)
+        logp = logits.float().log_softmax(-1)  # (N, C), float32 whatever the logits are (CUDA autocast's rule)
         ctx.save_for_backward(logp, target)
         return -logp.gather(1, target[:, None]).squeeze(1)
 
@@ -80,7 +80,7 @@ class OutputHead(nn.Module):
         zero-filled scatter. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
         head_target = y.clone()
-        nll = h.new_zeros(y.shape)
+        nll = h.new_zeros(y.shape, dtype=torch.float32)
         for i, (low, high) in enumerate(zip(asm.cutoffs, asm.cutoffs[1:])):
             rows = ((y >= low) & (y < high)).nonzero().squeeze(1)  # tokens in tail cluster i
             if rows.numel() == 0:

@@ -156,7 +156,7 @@ class LanguageModelTask(LightningModule):
         if self.data_position >= self.trainer.num_training_batches:
             self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
         if self._restored_memory is not None:
-            self.mems["train"] = self._local_memory(self._restored_memory, x.size(0))
+            self.mems["train"] = self._local_memory(self._restored_memory, x)
             self._restored_memory = None
         torch.manual_seed(step_seed(self.train_cfg.seed, self.global_rank, self.batches_seen))
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
@@ -248,8 +248,9 @@ class LanguageModelTask(LightningModule):
             out.append(m.detach().cpu().clone())  # (B, M, D)
         return out
 
-    def _local_memory(self, memory: list[Tensor | None], local_batch: int) -> Memory:
-        """This rank's rows of a gathered memory, on this device."""
-        rank = self.global_rank
-        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(self.device)
+    def _local_memory(self, memory: list[Tensor | None], x: Tensor) -> Memory:
+        """This rank's rows of a gathered memory (saved on the CPU), on the device of the batch ``x`` (B, L)
+        they will be attended with: the batch, not a device recorded elsewhere, is where the step runs."""
+        rank, local_batch = self.global_rank, x.size(0)
+        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(x.device)
                 for m in memory]

@@ -46,6 +46,7 @@ from parnas import architecture
 from parnas import checkpoint as ckpt
 from parnas.config import Config, TrainConfig
 from parnas.data import ContextBatches, load_splits
+from parnas.devices import check_devices
 from parnas.files import check_run_dir, write_json_atomic
 from parnas.interrupt import StopOnSignal
 from parnas.memory import check_memory
@@ -276,6 +277,7 @@ def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
 
 def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics."""
+    check_devices(cfg.train)
     check_run_dir(cfg.train.out_dir, resume)
     tokenizer, splits = load_splits(cfg.data)
     layout = cfg.model.layout

@@ -51,7 +51,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
-        result = evaluate_checkpoint(trained, args.split, device, args.mem_len, args.data_path)
+        result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path)
     result["checkpoint"] = str(args.checkpoint)
     out = out or default_output(args.checkpoint, args.split, result["mem_len"])
     write_json_atomic(out, result)
@@ -74,7 +74,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
-        text, _ = generate(trained, args.prompt, opts, device)
+        text, _ = generate(trained, args.prompt, opts)
     print(text)
     return 0
 

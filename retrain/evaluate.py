@@ -22,15 +22,17 @@ import torch
 
 from parnas.data import default_cache_dir, resolve_corpus
 from parnas.errors import ConfigError, DataError, ParnasError
+from parnas.task import model_device
 from parnas.tokenizer import build_tokenizer, file_digest
 from parnas.train import SegmentData, split_metrics
 from retrain.load import TrainedModel
 
 
-def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device, mem_len: int | None = None,
+def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
                         data_path: str | None = None) -> dict[str, Any]:
     """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried), and
-    tokens/s when the split takes long enough to time (see :func:`parnas.train.split_metrics`)."""
+    tokens/s when the split takes long enough to time (see :func:`parnas.train.split_metrics`), on the
+    device the model's weights are on."""
     if split not in ("valid", "test"):
         raise ConfigError(f"--split must be valid or test, not {split!r}")
     cfg = trained.config
@@ -47,7 +49,7 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, device: torch.device,
     return {"split": split, "ppl": out[f"{name}_ppl"], "loss": out[f"{name}_loss"], "tokens": out[f"{name}_tokens"],
             "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "eval_seconds": out[f"{name}_eval_seconds"],
             "mem_len": trained.model.mem_len,
-            "step": trained.step, "corpus": str(corpus), "device": str(device)}
+            "step": trained.step, "corpus": str(corpus), "device": str(model_device(trained.model))}
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:
@@ -101,11 +103,13 @@ def prompt_ids(trained: TrainedModel, prompt: str) -> list[int]:
 
 
 @torch.no_grad()
-def generate(trained: TrainedModel, prompt: str, opts: Sampling, device: torch.device) -> tuple[str, list[int]]:
-    """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids."""
+def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, list[int]]:
+    """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids.
+    Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
     model, cfg = trained.model.eval(), trained.config
+    device = model_device(model)
     model.mem_len = opts.mem_len if opts.mem_len is not None else cfg.model.mem_len + cfg.data.seg_len
-    generator = torch.Generator(device=device).manual_seed(opts.seed)
+    generator = torch.Generator(device=device).manual_seed(opts.seed) if opts.temperature else None  # greedy: none
     context = torch.tensor([prompt_ids(trained, prompt)], device=device)  # (1, P)
     mems, L = None, cfg.data.seg_len
     for t in range(0, context.size(1), L):  # the prompt in training-length segments

@@ -30,6 +30,7 @@ from parnas import architecture
 from parnas.architecture import ArchitectureError
 from parnas.config import Config, load_config, parse_overrides
 from parnas.data import load_splits
+from parnas.devices import check_devices
 from parnas.errors import ConfigError
 from parnas.files import check_run_dir
 from parnas.memory import check_memory
@@ -90,6 +91,7 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
 
     source = read_architecture(arch)
     cfg = resolve_config(source, config, overrides)
+    check_devices(cfg.train)
     check_run_dir(cfg.train.out_dir, resume)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)

@@ -44,6 +44,7 @@ from parnas.config import (
     transformer_xl_layout,
     unflatten,
 )
+from parnas.devices import check_devices
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
 
@@ -166,6 +167,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
                 search_steps, retrain_steps, random_orderings, rounds, candidate_sets)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
+    check_devices(plan.base.train)
     if plan.base.model.blocks:
         raise ConfigError("model.blocks cannot be set for a study: the layouts come from the searches")
     for search in plan.searches:
@@ -368,12 +370,11 @@ def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, pro
     """Train and inference step times of every layout, side by side in this process."""
     import torch
 
+    from parnas.devices import training_device
     from parnas.latency import device_name, time_layouts
 
     cfg = retrain_config(plan)
-    accelerator = cfg.train.accelerator
-    device = torch.device("cuda" if accelerator in ("gpu", "cuda") or
-                          (accelerator == "auto" and torch.cuda.is_available()) else "cpu")
+    device = training_device(cfg.train)  # where the retrains ran
     timing: dict[str, Any] = {"device": device_name(device),
                               "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": plan.rounds,
                               "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,

@@ -210,7 +210,7 @@ class PARDartsModule(DartsLightningModule):
             return task.train_nll(batch).mean() + task.aux_loss()  # aux: the compressive memory's (task.py)
         x, y = batch
         if "arch" in task._restored_streams:  # a resumed search: the arch stream's memory as it was saved
-            task.mems["arch"] = task._local_memory(task._restored_streams.pop("arch"), x.size(0))
+            task.mems["arch"] = task._local_memory(task._restored_streams.pop("arch"), x)
         # its own seed: Gumbel noise and dropout draws depend on the step alone, so a resumed search redraws them
         torch.manual_seed(step_seed(task.train_cfg.seed + 7919, task.global_rank, task.batches_seen))
         nll, task.mems[stream] = segment_nll(task.model, x, y, task.mems.get(stream))

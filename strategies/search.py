@@ -32,6 +32,7 @@ from parnas import architecture, checkpoint
 from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data import load_splits
+from parnas.devices import check_devices
 from parnas.errors import ParnasError
 from parnas.files import check_writable_dir, ensure_writable_dir, write_json_atomic, write_text_atomic
 from parnas.latency import latency_table, read_table
@@ -163,10 +164,12 @@ class Search:
 
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
-                 meta: dict[str, Any] | None = None) -> Search:
+                 meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> Search:
     """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
 
-    ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model.
+    ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
+    model to search with instead of the device's latency table (nothing is timed; the budget is checked
+    against it), for studying the search itself under known costs.
     """
     if cfg.train.accumulate != 1:
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
@@ -175,8 +178,10 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
     trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
                             log_every_n_steps=cfg.search.log_every)
-    costs, latency = cost_model(cfg, vocab_size, trainer.strategy.root_device,
-                                pinned=run_dir / PINNED_TABLE if ckpt else None)
+    latency = None
+    if costs is None:
+        costs, latency = cost_model(cfg, vocab_size, trainer.strategy.root_device,
+                                    pinned=run_dir / PINNED_TABLE if ckpt else None)
     check_budget(cfg, costs)
     strategy = PARGumbelDARTS(cfg.search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
@@ -213,6 +218,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
     Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched."""
+    check_devices(cfg.train)
     trial = in_nni_trial()
     run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
     check_writable_dir(run_dir)  # creates nothing: a search refused below leaves no empty folder

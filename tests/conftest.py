@@ -47,3 +47,75 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def benchmark():
+    """``benchmark(name)`` imports the script ``benchmarks/<name>.py`` as it runs (its folder on sys.path:
+    the scripts import each other's helpers)."""
+    import importlib
+    import sys
+
+    folder = str(Path(__file__).parents[1] / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        yield importlib.import_module
+    finally:
+        sys.path.remove(folder)
+
+
+@pytest.fixture
+def micro_corpus(wt2_slice, tmp_path):
+    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
+    folder = tmp_path / "micro"
+    folder.mkdir()
+    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
+        text = (wt2_slice / f"{split}.txt").read_text()[:size]
+        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
+    return folder
+
+
+@pytest.fixture
+def kill_at():
+    """``kill_at(step)``: a Lightning callback that stops the run dead when step ``step`` ends (the checkpoint
+    before it, and its validation, are on disk), as a killed process would."""
+    import pytorch_lightning as pl
+
+    class Kill(pl.Callback):
+        def __init__(self, step: int) -> None:
+            self.step = step
+
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step == self.step:
+                raise RuntimeError(f"killed at step {self.step}")
+
+    return Kill
+
+
+@pytest.fixture
+def graphs_made():
+    """``graphs_made(step, stream, seg_len, steps)``: compile ``step(x, y, mems) -> (loss, mems)`` with a backend
+    that only counts the graphs Dynamo captures, train ``steps`` segments of ``stream`` (B, T) through it,
+    and return how many graphs existed after each step."""
+    import torch
+    import torch._dynamo
+
+    def run(step, stream, seg_len, steps):
+        graphs, made, mems = [], [], None
+
+        def count(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend=count)
+        try:
+            for t in range(steps):
+                x, y = stream[:, t * seg_len:(t + 1) * seg_len], stream[:, t * seg_len + 1:(t + 1) * seg_len + 1]
+                loss, mems = compiled(x, y, mems)
+                loss.backward()
+                made.append(len(graphs))
+        finally:
+            torch._dynamo.reset()
+        return made
+    return run

@@ -44,7 +44,7 @@ def test_temperature_zero_and_top_1_are_greedy(checkpoint, capsys):
 def test_memory_is_carried_between_tokens(checkpoint, tmp_path):
     """Token by token with the memory gives the same distribution as one pass over the whole sequence."""
     trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
-    _, new = generate(trained, PROMPT, Sampling(tokens=12, temperature=0, mem_len=200), torch.device("cpu"))
+    _, new = generate(trained, PROMPT, Sampling(tokens=12, temperature=0, mem_len=200))
     model = trained.model
     from retrain.evaluate import prompt_ids
     ids = torch.tensor([prompt_ids(trained, PROMPT) + new])  # (1, P+12)

@@ -130,3 +130,11 @@ def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch)
     assert record["table"] == pinned and costs.per_kind["attention"] == 3.0 and costs.per_kind["dense"] == 1.0
     costs, record = cost_model(cfg, VOCAB, torch.device("cpu"), pinned=tmp_path / "absent.json")
     assert record["table"].kinds_ms == table.kinds_ms
+
+
+@pytest.mark.parametrize("precision, fused", [("32-true", True), ("bf16-mixed", None)])
+def test_a_timed_step_uses_the_optimiser_training_uses(precision, fused):
+    """Fused Adam where training takes it (not under mixed precision): the constant part is what a step pays."""
+    cfg = tiny_config(f"train.precision={precision}")
+    stepper = latency._Stepper(["attention", "dense"], cfg, VOCAB, "train", __import__("torch").device("cpu"))
+    assert stepper.optimizer.defaults["fused"] is fused

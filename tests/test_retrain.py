@@ -4,7 +4,6 @@ import json
 import pathlib
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from parnas import architecture
@@ -143,30 +142,8 @@ def test_overrides_cannot_contradict_the_architecture(wt2_slice, tmp_path, capsy
 
 # --- kill and resume ---------------------------------------------------------------------------------
 
-class Kill(pl.Callback):
-    """Stop dead when step ``step`` ends: the checkpoint before it (and its validation) is on disk."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            raise RuntimeError(f"killed at step {self.step}")
-
-
-@pytest.fixture
-def micro_corpus(wt2_slice, tmp_path):
-    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
-    folder = tmp_path / "micro"
-    folder.mkdir()
-    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
-        text = (wt2_slice / f"{split}.txt").read_text()[:size]
-        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
-    return folder
-
-
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpus, tmp_path, accumulate):
+def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpus, kill_at, tmp_path, accumulate):
     tokenizer, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
     # a pass is n segments = n / accumulate steps; n divisible by 2 * accumulate, so that one
     # checkpoint falls in the middle of a pass and one exactly on its end
@@ -183,7 +160,7 @@ def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpu
     split = [*common, f"train.out_dir={tmp_path / 'split'}"]
     for kill in (half, n):  # the middle of a pass, then exactly its end
         with pytest.raises(RuntimeError, match="killed"):
-            retrain(arch, "tiny", split, resume=kill != half, callbacks=[Kill(kill + 1)])
+            retrain(arch, "tiny", split, resume=kill != half, callbacks=[kill_at(kill + 1)])
         assert torch.load(tmp_path / "split/checkpoints/last.ckpt", weights_only=True)["global_step"] == kill
     resumed = retrain(arch, "tiny", split, resume=True)
     a = ckpt.load(tmp_path / "whole/checkpoints/last.ckpt")
@@ -294,18 +271,3 @@ def test_compare_prints_and_writes_one_table(trained, tmp_path, capsys):
     assert float(rows[1].split(",")[-2]) == trained["found"]["val_ppl"]
     assert main(["compare", str(tmp_path / "nothing")]) == 2
 
-
-# --- GPU -----------------------------------------------------------------------------------------------
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_bf16_retrain_and_evaluate(wt2_slice, tmp_path, capsys):
-    out = tmp_path / "gpu"
-    arch = write_arch(tmp_path / "arch.json", record_for("AADI"))
-    assert main(["retrain", "--arch", arch, "--accelerator", "gpu", "--devices", "1", "--precision", "bf16-mixed",
-                 *settings(wt2_slice, out, "train.max_steps=20")]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["device"].startswith("cuda") and metrics["peak_memory_kind"] == "cuda_max_allocated"
-    assert metrics["precision"] == "bf16-mixed" and metrics["val_ppl"] < 300
-    assert main(["evaluate", "--checkpoint", str(out / "checkpoints/last.ckpt"), "--device", "cuda",
-                 "--out", str(tmp_path / "e.json")]) == 0
-    assert json.loads((tmp_path / "e.json").read_text())["ppl"] == pytest.approx(metrics["val_ppl"], rel=1e-3)

@@ -106,18 +106,15 @@ def test_search_chooses_attention_where_the_task_needs_it(tmp_path, mode):
     assert "attention" in search.module.export().values()
 
 
+# Known costs instead of timed ones where a test is about the search, not the device: what a budget allows is
+# then exact on every machine (II 0.2, DI 0.4, DD 0.6, AI 0.8, AD 1.0), where a timed table's ratios are the
+# device's (a tiny all-identity model costs 0.3 of Transformer-XL's step on a CPU, 0.5 on an H100).
 FIXED_COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)  # TXL (AD): 5 ms
 
 
-def with_costs(search, costs=FIXED_COSTS):
-    """Known costs instead of timed ones, so what a budget allows is exact: II 0.2, DI 0.4, DD 0.6, AD 1.0."""
-    search.strategy.costs = search.module.costs = costs
-    return search
-
-
 def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
-    search = with_costs(build_search(search_config("train.max_steps=300", "search.penalty_weight=5"), SPLITS, VOCAB,
-                                     tmp_path))
+    search = build_search(search_config("train.max_steps=300", "search.penalty_weight=5"), SPLITS, VOCAB, tmp_path,
+                          costs=FIXED_COSTS)
     search.module.set_model(search.supernet)
     search.module.expected_ratio().backward()
     assert all(m._arch_alpha.grad.abs().sum() > 0 for m in search.module.choices())
@@ -130,8 +127,8 @@ def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
 
 def test_latency_budget_is_met_by_the_exported_architecture(tmp_path):
     """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block."""
-    search = with_costs(build_search(search_config("train.max_steps=300", "search.latency_budget=0.45",
-                                                   "train.eval_every=300"), SPLITS, VOCAB, tmp_path))
+    search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300"),
+                          SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
     search.run()
     kinds, fitted = search.module.exported_kinds()
     assert FIXED_COSTS.ratio(kinds) <= 0.45, (kinds, search.module.probabilities())
@@ -139,6 +136,27 @@ def test_latency_budget_is_met_by_the_exported_architecture(tmp_path):
     assert max(lambdas) > 0  # the multiplier had to rise: unconstrained, this task keeps attention
     assert search.module.last_evaluation.kinds == kinds
     assert fitted == (FIXED_COSTS.ratio(search.module.argmax()) > 0.45)  # said, never silent
+
+
+def test_a_budget_derived_from_the_measured_table_is_met_and_one_below_its_floor_is_refused(tmp_path):
+    """The device's own table (timed here, whatever the device): a budget halfway between the cheapest layout
+    and Transformer-XL is met by what is exported; one under the cheapest layout is refused before training."""
+    from parnas.errors import ParnasError
+    from strategies.search import cost_model
+
+    cfg = search_config("train.max_steps=20", "train.eval_every=20")
+    costs, _ = cost_model(cfg, VOCAB, torch.device("cpu"))  # cached: the search below reads the same table
+    floor = costs.ratio(["identity"] * cfg.model.n_blocks)
+    budget = round(floor + (1.0 - floor) / 2, 4) if floor < 1.0 else 1.0
+    search = build_search(search_config("train.max_steps=20", "train.eval_every=20", "train.accelerator=cpu",
+                                        f"search.latency_budget={budget}"), SPLITS, VOCAB, tmp_path)
+    assert search.costs == costs
+    search.run()
+    kinds, _ = search.module.exported_kinds()
+    assert costs.ratio(kinds) <= budget + 1e-9, (kinds, costs)
+    with pytest.raises(ParnasError, match="out of reach"):
+        build_search(search_config(f"search.latency_budget={round(floor * 0.9, 4)}", "train.accelerator=cpu"),
+                     SPLITS, VOCAB, tmp_path / "low")
 
 
 def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
@@ -152,8 +170,8 @@ def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
 
 
 def test_without_a_budget_the_same_search_keeps_attention(tmp_path):
-    search = with_costs(build_search(search_config("train.max_steps=300", "train.eval_every=300"), SPLITS, VOCAB,
-                                     tmp_path))
+    search = build_search(search_config("train.max_steps=300", "train.eval_every=300"), SPLITS, VOCAB, tmp_path,
+                          costs=FIXED_COSTS)
     search.run()
     assert "attention" in search.module.argmax() and FIXED_COSTS.ratio(search.module.argmax()) > 0.45
 
@@ -310,7 +328,7 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
         torch.manual_seed(0)
         cfg = search_config(*common, *extra)
         meta = {"config": cfg.to_dict(), "architecture": {}, "tokenizer": {}}
-        s = with_costs(build_search(cfg, SPLITS, VOCAB, run_dir, ckpt=ckpt, meta=meta))
+        s = build_search(cfg, SPLITS, VOCAB, run_dir, ckpt=ckpt, meta=meta, costs=FIXED_COSTS)
         s.run()
         return s
 

@@ -1,0 +1,332 @@
+"""On a CUDA GPU: every command finishes (fp32 and bf16-mixed), a killed run resumes exactly, a checkpoint moves
+between the GPU and the CPU, bf16-mixed trains as well as fp32, and the step waits for the GPU only where the
+CPU's recorder says. ``make test-gpu`` runs these alone (``pytest -m gpu``); without CUDA they are collected
+and reported as skipped. Tiny shapes throughout: they exercise the device paths, not its speed
+(benchmarks/gpu_step.py measures that)."""
+
+import json
+import math
+import os
+import statistics
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from parnas import architecture
+from parnas import checkpoint as ckpt
+from parnas.cli import main
+from parnas.config import DataConfig, ModelConfig, load_config
+from parnas.data import ContextBatches, load_splits
+from parnas.latency import zipf_ids
+from parnas.model import build_fixed_model
+from parnas.task import adam
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+# cuBLAS picks its workspace when CUDA starts (after collection): a fixed one makes its products repeatable,
+# which the exact-resume tests need (with torch.use_deterministic_algorithms for the other kernels)
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+SMALL = ["data.vocab_size=300", "model.cutoffs=[100, 200]"]
+
+
+def sets(*pairs: str) -> list[str]:
+    return [a for pair in pairs for a in ("--set", pair)]
+
+
+def cli(*args) -> int:
+    return main([str(a) for a in args])
+
+
+def read(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+@pytest.fixture
+def deterministic():
+    """Kernels that give the same bits every run (embedding and index_add backward without atomics...)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+# --- every command, on the GPU ----------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:.*Running trial code without runtime:RuntimeWarning")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_search_export_retrain_evaluate_generate_compare_on_cuda(wt2_slice, tmp_path, capsys, monkeypatch, precision):
+    gpu = ["train.accelerator=gpu", "train.devices=1", f"train.precision={precision}"]
+    common = ["--config", "tiny", *sets(f"data.path={wt2_slice}", *SMALL, *gpu, "train.eval_every=10",
+                                        "train.ckpt_every=10", "search.log_every=5")]
+
+    # a search stopped at step 10 of 20, then resumed: each part ends with Lightning's teardown
+    run = tmp_path / "search"
+    search = [*common, *sets(f"search.out_dir={run}", "train.max_steps=20")]
+    assert cli("search", *search, *sets("train.stop_at=10")) == 0
+    assert read(run / "architecture.json")["search"]["steps"] == 10
+    assert cli("search", *search, "--resume") == 0
+    record = read(run / "architecture.json")["search"]
+    assert record["steps"] == 20 and math.isfinite(record["val_ppl"]) and math.isfinite(record["supernet_val_ppl"])
+    assert record["latency"]["device"] == torch.cuda.get_device_name()  # its costs were timed on the GPU
+
+    # the same search as an nnictl trial (its run directory from NNI), then `parnas export`
+    trial = tmp_path / "experiments" / "gpuexp" / "trials" / "T1"
+    trial.mkdir(parents=True)
+    with monkeypatch.context() as nni:
+        nni.setenv("NNI_PLATFORM", "unittest")  # NNI's stand-alone trial channel: no manager needed
+        nni.setenv("NNI_OUTPUT_DIR", str(trial))
+        nni.setenv("NNI_TRIAL_JOB_ID", "T1")
+        assert cli("search", *common, *sets("train.max_steps=20")) == 0
+    assert (trial / "architecture.json").is_file()
+    found = tmp_path / "found"
+    assert cli("export", "--experiment", "gpuexp", "--experiments-dir", tmp_path / "experiments", "--out", found) == 0
+
+    # retrain the exported architecture, and train a fixed layout
+    out = tmp_path / "retrain"
+    assert cli("retrain", "--arch", found / "T1.json", *common, *sets(f"train.out_dir={out}",
+                                                                       "train.max_steps=20")) == 0
+    metrics = read(out / "metrics.json")
+    assert metrics["device"].startswith("cuda") and metrics["peak_memory_kind"] == "cuda_max_allocated"
+    assert metrics["precision"] == precision and metrics["steps"] == 20
+    assert math.isfinite(metrics["val_ppl"]) and math.isfinite(metrics["test_ppl"])
+    assert cli("train", *common, *sets(f"train.out_dir={tmp_path / 'train'}", "train.max_steps=10")) == 0
+    assert read(tmp_path / "train" / "metrics.json")["device"].startswith("cuda")
+
+    # evaluate and sample from the checkpoint on the GPU
+    last = out / "checkpoints" / "last.ckpt"
+    assert cli("evaluate", "--checkpoint", last, "--device", "cuda", "--out", tmp_path / "eval.json") == 0
+    evaluated = read(tmp_path / "eval.json")
+    assert evaluated["device"].startswith("cuda") and evaluated["ppl"] == pytest.approx(metrics["val_ppl"], rel=1e-4)
+    capsys.readouterr()
+    sample = ["generate", "--checkpoint", last, "--device", "cuda", "--tokens", "20", "--seed", "1", "--prompt", "The"]
+    assert cli(*sample) == 0
+    text = capsys.readouterr().out
+    assert cli(*sample) == 0 and capsys.readouterr().out == text and text.startswith("The")
+
+    assert cli("compare", out, tmp_path / "train", "--out", tmp_path / "table") == 0
+    assert f"| {metrics['architecture']} |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_study_on_cuda(wt2_slice, tmp_path, capsys, precision):
+    out = tmp_path / "study"
+    settings = sets(f"data.path={wt2_slice}", *SMALL, "train.accelerator=gpu", f"train.precision={precision}",
+                    "train.eval_every=1000", "train.warmup_steps=3", "search.log_every=5")
+    assert cli("study", "--config", "tiny", *settings, "--seeds", "1", "--budgets", "none", "--out", out,
+               "--search-steps", "8", "--retrain-steps", "8", "--random-orderings", "1", "--rounds", "1") == 0
+    study = read(out / "study.json")
+    assert study["timing"]["device"] == torch.cuda.get_device_name()
+    for row in study["rows"]:
+        metrics = read(out / "retrain" / row["layout"] / "metrics.json")
+        assert metrics["device"].startswith("cuda") and math.isfinite(metrics["val_ppl"])
+
+
+def test_cuda_bf16_retrain_and_evaluate(wt2_slice, tmp_path):
+    out = tmp_path / "gpu"
+    record = architecture.make_record(
+        {architecture.label(i): k for i, k in enumerate(["attention", "attention", "dense", "identity"])},
+        ModelConfig(n_blocks=4, d_model=32, n_heads=2, d_ff=64, mem_len=16, dropout=0.0, cutoffs=(100, 200)), 300,
+        tokenizer={"kind": "sentencepiece", "vocab_size": 300})
+    (tmp_path / "arch.json").write_text(json.dumps(record))
+    assert cli("retrain", "--arch", tmp_path / "arch.json", "--accelerator", "gpu", "--devices", "1", "--precision",
+               "bf16-mixed", "--config", "tiny", *sets(f"data.path={wt2_slice}", *SMALL, f"train.out_dir={out}",
+                                                       "train.max_steps=20")) == 0
+    metrics = read(out / "metrics.json")
+    assert metrics["device"].startswith("cuda") and metrics["peak_memory_kind"] == "cuda_max_allocated"
+    assert metrics["precision"] == "bf16-mixed" and metrics["val_ppl"] < 300
+    assert cli("evaluate", "--checkpoint", out / "checkpoints/last.ckpt", "--device", "cuda",
+               "--out", tmp_path / "e.json") == 0
+    assert read(tmp_path / "e.json")["ppl"] == pytest.approx(metrics["val_ppl"], rel=1e-3)
+
+
+# --- kill and resume, and checkpoints between devices ---------------------------------------------------------
+
+def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_corpus, kill_at, tmp_path,
+                                                                        deterministic):
+    """As on the CPU: killed in the middle of a pass and at its very end, resumed, it ends with the same weights,
+    memory, perplexities and history, bit for bit."""
+    from retrain.run import retrain
+
+    _, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
+    seg_len = next(L for L in range(40, 80) if len(ContextBatches(splits["train"], 8, L)) % 2 == 0)
+    n = len(ContextBatches(splits["train"], 8, seg_len))  # steps per pass
+    half, total = n // 2, n + n // 2 + 3
+    common = [f"data.path={micro_corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "data.batch_size=8",
+              f"data.seg_len={seg_len}", "model.dropout=0.2", "model.dropatt=0.1", f"train.max_steps={total}",
+              f"train.eval_every={half}", f"train.ckpt_every={half}", "train.warmup_steps=5",
+              "train.accelerator=gpu"]
+    whole = retrain("transformer-xl", "tiny", [*common, f"train.out_dir={tmp_path / 'whole'}"])
+    split = [*common, f"train.out_dir={tmp_path / 'split'}"]
+    for kill in (half, n):
+        with pytest.raises(RuntimeError, match="killed"):
+            retrain("transformer-xl", "tiny", split, resume=kill != half, callbacks=[kill_at(kill + 1)])
+        assert ckpt.load(tmp_path / "split/checkpoints/last.ckpt")["global_step"] == kill
+    resumed = retrain("transformer-xl", "tiny", split, resume=True)
+    a, b = (ckpt.load(tmp_path / f"{run}/checkpoints/last.ckpt") for run in ("whole", "split"))
+    assert a["global_step"] == b["global_step"] == total and resumed["device"].startswith("cuda")
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    for mine, theirs in zip(a["parnas"]["train_memory"], b["parnas"]["train_memory"]):
+        assert (mine is None and theirs is None) or torch.equal(mine, theirs)
+    assert resumed["val_ppl"] == whole["val_ppl"] and resumed["history"] == whole["history"]
+
+
+def copy_stream(n_chunks: int, seed: int) -> np.ndarray:
+    r = np.random.default_rng(seed).integers(0, 32, size=(n_chunks, 4))
+    return np.concatenate([r, r], axis=1).reshape(-1).astype(np.int32)
+
+
+def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, deterministic):
+    from strategies.costs import CostModel
+    from strategies.search import build_search, prepare_run_dir
+
+    splits = {"train": copy_stream(3000, 0), "valid": copy_stream(100, 1), "test": copy_stream(100, 2)}
+    costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)
+
+    def search(run_dir, *extra, resume_from=None):
+        torch.manual_seed(0)
+        cfg = load_config("tiny", ["model.n_blocks=2", "model.cutoffs=[]", "model.mem_len=8", "data.batch_size=8",
+                                   "data.seg_len=16", "data.eval_batch_size=4", "train.warmup_steps=10",
+                                   "train.lr=1e-2", "search.arch_lr=0.03", "train.max_steps=20",
+                                   "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
+                                   "model.dropout=0.1", "search.mode=bilevel", "search.latency_budget=0.5",
+                                   "train.accelerator=gpu", *extra])
+        meta = {"config": cfg.to_dict(), "architecture": {}, "tokenizer": {}}
+        s = build_search(cfg, splits, 32, run_dir, ckpt=resume_from, meta=meta, costs=costs)
+        s.run()
+        return s
+
+    straight = search(tmp_path / "straight")
+    search(tmp_path / "killed", "train.stop_at=10")
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    prepare_run_dir(tmp_path / "killed", last)
+    resumed = search(tmp_path / "killed", resume_from=last)
+    for a, b in zip(straight.module.arch_parameters(), resumed.module.arch_parameters()):
+        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+    assert straight.module.argmax() == resumed.module.argmax() and straight.module.dual == resumed.module.dual
+    assert resumed.module.last_evaluation.val_ppl == straight.module.last_evaluation.val_ppl
+    history = [(tmp_path / run / "history.jsonl").read_text() for run in ("straight", "killed")]
+    assert history[0] == history[1]
+
+
+def test_a_checkpoint_written_on_the_gpu_evaluates_and_resumes_on_the_cpu_and_back(wt2_slice, tmp_path):
+    out = tmp_path / "run"
+    base = ["retrain", "--arch", "transformer-xl", "--config", "tiny",
+            *sets(f"data.path={wt2_slice}", *SMALL, f"train.out_dir={out}", "train.max_steps=30",
+                  "train.eval_every=10", "train.ckpt_every=10")]
+    assert cli(*base, *sets("train.accelerator=gpu", "train.stop_at=10")) == 0
+    last = out / "checkpoints" / "last.ckpt"
+    written = torch.load(last, weights_only=True)  # no map_location: tensors come back where they were saved
+    assert any(t.is_cuda for t in written["state_dict"].values())
+    for device in ("cpu", "cuda"):
+        assert cli("evaluate", "--checkpoint", last, "--device", device, "--out", tmp_path / f"{device}.json") == 0
+    on_cpu, on_gpu = read(tmp_path / "cpu.json"), read(tmp_path / "cuda.json")
+    assert on_cpu["device"] == "cpu" and on_gpu["device"].startswith("cuda")
+    assert on_cpu["ppl"] == pytest.approx(on_gpu["ppl"], rel=1e-4)
+
+    assert cli(*base, *sets("train.accelerator=cpu", "train.stop_at=20"), "--resume") == 0  # GPU checkpoint, CPU run
+    assert read(out / "metrics.json")["device"] == "cpu"
+    assert not any(t.is_cuda for t in torch.load(last, weights_only=True)["state_dict"].values())
+    assert cli(*base, *sets("train.accelerator=gpu"), "--resume") == 0  # and back
+    metrics = read(out / "metrics.json")
+    assert metrics["device"].startswith("cuda") and metrics["steps"] == 30 and math.isfinite(metrics["val_ppl"])
+    assert [h["step"] for h in metrics["history"]] == [10, 20, 30]
+
+
+# --- precision ----------------------------------------------------------------------------------------------------
+
+def test_bf16_mixed_trains_within_the_fp32_seed_spread(wt2_slice, tmp_path):
+    """500 steps of tiny, three seeds each: bf16-mixed's mean validation loss lies within the spread fp32's seeds
+    give (max - min) of fp32's mean."""
+    from parnas.train import train
+
+    losses: dict[str, list[float]] = {"32-true": [], "bf16-mixed": []}
+    for precision, runs in losses.items():
+        for seed in range(3):
+            cfg = load_config("tiny", [f"data.path={wt2_slice}", *SMALL, "train.accelerator=gpu",
+                                       f"train.precision={precision}", f"train.seed={seed}", "train.max_steps=500",
+                                       "train.eval_every=500", "train.ckpt_every=500", "train.log_every=500",
+                                       f"train.out_dir={tmp_path / f'{precision}-{seed}'}"])
+            runs.append(train(cfg)["val_loss"])
+    fp32, bf16 = losses["32-true"], losses["bf16-mixed"]
+    assert all(math.isfinite(v) for v in fp32 + bf16), losses
+    assert abs(statistics.mean(bf16) - statistics.mean(fp32)) <= max(fp32) - min(fp32), losses
+
+
+# --- host syncs and compilation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cutoffs, precision", [("[]", "32-true"), ("[]", "bf16-mixed"), ("[100, 400]", "32-true"),
+                                                ("[100, 400]", "bf16-mixed")])
+def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(benchmark, cutoffs, precision):
+    """CUDA's own sync counter (set_sync_debug_mode) around one step with the memory full agrees with the
+    recorder (one nonzero per adaptive-softmax tail cluster); with a full softmax nothing waits at all."""
+    host_syncs = benchmark("host_syncs")
+    cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.dropout=0.1", "model.dropatt=0.1"])
+    torch.manual_seed(0)
+    model = build_fixed_model(cfg.model, 1000).cuda().train()
+    optimizer = adam(model.parameters(), lr=1e-3, precision=precision)
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    stream = zipf_ids(B * (4 * L + 1), 1000).view(B, -1).cuda()
+    mems = None
+
+    def step(t: int) -> None:
+        nonlocal mems
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            h, mems = model(stream[:, t * L:(t + 1) * L], mems)
+            loss = model.nll(h, stream[:, t * L + 1:(t + 1) * L + 1]).float().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        optimizer.step()
+
+    for t in (0, 1):  # warm-up: the memory fills, kernels load, the optimiser makes its state
+        step(t)
+    torch.cuda.synchronize()
+    with host_syncs.SyncRecorder() as recorder, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(2)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waited = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(waited) == recorder.total, (waited, recorder.sites)
+    if cutoffs == "[]":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step(3)  # raises at the first operation that would make the host wait
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda(graphs_made):
+    """Off the CPU, dropout is torch's own (traced): with a full softmax, forward and loss are one graph, and no
+    graph is made again once the memory is full."""
+    import torch._dynamo
+
+    cfg = load_config("tiny", ["model.cutoffs=[]", "model.dropout=0.1", "model.mem_len=32"])
+    torch.manual_seed(0)
+    model = build_fixed_model(cfg.model, 1000).cuda().train()
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    stream = zipf_ids(B * (12 * L + 1), 1000).view(B, -1).cuda()
+
+    def step(x, y, mems):
+        h, mems = model(x, mems)
+        return model.nll(h, y).mean(), mems
+
+    with torch.no_grad():
+        _, mems = model(stream[:, :L])
+        _, mems = model(stream[:, L:2 * L], mems)
+    torch._dynamo.reset()
+    try:
+        explained = torch._dynamo.explain(step)(stream[:, :L], stream[:, 1:L + 1], mems)
+    finally:
+        torch._dynamo.reset()
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    made = graphs_made(step, stream, L, 12)
+    assert made[2:] == [made[2]] * 10, made

@@ -1,0 +1,113 @@
+"""benchmarks/gpu_step.py without a GPU: its FLOP count against a hand count and torch's own counter, its
+shapes as valid models (on the meta device: no memory), its peak table, and its one-line refusals."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from parnas.config import ModelConfig, load_config
+from parnas.model import build_fixed_model
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def gpu_step(benchmark):
+    return benchmark("gpu_step")
+
+
+def test_flops_per_token_match_a_hand_count(gpu_step):
+    """D=8, F=16, L=4, M=4 (K=8), B=2, V=10, full softmax, one attention and one dense block:
+    attention 12*64*(1+8/4) = 2304, W_r 4*64*8/(2*4) = 256, scores 6*8*(3*8+1) = 1200; dense 12*8*16 = 1536;
+    output 6*8*10 = 480. Adaptive, cutoffs [4], div 2, a quarter of the targets in the tail (6 ids):
+    6*(8*(4+1) + 0.25*(8*4 + 4*6)) = 324 instead of 480."""
+    cfg = ModelConfig(n_blocks=2, d_model=8, n_heads=2, d_ff=16, mem_len=4, cutoffs=())
+    assert gpu_step.train_flops_per_token(cfg, ["attention", "dense"], 2, 4, 10) == 2304 + 256 + 1200 + 1536 + 480
+    assert gpu_step.train_flops_per_token(cfg, ["identity", "identity"], 2, 4, 10) == 480
+    assert gpu_step.train_flops_per_token(cfg, ["choice"], 2, 4, 10) == 2304 + 256 + 1200 + 1536 + 480
+    adaptive = ModelConfig(n_blocks=2, d_model=8, n_heads=2, d_ff=16, mem_len=4, cutoffs=(4,), div_value=2.0)
+    assert gpu_step.train_flops_per_token(adaptive, ["identity"] * 2, 2, 4, 10, [0.25]) == 324
+
+
+@pytest.mark.parametrize("cutoffs", [(), (10, 30)])
+@pytest.mark.parametrize("supernet", [False, True])
+def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_step, cutoffs, supernet):
+    """torch's FlopCounterMode over forward and backward of a step with the memory full gives the formula
+    exactly, for the fixed model and the supernet, full and adaptive softmax (tail clusters as the targets hit)."""
+    from search_spaces import PARTransformerXLSpace
+    from strategies.gumbel_darts import PARGumbelDARTS
+
+    torch.manual_seed(0)
+    V, B, L = 50, 2, 4
+    cfg = load_config("tiny", ["model.n_blocks=3", "model.d_model=8", "model.n_heads=2", "model.d_ff=16",
+                               "model.mem_len=4", "model.div_value=2", f"model.cutoffs={list(cutoffs)}"])
+    if supernet:
+        space = PARTransformerXLSpace(cfg.model, V, cfg.search.candidates)
+        model, kinds = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train(), ["choice"] * 3
+    else:
+        kinds = ["attention", "dense", "attention"]
+        model = build_fixed_model(cfg.model, V, kinds).train()
+    tokens = torch.randint(0, V, (B, 2 * L + 1))
+    _, mems = model(tokens[:, :L])  # fills the memory (mem_len == seg_len)
+    x, y = tokens[:, L:2 * L], tokens[:, L + 1:]
+    with FlopCounterMode(display=False) as counter:
+        h, _ = model(x, mems)
+        model.nll(h, y).mean().backward()
+    fractions = gpu_step.cluster_fractions(y, V, cutoffs) if cutoffs else []
+    assert counter.get_total_flops() == pytest.approx(
+        gpu_step.train_flops_per_token(cfg.model, kinds, B, L, V, fractions) * B * L, rel=1e-12)
+
+
+def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_step):
+    from search_spaces import PARTransformerXLSpace
+    from strategies.gumbel_darts import PARGumbelDARTS
+
+    assert list(gpu_step.SHAPES) == ["wt2-par", "wt103-base", "nvidia-base", "long"]
+    for name, shape in gpu_step.SHAPES.items():
+        for precision in gpu_step.PRECISIONS:
+            cfg = shape.config(precision)
+            assert cfg.train.precision == ("32-true" if precision == "tf32" else precision)
+        with torch.device("meta"):  # WikiText-103's vocabulary: 110M embedding weights, no memory taken
+            fixed = build_fixed_model(cfg.model, shape.vocab, ["attention", "dense"] * shape.n_layers)
+            space = PARTransformerXLSpace(cfg.model, shape.vocab, cfg.search.candidates)
+            supernet = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space)
+            x = torch.zeros(shape.batch, shape.seg_len, dtype=torch.long)
+            for model in (fixed, supernet):
+                h, mems = model(x)
+                h, mems = model(x, mems)
+                assert h.shape == (shape.batch, shape.seg_len, shape.d_model), name
+                assert mems[0].shape == (shape.batch, shape.mem_len, shape.d_model), name
+        assert len(fixed.blocks) == len(supernet.blocks) == 2 * shape.n_layers
+        assert not fixed.cfg.tie_weights and hasattr(fixed.head, "adaptive") == bool(shape.cutoffs)
+    wt2 = load_config("wt2-par", ["data.batch_size=32", "data.seg_len=128", "model.mem_len=128"])
+    assert gpu_step.SHAPES["wt2-par"].config().model == wt2.model  # the preset at the GPU length the README names
+    assert (wt2.data.vocab_size, wt2.data.batch_size, wt2.data.seg_len) == (12000, 32, 128)
+
+
+def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_step):
+    peak = gpu_step.peak_tflops
+    assert peak("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.4 and peak("NVIDIA H100 PCIe", "bf16-mixed") == 756.5
+    assert peak("NVIDIA H200", "tf32") == 494.7 and peak("NVIDIA A100-SXM4-80GB", "32-true") == 19.5
+    assert peak("NVIDIA L40S", "bf16-mixed") == 362.1 and peak("NVIDIA L4", "bf16-mixed") == 121.0
+    assert peak("NVIDIA A10", "bf16-mixed") == 125.0 and peak("NVIDIA GeForce RTX 4090", "tf32") == 82.6
+    assert peak("Tesla V100-SXM2-16GB", "bf16-mixed") is None
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_2(gpu_step, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_step.main(["--shape", "wt2-par"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "no CUDA device" in captured.err
+
+
+@pytest.mark.parametrize("args, needle", [(["--shape", "wt104"], "known: wt2-par, wt103-base, nvidia-base, long"),
+                                          (["--precision", "fp8"], "--precision"), (["--steps", "0"], "--steps")])
+def test_bad_arguments_are_one_line_and_exit_2(args, needle):
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), *args], capture_output=True, text=True,
+                         timeout=120)
+    err = run.stderr.strip()
+    assert run.returncode == 2 and run.stdout == "" and len(err.splitlines()) == 1 and needle in err, err

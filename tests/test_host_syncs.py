@@ -1,0 +1,76 @@
+"""Host syncs in a training step, found on the CPU (benchmarks/host_syncs.py's recorder): which of parnas's own
+lines read a device value back, per step. On a GPU each one stops the host until the queue has run, so none may
+creep into the step unnoticed; tests/test_gpu.py checks the recorder against CUDA's own sync counter."""
+
+import numpy as np
+import pytest
+import torch
+
+from parnas.config import load_config
+from parnas.latency import zipf_ids
+from parnas.model import build_fixed_model
+
+VOCAB = 1000
+
+
+@pytest.fixture
+def host_syncs(benchmark):
+    return benchmark("host_syncs")
+
+
+def test_the_recorder_sees_reads_back_and_nothing_else(host_syncs):
+    t = torch.tensor([1.0, 0.0, 2.0])
+    with host_syncs.SyncRecorder() as rec:
+        t.sum().item(), bool(t[0]), int(t[2]), t.nonzero(), t[t > 0], t.tolist(), t.cpu(), t.to("cpu")
+        (t * 2).exp().sum(), t.to(torch.device("cpu")), t[1:]  # device work and a move to the step's device
+    assert sorted(site.split(" at ")[0] for site in rec.sites.elements()) == [
+        "__bool__", "__getitem__", "__int__", "cpu", "item", "nonzero", "to", "tolist"]
+    assert all("test_host_syncs.py" in site for site in rec.sites)
+
+
+@pytest.mark.parametrize("cutoffs, syncs", [("[]", 0), ("[100, 400]", 2)])
+def test_the_model_step_syncs_only_once_per_adaptive_softmax_tail_cluster(host_syncs, cutoffs, syncs):
+    """Forward, loss, backward, clipping, fused Adam: a full softmax reads nothing back; the adaptive softmax
+    reads each tail cluster's row count (``nonzero``), one per cluster per step."""
+    cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.dropout=0.1"])
+    model = build_fixed_model(cfg.model, VOCAB)
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    rec = host_syncs.model_step_sites(model, zipf_ids(B * (2 * L + 1), VOCAB).view(B, -1))
+    assert rec.total == syncs and all("(_adaptive_nll)" in site for site in rec.sites), rec.sites
+
+
+def own(sites):
+    """The sites in parnas's own code (the first frame outside torch is one of its packages)."""
+    return {site.split(" at ")[1].split(":")[0] + " " + site.split("(")[-1].rstrip(")"): n
+            for site, n in sites.items() if site.split(" at ")[1].startswith(("parnas/", "strategies/", "retrain/"))}
+
+
+def test_a_lightning_training_and_search_step_read_back_only_these_values(host_syncs, tmp_path):
+    """One whole loop iteration (batch start to the next): parnas's own reads are the finite-loss check and the
+    adaptive softmax's cluster sizes; a search under a latency budget adds the argmax it reads for the penalty
+    and the dual step. (Lightning converts the progress bar's loss to a float every step besides.)"""
+    from parnas.task import LanguageModelTask
+    from parnas.train import SegmentData, build_trainer
+    from strategies.costs import CostModel
+    from strategies.search import build_search
+
+    cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
+                               "search.latency_budget=0.9"])
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    ids = zipf_ids(B * L * 20, VOCAB).numpy().astype(np.int64)
+    splits = {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}
+    task = LanguageModelTask(cfg.train)
+    task.set_model(build_fixed_model(cfg.model, VOCAB))
+    record = host_syncs.RecordStep(3)
+    trainer = build_trainer(cfg.train, tmp_path / "train", enable_progress_bar=False)
+    trainer.callbacks = [*trainer.callbacks, record]
+    trainer.fit(task, datamodule=SegmentData(splits, B, B, L))
+    assert own(record.recorder.sites) == {"parnas/task.py train_nll": 1, "parnas/model.py _adaptive_nll": 2}
+
+    costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
+    search = build_search(cfg, splits, VOCAB, tmp_path / "search", costs=costs)
+    record = host_syncs.RecordStep(3)
+    search.trainer.callbacks.append(record)
+    search.run()
+    assert own(record.recorder.sites) == {"parnas/task.py train_nll": 1, "parnas/model.py _adaptive_nll": 2,
+                                          "strategies/gumbel_darts.py argmax": 2}
