@@ -1,4 +1,4 @@
-"""The architecture JSON: the contract between search and retrain (DESIGN.md).
+"""The architecture JSON: the contract between search and retrain.
 
 ``architecture`` is exactly NNI's exported sample (``block_<i>`` -> candidate
 name), so ``model_context(record["architecture"])`` consumes it unchanged.
@@ -36,7 +36,7 @@ def label(index: int) -> str:
 def make_record(architecture: Mapping[str, str], model: ModelConfig, vocab_size: int, *,
                 probabilities: Mapping[str, Mapping[str, float]] | None = None,
                 tokenizer: Mapping[str, Any] | None = None, search: Mapping[str, Any] | None = None) -> dict:
-    """A record in the DESIGN.md format (validated before it is returned)."""
+    """A record in this module's format (validated before it is returned)."""
     model_fields = {k: v for k, v in dataclasses.asdict(model).items() if k != "blocks"}
     record = {
         "format": FORMAT, "version": VERSION,

@@ -66,7 +66,7 @@ class DatasetSpec:
 #   recorded for the original s3 research.metamind.io URLs; dellison/WikiText.jl src/WikiText.jl pins the
 #   same sha256. wikitext.smerity.com (the author's current host) is assumed to serve the same bytes: this
 #   could not be checked offline, and a different file fails verification rather than being used.
-# - WikiText-2's extracted files: sha256 from ../shared/data/wikitext-2/README.md; those files also match
+# - WikiText-2's extracted files: sha256 of the files in the published zip above; those files also match
 #   the sha1 that dmlc/gluon-nlp (gluonnlp/data/language_model.py) pins for wiki.{train,valid,test}.tokens.
 # - enwik8.zip: sha256 and size from huggingface/datasets datasets/enwik8/dataset_infos.json.
 # - text8.zip: no published sha256 found; sha1 from dmlc/gluon-nlp scripts/word_embeddings/data.py

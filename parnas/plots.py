@@ -1,7 +1,7 @@
 """Pictures of a search: how each block's choice settles, what was found, and what it cost.
 
 A search run directory holds ``history.jsonl`` (read by :mod:`parnas.history`) and, once the
-search has finished, ``architecture.json`` (DESIGN.md). :func:`plot_run` turns them into
+search has finished, ``architecture.json`` (:mod:`parnas.architecture`). :func:`plot_run` turns them into
 ``probabilities.gif`` (one :mod:`parnas.heatmap` frame per selected step), ``probabilities.png``
 (lines over steps, one panel per block, with both validation perplexities above) and
 ``architecture.png`` (the found column of blocks), and logs the final heat map to TensorBoard.

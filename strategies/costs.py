@@ -7,7 +7,7 @@ or from forward FLOPs per token counted from the shapes (a deterministic proxy,
 not what you pay: it says attention is cheaper than a dense block at short
 contexts, where a device says the opposite). NNI's FLOPs profiler cannot see
 through ``nn.Embedding``, custom attention or an ``nn.Identity`` candidate
-(NNI_NOTES.md, trap 8), so FLOPs are counted here.
+so FLOPs are counted here.
 """
 
 from __future__ import annotations

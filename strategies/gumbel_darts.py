@@ -1,6 +1,6 @@
 """PAR's Gumbel-DARTS: an NNI one-shot strategy with per-step tau annealing.
 
-Layering follows NNI (NNI_NOTES.md): :class:`PARGumbelDARTS` (the strategy)
+Layering follows NNI's one-shot code: :class:`PARGumbelDARTS` (the strategy)
 mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s with a
 :class:`GumbelSoftmax`, and wraps the task in :class:`PARDartsModule` (the
 Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
@@ -10,20 +10,26 @@ and why:
 - ``joint`` mode (the seed's procedure) steps weights and logits from one batch;
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream.
   The task keeps one Transformer-XL memory per stream (``train``, ``arch``), and
-  a stream's memory is reset when that stream starts over (trap 2);
+  a stream's memory is reset when that stream starts over (NNI's DARTS module calls the
+  task's ``training_step`` on the validation batch, then on the training batch);
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`).
   A ``latency_budget`` is a constraint on the *exported* architecture: a hinge
   on its excess over the budget, differentiated through the expected cost under
   softmax(alpha), weighted by a multiplier found by dual ascent. A fixed
-  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` has no
-  gradient: trap 8);
-- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs none:
-  trap 9) twice: the supernet with the Gumbel noise off (softmax of the logits),
-  and the exported argmax architecture with the supernet's weights; the gap
-  between the two is the discretisation gap. Probabilities logged are
-  softmax(alpha) (trap 1);
-- the logits are ordered by block (trap 15), and under DDP their gradients are
-  averaged over ranks, so every rank holds the same architecture (trap 16).
+  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees the
+  probabilities as Python floats, so it has no gradient to the logits);
+- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no
+  validation loop and forwards no ``validation_step``) twice: the supernet with
+  the Gumbel noise off (softmax of the logits), and the exported argmax
+  architecture with the supernet's weights; the gap between the two is the
+  discretisation gap. Probabilities logged are
+  softmax(alpha) (NNI's ``export_probs()`` under GumbelDARTS passes the logits
+  through the Gumbel softmax, so its values change from call to call);
+- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``,
+  whose order changes between processes, so a resumed optimiser would restore
+  its moments onto the wrong logits), and under DDP their gradients are
+  averaged over ranks, so every rank holds the same architecture (NNI's DARTS
+  lets ranks drift apart).
 """
 
 from __future__ import annotations
@@ -162,7 +168,7 @@ class PARDartsModule(DartsLightningModule):
 
     def arch_parameters(self) -> list[torch.nn.Parameter]:
         """The logits in block order. NNI's is ``list(set(...))``, whose order changes between processes,
-        so a resumed architecture optimiser would load its moments onto the wrong logits (trap 15)."""
+        so a resumed architecture optimiser would load its moments onto the wrong logits."""
         return [m._arch_alpha for m in self.choices()]
 
     def probabilities(self) -> dict[str, dict[str, float]]:

@@ -3,10 +3,10 @@
 ``run_search(cfg)`` is ``parnas search``. It drives :class:`PARGumbelDARTS` with
 NNI's public pieces (``mutate_model``, ``mutate_evaluator``, the evaluator's
 ``evaluate``) rather than a ``NasExperiment``, which inside an nnictl trial
-would register a second experiment (NNI_NOTES.md, trap 11).
+would register a second experiment (with no web UI) beside nnictl's.
 
 The run directory (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial)
-gets ``architecture.json`` (DESIGN.md format, written atomically),
+gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomically),
 ``history.jsonl`` (step, tau, softmax(alpha) per block, val_ppl at
 evaluations), ``tensorboard/`` and ``checkpoints/``.
 """
