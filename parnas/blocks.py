@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas import kinds
 from parnas.config import ModelConfig
 
 
@@ -196,6 +195,15 @@ class IdentityBlock(nn.Module):
         return h
 
 
-def make_block(kind: str, cfg: ModelConfig) -> nn.Module:
-    """A fresh block of any registered ``kind`` (delegates to :func:`parnas.kinds.make_block`)."""
-    return kinds.make_block(kind, cfg)
+# --- the built-in kinds' factories (named in the kind registry, built from the model config alone) ---------
+
+def build_attention(cfg: ModelConfig) -> AttentionBlock:
+    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+
+
+def build_dense(cfg: ModelConfig) -> DenseBlock:
+    return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+
+
+def build_identity(cfg: ModelConfig) -> IdentityBlock:
+    return IdentityBlock()

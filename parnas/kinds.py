@@ -7,8 +7,8 @@ optionally, its forward FLOPs per token. ``search.candidates``,
 go through :func:`get` / :func:`names`.
 
 This module imports no torch: configs are validated before torch is loaded.
-Built-in factories are ``"module:attribute"`` strings or functions that import
-inside, so nothing is built or imported until :func:`make_block` runs.
+Built-in factories are ``"module:attribute"`` strings, so nothing is built or
+imported until :func:`make_block` runs, and the registry never imports the blocks.
 
 User kinds come from Python entry points in group ``parnas.blocks``: a plugin
 package declares ``[project.entry-points."parnas.blocks"] mykind =
@@ -209,28 +209,13 @@ def make_block(name: str, cfg: ModelConfig) -> nn.Module:
 
 # --- built-in kinds ----------------------------------------------------------------------------
 
-def _attention(cfg: ModelConfig) -> nn.Module:
-    from parnas.blocks import AttentionBlock
-
-    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
-
-
-def _dense(cfg: ModelConfig) -> nn.Module:
-    from parnas.blocks import DenseBlock
-
-    return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
-
-
-def _identity(cfg: ModelConfig) -> nn.Module:
-    from parnas.blocks import IdentityBlock
-
-    return IdentityBlock()
-
-
 for _kind in (
-    BlockKind("attention", _attention, True, "A", source="Dai et al. 2019, Transformer-XL relative attention"),
-    BlockKind("dense", _dense, False, "D", source="Vaswani et al. 2017, position-wise feed-forward (ReLU)"),
-    BlockKind("identity", _identity, False, "I", source="Mandava et al. 2020, PAR: skip the depth"),
+    BlockKind("attention", "parnas.blocks:build_attention", True, "A",
+              source="Dai et al. 2019, Transformer-XL relative attention"),
+    BlockKind("dense", "parnas.blocks:build_dense", False, "D",
+              source="Vaswani et al. 2017, position-wise feed-forward (ReLU)"),
+    BlockKind("identity", "parnas.blocks:build_identity", False, "I",
+              source="Mandava et al. 2020, PAR: skip the depth"),
     BlockKind("conv", "parnas.variants:ConvBlock", True, "C",
               source="So et al. 2019 (Evolved Transformer): GLU + causal depthwise-separable convolution"),
     BlockKind("glu", "parnas.variants:GLUBlock", False, "G", source="Shazeer 2020, SwiGLU feed-forward"),

@@ -81,7 +81,7 @@ def _width(precision: str) -> tuple[int, int]:
 def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> MemoryEstimate:
     """A lower bound of one training process's memory; ``blocks[i]`` lists the kinds at depth i (one for a
     fixed model, the candidates for a supernet, which runs them all)."""
-    from parnas.blocks import make_block
+    from parnas.kinds import make_block
     from parnas.model import build_fixed_model
 
     m, d = cfg.model, cfg.data

@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.blocks import Dropout, make_block, sinusoid
+from parnas.blocks import Dropout, sinusoid
 from parnas.config import ModelConfig
+from parnas.kinds import make_block
 from parnas.variants import DepthStep
 
 Memory = list[Optional[Tensor]]

@@ -47,6 +47,7 @@ from parnas.config import (
 from parnas.devices import check_devices
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
+from retrain.study_report import budget_label
 
 ROLES = ("found", "transformer-xl", "sandwich", "random")
 # Settings that change no figure of the study; any other difference from the first run is refused.
@@ -111,10 +112,6 @@ class Entry:
     @property
     def layout(self) -> str:
         return architecture.layout_string(self.kinds)
-
-
-def budget_label(budget: float | None) -> str:
-    return "none" if budget is None else f"{budget:g}"
 
 
 def parse_budgets(text: str) -> tuple[float | None, ...]:

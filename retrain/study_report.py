@@ -41,10 +41,14 @@ STYLE = {"random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60), "tran
          "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
 
 
+
+def budget_label(budget: float | None) -> str:
+    """A latency budget as directory names and tables show it: ``0.65`` or ``none``."""
+    return "none" if budget is None else f"{budget:g}"
+
 def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Any],
                out: Path) -> list[dict[str, Any]]:
     """One dict per entry (``retrain.study.Entry``): retrain perplexities, side-by-side timings, search figures."""
-    from retrain.study import budget_label
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
     txl = next(e.layout for e in entries if e.role == "transformer-xl")

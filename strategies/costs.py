@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from parnas import kinds
-from parnas.blocks import make_block
 from parnas.config import ModelConfig, transformer_xl_layout
+from parnas.kinds import make_block
 from parnas.latency import LatencyTable
 
 

@@ -80,9 +80,6 @@ def test_a_registered_kind_is_a_candidate_a_layout_and_a_letter(gelu):
     model = build_fixed_model(cfg.model, 500)
     assert model.block_kinds[0] == "gelu_test" and isinstance(model.blocks[0], Gelu)
     assert architecture.layout_string(model.block_kinds) == "gADI"
-    from parnas.blocks import make_block  # the old home still builds any kind
-
-    assert isinstance(make_block("gelu_test", CFG), Gelu)
 
 
 def test_config_validation_imports_neither_torch_nor_plugins():
