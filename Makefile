@@ -29,8 +29,10 @@ test: install
 test-gpu: install
 	$(PY) -m pytest -q -m gpu
 
+# Style, then the layers (pyproject.toml [tool.importlinter]): imports point down and never in a circle.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # Starts search.yaml's NNI experiment in the background; `nnictl stop <id>` ends it.
 search: install

@@ -58,9 +58,9 @@ from train_step import alternating_rounds, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
 from parnas.config import Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
-from parnas.latency import full_memory_steps
-from parnas.model import build_fixed_model
-from parnas.task import adam
+from parnas.nn.model import build_fixed_model
+from parnas.training.latency import full_memory_steps
+from parnas.training.task import adam
 
 PRECISIONS = ("bf16-mixed", "32-true", "tf32")
 

@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
+_REPO = Path(__file__).resolve().parents[1]  # call sites are named relative to the repository
 # Calls that read a value back to the host, whatever tensor they are called on.
 SYNCING = {Tensor.item, Tensor.tolist, Tensor.cpu, Tensor.numpy, Tensor.__bool__, Tensor.__int__,
            Tensor.__float__, Tensor.__index__, Tensor.nonzero, torch.nonzero, Tensor.masked_select,
@@ -54,10 +55,13 @@ def _reads_back(func: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def _short(filename: str) -> str:
-    parts = Path(filename).parts
-    if "site-packages" in parts:
-        return "/".join(parts[parts.index("site-packages") + 1:])
-    return "/".join(parts[-2:])
+    """A path as the repository or the installed package names it (``parnas/training/task.py``)."""
+    path = Path(filename)
+    if "site-packages" in path.parts:
+        return "/".join(path.parts[path.parts.index("site-packages") + 1:])
+    if path.is_relative_to(_REPO):
+        return path.relative_to(_REPO).as_posix()
+    return "/".join(path.parts[-2:])
 
 
 def call_site(depth: int = 6) -> str | None:
@@ -120,7 +124,7 @@ class RecordStep(pl.Callback):
 def model_step_sites(model: torch.nn.Module, tokens: Tensor, clip: float = 0.25) -> SyncRecorder:
     """Host syncs of one bare training step of ``model`` on ``tokens`` (B, 2L+1): a first step fills the
     memory, the second (forward, loss, backward, clipping, Adam) is recorded."""
-    from parnas.task import adam
+    from parnas.training.task import adam
 
     optimizer = adam(model.parameters(), lr=1e-3)
     L = (tokens.size(1) - 1) // 2
@@ -145,9 +149,9 @@ def _print(title: str, recorder: SyncRecorder) -> None:
 
 def main() -> int:
     from parnas.config import load_config
-    from parnas.model import build_fixed_model
-    from parnas.task import LanguageModelTask
-    from parnas.train import SegmentData, build_trainer
+    from parnas.nn.model import build_fixed_model
+    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.task import LanguageModelTask
     from strategies.costs import CostModel
     from strategies.search import build_search
 

@@ -19,7 +19,7 @@ import torch
 
 from parnas.architecture import layout_string
 from parnas.config import load_config, transformer_xl_layout
-from parnas.latency import latency_table, time_layouts
+from parnas.training.latency import latency_table, time_layouts
 
 
 def main() -> None:

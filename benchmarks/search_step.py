@@ -16,7 +16,7 @@ import torch
 from train_step import time_steps
 
 from parnas.config import load_config
-from parnas.model import build_fixed_model
+from parnas.nn.model import build_fixed_model
 from search_spaces import PARTransformerXLSpace
 from strategies.gumbel_darts import PARGumbelDARTS
 

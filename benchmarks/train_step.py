@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from parnas.architecture import layout_string
-from parnas.blocks import AttentionBlock, Dropout, ReLUDropout
 from parnas.config import load_config
-from parnas.model import TransformerXL, build_fixed_model
-from parnas.task import adam
+from parnas.nn.blocks import AttentionBlock, Dropout, ReLUDropout
+from parnas.nn.model import TransformerXL, build_fixed_model
+from parnas.training.task import adam
 
 KINDS = {"A": "attention", "D": "dense", "I": "identity"}
 

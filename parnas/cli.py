@@ -15,18 +15,11 @@ import shutil
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
 
+from parnas.arguments import ArgumentParser, add_command, add_config_args, add_verbose
 from parnas.errors import Interrupted, ParnasError
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (``parnas <cmd>: error: ...; see parnas <cmd> --help``), status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
 def _quiet_imports() -> None:
@@ -37,28 +30,9 @@ def _quiet_imports() -> None:
 
 
 def set_verbosity(verbose: bool) -> None:
-    """Record the choice on the ``parnas`` logger; :func:`parnas.train.build_trainer` applies it to
+    """Record the choice on the ``parnas`` logger; :func:`parnas.training.fit.build_trainer` applies it to
     Lightning and NNI once they are imported (they reset their own levels on import)."""
     logging.getLogger("parnas").setLevel(logging.INFO if verbose else logging.WARNING)
-
-
-def summary(metrics: dict[str, Any], out_dir: str) -> str:
-    """The few figures a finished training run is judged by, rounded, in one short block."""
-    tps, params = metrics.get("train_tokens_per_s"), metrics.get("parameters")
-    ppl = ", ".join(f"{name} perplexity {metrics[key]:.2f}" for name, key in (("validation", "val_ppl"),
-                                                                              ("test", "test_ppl"))
-                    if metrics.get(key) is not None)
-    lines = [f"{metrics['architecture']} after {metrics['steps']:,} steps: {ppl or 'no perplexity (not finite)'}"]
-    speed = [f"{params:,} parameters" if params else None,
-             f"{metrics['attention_blocks']} attention blocks" if "attention_blocks" in metrics else None,
-             f"{tps:,.0f} train tokens/s" if tps else None,
-             f"{metrics['eval_tokens_per_s']:,.0f} eval tokens/s" if metrics.get("eval_tokens_per_s") else None,
-             f"peak memory {metrics['peak_memory_mb']:,.0f} MB" if metrics.get("peak_memory_mb") else None]
-    lines.append("  " + ", ".join(s for s in speed if s))
-    from parnas.architecture import legend
-
-    lines.append(f"  metrics in {out_dir}/metrics.json ({legend(metrics['architecture'])})")
-    return "\n".join(lines)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -68,7 +42,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)  # before torch is imported: a mistake fails at once
     check_run_dir(cfg.train.out_dir, args.resume)
-    from parnas.train import train
+    from parnas.training.fit import summary, train
 
     metrics = train(cfg, resume=args.resume)
     if metrics:
@@ -76,36 +50,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    """``--config`` and repeatable ``--set``, shared by every command that reads a config."""
-    p.add_argument("--config", default=None, help="YAML file or preset name (tiny, wt2-seed)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set model.d_model=256 (repeatable)")
-
-
-def _add_verbose(p: argparse.ArgumentParser, default: Any) -> None:
-    p.add_argument("-v", "--verbose", action="store_true", default=default,
-                   help="show Lightning's and NNI's info messages")
-
-
-def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.Namespace], int]
-                ) -> argparse.ArgumentParser:
-    """A sub-command whose help is ``fn``'s docstring; ``fn(args)`` returns the exit status."""
-    p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
-    p.set_defaults(fn=fn)
-    _add_verbose(p, argparse.SUPPRESS)  # `parnas -v train` and `parnas train -v` both work
-    return p
-
-
 # Modules with ``add_commands(sub)``; they import only argparse at module level and load
 # heavy code inside their handlers, so ``parnas --help`` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.plot_commands", "retrain.commands",
-                                    "retrain.study_commands")
+COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.report.commands", "retrain.commands",
+                                    "study.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
-    _add_verbose(parser, False)
+    add_verbose(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
     p = add_command(sub, "train", cmd_train)
     add_config_args(p)
@@ -150,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `parnas ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
-    except Interrupted as e:  # the checkpoint is written (parnas.interrupt)
+    except Interrupted as e:  # the checkpoint is written (parnas.training.interrupt)
         if e.rank == 0:
             again = resume_command(argv, getattr(args, "resume", None) is not None, getattr(args, "resume_sets", ()))
             print(f"parnas {args.command}: stopped by {signal.Signals(e.signum).name} after step {e.step:,}, "

@@ -35,7 +35,7 @@ class ModelConfig:
     """Transformer-XL body. ``blocks`` is the fixed layout; empty means the
     standard Transformer-XL (attention, dense, attention, dense, ...).
 
-    Settings of the other block kinds (parnas.variants, parnas.compressive): ``conv_kernel``
+    Settings of the other block kinds (parnas.nn.variants, parnas.nn.compressive): ``conv_kernel``
     (the ``conv`` block's causal kernel), ``compress_rate`` (c), ``compress_len`` (n_cm) and
     ``compress_fn`` of the ``compressive`` memory, and ``share_weights``: kinds whose blocks
     share one module across depth (the ``shared`` kind always does).

@@ -22,7 +22,7 @@ class TokenizerError(ParnasError):
 
 
 class Interrupted(BaseException):
-    """A run stopped by SIGINT or SIGTERM once its checkpoint was written (:mod:`parnas.interrupt`).
+    """A run stopped by SIGINT or SIGTERM once its checkpoint was written (:mod:`parnas.training.interrupt`).
 
     Not an error: the CLI exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)
     and, on rank 0, one line naming the step saved and the command that resumes it. A

@@ -210,20 +210,20 @@ def make_block(name: str, cfg: ModelConfig) -> nn.Module:
 # --- built-in kinds ----------------------------------------------------------------------------
 
 for _kind in (
-    BlockKind("attention", "parnas.blocks:build_attention", True, "A",
+    BlockKind("attention", "parnas.nn.blocks:build_attention", True, "A",
               source="Dai et al. 2019, Transformer-XL relative attention"),
-    BlockKind("dense", "parnas.blocks:build_dense", False, "D",
+    BlockKind("dense", "parnas.nn.blocks:build_dense", False, "D",
               source="Vaswani et al. 2017, position-wise feed-forward (ReLU)"),
-    BlockKind("identity", "parnas.blocks:build_identity", False, "I",
+    BlockKind("identity", "parnas.nn.blocks:build_identity", False, "I",
               source="Mandava et al. 2020, PAR: skip the depth"),
-    BlockKind("conv", "parnas.variants:ConvBlock", True, "C",
+    BlockKind("conv", "parnas.nn.variants:ConvBlock", True, "C",
               source="So et al. 2019 (Evolved Transformer): GLU + causal depthwise-separable convolution"),
-    BlockKind("glu", "parnas.variants:GLUBlock", False, "G", source="Shazeer 2020, SwiGLU feed-forward"),
-    BlockKind("sqrelu", "parnas.variants:SquaredReLUBlock", False, "S",
+    BlockKind("glu", "parnas.nn.variants:GLUBlock", False, "G", source="Shazeer 2020, SwiGLU feed-forward"),
+    BlockKind("sqrelu", "parnas.nn.variants:SquaredReLUBlock", False, "S",
               source="So et al. 2021 (Primer): squared-ReLU feed-forward"),
-    BlockKind("compressive", "parnas.compressive:CompressiveBlock", True, "M",
+    BlockKind("compressive", "parnas.nn.compressive:CompressiveBlock", True, "M",
               source="Rae et al. 2019, Compressive Transformer memory"),
-    BlockKind("shared", "parnas.variants:UniversalBlock", True, "U", shared=True,
+    BlockKind("shared", "parnas.nn.variants:UniversalBlock", True, "U", shared=True,
               source="Dehghani et al. 2019, Universal Transformer: one layer reused across depth"),
 ):
     register(_kind)

@@ -7,7 +7,7 @@
     parnas generate --checkpoint RUN/checkpoints/last.ckpt --prompt "The" --tokens 200 --seed 0
     parnas compare RUN_DIR... [--out PREFIX]
 
-``run`` validates and trains (through :func:`parnas.train.fit`), ``load`` rebuilds a
+``run`` validates and trains (through :func:`parnas.training.fit.fit`), ``load`` rebuilds a
 trained model from a checkpoint, ``evaluate`` measures and samples, ``compare``
 tabulates runs, ``commands`` is the CLI.
 """

@@ -16,7 +16,6 @@ import re
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the fixed model of an architecture JSON (or a named layout) from scratch, then evaluate it."""
-    from parnas.cli import summary
     from parnas.config import load_config
     from parnas.files import check_run_dir
 
@@ -26,6 +25,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
             overrides.append(f"train.{key}={getattr(args, key)}")
     cfg = load_config(args.config, overrides)  # before torch is imported: a mistake fails at once
     check_run_dir(cfg.train.out_dir, args.resume)
+    from parnas.training.fit import summary
     from retrain.run import retrain
 
     metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
@@ -122,7 +122,7 @@ def _device(text: str) -> str:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.cli import add_command, add_config_args
+    from parnas.arguments import add_command, add_config_args
 
     p = add_command(sub, "retrain", cmd_retrain)
     p.add_argument("--arch", required=True, metavar="JSON|LAYOUT",

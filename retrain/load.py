@@ -1,7 +1,7 @@
 """A trained model back from a checkpoint, for evaluation and sampling.
 
 Everything comes from the checkpoint itself (read only through
-:func:`parnas.checkpoint.load`, i.e. ``weights_only``): the config, the
+:func:`parnas.training.checkpoint.load`, i.e. ``weights_only``): the config, the
 architecture record (the model is rebuilt by the search-space class under
 ``model_context``, as retrain built it) and the tokenizer's own file, so
 sampling needs no corpus and evaluation encodes the corpus with exactly the
@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from parnas import checkpoint as ckpt
 from parnas.config import Config
+from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
 from parnas.errors import ConfigError
-from parnas.model import TransformerXL
-from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
+from parnas.nn.model import TransformerXL
+from parnas.training import checkpoint as ckpt
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {"sentencepiece": SentencePieceTokenizer, "word": WordTokenizer,
                                           "char": CharTokenizer}

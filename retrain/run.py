@@ -6,7 +6,7 @@ no earlier run unless ``--resume``), the tokenizer built and checked against the
 architecture's vocabulary, all before the run directory is touched. The model
 comes from the search-space class under ``model_context`` (``search_spaces.fixed_model``)
 so retrain and search share every line of block code, and the training itself is
-:func:`parnas.train.fit`, the same path ``parnas train`` takes.
+:func:`parnas.training.fit.fit`, the same path ``parnas train`` takes.
 
 Model settings: those recorded in the JSON's ``model`` section, then any
 ``--set model.KEY=VALUE``; the ``model`` section of a ``--config`` file is
@@ -29,13 +29,13 @@ import pytorch_lightning as pl
 from parnas import architecture
 from parnas.architecture import ArchitectureError
 from parnas.config import Config, load_config, parse_overrides
-from parnas.data import load_splits
-from parnas.devices import check_devices
+from parnas.data.corpora import load_splits
+from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import check_run_dir
-from parnas.memory import check_memory
-from parnas.tokenizer import Tokenizer
-from parnas.train import check_segments, fit
+from parnas.training.devices import check_devices
+from parnas.training.fit import check_segments, fit
+from parnas.training.memory import check_memory
 
 
 def read_architecture(arch: str) -> dict[str, Any] | str:

@@ -1,6 +1,6 @@
 """The PAR Transformer-XL search space (Mandava et al. 2020).
 
-A :class:`parnas.model.TransformerXL` whose block at depth i is an NNI
+A :class:`parnas.nn.model.TransformerXL` whose block at depth i is an NNI
 ``LayerChoice`` labelled ``block_<i>`` over the configured candidates. Under
 ``nni.nas.space.model_context(sample)`` the same constructor returns each
 chosen block itself, so the fixed model *is* this class with no choice left:
@@ -17,7 +17,7 @@ from torch import nn
 
 from parnas import kinds
 from parnas.config import BLOCK_KINDS, ModelConfig
-from parnas.model import TransformerXL
+from parnas.nn.model import TransformerXL
 
 
 class PARTransformerXLSpace(TransformerXL, ModelSpace):

@@ -73,7 +73,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """Start the NNI experiment (nnictl create) after checking the port and the set-up."""
-    from parnas.experiments import launch
+    from parnas.report.experiments import launch
 
     experiment = launch(args.config, args.port)
     print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
@@ -82,7 +82,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.cli import add_command, add_config_args
+    from parnas.arguments import add_command, add_config_args
 
     p = add_command(sub, "search", cmd_search)
     add_config_args(p)

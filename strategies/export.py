@@ -3,7 +3,7 @@
 A trial's quality is the validation perplexity of its exported (argmax) architecture with the
 supernet's weights, not retrained (``search.val_ppl``); the supernet's own (``supernet_val_ppl``)
 comes beside it. A block is *undecided* when its top probability leads the second by less than
-:data:`parnas.experiments.UNDECIDED_MARGIN`: the exported choice there is close to a coin toss.
+:data:`parnas.report.experiments.UNDECIDED_MARGIN`: the exported choice there is close to a coin toss.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from parnas import architecture
 from parnas.errors import ParnasError
-from parnas.experiments import (
+from parnas.files import write_json_atomic
+from parnas.report.experiments import (
     FINISHED,
     LETTER_CODE,
     RUNNING,
@@ -25,7 +26,6 @@ from parnas.experiments import (
     margin,
     perplexities,
 )
-from parnas.files import write_json_atomic
 
 PARAMETERS = ("seed", "penalty_weight", "arch_lr", "mode", "hard", "tau_final")
 

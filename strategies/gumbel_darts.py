@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from parnas.architecture import layout_string
 from parnas.config import SearchConfig
-from parnas.task import LanguageModelTask, model_device, segment_nll, step_seed
+from parnas.training.task import LanguageModelTask, model_device, segment_nll, step_seed
 from strategies.costs import CostModel
 
 

@@ -28,19 +28,20 @@ import pytorch_lightning as pl
 import torch
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 
-from parnas import architecture, checkpoint
+from parnas import architecture
 from parnas.architecture import layout_string
 from parnas.config import Config
-from parnas.data import load_splits
-from parnas.devices import check_devices
+from parnas.data.corpora import load_splits
 from parnas.errors import ParnasError
 from parnas.files import check_writable_dir, ensure_writable_dir, write_json_atomic, write_text_atomic
-from parnas.latency import latency_table, read_table
-from parnas.memory import check_memory
-from parnas.plots import plot_run
-from parnas.resume import check_resumable
-from parnas.task import LanguageModelTask, evaluate
-from parnas.train import SegmentData, build_trainer, check_segments, position_restored_by_task, tokenizer_meta
+from parnas.report.plots import plot_run
+from parnas.training import checkpoint
+from parnas.training.devices import check_devices
+from parnas.training.fit import SegmentData, build_trainer, check_segments, position_restored_by_task, tokenizer_meta
+from parnas.training.latency import latency_table, read_table
+from parnas.training.memory import check_memory
+from parnas.training.resume import check_resumable
+from parnas.training.task import LanguageModelTask, evaluate
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
 from strategies.gumbel_darts import Evaluated, PARDartsModule, PARGumbelDARTS, exported_nll

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from parnas import checkpoint as ckpt
 from parnas.cli import main
 from parnas.errors import ConfigError
 from parnas.files import check_writable_dir, write_json_atomic
+from parnas.training import checkpoint as ckpt
 from retrain.evaluate import Sampling
 from retrain.load import device_for
 

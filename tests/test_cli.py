@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-import parnas.data
+import parnas.data.corpora
 from parnas.cli import main
-from parnas.data import DATASETS
+from parnas.data.corpora import DATASETS
 
 
 def run(capsys, *args):
@@ -56,7 +56,7 @@ def test_empty_corpus(capsys, tmp_path):
 
 def test_corpus_missing_and_offline(capsys, tmp_path, monkeypatch):
     spec = dataclasses.replace(DATASETS["wikitext-2"], url=(tmp_path / "nowhere.zip").as_uri(), mirrors=())
-    monkeypatch.setattr(parnas.data, "DATASETS", {"wikitext-2": spec})
+    monkeypatch.setattr(parnas.data.corpora, "DATASETS", {"wikitext-2": spec})
     monkeypatch.delenv("PARNAS_DATA_DIR", raising=False)
     monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path / "cache"))  # nothing remembered from other tests
     code, err = run(capsys, "--config", "tiny", "--set", f"train.out_dir={tmp_path}/run")
@@ -67,7 +67,7 @@ def test_checksum_mismatch(capsys, tmp_path, monkeypatch):
     archive = tmp_path / "wikitext-2-v1.zip"
     archive.write_bytes(b"not the real archive")
     spec = dataclasses.replace(DATASETS["wikitext-2"], url=archive.as_uri(), mirrors=(), size=archive.stat().st_size)
-    monkeypatch.setattr(parnas.data, "DATASETS", {"wikitext-2": spec})
+    monkeypatch.setattr(parnas.data.corpora, "DATASETS", {"wikitext-2": spec})
     monkeypatch.delenv("PARNAS_DATA_DIR", raising=False)
     monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path / "cache"))  # nothing remembered from other tests
     code, err = run(capsys, "--config", "tiny", "--set", f"train.out_dir={tmp_path}/run")

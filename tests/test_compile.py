@@ -9,8 +9,8 @@ import torch
 import torch._dynamo
 
 from parnas.config import load_config
-from parnas.latency import zipf_ids
-from parnas.model import build_fixed_model
+from parnas.nn.model import build_fixed_model
+from parnas.training.latency import zipf_ids
 
 VOCAB, B, L = 1000, 8, 16
 # causal_bias is an lru_cache of (L, M, device, dtype): Dynamo traces through it, building the mask in the graph

@@ -4,7 +4,7 @@ import pytest
 
 from parnas.config import Config, ModelConfig, load_config, parse_overrides, presets
 from parnas.errors import ConfigError
-from parnas.model import TransformerXL
+from parnas.nn.model import TransformerXL
 
 
 def test_presets_load_and_set_overrides_win(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from conftest import needs_wt2
 
 from parnas.cli import main
-from parnas.cutoffs import (
+from parnas.data.cutoffs import (
     PAPER_MIN_MACS,
     CostModel,
     CutoffsError,

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import WT2, needs_wt2
 
-import parnas.tokenizer
+import parnas.data.tokenizer
 from parnas.config import DataConfig
-from parnas.data import DATASETS, ContextBatches, DatasetSpec, load_splits, resolve_corpus, unigram_perplexity
+from parnas.data.corpora import DATASETS, ContextBatches, DatasetSpec, load_splits, resolve_corpus, unigram_perplexity
+from parnas.data.tokenizer import file_digest
 from parnas.errors import DataError
-from parnas.tokenizer import file_digest
 
 
 @pytest.fixture(autouse=True)
@@ -257,8 +257,8 @@ def test_token_ids_are_cached_as_npy_and_reused(tmp_path, monkeypatch):
     def no_encoding(*args, **kwargs):
         raise AssertionError("encoded again instead of reading the .npy cache")
 
-    monkeypatch.setattr(parnas.tokenizer.Tokenizer, "encode_file", no_encoding)
-    monkeypatch.setattr(parnas.tokenizer, "word_vocab", no_encoding)
+    monkeypatch.setattr(parnas.data.tokenizer.Tokenizer, "encode_file", no_encoding)
+    monkeypatch.setattr(parnas.data.tokenizer, "word_vocab", no_encoding)
     tok2, again = load_splits(cfg)
     assert tok2.from_cache and tok2.sha256 == tok.sha256
     for split in splits:

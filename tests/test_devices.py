@@ -9,10 +9,10 @@ import torch
 
 from parnas.cli import main
 from parnas.config import ModelConfig, load_config
-from parnas.devices import check_devices, training_device
 from parnas.errors import ConfigError
-from parnas.model import build_fixed_model
-from parnas.task import LanguageModelTask
+from parnas.nn.model import build_fixed_model
+from parnas.training.devices import check_devices, training_device
+from parnas.training.task import LanguageModelTask
 
 
 class _Stop(Exception):

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from parnas import architecture
-from parnas import checkpoint as ckpt
 from parnas.cli import main
 from parnas.config import DataConfig, ModelConfig, load_config
-from parnas.data import ContextBatches, load_splits
-from parnas.latency import zipf_ids
-from parnas.model import build_fixed_model
-from parnas.task import adam
+from parnas.data.corpora import ContextBatches, load_splits
+from parnas.nn.model import build_fixed_model
+from parnas.training import checkpoint as ckpt
+from parnas.training.latency import zipf_ids
+from parnas.training.task import adam
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 # cuBLAS picks its workspace when CUDA starts (after collection): a fixed one makes its products repeatable,
@@ -242,7 +242,7 @@ def test_a_checkpoint_written_on_the_gpu_evaluates_and_resumes_on_the_cpu_and_ba
 def test_bf16_mixed_trains_within_the_fp32_seed_spread(wt2_slice, tmp_path):
     """500 steps of tiny, three seeds each: bf16-mixed's mean validation loss lies within the spread fp32's seeds
     give (max - min) of fp32's mean."""
-    from parnas.train import train
+    from parnas.training.fit import train
 
     losses: dict[str, list[float]] = {"32-true": [], "bf16-mixed": []}
     for precision, runs in losses.items():

@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from parnas.config import ModelConfig, load_config
-from parnas.model import build_fixed_model
+from parnas.nn.model import build_fixed_model
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 

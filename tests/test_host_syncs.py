@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from parnas.config import load_config
-from parnas.latency import zipf_ids
-from parnas.model import build_fixed_model
+from parnas.nn.model import build_fixed_model
+from parnas.training.latency import zipf_ids
 
 VOCAB = 1000
 
@@ -42,15 +42,16 @@ def test_the_model_step_syncs_only_once_per_adaptive_softmax_tail_cluster(host_s
 def own(sites):
     """The sites in parnas's own code (the first frame outside torch is one of its packages)."""
     return {site.split(" at ")[1].split(":")[0] + " " + site.split("(")[-1].rstrip(")"): n
-            for site, n in sites.items() if site.split(" at ")[1].startswith(("parnas/", "strategies/", "retrain/"))}
+            for site, n in sites.items()
+            if site.split(" at ")[1].startswith(("parnas/", "strategies/", "retrain/", "study/"))}
 
 
 def test_a_lightning_training_and_search_step_read_back_only_these_values(host_syncs, tmp_path):
     """One whole loop iteration (batch start to the next): parnas's own reads are the finite-loss check and the
     adaptive softmax's cluster sizes; a search under a latency budget adds the argmax it reads for the penalty
     and the dual step. (Lightning converts the progress bar's loss to a float every step besides.)"""
-    from parnas.task import LanguageModelTask
-    from parnas.train import SegmentData, build_trainer
+    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.task import LanguageModelTask
     from strategies.costs import CostModel
     from strategies.search import build_search
 
@@ -65,12 +66,12 @@ def test_a_lightning_training_and_search_step_read_back_only_these_values(host_s
     trainer = build_trainer(cfg.train, tmp_path / "train", enable_progress_bar=False)
     trainer.callbacks = [*trainer.callbacks, record]
     trainer.fit(task, datamodule=SegmentData(splits, B, B, L))
-    assert own(record.recorder.sites) == {"parnas/task.py train_nll": 1, "parnas/model.py _adaptive_nll": 2}
+    assert own(record.recorder.sites) == {"parnas/training/task.py train_nll": 1, "parnas/nn/model.py _adaptive_nll": 2}
 
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
     search = build_search(cfg, splits, VOCAB, tmp_path / "search", costs=costs)
     record = host_syncs.RecordStep(3)
     search.trainer.callbacks.append(record)
     search.run()
-    assert own(record.recorder.sites) == {"parnas/task.py train_nll": 1, "parnas/model.py _adaptive_nll": 2,
+    assert own(record.recorder.sites) == {"parnas/training/task.py train_nll": 1, "parnas/nn/model.py _adaptive_nll": 2,
                                           "strategies/gumbel_darts.py argmax": 2}

@@ -13,10 +13,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from parnas import checkpoint as ckpt
 from parnas.cli import main, resume_command
 from parnas.errors import Interrupted
-from parnas.interrupt import SIGNALS, StopOnSignal
+from parnas.training import checkpoint as ckpt
+from parnas.training.interrupt import SIGNALS, StopOnSignal
 from retrain.run import retrain
 
 ROOT = Path(__file__).parents[1]

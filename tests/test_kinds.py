@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parnas.blocks import sinusoid
 from parnas.config import ModelConfig
-from parnas.model import build_fixed_model
+from parnas.nn.blocks import sinusoid
+from parnas.nn.model import build_fixed_model
 from search_spaces import PARTransformerXLSpace, fixed_model
 
 VOCAB = 97
@@ -128,7 +128,7 @@ def test_compressed_memory_is_f_c_of_the_evicted_states_in_groups_of_c(fn, L, c)
 
 
 def test_the_block_attends_its_compressed_memory_and_evaluation_carries_it():
-    from parnas.task import evaluate
+    from parnas.training.task import evaluate
 
     model = make(("compressive", "dense"), mem_len=4, compress_fn="mean")
     x = torch.randint(0, VOCAB, (2, 12))
@@ -173,8 +173,8 @@ def synthetic_run(*overrides):
 
 
 def test_aux_loss_trains_the_compression_in_training(tmp_path):
-    from parnas.task import LanguageModelTask
-    from parnas.train import SegmentData, build_trainer, position_restored_by_task
+    from parnas.training.fit import SegmentData, build_trainer, position_restored_by_task
+    from parnas.training.task import LanguageModelTask
 
     cfg, splits = synthetic_run("model.blocks=[compressive,dense]")
     model = build_fixed_model(cfg.model, VOCAB)
@@ -244,7 +244,7 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
     from parnas import architecture
     from parnas.config import Config
     from parnas.errors import ConfigError
-    from parnas.resume import check_resumable
+    from parnas.training.resume import check_resumable
 
     cfg = Config()
     record = architecture.make_record({"block_0": "attention"}, tiny(n_blocks=1), VOCAB)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from parnas import latency
 from parnas.config import load_config
+from parnas.training import latency
 
 VOCAB = 64
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from parnas import memory
 from parnas.config import load_config
 from parnas.errors import ConfigError
-from parnas.model import build_fixed_model
+from parnas.nn.model import build_fixed_model
+from parnas.training import memory
 from search_spaces import PARTransformerXLSpace
 
 VOCAB = 500

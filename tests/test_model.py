@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from parnas.blocks import AttentionBlock, sinusoid
 from parnas.config import ModelConfig
-from parnas.model import TransformerXL, build_fixed_model
+from parnas.nn.blocks import AttentionBlock, sinusoid
+from parnas.nn.model import TransformerXL, build_fixed_model
 
 VOCAB = 97
 LAYOUTS = [("attention", "dense", "attention", "dense"), ("attention", "identity", "dense", "attention")]

@@ -14,7 +14,7 @@ import yaml
 
 from parnas import architecture
 from parnas.cli import main
-from parnas.experiments import trial_run_dirs
+from parnas.report.experiments import trial_run_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

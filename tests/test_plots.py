@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parnas import heatmap, pareto, plots
 from parnas.cli import main
-from parnas.experiments import experiment_trials
-from parnas.history import KIND_COLOURS, History, load_history
+from parnas.report import heatmap, pareto, plots
+from parnas.report.experiments import experiment_trials
+from parnas.report.history import KIND_COLOURS, History, load_history
 
 KINDS = ("attention", "dense", "identity")
 

@@ -75,7 +75,7 @@ def test_a_registered_kind_is_a_candidate_a_layout_and_a_letter(gelu):
     cfg = load_config("tiny", ["search.candidates=[attention,gelu_test]",
                                "model.blocks=[gelu_test,attention,dense,identity]"])
     assert cfg.search.candidates == ("attention", "gelu_test")
-    from parnas.model import build_fixed_model
+    from parnas.nn.model import build_fixed_model
 
     model = build_fixed_model(cfg.model, 500)
     assert model.block_kinds[0] == "gelu_test" and isinstance(model.blocks[0], Gelu)
@@ -102,7 +102,7 @@ def test_every_kind_has_a_flops_cost_and_a_measured_one(gelu):
     gelu_params = sum(p.numel() for p in kinds.make_block("gelu_test", CFG).parameters())
     assert flops["gelu_test"] == pytest.approx(2 * gelu_params / 1e6)  # no formula: 2 FLOPs per parameter
     from parnas.config import Config, DataConfig
-    from parnas.latency import measure_table
+    from parnas.training.latency import measure_table
 
     cfg = Config(model=replace(CFG, n_blocks=2, cutoffs=()), data=DataConfig(batch_size=2, seg_len=8))
     table = measure_table(cfg, 64, names, rounds=1, steps=1)  # whole models: a compressive block's memory fills

@@ -11,7 +11,7 @@ import torch
 from nni.nas.nn.pytorch import LayerChoice
 
 from parnas.config import BLOCK_KINDS, ModelConfig, load_config
-from parnas.task import evaluate
+from parnas.training.task import evaluate
 from search_spaces import PARTransformerXLSpace, fixed_model
 from strategies.costs import CostModel
 from strategies.gumbel_darts import PairedStreams, tau_at
@@ -278,8 +278,8 @@ def test_usable_as_an_nni_nas_experiment(tmp_path):
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment
 
-    from parnas.task import LanguageModelTask
-    from parnas.train import SegmentData, build_trainer
+    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.task import LanguageModelTask
     from strategies.gumbel_darts import PARGumbelDARTS
 
     cfg = search_config("train.max_steps=5", "train.eval_every=5")

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parnas.blocks import (
+from parnas.config import ModelConfig
+from parnas.nn.blocks import (
     AttentionBlock,
     DenseBlock,
     Dropout,
@@ -25,9 +26,8 @@ from parnas.blocks import (
     relu_dropout,
     sdpa,
 )
-from parnas.config import ModelConfig
-from parnas.model import build_fixed_model
-from parnas.task import adam
+from parnas.nn.model import build_fixed_model
+from parnas.training.task import adam
 
 VOCAB = 97
 

@@ -10,8 +10,8 @@ import pytest
 from parnas import architecture
 from parnas.cli import main
 from parnas.config import transformer_xl_layout as transformer_xl
-from retrain.study import make_plan, random_orderings, sandwich, settings_record
-from retrain.study_report import summarise, verdicts
+from study.report import summarise, verdicts
+from study.run import make_plan, random_orderings, sandwich, settings_record
 
 SEEDS, RANDOM = 2, 1
 
@@ -211,7 +211,7 @@ def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no
 
 
 def test_coincident_points_of_the_study_figure_share_one_label():
-    from retrain.study_report import _label_groups
+    from study.report import _label_groups
 
     points = {"AIAIAIIIIADD": (163.6, 64.54), "AAAADDIIIIII": (162.7, 64.54), "ADADADADADAD": (286.6, 63.27)}
     assert _label_groups(points) == [(["AIAIAIIIIADD", "AAAADDIIIIII"], (163.6, 64.54)),

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import WT2, needs_wt2
 
-import parnas.tokenizer
+import parnas.data.tokenizer
 from parnas.config import DataConfig
+from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, read_lines
 from parnas.errors import TokenizerError
-from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, read_lines
 
 
 def write_corpus(folder: Path, train: str, valid: str = " x \n", test: str = " x \n") -> Path:
@@ -79,7 +79,7 @@ def test_word_level_slice_maps_unseen_words_to_unk(tmp_path):
 def test_word_vocabulary_is_cached(tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path / "c", " a b \n")
     first = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
-    monkeypatch.setattr(parnas.tokenizer, "word_vocab", fail)
+    monkeypatch.setattr(parnas.data.tokenizer, "word_vocab", fail)
     second = build_tokenizer(DataConfig(tokenizer="word", vocab_size=7), corpus, tmp_path / "cache")
     assert second.from_cache and second.path == first.path and second.sha256 == first.sha256
     assert first.path.parent.name.endswith("-word") and first.path.name == "vocab.txt"
@@ -110,8 +110,8 @@ def test_sentencepiece_trains_once_and_is_reused(tmp_path, monkeypatch, model_ty
     corpus = write_corpus(tmp_path / "c", text_slice(2000))
     cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200, sp_model_type=model_type)
     calls = []
-    train = parnas.tokenizer.train_sentencepiece
-    monkeypatch.setattr(parnas.tokenizer, "train_sentencepiece", lambda *a: calls.append(a) or train(*a))
+    train = parnas.data.tokenizer.train_sentencepiece
+    monkeypatch.setattr(parnas.data.tokenizer, "train_sentencepiece", lambda *a: calls.append(a) or train(*a))
     tok = build_tokenizer(cfg, corpus, tmp_path / "cache")
     assert len(calls) == 1 and not tok.from_cache and isinstance(tok, SentencePieceTokenizer)
     assert tok.path.parent.name.endswith(f"-sentencepiece-{model_type}-200") and tok.path.name == "spm.model"
@@ -123,7 +123,7 @@ def test_sentencepiece_trains_once_and_is_reused(tmp_path, monkeypatch, model_ty
     common = " ".join([w for w, _ in Counter(" ".join(lines).split()).most_common(30) if w.isalpha()][:6])
     assert tok.decode(tok.encode(common)) == common
 
-    monkeypatch.setattr(parnas.tokenizer, "train_sentencepiece", fail)
+    monkeypatch.setattr(parnas.data.tokenizer, "train_sentencepiece", fail)
     again = build_tokenizer(cfg, corpus, tmp_path / "cache")
     assert again.from_cache and again.sha256 == tok.sha256
     np.testing.assert_array_equal(again.encode_lines(lines), ids)

@@ -4,7 +4,7 @@ import json
 
 from parnas.cli import main
 from parnas.config import DataConfig
-from parnas.data import load_splits, unigram_perplexity
+from parnas.data.corpora import load_splits, unigram_perplexity
 
 
 def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys):

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from parnas import architecture
-from parnas import checkpoint as ckpt
 from parnas.config import Config
+from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
-from parnas.tokenizer import Tokenizer
+from parnas.training import checkpoint as ckpt
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
 # Anything else must match the checkpoint.

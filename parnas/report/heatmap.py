@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from parnas.experiments import UNDECIDED_MARGIN, margin
-from parnas.history import History, block_name, kind_colour
+from parnas.report.experiments import UNDECIDED_MARGIN, margin
+from parnas.report.history import History, block_name, kind_colour
 
 DPI = 100
 MAX_FRAMES = 100
@@ -35,7 +35,7 @@ def heatmap_data(history: History, index: int = -1) -> tuple[np.ndarray, np.ndar
 
 
 def block_margins(probs: np.ndarray) -> np.ndarray:
-    """Each block's :func:`~parnas.experiments.margin`: ``(n_blocks, n_kinds) -> (n_blocks,)``."""
+    """Each block's :func:`~parnas.report.experiments.margin`: ``(n_blocks, n_kinds) -> (n_blocks,)``."""
     return np.array([margin(row) for row in probs])
 
 

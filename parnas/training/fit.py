@@ -11,7 +11,7 @@ the segments, are what ranks divide: rank r of W reads streams
 
 Resume: ``<out_dir>/checkpoints/last.ckpt`` is written every ``ckpt_every``
 steps, at the end, and when SIGINT or SIGTERM stops the run after the step in
-flight (:mod:`parnas.interrupt`); the task restores the data position and
+flight (:mod:`parnas.training.interrupt`); the task restores the data position and
 memory from it and the training sampler starts where it stopped.
 A run without ``--resume`` refuses a folder that holds a run, and everything
 (folder, settings, data, resumability) is checked before any file is written.
@@ -43,17 +43,18 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, Sampler
 
 from parnas import architecture
-from parnas import checkpoint as ckpt
+from parnas.architecture import legend
 from parnas.config import Config, TrainConfig
-from parnas.data import ContextBatches, load_splits
-from parnas.devices import check_devices
+from parnas.data.corpora import ContextBatches, load_splits
+from parnas.data.tokenizer import Tokenizer
 from parnas.files import check_run_dir, write_json_atomic
-from parnas.interrupt import StopOnSignal
-from parnas.memory import check_memory
-from parnas.model import TransformerXL, build_fixed_model
-from parnas.resume import check_resumable
-from parnas.task import LanguageModelTask, evaluate, model_device
-from parnas.tokenizer import Tokenizer
+from parnas.nn.model import TransformerXL, build_fixed_model
+from parnas.training import checkpoint as ckpt
+from parnas.training.devices import check_devices
+from parnas.training.interrupt import StopOnSignal
+from parnas.training.memory import check_memory
+from parnas.training.resume import check_resumable
+from parnas.training.task import LanguageModelTask, evaluate, model_device
 
 
 class ResumableSampler(Sampler[int]):
@@ -343,6 +344,23 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     architecture.write(out_dir / "architecture.json", record)
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
+
+
+def summary(metrics: dict[str, Any], out_dir: str) -> str:
+    """The few figures a finished training run is judged by, rounded, in one short block."""
+    tps, params = metrics.get("train_tokens_per_s"), metrics.get("parameters")
+    ppl = ", ".join(f"{name} perplexity {metrics[key]:.2f}" for name, key in (("validation", "val_ppl"),
+                                                                              ("test", "test_ppl"))
+                    if metrics.get(key) is not None)
+    lines = [f"{metrics['architecture']} after {metrics['steps']:,} steps: {ppl or 'no perplexity (not finite)'}"]
+    speed = [f"{params:,} parameters" if params else None,
+             f"{metrics['attention_blocks']} attention blocks" if "attention_blocks" in metrics else None,
+             f"{tps:,.0f} train tokens/s" if tps else None,
+             f"{metrics['eval_tokens_per_s']:,.0f} eval tokens/s" if metrics.get("eval_tokens_per_s") else None,
+             f"peak memory {metrics['peak_memory_mb']:,.0f} MB" if metrics.get("peak_memory_mb") else None]
+    lines.append("  " + ", ".join(s for s in speed if s))
+    lines.append(f"  metrics in {out_dir}/metrics.json ({legend(metrics['architecture'])})")
+    return "\n".join(lines)
 
 
 def peak_memory_mb(device: torch.device) -> float:

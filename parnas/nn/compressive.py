@@ -8,7 +8,7 @@ kernel and stride c) into one state of the compressed memory, which keeps its ne
 n_cm = ``model.compress_len``. A learned f_c is trained only by the attention-reconstruction
 loss (sec. 3.1, alg. 2), left in ``aux_loss`` for the task to add.
 
-Memory protocol (parnas.model): the body keeps ``n_memories`` extra tensors per block of this
+Memory protocol (parnas.nn.model): the body keeps ``n_memories`` extra tensors per block of this
 kind, hands them over in ``memory`` before calling the block, and gets the next ones from
 :meth:`CompressiveBlock.update_memory`. Evaluation carries them like the plain memory.
 """
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.blocks import AttentionBlock, sinusoid
 from parnas.config import ModelConfig
+from parnas.nn.blocks import AttentionBlock, sinusoid
 
 
 class CompressiveBlock(AttentionBlock):

@@ -8,7 +8,7 @@ study needs is then retrained from scratch at equal steps and settings, with the
 at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
 dense, then identity; Press et al. 2020) and R random orderings of the same kinds. A layout is
 trained once however many roles it plays. All distinct layouts are then timed side by side in this
-one process (:func:`parnas.latency.time_layouts`, alternating rounds), and :mod:`retrain.study_report`
+one process (:func:`parnas.training.latency.time_layouts`, alternating rounds), and :mod:`study.report`
 writes ``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
 
 A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains
@@ -44,10 +44,10 @@ from parnas.config import (
     transformer_xl_layout,
     unflatten,
 )
-from parnas.devices import check_devices
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
-from retrain.study_report import budget_label
+from parnas.training.devices import check_devices
+from study.report import budget_label
 
 ROLES = ("found", "transformer-xl", "sandwich", "random")
 # Settings that change no figure of the study; any other difference from the first run is refused.
@@ -367,8 +367,8 @@ def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, pro
     """Train and inference step times of every layout, side by side in this process."""
     import torch
 
-    from parnas.devices import training_device
-    from parnas.latency import device_name, time_layouts
+    from parnas.training.devices import training_device
+    from parnas.training.latency import device_name, time_layouts
 
     cfg = retrain_config(plan)
     device = training_device(cfg.train)  # where the retrains ran
@@ -386,7 +386,7 @@ def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, pro
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     """Search, retrain, time and report; returns what ``<out>/study.json`` holds."""
-    from retrain.study_report import build_rows, write_report
+    from study.report import build_rows, write_report
 
     progress = Progress(log)
     plan.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 It subclasses NNI's ``LightningModule`` so the one-shot search can wrap it: the
 model is handed in with ``set_model`` (NNI does the same with the supernet),
-and everything here only assumes the :class:`parnas.model.TransformerXL`
+and everything here only assumes the :class:`parnas.nn.model.TransformerXL`
 interface (``model(x, mems) -> (h, mems)``, ``model.nll(h, y)``).
 
 Memory is kept per stream name: one for training, one for evaluation, so an
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from parnas.config import TrainConfig
 from parnas.errors import ParnasError
-from parnas.model import Memory
+from parnas.nn.model import Memory
 
 
 def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.0) -> float:
@@ -213,7 +213,7 @@ class LanguageModelTask(LightningModule):
 
     # --- checkpoints: everything the next step depends on --------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from parnas.checkpoint import FORMAT, VERSION, weights_digest
+        from parnas.training.checkpoint import FORMAT, VERSION, weights_digest
 
         memory = self._restored_memory or self._gather_memory(self.mems.get("train"))
         checkpoint["parnas"] = {

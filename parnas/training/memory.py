@@ -82,7 +82,7 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
     """A lower bound of one training process's memory; ``blocks[i]`` lists the kinds at depth i (one for a
     fixed model, the candidates for a supernet, which runs them all)."""
     from parnas.kinds import make_block
-    from parnas.model import build_fixed_model
+    from parnas.nn.model import build_fixed_model
 
     m, d = cfg.model, cfg.data
     body = _numel(lambda: build_fixed_model(replace(m, blocks=()), vocab_size, ["identity"]))

@@ -7,7 +7,7 @@ multiply-adds; ``lambda`` is the unit and ``c``, the same for every product, is 
 K clusters always make the same number of products and it cannot move the optimum.
 ``min_macs`` defaults to the paper's K40 floor ``k0*B0*d = 50 * 500 * 512``.
 
-The layout is torch's ``nn.AdaptiveLogSoftmaxWithLoss`` (what ``parnas.model`` uses), for
+The layout is torch's ``nn.AdaptiveLogSoftmaxWithLoss`` (what ``parnas.nn.model`` uses), for
 ``B`` target tokens a step, hidden size ``d`` and cutoffs ``0 < c_1 < ... < c_K < V``:
 
 - head: ``B x d`` by ``d x (c_1 + K)`` -- the first ``c_1`` ids plus one entry per tail cluster;
@@ -53,7 +53,7 @@ from parnas.errors import ParnasError
 
 if TYPE_CHECKING:
     from parnas.config import DataConfig
-    from parnas.tokenizer import Tokenizer
+    from parnas.data.tokenizer import Tokenizer
 
 PAPER_MIN_MACS = 50 * 500 * 512  # k0 * B0 * d on the paper's K40 GPU
 
@@ -254,7 +254,7 @@ def train_counts(cfg: DataConfig, tokenizer_file: str | Path | None = None) -> t
     training) and the cached train ids are reused. With it -- an ``spm.model``, a ``vocab.txt`` or a
     cached tokenizer folder holding one -- that tokenizer encodes the train split (nothing cached).
     """
-    from parnas.data import load_splits, resolve_corpus
+    from parnas.data.corpora import load_splits, resolve_corpus
 
     if tokenizer_file is None:
         tokenizer, splits = load_splits(cfg)
@@ -266,7 +266,7 @@ def train_counts(cfg: DataConfig, tokenizer_file: str | Path | None = None) -> t
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """A SentencePiece ``*.model``, a word or char ``vocab.txt``, or a folder holding one of them."""
-    from parnas.tokenizer import CharTokenizer, SentencePieceTokenizer, WordTokenizer
+    from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, WordTokenizer
 
     path = Path(path).expanduser()
     if path.is_dir():

@@ -1,6 +1,6 @@
 """Blocks from the Transformer variants PAR users compare against (registered in parnas.kinds).
 
-Each keeps the one block call ``block(h, mem, pos) -> h'`` (parnas.blocks), its residual
+Each keeps the one block call ``block(h, mem, pos) -> h'`` (parnas.nn.blocks), its residual
 inside, and the existing blocks' norm placement: post-norm ``norm(h + f(h))`` by default,
 pre-norm ``h + f(norm(h))`` with ``model.pre_norm``.
 
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.blocks import AttentionBlock, DenseBlock, sinusoid
 from parnas.config import ModelConfig
+from parnas.nn.blocks import AttentionBlock, DenseBlock, sinusoid
 
 
 def _residual(block: nn.Module, h: Tensor, f) -> Tensor:

@@ -33,9 +33,9 @@ import torch
 from tqdm import tqdm
 
 from parnas.config import DataConfig
+from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import DataError, ParnasError
 from parnas.files import write_atomic, write_json_atomic
-from parnas.tokenizer import Tokenizer, build_tokenizer, file_digest
 
 SPLITS = ("train", "valid", "test")
 

@@ -1,11 +1,11 @@
 """Pictures of a search: how each block's choice settles, what was found, and what it cost.
 
-A search run directory holds ``history.jsonl`` (read by :mod:`parnas.history`) and, once the
+A search run directory holds ``history.jsonl`` (read by :mod:`parnas.report.history`) and, once the
 search has finished, ``architecture.json`` (:mod:`parnas.architecture`). :func:`plot_run` turns them into
-``probabilities.gif`` (one :mod:`parnas.heatmap` frame per selected step), ``probabilities.png``
+``probabilities.gif`` (one :mod:`parnas.report.heatmap` frame per selected step), ``probabilities.png``
 (lines over steps, one panel per block, with both validation perplexities above) and
 ``architecture.png`` (the found column of blocks), and logs the final heat map to TensorBoard.
-:mod:`parnas.pareto` does that for every trial of an nnictl experiment, running ones included,
+:mod:`parnas.report.pareto` does that for every trial of an nnictl experiment, running ones included,
 and adds ``pareto.png``. Each kind keeps one colour everywhere. Perplexities are labelled with
 what they are: the exported architecture's (supernet weights, not retrained) or the supernet's.
 
@@ -26,10 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from parnas.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
 from parnas.files import current_umask
-from parnas.heatmap import DPI, MAX_FRAMES, HeatmapFigure, block_margins, frame_indices, heatmap_data, margin_text
-from parnas.history import KIND_ORDER, History, HistoryError, block_key, block_name, kind_colour, load_history
+from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
+from parnas.report.heatmap import (
+    DPI,
+    MAX_FRAMES,
+    HeatmapFigure,
+    block_margins,
+    frame_indices,
+    heatmap_data,
+    margin_text,
+)
+from parnas.report.history import KIND_ORDER, History, HistoryError, block_key, block_name, kind_colour, load_history
 
 ARCHITECTURE = "architecture.json"
 GIF_SECONDS = 8.0  # the whole animation, before the last frame's hold

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from parnas.errors import ParnasError
-from parnas.experiments import (
+from parnas.report.experiments import (
     EXPORTED_PPL_LABEL,
     FINISHED,
     LETTER_CODE,
@@ -32,8 +32,17 @@ from parnas.experiments import (
     perplexities,
     status_counts,
 )
-from parnas.history import HISTORY, HistoryError, block_key, load_history
-from parnas.plots import ARCHITECTURE, MAX_FRAMES, Note, figure, plot_run, read_architecture, save_figure, stderr_note
+from parnas.report.history import HISTORY, HistoryError, block_key, load_history
+from parnas.report.plots import (
+    ARCHITECTURE,
+    MAX_FRAMES,
+    Note,
+    figure,
+    plot_run,
+    read_architecture,
+    save_figure,
+    stderr_note,
+)
 
 LATENCY_LABEL = "predicted train step \u00f7 Transformer-XL's at the same n_blocks (search.latency.ratio)"
 _MARKERS = {FINISHED: ("o", "finished"), RUNNING: ("o", "running (history so far)"),

@@ -21,8 +21,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     each plot replaces.
     """
     from parnas.errors import ParnasError
-    from parnas.pareto import plot_experiment
-    from parnas.plots import plot_run
+    from parnas.report.pareto import plot_experiment
+    from parnas.report.plots import plot_run
 
     if bool(args.run_dir) == bool(args.experiment):
         raise ParnasError("give a run directory or --experiment ID (one of them)")
@@ -48,8 +48,8 @@ def cmd_cutoffs(args: argparse.Namespace) -> int:
     (sentencepiece, word, char: same as --set data.tokenizer=KIND) or a tokenizer file (an
     spm.model, a vocab.txt, or a cached tokenizer folder), which then encodes the corpus' train split.
     """
-    from parnas import cutoffs
     from parnas.config import load_config
+    from parnas.data import cutoffs
 
     tok = args.tokenizer
     overrides = list(args.set) + ([f"data.tokenizer={tok}"] if tok in TOKENIZER_KINDS else [])
@@ -91,7 +91,7 @@ def cmd_cutoffs(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.cli import add_command, add_config_args
+    from parnas.arguments import add_command, add_config_args
 
     p = add_command(sub, "plot", cmd_plot)
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a search run directory (holds history.jsonl)")

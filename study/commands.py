@@ -1,6 +1,6 @@
 """``parnas study``: search with several seeds and budgets, retrain what was found beside its baselines, compare.
 
-Only argparse is imported here; the handler checks every argument (:func:`retrain.study.make_plan`, light)
+Only argparse is imported here; the handler checks every argument (:func:`study.run.make_plan`, light)
 before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
 """
 
@@ -11,7 +11,7 @@ import argparse
 
 def cmd_study(args: argparse.Namespace) -> int:
     """Check the claim end to end: searches per seed and budget, retrains of found and baseline layouts, timing."""
-    from retrain.study import make_plan, run_study
+    from study.run import make_plan, run_study
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
@@ -24,7 +24,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.cli import add_command, add_config_args
+    from parnas.arguments import add_command, add_config_args
 
     p = add_command(sub, "study", cmd_study)
     add_config_args(p)

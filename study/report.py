@@ -7,7 +7,7 @@ Every verdict is computed from the rows: Transformer-XL's validation perplexity 
 ``PPL_TOLERANCE`` at a measured train step at least ``SPEEDUP`` shorter; the found architecture
 against the mean of its random orderings and against its sandwich; whether each seed puts its
 attention early (mean depth of its attention blocks before that of its dense and identity blocks).
-Latency figures are the side-by-side timings of :func:`parnas.latency.time_layouts`, never the
+Latency figures are the side-by-side timings of :func:`parnas.training.latency.time_layouts`, never the
 retrains' own throughput (those ran at different times, under different load).
 """
 
@@ -48,7 +48,7 @@ def budget_label(budget: float | None) -> str:
 
 def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Any],
                out: Path) -> list[dict[str, Any]]:
-    """One dict per entry (``retrain.study.Entry``): retrain perplexities, side-by-side timings, search figures."""
+    """One dict per entry (``study.run.Entry``): retrain perplexities, side-by-side timings, search figures."""
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
     txl = next(e.layout for e in entries if e.role == "transformer-xl")
@@ -266,8 +266,8 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     """Validation perplexity against measured train step time, one style per role, Pareto front ringed."""
-    from parnas.pareto import pareto_front
-    from parnas.plots import figure
+    from parnas.report.pareto import pareto_front
+    from parnas.report.plots import figure
 
     fig = figure(8.0, 5.5, layout="constrained")
     ax = fig.add_subplot()
@@ -316,7 +316,7 @@ def _label_groups(points: Mapping[str, tuple[float, float]], near: float = 0.015
 
 def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any]) -> dict[str, Any]:
     """``study.md``, ``study.csv``, ``study.png`` and ``study.json`` in ``plan.out``; returns the JSON's content."""
-    from parnas.plots import save_figure
+    from parnas.report.plots import save_figure
 
     summary = summarise(rows)
     lines = verdicts(rows, summary)

@@ -37,8 +37,8 @@ import torch
 
 from parnas.config import Config, transformer_xl_layout
 from parnas.files import write_json_atomic
-from parnas.model import build_fixed_model
-from parnas.task import adam
+from parnas.nn.model import build_fixed_model
+from parnas.training.task import adam
 
 MODES = ("train", "inference")
 FORMAT, VERSION = "parnas.latency", 1
@@ -223,7 +223,7 @@ def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
 
 
 def cache_path(key: dict[str, Any], cache_dir: Path | None = None) -> Path:
-    from parnas.data import default_cache_dir
+    from parnas.data.corpora import default_cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"

@@ -1,6 +1,6 @@
 """The Transformer-XL body: embedding, a stack of blocks with memories, output head.
 
-What a block *is* lives in :mod:`parnas.blocks`; this file only wires blocks
+What a block *is* lives in :mod:`parnas.nn.blocks`; this file only wires blocks
 together and owns the memory. Which block stands at depth i is decided by
 :meth:`TransformerXL.build_block`, the one hook the NNI search space overrides
 (with a ``LayerChoice``); under ``model_context`` that hook returns the chosen
@@ -10,7 +10,7 @@ Memory contract: ``mems[i]`` holds, detached, the last ``mem_len`` hidden
 states that entered block i on earlier segments, (B, M, D); a block whose
 ``uses_memory`` is False keeps ``None``. A choice (supernet) keeps one, since
 any of its candidates may attend. A module inside a block that keeps more than its
-input states (the compressive memory, parnas.compressive) declares ``n_memories``:
+input states (the compressive memory, parnas.nn.compressive) declares ``n_memories``:
 the body appends that many (B, *, D) tensors to the list after the blocks' entries,
 sets them on ``module.memory`` before the block runs and takes the next ones from
 ``module.update_memory(memory, mem, h, mem_len)``; what such a module leaves in
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.blocks import Dropout, sinusoid
 from parnas.config import ModelConfig
 from parnas.kinds import make_block
-from parnas.variants import DepthStep
+from parnas.nn.blocks import Dropout, sinusoid
+from parnas.nn.variants import DepthStep
 
 Memory = list[Optional[Tensor]]
 

@@ -4,7 +4,7 @@ One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> k
 softmax(alpha)); evaluation lines add ``val_ppl`` (the exported architecture's, supernet weights,
 not retrained), ``supernet_val_ppl`` and ``architecture`` (the exported architecture's letter
 code). Lines of searches from before ``supernet_val_ppl`` hold the supernet's under ``val_ppl``
-(see :func:`parnas.experiments.perplexities`).
+(see :func:`parnas.report.experiments.perplexities`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from parnas.errors import ParnasError
-from parnas.experiments import perplexities
+from parnas.report.experiments import perplexities
 
 HISTORY = "history.jsonl"
 KIND_ORDER = ("attention", "dense", "identity")

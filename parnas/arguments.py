@@ -1,0 +1,40 @@
+"""What every ``parnas`` command's parser shares: one-line errors, ``--config``/``--set``, ``--verbose``.
+
+The command modules (``strategies.commands``, ``retrain.commands``, ``study.commands``,
+``parnas.report.commands``) build their sub-commands with these; :mod:`parnas.cli` collects them.
+Only argparse is imported, so ``parnas --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``parnas <cmd>: error: ...; see parnas <cmd> --help``), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """``--config`` and repeatable ``--set``, shared by every command that reads a config."""
+    p.add_argument("--config", default=None, help="YAML file or preset name (tiny, wt2-seed)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set model.d_model=256 (repeatable)")
+
+
+def add_verbose(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="show Lightning's and NNI's info messages")
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.Namespace], int]
+                ) -> argparse.ArgumentParser:
+    """A sub-command whose help is ``fn``'s docstring; ``fn(args)`` returns the exit status."""
+    p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
+    p.set_defaults(fn=fn)
+    add_verbose(p, argparse.SUPPRESS)  # `parnas -v train` and `parnas train -v` both work
+    return p
