@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from parnas.cli import main
 from parnas.config import DataConfig
 from parnas.data.corpora import load_splits, unigram_perplexity
@@ -22,3 +24,42 @@ def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys)
     assert "validation perplexity" in capsys.readouterr().out
     assert (out / "checkpoints" / "last.ckpt").is_file()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_throughput_on_cuda_never_waits_for_the_gpu_inside_a_step(monkeypatch):
+    """A synchronize around every batch would stop the host from queuing the next step: on CUDA the batches
+    are bracketed by events, read back once per Throughput.FOLD_EVERY batches and at the end. A mocked CUDA
+    device shows it without a GPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from parnas.training.fit import Throughput
+
+    waits = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            waits.append(1)
+
+        def elapsed_time(self, end: "Event") -> float:
+            return 10.0  # ms
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (_ for _ in ()).throw(AssertionError("synchronize")))
+    throughput, trainer = Throughput(), SimpleNamespace(world_size=2)
+    module = SimpleNamespace(device=torch.device("cuda", 0))
+    batch = (torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long))
+    steps = 2 * Throughput.FOLD_EVERY + 50
+    for _ in range(steps):
+        throughput.on_train_batch_start(trainer, module, batch, 0)
+        throughput.on_train_batch_end(trainer, module, None, batch, 0)
+    assert len(waits) == 2  # one read-back per FOLD_EVERY batches, none per step
+    assert throughput.state_dict() == {"tokens": steps * 32 * 2, "seconds": pytest.approx(steps * 0.010)}
+    assert len(waits) == 3 and throughput.tokens_per_s == pytest.approx(64 / 0.010)
