@@ -138,7 +138,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = add_command(sub, "evaluate", cmd_evaluate)
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by parnas, e.g. RUN/checkpoints/last.ckpt")
-    p.add_argument("--split", default="valid", choices=["valid", "test"])
+    p.add_argument("--split", default="valid", choices=["valid", "test"], help="which split (default valid)")
     p.add_argument("--mem-len", type=_number(int, 0, "must be an integer >= 0"), default=None, metavar="M",
                    help="memory length at evaluation (default: the training one; longer is allowed)")
     p.add_argument("--data-path", default=None, help="corpus directory, if it moved since training")
@@ -146,7 +146,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="result JSON (default: beside the checkpoint)")
 
     p = add_command(sub, "generate", cmd_generate)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True,
+                   help="a checkpoint written by parnas, e.g. RUN/checkpoints/last.ckpt (it carries its tokenizer)")
     p.add_argument("--prompt", default="", help="text to continue (default: the start of a line)")
     p.add_argument("--tokens", type=_number(int, 1, "must be an integer > 0"), default=200,
                    help="how many tokens to sample")

@@ -9,6 +9,11 @@ allows (relative positions extend to any distance).
 Sampling feeds the prompt in segments of the training length, then one token
 at a time, carrying the memory throughout; by default the memory holds
 ``mem_len + seg_len`` states, the longest context a training step showed the model.
+A prompt that ends with a whole word keeps it: the first token drawn is one that
+starts a new word (or punctuation, or a line's end), never one that would extend
+the prompt's last word ("The album was" + "th" would print "The album wasth").
+Prompt and continuation are decoded together, so the tokenizer's own word
+boundaries hold between them.
 """
 
 from __future__ import annotations
@@ -102,6 +107,13 @@ def prompt_ids(trained: TrainedModel, prompt: str) -> list[int]:
     return ids
 
 
+def ends_a_word(trained: TrainedModel, prompt: str) -> bool:
+    """Whether the prompt, as the tokenizer reads it, ends with a letter or digit (a word the continuation must
+    not extend). SentencePiece drops a trailing space, so "The album was " ends a word too."""
+    text = trained.tokenizer.decode(prompt_ids(trained, prompt)[1:])
+    return text[-1:].isalnum()
+
+
 @torch.no_grad()
 def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, list[int]]:
     """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids.
@@ -117,6 +129,9 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, l
     new: list[int] = []
     for _ in range(opts.tokens):
         logp = model.log_probs(h[:, -1]).float()  # (1, V)
+        if not new and ends_a_word(trained, prompt):
+            starts = torch.from_numpy(trained.tokenizer.word_starts()).to(device)  # (V,)
+            logp = logp.masked_fill(~starts, float("-inf"))
         if opts.temperature == 0:
             token = logp.argmax(-1, keepdim=True)  # (1, 1)
         else:

@@ -50,8 +50,28 @@ def test_memory_is_carried_between_tokens(checkpoint, tmp_path):
     ids = torch.tensor([prompt_ids(trained, PROMPT) + new])  # (1, P+12)
     with torch.no_grad():
         h, _ = model(ids[:, :-1])
-        greedy = model.log_probs(h).argmax(-1)[0, -len(new):]  # (12,)
-    assert greedy.tolist() == new
+        logp = model.log_probs(h)[0, -len(new):]  # (12, V)
+    logp[0, ~torch.from_numpy(trained.tokenizer.word_starts())] = float("-inf")  # the prompt ends a word
+    assert logp.argmax(-1).tolist() == new
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, PROMPT + " "])
+def test_the_continuation_starts_a_new_word(checkpoint, capsys, prompt):
+    """Decoded with the prompt, the first token drawn never extends the prompt's last word ("wasth")."""
+    for seed in range(8):
+        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--tokens", "3",
+                     "--seed", str(seed)]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith(PROMPT) and not text[len(PROMPT)].isalnum(), text
+
+
+def test_unknown_words_show_as_one_marker(checkpoint, tmp_path):
+    """WikiText spells an unknown word "<unk>"; a small vocabulary encodes it in several pieces, two of them
+    the unknown piece, and decoding shows the one marker again (not "<unk>unk<unk>")."""
+    tok = load_trained(checkpoint, torch.device("cpu"), tmp_path).tokenizer
+    ids = tok.encode("the <unk> was")
+    assert tok.decode(ids) == "the <unk> was"
+    assert tok.decode([tok.unk_id]) == "<unk>"
 
 
 @pytest.mark.parametrize("args, needle", [(["--tokens", "0"], "--tokens"), (["--temperature", "-1"], "--temperature"),

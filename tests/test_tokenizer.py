@@ -188,3 +188,23 @@ def test_sentencepiece_writes_the_unknown_piece_as_unk(tmp_path):
     assert tok.unk_id in ids
     text = tok.decode(ids)
     assert text == "the <unk> cat" and "\u2047" not in text
+
+
+def test_word_starts_and_the_unknown_marker_for_every_kind(tmp_path):
+    """A token may follow a whole word when its text does not begin with a letter or digit; an unknown
+    token decodes as "<unk>" whatever the kind."""
+    corpus = write_corpus(tmp_path / "c", text_slice(1000))
+    sp = build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=200), corpus, tmp_path / "cache")
+    starts = sp.word_starts()
+    pieces = [sp.sp.id_to_piece(i) for i in range(sp.vocab_size)]
+    assert starts.shape == (200,) and starts[sp.eos_id] and not starts[sp.unk_id]
+    assert all(starts[i] == p.startswith("\u2581") for i, p in enumerate(pieces) if p[:1].isalpha() or
+               p.startswith("\u2581"))
+    assert any(starts) and not all(starts)
+
+    char = build_tokenizer(DataConfig(tokenizer="char"), write_corpus(tmp_path / "h", "ab c,\n"), tmp_path / "cache")
+    text = {char.decode([i]): bool(s) for i, s in enumerate(char.word_starts())}
+    assert text == {"a": False, "b": False, "c": False, " ": True, ",": True, "\n": True, "<unk>": False}
+
+    word = build_tokenizer(DataConfig(tokenizer="word"), write_corpus(tmp_path / "w", " a b \n"), tmp_path / "cache")
+    assert word.word_starts().all() and word.decode([word.unk_id]) == "<unk>"

@@ -20,6 +20,8 @@ Conventions shared by all kinds:
   holds the lowest ids). Word and char vocabularies are sorted by train-split counts;
   SentencePiece orders pieces by score (unigram log-probability, or BPE merge order),
   which tracks frequency closely enough for cutoffs.
+- An unknown token decodes as ``<unk>`` (WikiText's own spelling of an unknown word), one
+  marker whatever the kind.
 """
 
 from __future__ import annotations
@@ -88,7 +90,13 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; eos becomes a newline."""
+        """Text of ``ids``; eos becomes a newline, an unknown token ``<unk>``."""
+
+    @abstractmethod
+    def word_starts(self) -> np.ndarray:
+        """Bool per id: whether the token can follow a whole word without joining it, i.e. its text does
+        not begin with a letter or digit (a new word's first piece, punctuation, a space, a line's end).
+        Sampling after a prompt that ends a word keeps that word whole with it."""
 
     def identity(self) -> dict[str, Any]:
         """What architecture JSONs and checkpoints record of the tokenizer."""
@@ -135,6 +143,21 @@ def _split_at_eos(ids: Sequence[int], eos: int) -> list[list[int]]:
     return parts
 
 
+def _replace_run(ids: list[int], run: tuple[int, ...], by: int) -> list[int]:
+    """``ids`` with every occurrence of the id sequence ``run`` replaced by the one id ``by``."""
+    if not run:
+        return ids
+    out, i, n = [], 0, len(run)
+    while i < len(ids):
+        if tuple(ids[i:i + n]) == run:
+            out.append(by)
+            i += n
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 # Trainer settings that say where and how fast a model was trained, not what it does.
 _INCIDENTAL_TRAINER_FIELDS = ("input", "model_prefix", "num_threads")
 
@@ -159,12 +182,23 @@ class SentencePieceTokenizer(Tokenizer):
         self.sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
         self.vocab_size = self.sp.get_piece_size()
         self.eos_id, self.unk_id = self.sp.eos_id(), self.sp.unk_id()
+        # A vocabulary without "<" and ">" spells WikiText's "<unk>" as unknown, "un", "k", unknown, which
+        # would decode as "<unk>unk<unk>": decoding shows that spelling as the one marker it stands for.
+        spelled = self.sp.encode(UNK)
+        spelled = spelled[1:] if spelled and self.sp.id_to_piece(spelled[0]) == "\u2581" else spelled
+        self._unk_spelling = tuple(spelled) if self.unk_id in spelled and len(spelled) > 1 else ()
 
     def _encode_batch(self, lines: list[str]) -> list[list[int]]:
         return self.sp.encode(lines, out_type=int, num_threads=os.cpu_count() or 1)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return "\n".join(self.sp.decode(part) for part in _split_at_eos(ids, self.eos_id))
+        return "\n".join(self.sp.decode(_replace_run(part, self._unk_spelling, self.unk_id))
+                         for part in _split_at_eos(ids, self.eos_id))
+
+    def word_starts(self) -> np.ndarray:
+        starts = np.array([not self.sp.id_to_piece(i)[:1].isalnum() for i in range(self.vocab_size)])
+        starts[self.unk_id] = False  # its surface would stick to the word: "was<unk>"
+        return starts
 
 
 class WordTokenizer(Tokenizer):
@@ -187,6 +221,9 @@ class WordTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return "\n".join(" ".join(self.itos[i] for i in part) for part in _split_at_eos(ids, self.eos_id))
 
+    def word_starts(self) -> np.ndarray:
+        return np.ones(self.vocab_size, dtype=bool)  # tokens are whole words, joined by spaces
+
 
 class CharTokenizer(Tokenizer):
     """One token per byte (text8 is ASCII; enwik8 is byte level by convention); the newline
@@ -203,7 +240,7 @@ class CharTokenizer(Tokenizer):
         self.bytes_of: list[bytes] = []  # id -> bytes
         for i, entry in enumerate(entries):
             if entry in (EOS, UNK):
-                self.bytes_of.append(b"\n" if entry == EOS else "\ufffd".encode())
+                self.bytes_of.append(b"\n" if entry == EOS else UNK.encode())
             else:
                 self.table[int(entry)] = i
                 self.bytes_of.append(bytes([int(entry)]))
@@ -225,6 +262,12 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return b"".join(self.bytes_of[i] for i in ids).decode("utf-8", errors="replace")
+
+    def word_starts(self) -> np.ndarray:
+        # bytes >= 128 are parts of non-ASCII characters, letters mostly: they may continue a word
+        starts = np.array([len(b) == 1 and b[0] < 128 and not chr(b[0]).isalnum() for b in self.bytes_of])
+        starts[self.eos_id], starts[self.unk_id] = True, False
+        return starts
 
 
 # --- training -----------------------------------------------------------------------------------
