@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from importlib import resources
 from typing import Any, NoReturn
 
 
@@ -19,9 +20,15 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
+def presets() -> list[str]:
+    """The names ``--config`` takes as presets: the YAML files shipped in ``parnas/presets``."""
+    return sorted(p.name.removesuffix(".yaml") for p in (resources.files("parnas") / "presets").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """``--config`` and repeatable ``--set``, shared by every command that reads a config."""
-    p.add_argument("--config", default=None, help="YAML file or preset name (tiny, wt2-seed)")
+    p.add_argument("--config", default=None, help=f"YAML file or preset name ({', '.join(presets())})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting, e.g. --set model.d_model=256 (repeatable)")
 

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from parnas import kinds
+from parnas.arguments import presets  # the preset names, as --help lists them (re-exported here)
 from parnas.errors import ConfigError
 
 BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds.py)
@@ -359,11 +360,6 @@ def read_yaml(source: str | Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{source} must hold a mapping of sections (model, data, train)")
     return values
-
-
-def presets() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in (resources.files("parnas") / "presets").iterdir()
-                  if p.name.endswith(".yaml"))
 
 
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),
