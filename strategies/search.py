@@ -208,10 +208,15 @@ def final_evaluation(search: Search) -> Evaluated:
 
 
 def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
-    """What NNI's web UI shows for a trial: ``default`` is the exported architecture's own perplexity."""
-    return {"default": result.val_ppl, "supernet_val_ppl": result.supernet_val_ppl,
-            "architecture": result.architecture, "attention_blocks": result.kinds.count("attention"),
-            "latency_ratio": latency["ratio"] if latency else result.cost_ratio,
+    """What NNI's web UI shows for a trial, at every evaluation and at the end: ``default`` is the exported
+    architecture's own perplexity; beside it that architecture (one letter per block) and its predicted
+    train step relative to Transformer-XL's (the cost ratio under ``search.penalty_cost=flops``).
+    The web UI lists a dict's keys in this order (its trials table's optional columns, and the charts' choices),
+    and shows the numbers as they are: rounded here as in architecture.json."""
+    ratio = latency["ratio"] if latency else result.cost_ratio
+    return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
+            "latency_ratio": None if ratio is None else round(ratio, 4),
+            "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": result.kinds.count("attention"),
             "predicted_step_ms": latency["train_step_ms"] if latency else None}
 
 
@@ -233,11 +238,11 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     check_memory(cfg, tokenizer.vocab_size, [cfg.search.candidates] * cfg.model.n_blocks)  # a supernet runs them all
 
     def report(result: Evaluated) -> None:
-        if trial:
+        if trial:  # evaluations happen inside search.run(), so `search` (bound below) exists by then
             import nni
 
-            nni.report_intermediate_result({"default": result.val_ppl, "supernet_val_ppl": result.supernet_val_ppl,
-                                            "architecture": result.architecture})
+            latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
+            nni.report_intermediate_result(nni_metric(result, latency))
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}

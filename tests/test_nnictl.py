@@ -63,6 +63,11 @@ def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path,
         for job in jobs:
             final = json.loads(json.loads(job["finalMetricData"][0]["data"]))
             assert final["default"] > 1.0 and "attention_blocks" in final
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nni/metric-data", timeout=10) as r:
+            intermediate = [json.loads(json.loads(m["data"])) for m in json.load(r) if m["type"] == "PERIODICAL"]
+        assert len(intermediate) == 4  # two evaluations per trial, each with what the trial would export then
+        # (a cost ratio of FLOPs here, 0 for all identity blocks; a latency ratio under the default penalty_cost)
+        assert all(len(m["architecture"]) == 4 and m["latency_ratio"] >= 0 and m["default"] > 1.0 for m in intermediate)
         runs = trial_run_dirs(experiment, tmp_path / "experiments")
         assert sorted(runs) == sorted(j["trialJobId"] for j in jobs)
         for run_dir in runs.values():

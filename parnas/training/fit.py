@@ -206,15 +206,16 @@ class StepsTakenLogger(TensorBoardLogger):
 
 
 class PlainProgress(pl.Callback):
-    """Progress without a terminal: one line every ``every`` optimiser steps and one after each
-    validation, on rank 0, instead of a progress bar's escape codes."""
+    """Progress without a terminal: a line after the first optimiser step (a log such as nnictl's
+    trial stdout shows at once that the run is alive), then one every ``every`` steps and one after
+    each validation, on rank 0, flushed, instead of a progress bar's escape codes."""
 
     def __init__(self, every: int) -> None:
         self.every, self._printed = every, -1
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
-        if step % self.every or step == self._printed or not trainer.is_global_zero:
+        if step < 1 or (step % self.every and step != 1) or step == self._printed or not trainer.is_global_zero:
             return  # (a step repeats while gradients accumulate)
         self._printed = step
         metrics = trainer.callback_metrics
@@ -230,8 +231,10 @@ class PlainProgress(pl.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero or ppl is None:
             return
         if "val/ppl_exported" in metrics:  # a search: the exported architecture's own, and the supernet's
+            found = getattr(pl_module, "last_evaluation", None)  # the search's: what it would export now
             print(f"step {trainer.global_step:,}: validation perplexity {float(metrics['val/ppl_exported']):.2f} "
-                  f"exported architecture, {float(ppl):.2f} supernet", flush=True)
+                  f"exported architecture{f' {found.architecture}' if found else ''}, {float(ppl):.2f} supernet",
+                  flush=True)
         else:
             print(f"step {trainer.global_step:,}: validation perplexity {float(ppl):.2f}", flush=True)
 
