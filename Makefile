@@ -1,4 +1,5 @@
-# parnas: `make search` is the main job, `make test` runs the tests. Both create .venv when absent.
+# parnas: `make search` is the main job (search.yaml, about 2 minutes on a 2-core CPU), `make test` runs the
+# tests (`make test-fast`: the quick ones). All create .venv when absent.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +13,7 @@ endif
 STEPS  ?= 300
 PORT   ?= 8080
 
-.PHONY: install test test-gpu search train lint bench clean
+.PHONY: install test test-fast test-gpu search train lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +23,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Every test; pytest ends with the 10 slowest and the total ("N passed in S s"). CI runs this.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
+
+# The edit-test loop: the tests not marked slow (under a minute on a 2-core CPU).
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" --durations=5
 
 # The CUDA tests alone (tests/test_gpu.py): every command on the GPU, resume, checkpoints across devices, bf16.
 test-gpu: install

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 GROUP = "parnas.blocks"
 HOW_TO_REGISTER = (f"a plugin registers one with an entry point in group {GROUP!r} "
-                   "(README, 'Block kinds'), or code calls parnas.kinds.register")
+                   "(docs/reference.md, 'Block kinds'), or code calls parnas.kinds.register")
 
 Factory = Union[str, Callable[["ModelConfig"], "nn.Module"]]
 Flops = Callable[["ModelConfig", int, int], float]  # (cfg, seg_len, batch_size) -> forward FLOPs per token

@@ -148,7 +148,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "generate", cmd_generate)
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint written by parnas, e.g. RUN/checkpoints/last.ckpt (it carries its tokenizer)")
-    p.add_argument("--prompt", default="", help="text to continue (default: the start of a line)")
+    p.add_argument("--prompt", default="", help="text to continue (default: the start of a line); a prompt that "
+                   "ends with a whole word is continued by a new one")
     p.add_argument("--tokens", type=_number(int, 1, "must be an integer > 0"), default=200,
                    help="how many tokens to sample")
     p.add_argument("--temperature", type=_number(float, 0, "must be a finite number >= 0"), default=1.0,

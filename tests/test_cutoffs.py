@@ -124,6 +124,7 @@ def one_line_error(capsys, *args):
 
 
 @needs_wt2
+@pytest.mark.slow
 def test_cli_on_a_wikitext_slice(capsys, wt2_slice):
     common = ["--config", "tiny", "--set", f"data.path={wt2_slice}", "--tokenizer", "word"]
     assert main(["cutoffs", *common, "--clusters", "2"]) == 0

@@ -62,6 +62,7 @@ def run_script(script, out, corpus, devices, cache, timeout=300):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_split_streams_and_match_one_process(wt2_slice, tmp_path, tmp_path_factory):
     script = tmp_path / "train_ddp.py"
     script.write_text(SCRIPT)

@@ -62,6 +62,7 @@ def run_nodes(script, out, corpus, cache, nodes=2, timeout=300):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nodes)]
 
 
+@pytest.mark.slow
 def test_two_nodes_of_one_process_train_like_one_process(wt2_slice, tmp_path, tmp_path_factory):
     script = tmp_path / "train_node.py"
     script.write_text(NODE_SCRIPT)

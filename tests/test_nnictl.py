@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from parnas import architecture
@@ -36,6 +37,7 @@ def trial_jobs(port: int) -> list[dict]:
         return json.load(r)
 
 
+@pytest.mark.slow
 def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path, wt2_slice, capsys):
     config = yaml.safe_load((REPO / "search.yaml").read_text())
     config.update(

@@ -126,6 +126,7 @@ def outline_pixels(frame, block, kind):
     return int((column.sum(axis=2) < 3 * 80).sum())
 
 
+@pytest.mark.slow
 def test_gif_frame_0_at_exact_ties_shows_no_winner(tmp_path):
     run = write_run(tmp_path / "run", steps=20, every=2)
     lines = (run / "history.jsonl").read_text().splitlines()
@@ -157,6 +158,7 @@ def test_undecided_block_is_marked(tmp_path):
     assert heatmap.margin_text(0.05) == ("0.05 undecided", "#b22222") and heatmap.margin_text(0.7)[0] == "0.70"
 
 
+@pytest.mark.slow
 def test_plot_run_writes_valid_images(tmp_path):
     run = write_run(tmp_path / "run", steps=120, every=2)  # 61 records
     paths = plots.plot_run(run, max_frames=25)
@@ -232,6 +234,7 @@ def make_experiment(root, exp="abc123"):
     return exp
 
 
+@pytest.mark.slow
 def test_plot_experiment(tmp_path, capsys):
     exp = make_experiment(tmp_path)
     assert main(["plot", "--experiment", exp, "--experiments-dir", str(tmp_path), "--max-frames", "5",
@@ -247,6 +250,7 @@ def test_plot_experiment(tmp_path, capsys):
     assert [points[i].trial for i in pareto.pareto_front([(p.cost, p.val_ppl) for p in points])] == ["t1", "t2"]
 
 
+@pytest.mark.slow
 def test_plot_of_a_running_experiment(tmp_path, capsys):
     exp = "abc123"
     trials = tmp_path / exp / "environments" / "local-env" / "trials"

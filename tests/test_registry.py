@@ -1,4 +1,4 @@
-"""The block-kind registry: register, look up, build; plugins through entry points (the README's example,
+"""The block-kind registry: register, look up, build; plugins through entry points (the reference's example,
 written out and installed the way pip installs it); the round trip register -> search -> export ->
 retrain; and one clear line for every mistake."""
 
@@ -156,11 +156,11 @@ def test_retrain_refuses_an_unknown_kind_in_an_architecture_json_with_one_line(c
     assert "parnas.blocks" in err and not (tmp_path / "out").exists()
 
 
-# --- plugins: the README's example, installed as pip would ---------------------------------------
+# --- plugins: the reference's example (docs/reference.md), installed as pip would -------------------
 
 def readme_example() -> dict[str, str]:
-    """The files the README's plugin example shows, by the path in its marker comment."""
-    text = (ROOT / "README.md").read_text()
+    """The files the reference's plugin example shows, by the path in its marker comment."""
+    text = (ROOT / "docs" / "reference.md").read_text()
     blocks = re.findall(r"<!-- plugin-example: (\S+) -->\n```\w+\n(.*?)```", text, flags=re.S)
     assert [p for p, _ in blocks] == ["pyproject.toml", "parnas_shift/__init__.py"]
     return dict(blocks)
@@ -185,6 +185,7 @@ def installed_plugin(tmp_path, monkeypatch):
     sys.modules.pop("parnas_shift", None)
 
 
+@pytest.mark.slow
 def test_a_plugin_kind_is_known_by_name_before_its_module_is_imported(installed_plugin):
     code = ("import sys; from parnas.config import load_config; from parnas import kinds; "
             "load_config('tiny', ['search.candidates=[attention,shift]']); "
@@ -195,6 +196,7 @@ def test_a_plugin_kind_is_known_by_name_before_its_module_is_imported(installed_
     assert out.stdout.split() == ["False", "False", "True", "T", "True"]
 
 
+@pytest.mark.slow
 def test_round_trip_plugin_kind_searched_exported_and_retrained(installed_plugin, wt2_slice, tmp_path, capsys):
     """register (entry point) -> search tiny -> architecture.json -> retrain. The plugin kind is far cheaper
     than attention, and a compute penalty makes the search choose it."""

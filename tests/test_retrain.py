@@ -70,6 +70,7 @@ def test_model_from_json_has_exactly_the_listed_blocks_and_memory_only_for_atten
     assert all(m.shape == (2, 16, 32) for m in mems if m is not None)
 
 
+@pytest.mark.slow
 def test_retrained_runs_record_their_layout(trained):
     found, baseline = trained["found"], trained["baseline"]
     assert found["blocks"] == ["attention", "attention", "dense", "identity"] and found["architecture"] == "AADI"
@@ -146,6 +147,7 @@ def test_overrides_cannot_contradict_the_architecture(wt2_slice, tmp_path, capsy
 # --- kill and resume ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.slow
 def test_killed_and_resumed_run_is_identical_to_an_uninterrupted_one(micro_corpus, kill_at, tmp_path, accumulate):
     tokenizer, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
     # a pass is n segments = n / accumulate steps; n divisible by 2 * accumulate, so that one

@@ -99,6 +99,7 @@ def test_bilevel_reads_the_other_stream_and_keeps_two_memories(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])
+@pytest.mark.slow
 def test_search_chooses_attention_where_the_task_needs_it(tmp_path, mode):
     search = run(tmp_path, "train.max_steps=600", "search.arch_warmup_steps=200", f"search.mode={mode}")
     attention = [p["attention"] for p in search.module.probabilities().values()]
@@ -112,6 +113,7 @@ def test_search_chooses_attention_where_the_task_needs_it(tmp_path, mode):
 FIXED_COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)  # TXL (AD): 5 ms
 
 
+@pytest.mark.slow
 def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
     search = build_search(search_config("train.max_steps=300", "search.penalty_weight=5"), SPLITS, VOCAB, tmp_path,
                           costs=FIXED_COSTS)
@@ -125,6 +127,7 @@ def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
     assert min(p["identity"] for p in search.module.probabilities().values()) > 0.9
 
 
+@pytest.mark.slow
 def test_latency_budget_is_met_by_the_exported_architecture(tmp_path):
     """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block."""
     search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300"),
@@ -169,6 +172,7 @@ def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
     assert fit_budget(probs, FIXED_COSTS, 0.1) is None  # even II (0.2) is over
 
 
+@pytest.mark.slow
 def test_without_a_budget_the_same_search_keeps_attention(tmp_path):
     search = build_search(search_config("train.max_steps=300", "train.eval_every=300"), SPLITS, VOCAB, tmp_path,
                           costs=FIXED_COSTS)
@@ -296,6 +300,7 @@ def test_usable_as_an_nni_nas_experiment(tmp_path):
     assert list(best) == ["block_0", "block_1"] and set(best.values()) <= set(BLOCK_KINDS)
 
 
+@pytest.mark.slow
 def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     import json
 

@@ -54,6 +54,7 @@ search.run()
 
 
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])
+@pytest.mark.slow
 def test_ranks_hold_identical_logits_at_every_step_and_export_the_same(tmp_path, tmp_path_factory, mode):
     script = tmp_path / "search_ddp.py"
     script.write_text(SCRIPT)

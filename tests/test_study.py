@@ -69,6 +69,7 @@ def study_args(corpus, out, *extra):
             "--random-orderings", str(RANDOM), "--rounds", "2", *extra]
 
 
+@pytest.mark.slow
 def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(small_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     assert main(study_args(small_corpus, out)) == 0
@@ -126,6 +127,7 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
                                                                         for r in rows]
 
 
+@pytest.mark.slow
 def test_candidate_sets_are_searched_side_by_side_against_one_transformer_xl(small_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     sets = ["attention,dense,identity", "attention,conv,dense,glu,identity"]

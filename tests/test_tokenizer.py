@@ -55,6 +55,7 @@ def test_word_level_order_eos_and_unk(tmp_path):
 
 
 @needs_wt2
+@pytest.mark.slow
 def test_word_level_wikitext2_counts(tmp_path):
     tok = build_tokenizer(DataConfig(tokenizer="word"), WT2, tmp_path / "cache")
     ids = tok.encode_file(WT2 / "train.txt")
@@ -144,6 +145,7 @@ def test_sentencepiece_vocab_too_large_is_one_clear_line(tmp_path):
     assert list((tmp_path / "cache" / "tokenizers").iterdir()) == []  # nothing half-built left behind
 
 
+@pytest.mark.slow
 def test_identity_survives_a_rebuild_of_the_cache(tmp_path):
     """spm.model embeds the temporary path it was built in; the identity is what the tokenizer does."""
     corpus = write_corpus(tmp_path / "c", text_slice(1000))
@@ -160,6 +162,7 @@ def test_identity_survives_a_rebuild_of_the_cache(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [b"", b"garbage, not a protobuf \xff\xfe"])
+@pytest.mark.slow
 def test_a_damaged_cached_model_is_reported_and_built_again(tmp_path, capsys, damage):
     corpus = write_corpus(tmp_path / "c", text_slice(1000))
     cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200)

@@ -9,6 +9,7 @@ from parnas.config import DataConfig
 from parnas.data.corpora import load_splits, unigram_perplexity
 
 
+@pytest.mark.slow
 def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=500",
