@@ -39,11 +39,11 @@ def test_search_yaml_is_the_readme_first_hour_experiment_and_stays_laptop_sized(
     stated = (int(m[1]), int(m[2]), int(m[3].replace(",", "")), int(m[4]), int(m[5]), m[6])
     assert stated == (trials, concurrency, cfg.train.max_steps, cfg.model.n_blocks, cfg.model.d_model, preset)
     # what the measured minutes were measured for: a change here needs a new measurement, not an edit
-    assert (trials, concurrency, cfg.train.max_steps) == (4, 2, 600)
+    assert (trials, concurrency, cfg.train.max_steps) == (4, 1, 600)  # (NNI 3.0 mixes up concurrent trials' parameters)
     assert (cfg.model.n_blocks, cfg.model.d_model, cfg.model.d_ff, cfg.data.batch_size, cfg.data.seg_len,
             cfg.model.mem_len, cfg.data.vocab_size) == (6, 64, 256, 8, 32, 32, 1000)
     assert cfg.train.eval_every <= cfg.train.max_steps and cfg.search.arch_warmup_steps < cfg.train.max_steps // 2
-    assert "OMP_NUM_THREADS=1" in experiment["trialCommand"]  # two trials on two cores: one thread each
+    assert "OMP_NUM_THREADS=1" in experiment["trialCommand"]  # a busy 2-core laptop: more threads, slower steps
 
 
 def test_gpu_experiments_are_named_for_what_they_are_and_listed_in_the_readme():

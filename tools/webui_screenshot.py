@@ -160,6 +160,11 @@ def main() -> int:
                 print(f"{time.time() - start:6.0f} s  wrote {out / 'trials-running.png'}", flush=True)
             if len(jobs) >= info["params"]["maxTrialNumber"] and all(j["status"] in ENDED for j in jobs):
                 break
+            status = rest(port, "check-status")
+            if status.get("status") in ("ERROR", "STOPPED"):  # e.g. the tuner crashed: no trial will follow
+                print(f"webui_screenshot: the experiment is {status['status']}: {status.get('errors') or ''}",
+                      file=sys.stderr)
+                break
             time.sleep(2)
         else:
             print(f"webui_screenshot: the trials did not end within {args.timeout:.0f} s", file=sys.stderr)
