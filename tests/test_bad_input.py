@@ -216,6 +216,7 @@ def test_written_files_keep_the_users_umask(tmp_path, umask, mode):
 
 # --- quiet without a terminal --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_output_without_a_terminal_is_plain_and_quiet(micro, tmp_path, tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PARNAS_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "pc")}
     base = [sys.executable, "-m", "parnas.cli"]

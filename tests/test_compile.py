@@ -47,6 +47,7 @@ def test_forward_and_loss_are_one_graph_with_a_full_softmax_and_no_dropout():
     assert breaks(step, model)[:2] == (1, 0)
 
 
+@pytest.mark.slow
 def test_graphs_break_only_at_the_adaptive_softmax_clusters_and_the_cpu_dropout():
     """The adaptive softmax's per-cluster ``nonzero`` has a data-dependent size; the CPU's dropout draws with
     ``random_``, which Dynamo does not trace (off the CPU dropout is ``F.dropout``, which it does)."""
@@ -58,6 +59,7 @@ def test_graphs_break_only_at_the_adaptive_softmax_clusters_and_the_cpu_dropout(
 
 
 @pytest.mark.parametrize("cutoffs", ["[]", "[100, 400]"])
+@pytest.mark.slow
 def test_no_recompiles_once_the_memory_is_full(graphs_made, cutoffs):
     """Graphs are made while the memory grows (0, 16, then 32 states); over ten more segments of other tokens
     (other cluster sizes in the adaptive softmax) none is made again."""

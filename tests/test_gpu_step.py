@@ -62,6 +62,7 @@ def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_step, cuto
         gpu_step.train_flops_per_token(cfg.model, kinds, B, L, V, fractions) * B * L, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_step):
     from search_spaces import PARTransformerXLSpace
     from strategies.gumbel_darts import PARGumbelDARTS
@@ -106,6 +107,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(gpu_step, monkeypatch, 
 
 @pytest.mark.parametrize("args, needle", [(["--shape", "wt104"], "known: wt2-par, wt103-base, nvidia-base, long"),
                                           (["--precision", "fp8"], "--precision"), (["--steps", "0"], "--steps")])
+@pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2(args, needle):
     run = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), *args], capture_output=True, text=True,
                          timeout=120)

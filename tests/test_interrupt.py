@@ -94,6 +94,7 @@ def test_the_first_signal_gives_both_signals_their_default_action_back():
             signal.signal(s, handler)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_ends_the_process_at_once(micro, tmp_path):
     code = ("import os, signal, time\n"
             "import pytorch_lightning as pl\n"
@@ -178,6 +179,7 @@ def env():
             "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_a_retrain_process_saves_and_its_resume_command_continues_exactly(micro, tmp_path, env):
     run = tmp_path / "run"
     args = ["retrain", "--arch", "transformer-xl", "--config", "tiny",
@@ -193,6 +195,7 @@ def test_ctrl_c_to_a_retrain_process_saves_and_its_resume_command_continues_exac
     assert (a["val_ppl"], a["test_ppl"], a["history"]) == (b["val_ppl"], b["test_ppl"], b["history"])
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_search_process_saves_exports_nothing_and_resumes_exactly(micro, tmp_path, env):
     """What nnictl does to a trial it stops."""
     run = tmp_path / "run"
@@ -211,6 +214,7 @@ def test_sigterm_to_a_search_process_saves_exports_nothing_and_resumes_exactly(m
         (b["architecture"], b["probabilities"], b["search"]["val_ppl"])
 
 
+@pytest.mark.slow
 def test_under_ddp_a_signal_to_rank_0_alone_stops_both_ranks_at_the_same_step(micro, tmp_path, env):
     """The ranks agree before any of them saves (saving is collective), the other rank says nothing, and the
     resumed two-process run is the uninterrupted one."""

@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from parnas.experiments import launch  # noqa: E402  (the checkout's own, as the trials import it)
+from parnas.report.experiments import launch  # noqa: E402  (the checkout's own, as the trials import it)
 
 # The web UI orders columns as its rows hold them (trial fields, then parameters, then metrics), so too many
 # parameters push the metrics off the right edge: one parameter, then what the trial found.
