@@ -1,6 +1,6 @@
 """``parnas evaluate`` and ``parnas generate``: a checkpoint's perplexity, and samples from it.
 
-Evaluation is :func:`parnas.training.fit.split_metrics`, the function that wrote the
+Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the
 perplexity at the end of training, on the corpus the checkpoint's config names,
 encoded with the tokenizer the checkpoint carries: the same checkpoint gives
 the same figure. ``mem_len`` may be longer than in training, as Transformer-XL
@@ -28,7 +28,8 @@ import torch
 from parnas.data.corpora import default_cache_dir, resolve_corpus
 from parnas.data.tokenizer import build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
-from parnas.training.fit import SegmentData, split_metrics
+from parnas.training.evaluation import split_metrics
+from parnas.training.fit import SegmentData
 from parnas.training.task import model_device
 from retrain.load import TrainedModel
 
@@ -36,7 +37,7 @@ from retrain.load import TrainedModel
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
                         data_path: str | None = None) -> dict[str, Any]:
     """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried), and
-    tokens/s when the split takes long enough to time (see :func:`parnas.training.fit.split_metrics`), on the
+    tokens/s when the split takes long enough to time (see :func:`parnas.training.evaluation.split_metrics`), on the
     device the model's weights are on."""
     if split not in ("valid", "test"):
         raise ConfigError(f"--split must be valid or test, not {split!r}")

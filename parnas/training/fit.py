@@ -24,13 +24,11 @@ Lightning's and NNI's info messages only with ``parnas --verbose``.
 from __future__ import annotations
 
 import logging
-import math
-import resource
 import sys
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,10 +49,11 @@ from parnas.files import check_run_dir, write_json_atomic
 from parnas.nn.model import TransformerXL, build_fixed_model
 from parnas.training import checkpoint as ckpt
 from parnas.training.devices import check_devices
+from parnas.training.evaluation import final_metrics, peak_memory_mb
 from parnas.training.interrupt import StopOnSignal
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
-from parnas.training.task import LanguageModelTask, evaluate, model_device
+from parnas.training.task import LanguageModelTask
 
 
 class ResumableSampler(Sampler[int]):
@@ -387,53 +386,3 @@ def summary(metrics: dict[str, Any], out_dir: str) -> str:
     lines.append("  " + ", ".join(s for s in speed if s))
     lines.append(f"  metrics in {out_dir}/metrics.json ({legend(metrics['architecture'])})")
     return "\n".join(lines)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak CUDA memory allocated on ``device``, or this process's peak resident set on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def autocast(device: torch.device, precision: str) -> Any:
-    """bf16 autocast where training used it on a GPU, so evaluation measures the same arithmetic."""
-    if device.type == "cuda" and str(precision).startswith("bf16"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
-
-
-# Evaluation speed is quoted only when measured after WARMUP_SEGMENTS untimed segments (first calls
-# allocate, CUDA kernels load) and over at least MIN_TIMED_SECONDS: shorter timings are mostly noise.
-WARMUP_SEGMENTS, MIN_TIMED_SECONDS = 2, 1.0
-
-
-def tokens_per_s(tokens: int, seconds: float) -> float | None:
-    """``tokens / seconds``, or None when the timing is too short to mean anything."""
-    return round(tokens / seconds, 1) if seconds >= MIN_TIMED_SECONDS else None
-
-
-def split_metrics(model: TransformerXL, data: SegmentData, split: str,
-                  precision: str = "32-true") -> dict[str, Any]:
-    """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
-    (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS),
-    on the device the model's weights are on."""
-    batches = data.batches(split)
-    with autocast(model_device(model), precision):
-        evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, len(batches)))))
-        result = evaluate(model, batches)
-    name = "val" if split == "valid" else split
-    return {f"{name}_ppl": result.ppl if math.isfinite(result.ppl) else None, f"{name}_loss": result.loss,
-            f"{name}_ppl_batch_mean": result.batch_mean_ppl if math.isfinite(result.batch_mean_ppl) else None,
-            f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
-            f"{name}_eval_tokens_per_s": tokens_per_s(result.tokens, result.seconds),
-            f"{name}_eval_seconds": round(result.seconds, 3)}
-
-
-def final_metrics(model: TransformerXL, data: SegmentData, precision: str = "32-true") -> dict[str, Any]:
-    """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
-    on the device the model's weights are on."""
-    out = {**split_metrics(model, data, "valid", precision), **split_metrics(model, data, "test", precision)}
-    seconds = out["val_eval_seconds"] + out["test_eval_seconds"]
-    out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out["test_tokens"], seconds)
-    return out
