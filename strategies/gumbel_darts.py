@@ -45,15 +45,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule
-from nni.nas.oneshot.pytorch.strategy import GumbelDARTS
 from nni.nas.oneshot.pytorch.supermodule.differentiable import DifferentiableMixedLayer
 from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as NNIGumbelSoftmax
+
+# the public path: importing nni.nas.oneshot.pytorch.strategy first leaves nni.nas.strategy's DARTS, GumbelDARTS,
+# RandomOneShot, Proxyless and ENAS as placeholders that fail when run (a circular import inside NNI 3.0)
+from nni.nas.strategy import GumbelDARTS
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from parnas.architecture import layout_string
 from parnas.config import SearchConfig
-from parnas.training.task import LanguageModelTask, model_device, segment_nll, step_seed
+from parnas.training.task import LanguageModelTask, model_device, segment_nll
 from strategies.costs import CostModel
 
 
@@ -214,13 +217,7 @@ class PARDartsModule(DartsLightningModule):
         task = self.training_module
         if stream == "train":  # the task's own path: memory restore, dropout seed, data position
             return task.train_nll(batch).mean() + task.aux_loss()  # aux: the compressive memory's (task.py)
-        x, y = batch
-        if "arch" in task._restored_streams:  # a resumed search: the arch stream's memory as it was saved
-            task.mems["arch"] = task._local_memory(task._restored_streams.pop("arch"), x)
-        # its own seed: Gumbel noise and dropout draws depend on the step alone, so a resumed search redraws them
-        torch.manual_seed(step_seed(task.train_cfg.seed + 7919, task.global_rank, task.batches_seen))
-        nll, task.mems[stream] = segment_nll(task.model, x, y, task.mems.get(stream))
-        return nll.mean()
+        return task.stream_nll(stream, batch).mean()
 
     def _penalty(self) -> Tensor | float:
         """Fixed lambda x expected cost ratio; or, with a budget, lambda x hinge on the exported cost.
@@ -304,9 +301,6 @@ class PARDartsModule(DartsLightningModule):
     # --- evaluation: the supernet through Lightning's validation loop, then the exported architecture
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         return self.training_module.validation_step(batch, batch_idx)
-
-    def on_validation_epoch_start(self) -> None:
-        self.training_module.on_validation_epoch_start()
 
     def on_validation_epoch_end(self) -> None:
         self.training_module.on_validation_epoch_end()

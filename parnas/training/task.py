@@ -7,8 +7,11 @@ interface (``model(x, mems) -> (h, mems)``, ``model.nll(h, y)``).
 
 Memory is kept per stream name: one for training, one for evaluation, so an
 evaluation in the middle of training neither sees nor disturbs the training
-memory. Perplexity is ``exp(total NLL / predicted tokens)`` over the whole
-split, summed across DDP ranks, never a mean of per-batch perplexities.
+memory, and one (``arch``) for the validation stream NNI's DARTS modules step the
+logits on: they call ``training_step`` twice per step, on the validation batch
+with ``batch_idx`` 2i, then on the training batch with 2i+1. Perplexity is
+``exp(total NLL / predicted tokens)`` over the whole split, summed across DDP
+ranks, never a mean of per-batch perplexities.
 
 Exact resume: a checkpoint holds what the next step depends on beyond the
 weights and optimiser, i.e. the data position (segments done in this pass over
@@ -29,6 +32,7 @@ from typing import Any
 
 import torch
 from nni.nas.evaluator.pytorch import LightningModule
+from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule
 from torch import Tensor, nn
 
 from parnas.config import TrainConfig
@@ -136,6 +140,7 @@ class LanguageModelTask(LightningModule):
         self._val_sums: Tensor | None = None
         self._restored_memory: list[Tensor | None] | None = None  # all streams, until the first step slices it
         self._restored_streams: dict[str, Any] = {}  # other streams' saved memories (the search's arch stream)
+        self._arch_position = 0  # segments of the arch stream done in its current pass (under NNI's DARTS)
 
     # --- training -----------------------------------------------------------
     def forward(self, x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
@@ -168,12 +173,52 @@ class LanguageModelTask(LightningModule):
         self.data_position += 1
         return nll
 
+    def stream_nll(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """Per-token NLL (B, L) of the next segment of a stream other than ``train`` (the logits' stream in a
+        search), with that stream's own memory (restored from a checkpoint on its first step) and its own
+        dropout and Gumbel seed, a function of the step alone, so a resumed search redraws the same."""
+        x, y = batch
+        if stream in self._restored_streams:
+            self.mems[stream] = self._local_memory(self._restored_streams.pop(stream), x)
+        torch.manual_seed(step_seed(self.train_cfg.seed + 7919, self.global_rank, self.batches_seen))
+        nll, self.mems[stream] = segment_nll(self.model, x, y, self.mems.get(stream))
+        return nll
+
+    def stream_of(self, batch_idx: int) -> str:
+        """Which stream ``training_step`` was handed: ``arch`` for the validation batch NNI's DARTS modules
+        (DARTS, GumbelDARTS, Proxyless) pass with an even ``batch_idx``, else ``train``. Every other wrapper,
+        and plain Lightning, passes training batches only."""
+        darts = isinstance(self.trainer.lightning_module, DartsLightningModule)
+        return "arch" if darts and batch_idx % 2 == 0 else "train"
+
+    def arch_nll(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """:meth:`stream_nll` on NNI DARTS's validation stream, whose memory is reset where that stream starts
+        over (Lightning's ``CombinedLoader`` cycles the shorter loader without saying so)."""
+        loaders = self.trainer.train_dataloader
+        length = len(loaders["val"]) if isinstance(loaders, dict) and "val" in loaders else 0
+        if length and self._arch_position >= length:
+            self.mems.pop("arch", None)
+            self._arch_position = 0
+        self._arch_position += 1
+        return self.stream_nll("arch", batch)
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if self.stream_of(batch_idx) == "arch":
+            loss = self.arch_nll(batch).mean()
+            self.log("search/arch_loss", loss.detach())
+            return loss + self.aux_loss()
         loss = self.train_nll(batch).mean()
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", loss.detach().exp())
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])  # type: ignore[union-attr]
+        self.log("train/lr", self.weights_lr())
         return loss + self.aux_loss()
+
+    def weights_lr(self) -> float:
+        """The weights' learning rate: the first optimizer that is not an architecture optimizer (a one-shot
+        wrapper adds its own, marked ``is_arch_optimizer``, so ``optimizers()`` may be a list)."""
+        optimizers = self.trainer.optimizers
+        weights = next((o for o in optimizers if not getattr(o, "is_arch_optimizer", False)), optimizers[0])
+        return float(weights.param_groups[0]["lr"])
 
     def aux_loss(self) -> Tensor | float:
         """Auxiliary losses the model's blocks left from the last forward (the compressive memory's
@@ -188,12 +233,19 @@ class LanguageModelTask(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     # --- evaluation ---------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
+    def on_validation_start(self) -> None:
+        """Reset at every validation run. ``on_validation_start`` is a hook every NNI one-shot module forwards
+        (its sampling module forwards no ``on_validation_epoch_*``), and ``validation_step`` starts lazily too."""
+        self._start_validation()
+
+    def _start_validation(self) -> None:
         self.mems["val"] = None
         # (total NLL, predicted tokens, sum over batches of exp(batch mean loss), batches)
         self._val_sums = torch.zeros(4, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        if self._val_sums is None:
+            self._start_validation()
         x, y = batch
         nll, self.mems["val"] = segment_nll(self.model, x, y, self.mems.get("val"))
         total = nll.double().sum()
@@ -201,7 +253,10 @@ class LanguageModelTask(LightningModule):
                                        total.new_tensor(1.0)])
 
     def on_validation_epoch_end(self) -> None:
+        if self._val_sums is None:  # no batch since the last end
+            return
         sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
+        self._val_sums = None
         loss = (sums[0] / sums[1]).float()
         batch_mean = (sums[2] / sums[3]).float()  # the seed's figure: mean of per-batch exp(loss), reads higher
         self.log("val/loss", loss)  # already summed over ranks: identical everywhere

@@ -1,0 +1,98 @@
+"""NNI's own one-shot strategies search the PAR space through the task, as an NNI user would set it up."""
+
+import atexit
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from nni.nas.evaluator.pytorch import Lightning, Trainer
+from nni.nas.experiment import NasExperiment
+from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
+
+from parnas.architecture import make_record, model_config
+from parnas.training.fit import SegmentData, build_trainer
+from parnas.training.task import LanguageModelTask
+from search_spaces import PARTransformerXLSpace, fixed_model
+from tests.test_search import SPLITS, VOCAB, search_config
+
+logging.getLogger("nni").setLevel(logging.WARNING)
+
+STRATEGIES = {
+    "darts": lambda: DARTS(gradient_clip_val=0.25),
+    "gumbel-darts": lambda: GumbelDARTS(temperature=(1.0, 0.5), gradient_clip_val=0.25),
+    "random-oneshot": RandomOneShot,
+    "proxyless": lambda: Proxyless(gradient_clip_val=0.25),
+}
+
+
+def search(tmp_path, cfg, strategy, data=None):
+    trainer = build_trainer(cfg.train, tmp_path, trainer_cls=Trainer, gradient_clip_val=None)
+    task = LanguageModelTask(cfg.train)
+    evaluator = Lightning(task, trainer, datamodule=data or SegmentData(SPLITS, 8, 4, 16))
+    experiment = NasExperiment(PARTransformerXLSpace(cfg.model, VOCAB), evaluator, strategy)
+    experiment.config.experiment_working_directory = str(tmp_path / "nni")  # not ~/nni-experiments
+    experiment.run()
+    experiment.stop()
+    atexit.unregister(experiment.stop)
+    return task, experiment
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_nni_strategy_searches_the_space_and_exports_a_retrainable_architecture(tmp_path, name):
+    cfg = search_config("train.max_steps=6", "train.eval_every=3")
+    task, experiment = search(tmp_path, cfg, STRATEGIES[name]())
+
+    # 6 optimiser steps; NNI's DARTS modules step the logits through Lightning's optimizer, which counts as
+    # one, on the validation batch: half the steps are theirs, and only the training batches advance the data
+    darts = name != "random-oneshot"
+    assert task.batches_seen == (3 if darts else 6)
+    assert task.mems["train"][0].shape == (8, 8, 32)  # (B, mem_len, d_model): the training streams' memory
+    assert ("arch" in task.mems) == darts
+    if not darts:  # NNI's sampling module runs the validation loop (without its start and end hooks)
+        assert task.mems["val"][0].shape == (4, 8, 32)
+    if darts:  # the validation stream's own memory, at its own batch size
+        assert task.mems["arch"][0].shape == (4, 8, 32)
+    (best,) = experiment.export_top_models(formatter="dict")
+    record = make_record(best, cfg.model, VOCAB, search={"strategy": name})  # validated as retrain validates
+    model = fixed_model(model_config(record), VOCAB, record["architecture"])
+    assert model.block_kinds == [best["block_0"], best["block_1"]]
+    h, _ = model(torch.randint(0, VOCAB, (2, 4)))
+    assert torch.isfinite(h).all()
+
+
+def test_under_nni_darts_the_validation_streams_memory_restarts_with_that_stream(tmp_path, monkeypatch):
+    """The CombinedLoader cycles the (shorter) validation loader: its first segment must see no memory again."""
+    import parnas.training.task as task_module
+
+    calls = []  # (batch size, memory was empty) of every segment the model ran
+
+    def spy(model, x, y, mems):
+        calls.append((x.size(0), mems is None))
+        return segment_nll(model, x, y, mems)
+
+    segment_nll = task_module.segment_nll
+    monkeypatch.setattr(task_module, "segment_nll", spy)
+    data = SegmentData(SPLITS, 8, 4, 16)
+    n_val = len(data.batches("valid"))
+    cfg = search_config(f"train.max_steps={2 * (n_val + 2)}", "train.eval_every=10000")
+    search(tmp_path, cfg, DARTS(), data)
+    arch = [empty for batch_size, empty in calls if batch_size == 4]  # the validation stream's segments
+    assert len(arch) == n_val + 2
+    assert [i for i, empty in enumerate(arch) if empty] == [0, n_val]
+
+
+def test_importing_parnas_leaves_nni_strategies_importable():
+    """NNI 3.0 swaps its one-shot strategies for failing placeholders when its strategy module is imported
+    before ``nni.nas.strategy``: parnas's modules must not do that to a user who imports them first."""
+    import subprocess
+    import sys
+
+    code = ("import strategies.gumbel_darts, parnas.training.task\n"
+            "from nni.nas.strategy import DARTS\n"
+            "print(DARTS.__module__)")
+    root = str(Path(__file__).parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.stdout.split()[-1] == "nni.nas.oneshot.pytorch.strategy", out.stderr
