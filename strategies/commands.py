@@ -36,8 +36,9 @@ def cmd_search(args: argparse.Namespace) -> int:
             budget = latency["budget"]
             verdict = "" if budget is None else (f", budget {budget:.2f}: " +
                                                  ("met" if latency["within_budget"] else "NOT MET"))
+            source = f" (table {latency['table']})" if latency.get("table") else ""
             print(f"  predicted train step {latency['train_step_ms']:.1f} ms = {latency['ratio']:.2f} x "
-                  f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{verdict}")
+                  f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{source}{verdict}")
         if search.get("fitted_to_budget"):
             print(f"  the argmax {search['argmax']} was over the budget: exported the most probable layout within it")
         for label, probs in record["probabilities"].items():

@@ -62,6 +62,11 @@ def test_a_search_priced_by_another_devices_table_records_that_device(micro, tim
     lines = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
     assert lines and all(line["latency_device"] == OTHER for line in lines)
     assert json.loads((run / "latency_table.json").read_text())["key"]["device"] == OTHER  # what --resume reads
+    from parnas.report.history import load_history
+    from parnas.report.plots import architecture_figure
+
+    fig = architecture_figure(load_history(run), record)
+    assert any(f"Transformer-XL's on {OTHER}" in t.get_text() for t in fig.axes[0].texts)  # the figure says it
 
 
 def test_a_resumed_search_reads_its_pinned_table_not_the_given_file(micro, timed, tmp_path):
