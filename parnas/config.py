@@ -175,6 +175,10 @@ class SearchConfig:
     architecture must meet, its multiplier found by dual ascent at rate
     ``dual_lr``; ``penalty_weight`` is instead a fixed lambda on the expected
     cost under softmax(alpha). The two are exclusive.
+
+    ``latency_table``: a table written by ``parnas latency`` (on the target
+    device, e.g. a GPU) to price the blocks with instead of timing them here; its
+    shapes must be the run's, its device may be any.
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS
@@ -189,6 +193,7 @@ class SearchConfig:
     penalty_weight: float = 0.0
     penalty_cost: str = "latency"
     latency_budget: float | None = None
+    latency_table: str | None = None
     dual_lr: float = 0.05
     log_every: int = 10
     out_dir: str = "runs/search"
@@ -217,6 +222,8 @@ class SearchConfig:
                      "a budget finds its own lambda; set penalty_weight=0 or latency_budget=null")
             _require(self.penalty_cost == "latency", "search.latency_budget is a fraction of measured latency: "
                      "set search.penalty_cost=latency")
+        _require(self.latency_table is None or self.penalty_cost == "latency",
+                 "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
         _require(self.dual_lr > 0, f"search.dual_lr must be > 0, got {self.dual_lr}")
         _require(self.log_every > 0, "search.log_every must be > 0")
 

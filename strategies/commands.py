@@ -36,12 +36,43 @@ def cmd_search(args: argparse.Namespace) -> int:
             budget = latency["budget"]
             verdict = "" if budget is None else (f", budget {budget:.2f}: " +
                                                  ("met" if latency["within_budget"] else "NOT MET"))
+            source = f" (table {latency['table']})" if latency.get("table") else ""
             print(f"  predicted train step {latency['train_step_ms']:.1f} ms = {latency['ratio']:.2f} x "
-                  f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{verdict}")
+                  f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{source}{verdict}")
         if search.get("fitted_to_budget"):
             print(f"  the argmax {search['argmax']} was over the budget: exported the most probable layout within it")
         for label, probs in record["probabilities"].items():
             print(f"  {label}: " + "  ".join(f"{k} {p:.3f}" for k, p in probs.items()))
+    return 0
+
+
+def cmd_latency(args: argparse.Namespace) -> int:
+    """Time what each block kind costs a search's train step on this machine and write the table as JSON.
+
+    The table is the one a search with the same --config/--set would time (its shapes and candidates; the
+    cache's, unless --refresh). Pass it to a search on any machine with --set search.latency_table=PATH: the
+    search is then priced on this machine's device (e.g. time on the GPU, search on a laptop).
+    """
+    from pathlib import Path
+
+    from parnas.config import load_config
+    from parnas.errors import ParnasError
+    from parnas.files import check_writable_dir, write_json_atomic
+
+    cfg = load_config(args.config, args.set)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ParnasError(f"--out {out} is a folder: name the table's file, e.g. {out / 'latency.json'}")
+    check_writable_dir(out.parent)
+    from strategies.search import time_latency_table
+
+    table = time_latency_table(cfg, refresh=args.refresh)
+    write_json_atomic(out, table.to_dict())
+    key = table.key
+    costs = ", ".join(f"{k} {table.block_ms(k):.3f}" for k in key["kinds"] if k != "identity")
+    print(f"wrote {out}: {key['device']} ({key['precision']}), B{key['batch_size']} L{key['seg_len']} "
+          f"M{key['model']['mem_len']}, vocabulary {key['vocab_size']}; train step {table.constant_ms['train']:.3f} ms "
+          f"constant + per block {costs} ms")
     return 0
 
 
@@ -87,6 +118,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "search", cmd_search)
     add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last.ckpt")
+    p = add_command(sub, "latency", cmd_latency)
+    add_config_args(p)
+    p.add_argument("--out", required=True, help="the table's JSON file (for --set search.latency_table=...)")
+    p.add_argument("--refresh", action="store_true", help="time again even if this machine's cache has the table")
     p = add_command(sub, "launch", cmd_launch)
     p.add_argument("--config", default="search.yaml", help="NNI experiment config (default search.yaml)")
     p.add_argument("--port", type=int, default=8080, help="web UI port (default 8080)")

@@ -62,12 +62,14 @@ def flops_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size
 
 @dataclass(frozen=True)
 class CostModel:
-    """Per-kind block costs plus a constant part, in ``unit``; ``reference`` is Transformer-XL's total."""
+    """Per-kind block costs plus a constant part, in ``unit``; ``reference`` is Transformer-XL's total.
+    ``device``: the device a latency table was timed on (None for a proxy such as FLOPs)."""
 
     per_kind: dict[str, float]
     constant: float
     unit: str
     n_blocks: int
+    device: str | None = None
 
     @property
     def reference(self) -> float:
@@ -87,7 +89,7 @@ class CostModel:
 
 
 def latency_costs(table: LatencyTable, n_blocks: int) -> CostModel:
-    return CostModel(table.costs("train"), table.constant_ms["train"], "ms/step", n_blocks)
+    return CostModel(table.costs("train"), table.constant_ms["train"], "ms/step", n_blocks, table.key["device"])
 
 
 def flops_model(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int) -> CostModel:

@@ -36,9 +36,9 @@ from parnas.errors import ParnasError
 from parnas.files import check_writable_dir, ensure_writable_dir, write_json_atomic, write_text_atomic
 from parnas.report.plots import plot_run
 from parnas.training import checkpoint
-from parnas.training.devices import check_devices
+from parnas.training.devices import check_devices, training_device
 from parnas.training.fit import SegmentData, build_trainer, check_segments, position_restored_by_task, tokenizer_meta
-from parnas.training.latency import latency_table, read_table
+from parnas.training.latency import LatencyTable, latency_table, load_table_for, read_table, table_key
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
 from parnas.training.task import LanguageModelTask, evaluate
@@ -94,29 +94,54 @@ def prepare_run_dir(run_dir: Path, ckpt: Path | None) -> None:
 PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
 
 
+def cost_kinds(cfg: Config) -> list[str]:
+    """The kinds a search prices: its candidates and Transformer-XL's (the reference)."""
+    return sorted(set(cfg.search.candidates) | {"attention", "dense"})
+
+
+def time_latency_table(cfg: Config, *, refresh: bool = False) -> LatencyTable:
+    """``parnas latency``: the table a search with ``cfg`` would time on this machine (its cache's, unless
+    ``refresh``), for ``search.latency_table`` on any machine. Checks the device and data first, as a search."""
+    check_devices(cfg.train)
+    tokenizer, _ = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    return latency_table(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train), refresh=refresh)[0]
+
+
 def cost_model(cfg: Config, vocab_size: int, device: torch.device,
                pinned: Path | None = None) -> tuple[CostModel, dict[str, Any] | None]:
     """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
     table's record when costs are measured. ``pinned``: a resumed search's own table, if it wrote one, so
-    its costs do not change with tables timed since it started."""
-    kinds = sorted(set(cfg.search.candidates) | {"attention", "dense"})
+    its costs do not change with tables timed since it started. ``search.latency_table``: a table timed
+    elsewhere (the target device), checked against this run's shapes; nothing is timed then."""
+    kinds = cost_kinds(cfg)
     if cfg.search.penalty_cost == "flops":
         return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None
+    given = cfg.search.latency_table
     if pinned is not None and pinned.is_file():
         table, cached = read_table(pinned), True
+    elif given is not None:
+        key = table_key(cfg, vocab_size, sorted({*kinds, "identity"}), device)
+        table, cached = load_table_for(given, key), True
     else:
         table, cached = latency_table(cfg, vocab_size, kinds, device)
-    return latency_costs(table, cfg.model.n_blocks), {"table": table, "cached": cached}
+    return latency_costs(table, cfg.model.n_blocks), {"table": table, "cached": cached, "path": given,
+                                                      "timed_here": given is None}
 
 
 def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
                     budget: float | None) -> dict[str, Any] | None:
-    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json)."""
+    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json).
+
+    ``device`` is the device the costs were timed on (a given table's, which need not be this machine's);
+    ``table`` the file given as search.latency_table, if any."""
     if latency is None:
         return None
     table = latency["table"]
     ratio = costs.ratio(kinds)
-    return {"unit": "ms", "device": table.key["device"], "train_step_ms": round(table.predict(kinds), 3),
+    return {"unit": "ms", "device": table.key["device"], "precision": table.key.get("precision"),
+            "table": latency.get("path"), "timed_here": latency.get("timed_here"),
+            "train_step_ms": round(table.predict(kinds), 3),
             "inference_step_ms": round(table.predict(kinds, "inference"), 3),
             "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds)), 3), "ratio": round(ratio, 4),
             "budget": budget, "within_budget": None if budget is None else ratio <= budget + 1e-9,
@@ -217,7 +242,8 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, A
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
             "latency_ratio": None if ratio is None else round(ratio, 4),
             "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": result.kinds.count("attention"),
-            "predicted_step_ms": latency["train_step_ms"] if latency else None}
+            "predicted_step_ms": latency["train_step_ms"] if latency else None,
+            "latency_device": latency["device"] if latency else None}
 
 
 def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:

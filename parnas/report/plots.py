@@ -253,10 +253,13 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
         exported, supernet = (float(v[-1]) if np.isfinite(v[-1]) else None
                               for v in (history.val_ppl, history.supernet_val_ppl))
         at = f" at step {int(history.val_steps[-1]):,}"
-    ratio = (search.get("latency") or {}).get("ratio") if isinstance(search.get("latency"), dict) else None
+    latency = search.get("latency") if isinstance(search.get("latency"), dict) else {}
+    ratio, device = latency.get("ratio"), latency.get("device")
+    on = f" on {device}" if isinstance(device, str) else ""  # the device whose costs priced it, maybe not this one
     facts = [f"{search['steps']:,} steps" if isinstance(search.get("steps"), int) else "",
              f"\u03c4 final {search['tau_final']:.3g}" if isinstance(search.get("tau_final"), (int, float)) else "",
-             f"predicted train step {ratio:.2f} \u00d7 Transformer-XL's" if isinstance(ratio, (int, float)) else "",
+             f"predicted train step {ratio:.2f} \u00d7 Transformer-XL's{on}" if isinstance(ratio, (int, float))
+             else "",
              f"cost {search['architecture_cost']:.4g} {search.get('cost_unit', '')}".rstrip()
              if isinstance(search.get("architecture_cost"), (int, float)) else ""]
     facts = [f for f in facts if f] or ([] if record else ["from the last logged probabilities (no architecture.json)"])

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from parnas.config import Config, transformer_xl_layout
+from parnas.errors import ConfigError
 from parnas.files import write_json_atomic
 from parnas.nn.model import build_fixed_model
 from parnas.training.task import adam
@@ -276,3 +277,67 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
 def read_table(path: Path) -> LatencyTable:
     """A table written by :meth:`LatencyTable.to_dict` (a search pins its own in its run directory)."""
     return LatencyTable.from_dict(json.loads(path.read_text()))
+
+
+# Where and how a table was timed rather than what was timed: a table from another machine may differ in these.
+DEVICE_FIELDS = ("device", "device_type", "torch", "threads", "precision")
+
+
+def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> list[str]:
+    """``name table-value vs run-value`` for each shape (``model.<setting>`` for the model's) that differs."""
+    def flat(key: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
+        out.update({f"model.{k}": v for k, v in (key.get("model") or {}).items()})
+        return out
+
+    table, run = flat(table_key), flat(run_key)
+    return [f"{k} {json.dumps(table.get(k, 'absent'))} (table) vs {json.dumps(run.get(k, 'absent'))} (run)"
+            for k in sorted(set(table) | set(run)) if table.get(k, "absent") != run.get(k, "absent")]
+
+
+def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "search.latency_table") -> LatencyTable:
+    """The table at ``path`` (timed anywhere, e.g. by ``parnas latency`` on the target GPU) for a run whose own
+    key is ``run_key``, restricted to its kinds: its shapes must be the run's, its device may differ.
+
+    Raises :class:`ConfigError` (one line naming ``setting``) for a file that is not a parnas latency table,
+    one timed at other shapes (each differing key with both values), or one without a cost for a kind the run
+    needs."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
+    except ValueError:  # not UTF-8 or not JSON: a log, a binary file
+        raise ConfigError(f"{setting}: {path} is not a parnas latency table (not JSON)") from None
+    table = _valid_table(data)
+    if table is None:
+        raise ConfigError(f"{setting}: {path} is not a parnas latency table (format {FORMAT!r} version {VERSION}, "
+                          "as `parnas latency` writes)")
+    differences = shape_differences(table.key, run_key)
+    if differences:
+        raise ConfigError(f"{setting}: {path} was timed at other shapes than this run's: {'; '.join(differences)}")
+    missing = [k for k in run_key["kinds"] if k not in table.kinds_ms]
+    if missing:
+        raise ConfigError(f"{setting}: {path} has no cost for block kind(s) {', '.join(missing)} "
+                          f"(it has {', '.join(sorted(table.kinds_ms))}); time one with `parnas latency` "
+                          "for this run's candidates")
+    key = {**run_key, **{k: table.key[k] for k in DEVICE_FIELDS if k in table.key}}
+    return LatencyTable(key, table.constant_ms, {k: table.kinds_ms[k] for k in run_key["kinds"]},
+                        table.n_reference)
+
+
+def _valid_table(data: Any) -> LatencyTable | None:
+    """``data`` as a table if it is a whole, well-typed version-1 table, else None."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    try:
+        table = LatencyTable.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    ok = (isinstance(table.key, dict) and isinstance(table.key.get("device"), str)
+          and isinstance(table.key.get("model"), dict) and isinstance(table.constant_ms, dict)
+          and all(number(table.constant_ms.get(mode)) for mode in MODES) and isinstance(table.kinds_ms, dict)
+          and all(isinstance(v, dict) and all(number(v.get(mode)) for mode in MODES)
+                  for v in table.kinds_ms.values()))
+    return table if ok else None
