@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 from nni.nas.evaluator.pytorch import LightningModule
-from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule
 from torch import Tensor, nn
 
 from parnas.config import TrainConfig
@@ -188,6 +187,8 @@ class LanguageModelTask(LightningModule):
         """Which stream ``training_step`` was handed: ``arch`` for the validation batch NNI's DARTS modules
         (DARTS, GumbelDARTS, Proxyless) pass with an even ``batch_idx``, else ``train``. Every other wrapper,
         and plain Lightning, passes training batches only."""
+        from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule  # here: it imports NNI's layers
+
         darts = isinstance(self.trainer.lightning_module, DartsLightningModule)
         return "arch" if darts and batch_idx % 2 == 0 else "train"
 
