@@ -66,7 +66,6 @@ def check_run_dir(run_dir: Path, resume: bool) -> Path | None:
     if resume:
         if not last.is_file():
             raise ParnasError(f"nothing to resume: {last} does not exist")
-        checkpoint.load(last)  # refuses a truncated or edited file before anything is touched
         return last
     if (run_dir / "architecture.json").exists() or last.exists():
         raise ParnasError(f"{run_dir} already holds a search: pass --resume to continue it, "
@@ -76,18 +75,19 @@ def check_run_dir(run_dir: Path, resume: bool) -> Path | None:
     return None
 
 
-def prepare_run_dir(run_dir: Path, ckpt: Path | None) -> None:
-    """Once every check has passed: a fresh search clears stale logs; a resumed one drops the history
-    written after its checkpoint (about to be redone). Lines at the checkpoint's step were written before it."""
+def prepare_run_dir(run_dir: Path, resumed_step: int | None) -> None:
+    """Once every check has passed: a fresh search (``resumed_step`` None) clears stale logs; a resumed one
+    drops the history written after its checkpoint's step (about to be redone). Lines at that step were
+    written before the checkpoint."""
     ensure_writable_dir(run_dir)
     history = run_dir / "history.jsonl"
-    if ckpt is None:
+    if resumed_step is None:
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
         history.unlink(missing_ok=True)
         return
-    step = checkpoint.load(ckpt)["global_step"]
     if history.is_file():
-        kept = [line for line in history.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        kept = [line for line in history.read_text().splitlines()
+                if line and json.loads(line)["step"] <= resumed_step]
         write_text_atomic(history, "".join(line + "\n" for line in kept))
 
 
@@ -255,11 +255,13 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
     check_writable_dir(run_dir)  # creates nothing: a search refused below leaves no empty folder
     ckpt = check_run_dir(run_dir, resume)
+    # read once: a truncated or edited file is refused here, before anything is touched
+    saved = checkpoint.load(ckpt) if ckpt is not None else None
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
-    if ckpt is not None:  # the same search: the settings, the tokenizer and the space it was started with
-        check_resumable(checkpoint.load(ckpt), cfg, None, tokenizer, str(ckpt))
+    if saved is not None:  # the same search: the settings, the tokenizer and the space it was started with
+        check_resumable(saved, cfg, None, tokenizer, str(ckpt))
     check_segments(cfg, splits)  # a segment longer than a split fails here, before tensorboard/ exists
     check_memory(cfg, tokenizer.vocab_size, [cfg.search.candidates] * cfg.model.n_blocks)  # a supernet runs them all
 
@@ -273,7 +275,8 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
-    prepare_run_dir(run_dir, ckpt)  # everything checked (latency budget included): now files may be touched
+    # everything checked (latency budget included): now files may be touched
+    prepare_run_dir(run_dir, saved["global_step"] if saved else None)
     if search.latency and search.trainer.is_global_zero:
         write_json_atomic(run_dir / PINNED_TABLE, search.latency["table"].to_dict())
     seconds = search.run()

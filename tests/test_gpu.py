@@ -203,7 +203,7 @@ def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, d
     straight = search(tmp_path / "straight")
     search(tmp_path / "killed", "train.stop_at=10")
     last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
-    prepare_run_dir(tmp_path / "killed", last)
+    prepare_run_dir(tmp_path / "killed", ckpt.load(last)["global_step"])
     resumed = search(tmp_path / "killed", resume_from=last)
     for a, b in zip(straight.module.arch_parameters(), resumed.module.arch_parameters()):
         assert torch.equal(a.detach().cpu(), b.detach().cpu())

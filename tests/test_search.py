@@ -324,6 +324,7 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])
 def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode):
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through."""
+    from parnas.training import checkpoint
     from strategies.search import prepare_run_dir
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
@@ -340,7 +341,7 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     straight = search(tmp_path / "straight")
     search(tmp_path / "killed", "train.stop_at=10")
     ckpt = tmp_path / "killed" / "checkpoints" / "last.ckpt"
-    prepare_run_dir(tmp_path / "killed", ckpt)
+    prepare_run_dir(tmp_path / "killed", checkpoint.load(ckpt)["global_step"])
     resumed = search(tmp_path / "killed", ckpt=ckpt)
 
     for a, b in zip(alphas(straight).values(), alphas(resumed).values()):
