@@ -185,6 +185,10 @@ class LatencyTable:
     def costs(self, mode: str = "train") -> dict[str, float]:
         return {k: v[mode] for k, v in self.kinds_ms.items()}
 
+    def for_run(self, key: dict[str, Any]) -> LatencyTable:
+        """This table's costs under a run's ``key``, restricted to the kinds that key lists."""
+        return LatencyTable(key, self.constant_ms, {k: self.kinds_ms[k] for k in key["kinds"]}, self.n_reference)
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
 
@@ -269,8 +273,7 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if covers:
-            return LatencyTable(key, table.constant_ms, {k: table.kinds_ms[k] for k in key["kinds"]},
-                                table.n_reference)
+            return table.for_run(key)
     return None
 
 
@@ -321,9 +324,7 @@ def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "se
         raise ConfigError(f"{setting}: {path} has no cost for block kind(s) {', '.join(missing)} "
                           f"(it has {', '.join(sorted(table.kinds_ms))}); time one with `parnas latency` "
                           "for this run's candidates")
-    key = {**run_key, **{k: table.key[k] for k in DEVICE_FIELDS if k in table.key}}
-    return LatencyTable(key, table.constant_ms, {k: table.kinds_ms[k] for k in run_key["kinds"]},
-                        table.n_reference)
+    return table.for_run({**run_key, **{k: table.key[k] for k in DEVICE_FIELDS if k in table.key}})
 
 
 def _valid_table(data: Any) -> LatencyTable | None:
