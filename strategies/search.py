@@ -37,7 +37,14 @@ from parnas.files import check_writable_dir, ensure_writable_dir, write_json_ato
 from parnas.report.plots import plot_run
 from parnas.training import checkpoint
 from parnas.training.devices import check_devices, training_device
-from parnas.training.fit import SegmentData, build_trainer, check_segments, position_restored_by_task, tokenizer_meta
+from parnas.training.fit import (
+    SegmentData,
+    build_trainer,
+    check_segments,
+    end_process_group,
+    position_restored_by_task,
+    tokenizer_meta,
+)
 from parnas.training.latency import LatencyTable, latency_table, load_table_for, read_table, table_key
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
@@ -280,6 +287,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     if search.latency and search.trainer.is_global_zero:
         write_json_atomic(run_dir / PINNED_TABLE, search.latency["table"].to_dict())
     seconds = search.run()
+    end_process_group()
     if not search.trainer.is_global_zero:
         return {}
 

@@ -301,6 +301,14 @@ def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
             "file": torch.frombuffer(data, dtype=torch.uint8).clone(), **corpus}
 
 
+def end_process_group() -> None:
+    """After a distributed fit, once every rank is past it: close the process group. A rank that exits
+    while its group is open (the others still evaluating) can abort in gloo's threads at interpreter exit."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics."""
     check_devices(cfg.train)
@@ -350,6 +358,7 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     with position_restored_by_task():
         trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume else None, weights_only=True)
     seconds = time.perf_counter() - start
+    end_process_group()
     if not trainer.is_global_zero:
         return {}
     device = trainer.strategy.root_device
