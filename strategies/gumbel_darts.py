@@ -160,9 +160,10 @@ class PARDartsModule(DartsLightningModule):
         self.search, self.max_steps, self.costs = search, max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = search.tau_start
-        self.dual = 0.0  # the budget's multiplier (lambda), found by dual ascent
+        self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
         self.last_evaluation: Evaluated | None = None
         self._softmax_cache: list[NNIGumbelSoftmax] = []
+        self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
@@ -180,10 +181,26 @@ class PARDartsModule(DartsLightningModule):
                 for m in self.choices()}
 
     def argmax(self) -> list[str]:
-        """Each block's most probable kind, read with one device-to-host copy (it runs every step)."""
+        """Each block's most probable kind, read back in one copy (for history and export, not every step)."""
         choices = self.choices()
         best = torch.stack([m._arch_alpha.detach() for m in choices]).argmax(-1).tolist()  # (n_blocks,)
         return [m.names[i] for m, i in zip(choices, best)]
+
+    def exported_ratio(self) -> Tensor:
+        """The argmax layout's cost ratio, computed where the logits are: the budget reads it every step, and a
+        read-back would stop the host until the device has run the step. ()"""
+        choices = self.choices()
+        alphas = torch.stack([m._arch_alpha.detach() for m in choices])  # (n_blocks, n_kinds)
+        if self._cost_table is None or self._cost_table.device != alphas.device:  # copied to the device once
+            self._cost_table = torch.tensor([[self.costs.per_kind[k] for k in m.names] for m in choices],
+                                            dtype=torch.float64).to(alphas.device)  # (n_blocks, n_kinds)
+        chosen = self._cost_table.gather(1, alphas.argmax(-1, keepdim=True)).sum()
+        return (self.costs.constant + chosen) / self.costs.reference
+
+    @property
+    def dual(self) -> float:
+        """lambda, read back (for history, checkpoints and metrics only)."""
+        return float(self._dual)
 
     def exported_kinds(self) -> tuple[list[str], bool]:
         """What is exported: the argmax, or, when a budget is set and the argmax is over it, the most probable
@@ -231,16 +248,16 @@ class PARDartsModule(DartsLightningModule):
         self.log("search/expected_cost_ratio", expected.detach())
         if self.search.latency_budget is None:
             return self.search.penalty_weight * expected
-        exported = self.costs.ratio(self.argmax())
+        exported = self.exported_ratio().to(expected.dtype)
         straight_through = exported + expected - expected.detach()
-        self.log("search/lambda", self.dual)
-        return self.dual * F.relu(straight_through - self.search.latency_budget)
+        self.log("search/lambda", self._dual.float())
+        return self._dual.to(expected.dtype) * F.relu(straight_through - self.search.latency_budget)
 
     def _dual_step(self) -> None:
         """lambda <- max(0, lambda + dual_lr x (exported ratio - budget)): identical on every rank (same logits)."""
         if self.costs is not None and self.search.latency_budget is not None:
-            excess = self.costs.ratio(self.argmax()) - self.search.latency_budget
-            self.dual = max(0.0, self.dual + self.search.dual_lr * excess)
+            excess = self.exported_ratio() - self.search.latency_budget
+            self._dual = (self._dual.to(excess.device) + self.search.dual_lr * excess).clamp_min(0.0)
 
     def _sync_arch_gradients(self) -> None:
         """Average the logits' gradients over DDP ranks, so every rank holds the same logits (NNI #5013)."""
@@ -339,7 +356,7 @@ class PARDartsModule(DartsLightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.training_module.on_load_checkpoint(checkpoint)
         state = checkpoint["parnas"].get("search") or {}
-        self.dual = float(state.get("lambda", 0.0))
+        self._dual = torch.tensor(float(state.get("lambda", 0.0)), dtype=torch.float64)
         last = state.get("last_evaluation")
         self.last_evaluation = Evaluated(**last) if last else None
         if state.get("arch_memory") is not None:

@@ -127,3 +127,19 @@ def test_block_kinds_follow_the_layout():
     model = build_fixed_model(tiny(), VOCAB, ["dense", "identity", "attention"])
     assert model.block_kinds == ["dense", "identity", "attention"]
     assert build_fixed_model(tiny(), VOCAB).block_kinds == ["attention", "dense"] * 2
+
+
+def test_decided_identity_blocks_are_never_called_and_change_nothing(monkeypatch):
+    """A fixed model does not visit its identity blocks: the same outputs and memories as a model whose identity
+    blocks run."""
+    from parnas.nn.blocks import IdentityBlock
+
+    layout = ("attention", "identity", "dense", "identity")
+    model, x = make(layout), torch.randint(0, VOCAB, (2, 12))
+    skipped_out, skipped_mems = log_probs(model, x)
+    model._skipped = [False] * len(layout)  # every block visited, as before identity blocks were skipped
+    visited_out, visited_mems = log_probs(model, x)
+    assert torch.equal(skipped_out, visited_out)
+    assert [m is None for m in skipped_mems] == [m is None for m in visited_mems] == [False, True, True, True]
+    monkeypatch.setattr(IdentityBlock, "forward", lambda *args: pytest.fail("an identity block was called"))
+    log_probs(make(layout), x)

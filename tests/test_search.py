@@ -162,6 +162,23 @@ def test_a_budget_derived_from_the_measured_table_is_met_and_one_below_its_floor
                      SPLITS, VOCAB, tmp_path / "low")
 
 
+def test_the_budget_prices_the_argmax_on_the_device_as_the_exported_layout_is_priced(tmp_path):
+    """The hinge and the dual step read the argmax's cost without a read-back; it must be the cost of the layout
+    that is exported, whichever kind leads each block."""
+    import itertools
+
+    search = build_search(search_config("search.latency_budget=0.5"), SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
+    search.module.set_model(search.supernet)
+    choices = search.module.choices()
+    for leaders in itertools.product(range(len(choices[0].names)), repeat=len(choices)):
+        with torch.no_grad():
+            for m, k in zip(choices, leaders):
+                m._arch_alpha.zero_()[k] = 1.0
+        device_ratio = search.module.exported_ratio()
+        assert device_ratio.dim() == 0
+        assert float(device_ratio) == pytest.approx(FIXED_COSTS.ratio(search.module.argmax()), rel=1e-12)
+
+
 def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
     from strategies.gumbel_darts import fit_budget
 

@@ -215,14 +215,6 @@ def test_fused_adam_steps_like_torchs_default_adam():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_adam_under_mixed_precision_lets_lightning_clip(precision):
-    from lightning_fabric.plugins.precision.amp import _optimizer_handles_unscaling
-
-    assert _optimizer_handles_unscaling(adam([torch.zeros(3, requires_grad=True)], 1e-3))  # fused
-    assert not _optimizer_handles_unscaling(adam([torch.zeros(3, requires_grad=True)], 1e-3, precision=precision))
-
-
 # --- with dropout on: the same distribution -------------------------------------------------------
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

@@ -67,3 +67,20 @@ def test_evaluation_sends_batches_to_the_device_the_weights_are_on():
         with pytest.raises(_Stop):
             run()
         assert seen == [(torch.device("meta"), torch.device("meta"))]
+
+
+def test_a_non_finite_loss_is_named_by_its_first_step_when_it_is_read(monkeypatch):
+    """The finite-loss check stays on the device between reads; when read it names the first bad step, not the
+    step it was read at."""
+    from parnas.config import load_config
+    from parnas.errors import ParnasError
+    from parnas.training.task import LanguageModelTask
+
+    task = LanguageModelTask(load_config("tiny").train)
+    monkeypatch.setattr(LanguageModelTask, "global_step", property(lambda self: self._step))
+    for task._step, value in enumerate([1.0, 2.0, float("nan"), float("inf"), 1.0]):
+        task._note_nonfinite(torch.tensor([[0.5, value]]))
+        if task._step == 1:
+            task.check_finite()  # nothing bad yet: no error
+    with pytest.raises(ParnasError, match="not finite at step 3 "):
+        task.check_finite()

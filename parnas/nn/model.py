@@ -78,18 +78,24 @@ class OutputHead(nn.Module):
     def _adaptive_nll(self, h: Tensor, y: Tensor) -> Tensor:
         """``-self.adaptive(h, y).output`` with the module's own weights, one autograd node per
         log-softmax (:class:`_TargetNLL`) instead of log_softmax, gather and their backward's
-        zero-filled scatter. h (N, D), y (N,) -> (N,)"""
+        zero-filled scatter. The rows are grouped by cluster once (a stable sort, so each cluster's rows
+        stay in order) and the cluster sizes are read back in one copy: one host sync per call, where
+        torch's module makes one per tail cluster. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
-        head_target = y.clone()
-        nll = h.new_zeros(y.shape, dtype=torch.float32)
-        for i, (low, high) in enumerate(zip(asm.cutoffs, asm.cutoffs[1:])):
-            rows = ((y >= low) & (y < high)).nonzero().squeeze(1)  # tokens in tail cluster i
-            if rows.numel() == 0:
-                continue
-            head_target.index_fill_(0, rows, asm.shortlist_size + i)
-            logits = asm.tail[i](h.index_select(0, rows))  # (n_i, cluster size)
-            nll = nll.index_add(0, rows, _TargetNLL.apply(logits, y.index_select(0, rows) - low))
-        return nll + _TargetNLL.apply(asm.head(h), head_target)
+        n_tails = len(asm.cutoffs) - 1
+        cluster = torch.bucketize(y, y.new_tensor(asm.cutoffs[:-1]), right=True)  # (N,) 0: head, i+1: tail i
+        head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))
+        nll = _TargetNLL.apply(asm.head(h), head_target)  # (N,)
+        order = cluster.argsort(stable=True)  # (N,) rows grouped by cluster, in row order within each
+        sizes = torch.bincount(cluster, minlength=n_tails + 1).tolist()  # the one host sync
+        start = sizes[0]
+        for i, (low, size) in enumerate(zip(asm.cutoffs, sizes[1:])):
+            if size:
+                rows = order[start:start + size]  # tokens in tail cluster i
+                logits = asm.tail[i](h.index_select(0, rows))  # (n_i, cluster size)
+                nll = nll.index_add(0, rows, _TargetNLL.apply(logits, y.index_select(0, rows) - low))
+            start += size
+        return nll
 
     def log_probs(self, h: Tensor) -> Tensor:
         """Log-probabilities over the whole vocabulary. (..., D) -> (..., V)"""
@@ -110,6 +116,8 @@ class TransformerXL(nn.Module):
         self._shared: dict[str, nn.Module] = {}  # kind -> the one module its blocks share (block_for)
         self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
         self._keepers = [[m for m in b.modules() if hasattr(m, "n_memories")] for b in self.blocks]
+        # a decided identity block is not called at all (it keeps no memory); a choice still may be one
+        self._skipped = [getattr(b, "kind", None) == "identity" for b in self.blocks]
         self.aux_loss: Tensor | float = 0.0
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.head = OutputHead(cfg, vocab_size, self.embed if cfg.tie_weights else None)
@@ -150,7 +158,10 @@ class TransformerXL(nn.Module):
         pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype))  # (M+L, D)
         new_mems: Memory = []
         kept, new_kept, aux = iter(mems[len(self.blocks):]), [], []
-        for block, mem, keepers in zip(self.blocks, mems, self._keepers):
+        for block, mem, keepers, skipped in zip(self.blocks, mems, self._keepers, self._skipped):
+            if skipped:
+                new_mems.append(None)
+                continue
             for keeper in keepers:  # memories a block keeps itself (compressive)
                 keeper.memory = [next(kept) for _ in range(keeper.n_memories)]
                 new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h, self.mem_len)

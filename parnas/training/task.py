@@ -53,14 +53,18 @@ def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None) -> 
     return model.nll(h, y), mems
 
 
+SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's precisions with a gradient scaler
+
+
 def adam(params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0,
          precision: str = "32-true") -> torch.optim.Adam:
     """Adam, with torch's fused kernel (one pass over each parameter) where it may run.
 
-    Not under mixed precision: Lightning refuses to clip gradients for an optimizer that
-    unscales them itself, as fused Adam does, so there it is torch's default."""
+    Not under fp16 mixed precision: its gradient scaler must unscale the gradients before they are clipped,
+    and fused Adam unscales them itself, inside its step. (bf16-mixed has no scaler:
+    :meth:`LanguageModelTask.configure_gradient_clipping` clips for it.)"""
     params = list(params)
-    fused = not str(precision).endswith("-mixed") and all(
+    fused = str(precision) not in SCALED_PRECISIONS and all(
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
@@ -140,6 +144,7 @@ class LanguageModelTask(LightningModule):
         self._restored_memory: list[Tensor | None] | None = None  # all streams, until the first step slices it
         self._restored_streams: dict[str, Any] = {}  # other streams' saved memories (the search's arch stream)
         self._arch_position = 0  # segments of the arch stream done in its current pass (under NNI's DARTS)
+        self._first_nonfinite: Tensor | None = None  # the first step whose loss was not finite, or -1 (on device)
 
     # --- training -----------------------------------------------------------
     def forward(self, x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
@@ -164,13 +169,31 @@ class LanguageModelTask(LightningModule):
             self._restored_memory = None
         torch.manual_seed(step_seed(self.train_cfg.seed, self.global_rank, self.batches_seen))
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
-        if not torch.isfinite(nll).all():  # the weights are past saving: stop with one line, not NaN metrics
-            raise ParnasError(f"the training loss is not finite at step {self.global_step + 1} "
-                              f"(train.lr={self.train_cfg.lr:g}); lower train.lr (or clip with train.clip) "
-                              "and start again")
+        self._note_nonfinite(nll)
         self.batches_seen += 1
         self.data_position += 1
+        if self.batches_seen % self.train_cfg.log_every == 0:
+            self.check_finite()
         return nll
+
+    def _note_nonfinite(self, nll: Tensor) -> None:
+        """Record, on the device, the first step whose loss is not finite. Reading it back every step would
+        stop the host until the GPU has run the step; it is read every ``log_every`` micro-batches, before a
+        checkpoint is written and when training ends (:meth:`check_finite`)."""
+        if self._first_nonfinite is None:
+            self._first_nonfinite = torch.full((), -1, dtype=torch.long, device=nll.device)
+        bad = ~torch.isfinite(nll.detach()).all() & (self._first_nonfinite < 0)
+        self._first_nonfinite = torch.where(bad, self.global_step + 1, self._first_nonfinite)
+
+    def check_finite(self) -> None:
+        """Stop with one line, not NaN metrics, once a training loss was not finite: the weights are past saving."""
+        step = -1 if self._first_nonfinite is None else int(self._first_nonfinite)
+        if step >= 0:
+            raise ParnasError(f"the training loss is not finite at step {step} (train.lr={self.train_cfg.lr:g}); "
+                              "lower train.lr (or clip with train.clip) and start again")
+
+    def on_train_end(self) -> None:
+        self.check_finite()
 
     def stream_nll(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Per-token NLL (B, L) of the next segment of a stream other than ``train`` (the logits' stream in a
@@ -226,6 +249,20 @@ class LanguageModelTask(LightningModule):
         attention reconstruction, which alone trains its compression); 0.0 when there are none."""
         return getattr(self.model, "aux_loss", 0.0)
 
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip the gradients' global norm with torch's own function, which reads nothing back to the host.
+
+        Lightning's precision plugins refuse to clip for an optimizer that unscales gradients itself (fused
+        Adam), even where there is no scaler (32-true, bf16-mixed); clipping here lets fused Adam run there.
+        With a scaler (fp16 mixed) the gradients must be unscaled first: Lightning clips, Adam is not fused.
+        NNI's one-shot modules call this hook too, with their own clip value."""
+        if str(self.train_cfg.precision) in SCALED_PRECISIONS or gradient_clip_algorithm not in (None, "norm"):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        elif gradient_clip_val:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)  # foreach where the device has it
+
     def configure_optimizers(self) -> Any:
         cfg = self.train_cfg
         optimizer = adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, precision=cfg.precision)
@@ -271,6 +308,7 @@ class LanguageModelTask(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from parnas.training.checkpoint import FORMAT, VERSION, weights_digest
 
+        self.check_finite()  # weights a non-finite loss has reached are not worth resuming from
         memory = self._restored_memory or self._gather_memory(self.mems.get("train"))
         checkpoint["parnas"] = {
             "format": FORMAT, "version": VERSION, **self.meta,
