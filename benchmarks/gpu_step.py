@@ -4,12 +4,16 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py                                      # every shape, bf16-mixed
     python benchmarks/gpu_step.py --shape wt103-base --precision tf32  # one shape, fp32 weights, TF32 matmuls
     python benchmarks/gpu_step.py --shape long --peak-tflops 989.4     # MFU against a peak you give
+    python benchmarks/gpu_step.py --shape wt103-base --compile default  # + Transformer-XL under torch.compile
+    python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --layout ADADAD  # + fixed layouts
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
-backward, clipping, Adam (parnas's: fused under 32-true/tf32, torch's default under bf16-mixed), on a
+backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a
 Zipf token stream (how often the tail clusters are hit decides their cost). The supernet's step is the
 search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax weights, and the weights'
-and the logits' Adam both step. Lightning's bookkeeping (logging, progress) is left out. The two models of
+and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled as ``train.compile=MODE``
+compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention, dense, identity).
+Lightning's bookkeeping (logging, progress) is left out. The models of
 a shape take ``--steps`` steps each per round, in alternating order, over ``--rounds`` rounds
 (benchmarks/train_step.py's rounds), after a warm-up that fills the memory; figures are medians over rounds.
 Peak memory is what a model's steps allocated above what was allocated before it was built.
@@ -57,10 +61,10 @@ from torch import Tensor
 from train_step import alternating_rounds, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
-from parnas.config import Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
+from parnas.config import COMPILE_MODES, Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
 from parnas.nn.model import build_fixed_model
 from parnas.training.latency import full_memory_steps
-from parnas.training.task import adam
+from parnas.training.task import adam, compile_model
 
 PRECISIONS = ("bf16-mixed", "32-true", "tf32")
 
@@ -161,9 +165,11 @@ def precision_context(precision: str) -> Any:
     return torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
 
 
-def fixed_step(cfg: Config, vocab: int, precision: str) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
-    """The standard Transformer-XL and one training step of it."""
-    model = build_fixed_model(cfg.model, vocab, transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
+def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | None = None,
+               compile_mode: str = "none") -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
+    """A fixed model (the standard Transformer-XL by default) and one training step of it."""
+    model = build_fixed_model(cfg.model, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
+    compile_model(model, compile_mode)
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
 
@@ -189,10 +195,20 @@ def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: C
 
 # --- running -------------------------------------------------------------------------------------------
 
+LAYOUT_LETTERS = {"A": "attention", "D": "dense", "I": "identity"}
+
+
 def _shape(name: str) -> str:
     if name not in SHAPES:
         raise argparse.ArgumentTypeError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})")
     return name
+
+
+def _layout(text: str) -> str:
+    if not text or set(text) - set(LAYOUT_LETTERS):
+        raise argparse.ArgumentTypeError(f"layout {text!r} is not a string of {', '.join(LAYOUT_LETTERS)} "
+                                         "(attention, dense, identity)")
+    return text
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
@@ -205,6 +221,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (at least until the memory "
                         "is full)")
+    parser.add_argument("--compile", default="none", choices=COMPILE_MODES,
+                        help="also time the Transformer-XL under torch.compile in this mode (default none)")
+    parser.add_argument("--layout", action="append", type=_layout, default=[], metavar="LAYOUT",
+                        help="repeatable: also time a fixed model of this layout, e.g. AIAIIIAIIDDD")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
@@ -222,8 +242,15 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     n_tokens = B * (L * (warmup + args.rounds * args.steps) + 1)
     stream = zipf_ids(n_tokens, shape.vocab).view(B, -1).cuda()  # B streams, read segment by segment
     fractions = cluster_fractions(stream, shape.vocab, shape.cutoffs) if shape.cutoffs else []
-    kinds = {"transformer-xl": list(transformer_xl_layout(cfg.model.n_blocks)),
-             "supernet": ["choice"] * cfg.model.n_blocks}
+    standard = list(transformer_xl_layout(cfg.model.n_blocks))
+    kinds = {"transformer-xl": standard, "supernet": ["choice"] * cfg.model.n_blocks}
+    builds: dict[str, Callable[..., Any]] = {"transformer-xl": fixed_step, "supernet": supernet_step}
+    if args.compile != "none":
+        kinds[f"compiled ({args.compile})"] = standard
+        builds[f"compiled ({args.compile})"] = lambda *a: fixed_step(*a, compile_mode=args.compile)
+    for layout in args.layout:
+        kinds[layout] = [LAYOUT_LETTERS[c] for c in layout]
+        builds[layout] = lambda *a, k=kinds[layout]: fixed_step(*a, kinds=k)
     flops = {k: train_flops_per_token(cfg.model, v, B, L, shape.vocab, fractions) for k, v in kinds.items()}
     steps: dict[str, Callable[[Tensor], None]] = {}
     peak_bytes: dict[str, int] = {}
@@ -239,7 +266,7 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         torch.cuda.synchronize()
         return n * B * L / (time.perf_counter() - start)
 
-    for model, build in (("transformer-xl", fixed_step), ("supernet", supernet_step)):
+    for model, build in builds.items():
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(0)
@@ -261,6 +288,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
               f"{achieved:7.1f} TFLOP/s  {mfu}   (rounds: {rounds})")
     # tokens/s of the fixed model over the supernet's, round by round: the supernet's step time over the fixed one's
     print("  " + ratio_line("transformer-xl", "supernet", tps, label="step time supernet / transformer-xl"))
+    for model in list(kinds)[2:]:
+        print("  " + ratio_line("transformer-xl", model, tps, label=f"step time {model} / transformer-xl"))
     steps.clear()  # the models go; their memory with them
     torch.cuda.empty_cache()
 

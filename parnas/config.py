@@ -28,6 +28,9 @@ BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the defaul
 COMPRESS_FNS = ("mean", "max", "conv")
 # What Lightning accepts that makes sense here (its deprecated aliases "16"/"bf16" and TPUs left out).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+# torch.compile's modes for the fixed model ("none": eager). CUDA graphs ("reduce-overhead") are not offered yet:
+# the memory a step hands the next is an output of the previous graph replay, which a replay may overwrite.
+COMPILE_MODES = ("none", "default", "max-autotune")
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "64")
 
 
@@ -142,6 +145,7 @@ class TrainConfig:
     devices: int = 1  # processes per machine
     num_nodes: int = 1  # machines (DDP across them; launched by torchrun or SLURM)
     precision: str = "32-true"
+    compile: str = "none"  # torch.compile the fixed model: one of COMPILE_MODES
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
@@ -158,6 +162,8 @@ class TrainConfig:
                  f"train.accelerator must be one of {', '.join(ACCELERATORS)}, not {self.accelerator!r}")
         _require(self.precision in PRECISIONS,
                  f"train.precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        _require(self.compile in COMPILE_MODES,
+                 f"train.compile must be one of {', '.join(COMPILE_MODES)}, not {self.compile!r}")
 
 
 @dataclass(frozen=True)

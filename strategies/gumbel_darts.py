@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from parnas.architecture import layout_string
 from parnas.config import SearchConfig
-from parnas.training.task import LanguageModelTask, model_device, segment_nll
+from parnas.training.task import LanguageModelTask, model_device, segment_nll, showing_progress_bar
 from strategies.costs import CostModel
 
 
@@ -301,7 +301,7 @@ class PARDartsModule(DartsLightningModule):
         self.advance_lr_schedulers(batch_idx)
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
-        self.log("train/loss", loss.detach(), prog_bar=True)
+        self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
         self.log("search/tau", self.tau)
         if done % self.search.log_every == 0:
             probs = self.probabilities()

@@ -258,6 +258,9 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
 
     Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched."""
     check_devices(cfg.train)
+    if cfg.train.compile != "none":
+        raise ParnasError(f"train.compile={cfg.train.compile} compiles the fixed model of train and retrain; a "
+                          "search's supernet runs eager: leave train.compile=none for search")
     trial = in_nni_trial()
     run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
     check_writable_dir(run_dir)  # creates nothing: a search refused below leaves no empty folder

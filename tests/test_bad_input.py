@@ -64,6 +64,7 @@ def finished(micro, tmp_path_factory):
     ("search.tau_start=.inf", "search.tau_start must be a finite number"),
     ("model.dropout=.nan", "model.dropout must be a finite number"),
     ("train.devices=3", "divisible by the 3 processes"),
+    ("train.compile=reduce-overhead", "train.compile must be one of none, default, max-autotune"),
 ])
 @pytest.mark.parametrize("command", ["train", "search", "retrain"])
 def test_settings_that_cannot_be_honoured_are_refused(capsys, tmp_path, setting, needle, command):
@@ -152,6 +153,13 @@ def test_a_finished_run_is_not_overwritten_without_resume(capsys, finished, micr
         code, _, err = cli(capsys, command, *arch, *micro_settings(micro, finished))
         assert_refused(code, err, "already holds a run", "--resume")
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_search_refuses_to_compile_its_supernet(capsys, micro, tmp_path):
+    code, _, err = cli(capsys, "search", *micro_settings(micro, tmp_path / "run", "train.compile=default",
+                                                        f"search.out_dir={tmp_path / 'run'}"))
+    assert_refused(code, err, "train.compile=default", "train.compile=none")
+    assert not (tmp_path / "run").exists()
 
 
 def test_segments_longer_than_the_data_write_nothing(capsys, micro, tmp_path):

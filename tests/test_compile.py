@@ -7,6 +7,7 @@ import collections
 import pytest
 import torch
 import torch._dynamo
+from torch._dynamo.utils import counters
 
 from parnas.config import load_config
 from parnas.nn.model import build_fixed_model
@@ -66,3 +67,77 @@ def test_no_recompiles_once_the_memory_is_full(graphs_made, cutoffs):
     _, step = model_and_step(f"model.cutoffs={cutoffs}", "model.dropout=0.1")
     made = graphs_made(step, zipf_ids(B * (L * 13 + 1), VOCAB).view(B, -1), L, 13)
     assert made[2] > 0 and made[2:] == [made[2]] * 11, made
+
+
+# --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
+
+@pytest.mark.slow
+def test_the_compiled_model_trains_like_the_eager_one_and_compiles_nothing_once_the_memory_is_full():
+    """Same losses and gradients as eager over six segments, dropout on (the CPU's dropout draws stay eager, in
+    the same order); once the memory is full (segment 3), no more compiling."""
+    import copy
+
+    from parnas.training.task import compile_model
+
+    eager, _ = model_and_step("model.dropout=0.1")
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled, "default")
+    stream = zipf_ids(B * (L * 6 + 1), VOCAB).view(B, -1)
+    mems = {"eager": None, "compiled": None}
+    torch._dynamo.reset()
+    try:
+        for t in range(6):
+            x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
+            losses = {}
+            with torch._dynamo.config.patch(error_on_recompile=t >= 3):
+                for name, model in (("eager", eager), ("compiled", compiled)):
+                    torch.manual_seed(t)
+                    h, mems[name] = model(x, mems[name])
+                    losses[name] = model.nll(h, y).mean()
+                    model.zero_grad(set_to_none=True)
+                    losses[name].backward()
+            torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
+            for (key, a), b in zip(eager.named_parameters(), compiled.parameters()):
+                torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=f"segment {t}: {key}")
+            for a, b in zip(mems["eager"], mems["compiled"]):
+                assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+        assert counters["stats"]["unique_graphs"] >= 3  # compiled indeed: a graph for each memory length, 0 to 32
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, tmp_path):
+    """``train.compile`` changes no checkpoint key and no step: a killed compiled run resumes exactly."""
+    import json
+
+    from parnas import architecture
+    from parnas.config import DataConfig, ModelConfig
+    from parnas.data.corpora import load_splits
+    from parnas.training import checkpoint as ckpt
+    from retrain.run import retrain
+
+    vocab = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))[0].vocab_size
+    model = ModelConfig(n_blocks=3, d_model=32, n_heads=2, d_ff=64, mem_len=16, dropout=0.1, cutoffs=(20, 40))
+    record = architecture.make_record({architecture.label(i): k for i, k in enumerate(["attention", "dense",
+                                                                                        "identity"])},
+                                      model, vocab, tokenizer={"kind": "char", "vocab_size": vocab})
+    arch = tmp_path / "arch.json"
+    arch.write_text(json.dumps(record))
+    common = [f"data.path={micro_corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "data.seg_len=16",
+              "train.max_steps=6", "train.eval_every=3", "train.ckpt_every=3", "train.compile=default"]
+    torch._dynamo.reset()
+    try:
+        whole = retrain(str(arch), "tiny", [*common, f"train.out_dir={tmp_path / 'whole'}"])
+        split = [*common, f"train.out_dir={tmp_path / 'split'}"]
+        with pytest.raises(RuntimeError, match="killed"):
+            retrain(str(arch), "tiny", split, callbacks=[kill_at(4)])
+        resumed = retrain(str(arch), "tiny", split, resume=True)
+        assert counters["stats"]["unique_graphs"] > 0
+    finally:
+        torch._dynamo.reset()
+    a, b = (ckpt.load(tmp_path / run / "checkpoints/last.ckpt") for run in ("whole", "split"))
+    assert a["global_step"] == b["global_step"] == 6
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert whole["val_ppl"] == resumed["val_ppl"]

@@ -263,7 +263,7 @@ def test_bf16_mixed_trains_within_the_fp32_seed_spread(wt2_slice, tmp_path):
                                                 ("[100, 400]", "bf16-mixed")])
 def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(benchmark, cutoffs, precision):
     """CUDA's own sync counter (set_sync_debug_mode) around one step with the memory full agrees with the
-    recorder (one nonzero per adaptive-softmax tail cluster); with a full softmax nothing waits at all."""
+    recorder (the adaptive softmax's one read of its cluster sizes); with a full softmax nothing waits at all."""
     host_syncs = benchmark("host_syncs")
     cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.dropout=0.1", "model.dropatt=0.1"])
     torch.manual_seed(0)
@@ -330,3 +330,36 @@ def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda(graphs_ma
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
     made = graphs_made(step, stream, L, 12)
     assert made[2:] == [made[2]] * 10, made
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_train_compile_on_cuda_matches_eager_and_stops_compiling_once_the_memory_is_full(precision):
+    """``train.compile=default`` on CUDA (Inductor's Triton kernels): the losses of eager's to a tolerance, and
+    no graph compiled once the memory is full."""
+    import copy
+
+    import torch._dynamo
+
+    from parnas.training.task import compile_model
+
+    cfg = load_config("tiny", ["model.dropout=0.0", "model.mem_len=32"])
+    torch.manual_seed(0)
+    eager = build_fixed_model(cfg.model, 1000).cuda().train()
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled, "default")
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    stream = zipf_ids(B * (6 * L + 1), 1000).view(B, -1).cuda()
+    mems: dict = {"eager": None, "compiled": None}
+    torch._dynamo.reset()
+    try:
+        for t in range(6):
+            losses = {}
+            with torch._dynamo.config.patch(error_on_recompile=t >= 3), \
+                    torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                for name, model in (("eager", eager), ("compiled", compiled)):
+                    h, mems[name] = model(stream[:, t * L:(t + 1) * L], mems[name])
+                    losses[name] = model.nll(h, stream[:, t * L + 1:(t + 1) * L + 1]).float().mean()
+            tolerance = 2e-2 if precision == "bf16-mixed" else 1e-4
+            torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=tolerance, atol=tolerance)
+    finally:
+        torch._dynamo.reset()

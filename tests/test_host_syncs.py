@@ -47,10 +47,10 @@ def own(sites):
 
 
 def test_a_lightning_training_and_search_step_read_back_only_these_values(host_syncs, tmp_path):
-    """One whole loop iteration (batch start to the next): parnas's own only read is the adaptive softmax's cluster
-    sizes, in a plain step and in a search under a latency budget alike (the finite-loss check, the budget's
-    argmax and its multiplier stay on the device). (Lightning converts the progress bar's loss to a float every
-    step besides.)"""
+    """One whole loop iteration (batch start to the next), without a progress bar (a log, an NNI trial): the only
+    read is the adaptive softmax's cluster sizes, in a plain step and in a search under a latency budget alike
+    (the finite-loss check, the budget's argmax and its multiplier stay on the device, and no metric is read
+    back for a progress bar)."""
     from parnas.training.fit import SegmentData, build_trainer
     from parnas.training.task import LanguageModelTask
     from strategies.costs import CostModel
@@ -68,6 +68,7 @@ def test_a_lightning_training_and_search_step_read_back_only_these_values(host_s
     trainer.callbacks = [*trainer.callbacks, record]
     trainer.fit(task, datamodule=SegmentData(splits, B, B, L))
     assert own(record.recorder.sites) == {"parnas/nn/model.py _adaptive_nll": 1}
+    assert record.recorder.total == 1, record.recorder.sites  # nothing in Lightning or NNI either
 
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
     search = build_search(cfg, splits, VOCAB, tmp_path / "search", costs=costs)
@@ -75,3 +76,4 @@ def test_a_lightning_training_and_search_step_read_back_only_these_values(host_s
     search.trainer.callbacks.append(record)
     search.run()
     assert own(record.recorder.sites) == {"parnas/nn/model.py _adaptive_nll": 1}
+    assert record.recorder.total == 1, record.recorder.sites  # nothing in Lightning or NNI either

@@ -53,7 +53,7 @@ from parnas.training.evaluation import final_metrics, peak_memory_mb
 from parnas.training.interrupt import StopOnSignal
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
-from parnas.training.task import LanguageModelTask
+from parnas.training.task import LanguageModelTask, compile_model
 
 
 class ResumableSampler(Sampler[int]):
@@ -351,6 +351,7 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     meta = {"config": cfg.to_dict(), "architecture": record, "tokenizer": tokenizer_meta(tokenizer)}
     task = LanguageModelTask(cfg.train, meta)
     task.set_model(model)
+    compile_model(model, cfg.train.compile)
     trainer = build_trainer(cfg.train, out_dir)
     trainer.callbacks = [*trainer.callbacks, *callbacks]
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))

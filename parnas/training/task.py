@@ -69,6 +69,24 @@ def adam(params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0,
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
+def showing_progress_bar(trainer: Any) -> bool:
+    """Whether a progress bar is on screen. Lightning reads a progress-bar metric back to the host after every
+    batch, which stops the host until a GPU has run the step: without a bar (a log, an NNI trial), the
+    training loss is not put on it."""
+    return getattr(trainer, "progress_bar_callback", None) is not None
+
+
+def compile_model(model: nn.Module, mode: str) -> None:
+    """``torch.compile`` the model's forward in place (``mode``: one of ``COMPILE_MODES``; "none" leaves it eager).
+
+    In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
+    (``dynamic=False``): a graph for each memory length while the memory fills (``mem_len / seg_len + 1`` of
+    them for training, as many for evaluation), then none. The loss (``model.nll``) stays eager: the adaptive
+    softmax's cluster sizes are data-dependent."""
+    if mode != "none":
+        model.compile(mode=None if mode == "default" else mode, dynamic=False)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     nll: float  # total negative log-likelihood, nats
@@ -232,7 +250,7 @@ class LanguageModelTask(LightningModule):
             self.log("search/arch_loss", loss.detach())
             return loss + self.aux_loss()
         loss = self.train_nll(batch).mean()
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=showing_progress_bar(self.trainer))
         self.log("train/ppl", loss.detach().exp())
         self.log("train/lr", self.weights_lr())
         return loss + self.aux_loss()
