@@ -12,7 +12,9 @@ Implementations:
   parnas            the library as it is
   previous          the same model through the path it replaced: torch's dropout, the
                     concatenating rel-shift and fresh causal mask with SDPA, memory by
-                    concatenation, nn.AdaptiveLogSoftmaxWithLoss's forward, per-tensor Adam
+                    concatenation, nn.AdaptiveLogSoftmaxWithLoss's forward (or, part
+                    "clusters", the head's own with a nonzero per tail cluster), identity
+                    blocks called, per-tensor Adam
   previous <part>   (--ablate) parnas with only <part> on its previous path: the ratio
                     parnas / this is what the change of <part> bought
   reference         (--peer-dir) Dai et al.'s MemTransformerLM, imported from a local checkout
@@ -165,6 +167,23 @@ def _old_nll(self: nn.Module, h: Tensor, y: Tensor) -> Tensor:
     return -self.adaptive(flat_h, flat_y).output.view(y.shape)
 
 
+def _old_adaptive_nll(self: nn.Module, h: Tensor, y: Tensor) -> Tensor:
+    """The head's own NLL as it was: a ``nonzero`` (a host sync) per tail cluster."""
+    from parnas.nn.model import _TargetNLL
+
+    asm = self.adaptive
+    head_target = y.clone()
+    nll = h.new_zeros(y.shape, dtype=torch.float32)
+    for i, (low, high) in enumerate(zip(asm.cutoffs, asm.cutoffs[1:])):
+        rows = ((y >= low) & (y < high)).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        head_target.index_fill_(0, rows, asm.shortlist_size + i)
+        logits = asm.tail[i](h.index_select(0, rows))
+        nll = nll.index_add(0, rows, _TargetNLL.apply(logits, y.index_select(0, rows) - low))
+    return nll + _TargetNLL.apply(asm.head(h), head_target)
+
+
 def _patch(modules: list[nn.Module], name: str, fn: Callable) -> None:
     for m in modules:
         setattr(m, name, types.MethodType(fn, m))
@@ -183,9 +202,14 @@ def use_previous(model: TransformerXL, part: str) -> None:
     elif part == "head":
         if hasattr(model.head, "adaptive"):
             _patch([model.head], "nll", _old_nll)
+    elif part == "clusters":
+        if hasattr(model.head, "adaptive"):
+            _patch([model.head], "_adaptive_nll", _old_adaptive_nll)
+    elif part == "identity":
+        model._skipped = [False] * len(model.blocks)  # identity blocks called
 
 
-PARTS = ("dropout", "attention", "memory", "head", "adam")
+PARTS = ("dropout", "attention", "memory", "head", "clusters", "identity", "adam")
 
 
 def parnas_step(cfg, vocab_size: int, layout: list[str], previous: tuple[str, ...]) -> Callable[[Tensor], None]:
