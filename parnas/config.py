@@ -31,6 +31,9 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # torch.compile's modes for the fixed model ("none": eager). CUDA graphs ("reduce-overhead") are not offered yet:
 # the memory a step hands the next is an output of the previous graph replay, which a replay may overwrite.
 COMPILE_MODES = ("none", "default", "max-autotune")
+LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
+TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}
+TARGET_LABELS = {"train": "train step", "inference": "inference segment", "generate": "generated token"}
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "64")
 
 
@@ -185,6 +188,10 @@ class SearchConfig:
     ``latency_table``: a table written by ``parnas latency`` (on the target
     device, e.g. a GPU) to price the blocks with instead of timing them here; its
     shapes must be the run's, its device may be any.
+
+    ``latency_target``: which latency the cost is: ``train`` (a training step),
+    ``inference`` (a forward pass over a batch of segments) or ``generate``
+    (one token decoded at batch 1, as ``parnas generate`` does).
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS
@@ -200,6 +207,7 @@ class SearchConfig:
     penalty_cost: str = "latency"
     latency_budget: float | None = None
     latency_table: str | None = None
+    latency_target: str = "train"
     dual_lr: float = 0.05
     log_every: int = 10
     out_dir: str = "runs/search"
@@ -230,6 +238,10 @@ class SearchConfig:
                      "set search.penalty_cost=latency")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
+        _require(self.latency_target in LATENCY_TARGETS,
+                 f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
+        _require(self.latency_target == "train" or self.penalty_cost == "latency",
+                 f"search.latency_target={self.latency_target} is a measured latency: set search.penalty_cost=latency")
         _require(self.dual_lr > 0, f"search.dual_lr must be > 0, got {self.dual_lr}")
         _require(self.log_every > 0, "search.log_every must be > 0")
 

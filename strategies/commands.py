@@ -25,6 +25,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     record = run_search(cfg, resume=args.resume)
     if record:
         from parnas.architecture import layout, layout_string, legend
+        from parnas.config import TARGET_LABELS
 
         search = record["search"]
         print(f"architecture {layout_string(layout(record))} ({legend(search.get('candidates') or layout(record))}) "
@@ -37,8 +38,9 @@ def cmd_search(args: argparse.Namespace) -> int:
             verdict = "" if budget is None else (f", budget {budget:.2f}: " +
                                                  ("met" if latency["within_budget"] else "NOT MET"))
             source = f" (table {latency['table']})" if latency.get("table") else ""
-            print(f"  predicted train step {latency['train_step_ms']:.1f} ms = {latency['ratio']:.2f} x "
-                  f"Transformer-XL's {latency['transformer_xl_ms']:.1f} ms on {latency['device']}{source}{verdict}")
+            target = latency.get("target", "train")
+            print(f"  predicted {TARGET_LABELS[target]} {latency['target_ms']:.3g} ms = {latency['ratio']:.2f} x "
+                  f"Transformer-XL's {latency['transformer_xl_ms']:.3g} ms on {latency['device']}{source}{verdict}")
         if search.get("fitted_to_budget"):
             print(f"  the argmax {search['argmax']} was over the budget: exported the most probable layout within it")
         for label, probs in record["probabilities"].items():
@@ -47,7 +49,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_latency(args: argparse.Namespace) -> int:
-    """Time what each block kind costs a search's train step on this machine and write the table as JSON.
+    """Time what each block kind costs on this machine and write the table as JSON: per train step, per inference
+    segment and per generated token (the three values of search.latency_target).
 
     The table is the one a search with the same --config/--set would time (its shapes and candidates; the
     cache's, unless --refresh). Pass it to a search on any machine with --set search.latency_table=PATH: the
@@ -55,7 +58,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     """
     from pathlib import Path
 
-    from parnas.config import load_config
+    from parnas.config import TARGET_LABELS, load_config
     from parnas.errors import ParnasError
     from parnas.files import check_writable_dir, write_json_atomic
 
@@ -69,10 +72,11 @@ def cmd_latency(args: argparse.Namespace) -> int:
     table = time_latency_table(cfg, refresh=args.refresh)
     write_json_atomic(out, table.to_dict())
     key = table.key
-    costs = ", ".join(f"{k} {table.block_ms(k):.3f}" for k in key["kinds"] if k != "identity")
     print(f"wrote {out}: {key['device']} ({key['precision']}), B{key['batch_size']} L{key['seg_len']} "
-          f"M{key['model']['mem_len']}, vocabulary {key['vocab_size']}; train step {table.constant_ms['train']:.3f} ms "
-          f"constant + per block {costs} ms")
+          f"M{key['model']['mem_len']}, vocabulary {key['vocab_size']}")
+    for target in table.modes:
+        costs = ", ".join(f"{k} {table.block_ms(k, target):.3f}" for k in key["kinds"] if k != "identity")
+        print(f"  {TARGET_LABELS[target]}: {table.constant_ms[target]:.3f} ms constant + per block {costs} ms")
     return 0
 
 

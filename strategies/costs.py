@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from parnas import kinds
-from parnas.config import ModelConfig, transformer_xl_layout
+from parnas.config import TARGET_UNITS, ModelConfig, transformer_xl_layout
 from parnas.kinds import make_block
 from parnas.training.latency import LatencyTable
 
@@ -63,13 +63,15 @@ def flops_costs(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size
 @dataclass(frozen=True)
 class CostModel:
     """Per-kind block costs plus a constant part, in ``unit``; ``reference`` is Transformer-XL's total.
-    ``device``: the device a latency table was timed on (None for a proxy such as FLOPs)."""
+    ``device``: the device a latency table was timed on (None for a proxy such as FLOPs); ``target``: which
+    latency it prices (None for a proxy)."""
 
     per_kind: dict[str, float]
     constant: float
     unit: str
     n_blocks: int
     device: str | None = None
+    target: str | None = None  # the latency target of a latency table's costs (train, inference, generate)
 
     @property
     def reference(self) -> float:
@@ -88,8 +90,10 @@ class CostModel:
         return (self.constant + torch.stack(terms).sum()) / self.reference
 
 
-def latency_costs(table: LatencyTable, n_blocks: int) -> CostModel:
-    return CostModel(table.costs("train"), table.constant_ms["train"], "ms/step", n_blocks, table.key["device"])
+def latency_costs(table: LatencyTable, n_blocks: int, target: str = "train") -> CostModel:
+    """The table's costs for one latency target (``train``, ``inference`` or ``generate``)."""
+    return CostModel(table.costs(target), table.constant_ms[target], TARGET_UNITS[target], n_blocks,
+                     table.key["device"], target)
 
 
 def flops_model(kinds: Sequence[str], cfg: ModelConfig, seg_len: int, batch_size: int) -> CostModel:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture
+from parnas.config import TARGET_LABELS
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.report.experiments import (
@@ -116,12 +117,15 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     right = {1, 2, 4}
     text = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
             for line in lines]
+    targets = sorted({TARGET_LABELS.get((r["latency"] or {}).get("target"), "train step") for r in rows
+                      if r["latency_ratio"] is not None}) or ["train step"]
     return "\n".join(text + [
         "",
         "val ppl: validation perplexity of the exported architecture (supernet weights, not retrained); "
         "supernet: the supernet's (candidates mixed by softmax(alpha))",
         f"architecture: {LETTER_CODE}",
-        "latency ratio: predicted train step of the exported architecture / the standard Transformer-XL's at the "
+        f"latency ratio: predicted {' or '.join(targets)} of the exported architecture / the standard "
+        "Transformer-XL's at the "
         "same n_blocks (search.latency.ratio); where none is recorded, the architecture's cost and its unit",
         f"block margins: top - second probability of each block, input first; undecided: below {UNDECIDED_MARGIN:g}",
     ])

@@ -363,9 +363,9 @@ class PARDartsModule(DartsLightningModule):
             self.training_module._restored_streams["arch"] = state["arch_memory"]
 
     def append_history(self, record: dict[str, Any]) -> None:
-        """One line of history.jsonl; a line with a cost says which device's latency priced it."""
+        """One line of history.jsonl; a line with a cost says which device's latency priced it, and which latency."""
         if self.costs is not None and self.costs.device is not None and "exported_cost_ratio" in record:
-            record = {**record, "latency_device": self.costs.device}
+            record = {**record, "latency_device": self.costs.device, "latency_target": self.costs.target}
         if self.history_path is not None and self.trainer.is_global_zero:
             with open(self.history_path, "a") as f:
                 f.write(json.dumps(record) + "\n")

@@ -129,10 +129,11 @@ def cost_model(cfg: Config, vocab_size: int, device: torch.device,
         table, cached = read_table(pinned), True
     elif given is not None:
         key = table_key(cfg, vocab_size, sorted({*kinds, "identity"}), device)
-        table, cached = load_table_for(given, key), True
+        table, cached = load_table_for(given, key, target=cfg.search.latency_target), True
     else:
         table, cached = latency_table(cfg, vocab_size, kinds, device)
-    return latency_costs(table, cfg.model.n_blocks), {"table": table, "cached": cached, "path": given,
+    return latency_costs(table, cfg.model.n_blocks, cfg.search.latency_target), {
+        "table": table, "cached": cached, "path": given,
                                                       "timed_here": given is None}
 
 
@@ -144,13 +145,15 @@ def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: lis
     ``table`` the file given as search.latency_table, if any."""
     if latency is None:
         return None
-    table = latency["table"]
+    table, target = latency["table"], costs.target or "train"
     ratio = costs.ratio(kinds)
+    generate = {"generate_token_ms": round(table.predict(kinds, "generate"), 3)} if "generate" in table.modes else {}
     return {"unit": "ms", "device": table.key["device"], "precision": table.key.get("precision"),
-            "table": latency.get("path"), "timed_here": latency.get("timed_here"),
+            "table": latency.get("path"), "timed_here": latency.get("timed_here"), "target": target,
+            "target_ms": round(table.predict(kinds, target), 3),
             "train_step_ms": round(table.predict(kinds), 3),
-            "inference_step_ms": round(table.predict(kinds, "inference"), 3),
-            "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds)), 3), "ratio": round(ratio, 4),
+            "inference_step_ms": round(table.predict(kinds, "inference"), 3), **generate,
+            "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds), target), 3), "ratio": round(ratio, 4),
             "budget": budget, "within_budget": None if budget is None else ratio <= budget + 1e-9,
             "constant_ms": table.constant_ms, "block_ms": table.kinds_ms}
 
@@ -249,7 +252,8 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, A
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
             "latency_ratio": None if ratio is None else round(ratio, 4),
             "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": result.kinds.count("attention"),
-            "predicted_step_ms": latency["train_step_ms"] if latency else None,
+            "predicted_step_ms": latency["target_ms"] if latency else None,
+            "latency_target": latency["target"] if latency else None,
             "latency_device": latency["device"] if latency else None}
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from parnas.config import TARGET_LABELS
 from parnas.files import write_json_atomic, write_text_atomic
 from retrain.compare import cell
 
@@ -36,7 +37,8 @@ COLUMNS = [  # (key, header, format)
     ("search_val_ppl", "search val ppl", "{:.2f}"), ("supernet_val_ppl", "supernet val ppl", "{:.2f}"),
     ("predicted_ratio", "predicted ratio", "{:.3f}"),
 ]
-CSV_KEYS = [k for k, _, _ in COLUMNS] + ["inference_step_ms", "inference_ratio", "run"]
+CSV_KEYS = [k for k, _, _ in COLUMNS] + ["inference_step_ms", "inference_ratio", "generate_token_ms", "generate_ratio",
+                                         "run"]
 STYLE = {"random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60), "transformer-xl": ("s", "#000000", 80),
          "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
 
@@ -51,6 +53,8 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
     """One dict per entry (``study.run.Entry``): retrain perplexities, side-by-side timings, search figures."""
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
+    target_ms = timing[f"{timing.get('target', 'train')}_step_ms"]  # what the verdicts judge by
+    generate_ms = timing.get("generate_step_ms", {})
     txl = next(e.layout for e in entries if e.role == "transformer-xl")
     tokens = timing["batch_size"] * timing["seg_len"]  # both modes step on a training-sized batch
     rows = []
@@ -64,7 +68,11 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
             "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
             "inference_step_ms": infer_ms[e.layout],
             "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
-            "latency_ratio": train_ms[e.layout] / train_ms[txl], "inference_ratio": infer_ms[e.layout] / infer_ms[txl],
+            "generate_token_ms": generate_ms.get(e.layout), "latency_target": timing.get("target", "train"),
+            "target_ms": target_ms[e.layout],
+            "generate_ratio": generate_ms[e.layout] / generate_ms[txl] if generate_ms else None,
+            "latency_ratio": target_ms[e.layout] / target_ms[txl],
+            "inference_ratio": infer_ms[e.layout] / infer_ms[txl],
             "search_val_ppl": search.get("val_ppl"), "supernet_val_ppl": search.get("supernet_val_ppl"),
             "predicted_ratio": (search.get("latency") or {}).get("ratio"),
             "run": str(out / "retrain" / e.layout),
@@ -142,17 +150,22 @@ def _reaches(ppl: float | None, ratio: float, txl_ppl: float | None) -> tuple[bo
 
 def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> str:
     """Transformer-XL's validation perplexity within 1% at a >= 30% shorter measured step: per seed, on the mean."""
-    txl = s["transformer_xl_val_ppl"]
+    txl, what = s["transformer_xl_val_ppl"], target_label(found)
     hits = sum(all(_reaches(r["val_ppl"], r["latency_ratio"], txl)) for r in found)
     same, fast = _reaches(s["found_val_ppl"], s["found_ratio"], txl)
     gap = (s["found_val_ppl"] / txl - 1) * 100 if s["found_val_ppl"] and txl else math.nan
     why = "yes" if same and fast else "no: " + " and ".join(
         w for w, bad in ((f"perplexity not within {PPL_TOLERANCE:.0%}", not same),
-                         (f"step not {SPEEDUP:.0%} shorter", not fast)) if bad)
+                         (f"{what} not {SPEEDUP:.0%} shorter", not fast)) if bad)
     return (f"{group_name(s)}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
-            f"({_fmt(txl)}) within {PPL_TOLERANCE:.0%} at a measured train step >= {SPEEDUP:.0%} shorter. Mean over "
+            f"({_fmt(txl)}) within {PPL_TOLERANCE:.0%} at a measured {what} >= {SPEEDUP:.0%} shorter. Mean over "
             f"seeds: val ppl {_fmt(s['found_val_ppl'])} ({gap:+.1f}% vs Transformer-XL) at {s['found_ratio']:.2f}x "
-            f"its step time -> {why}.")
+            f"its {what} time -> {why}.")
+
+
+def target_label(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What the ratios measure: the study's latency target (a train step unless ``search.latency_target`` says)."""
+    return TARGET_LABELS[next((r.get("latency_target") for r in rows if r.get("latency_target")), "train")]
 
 
 def _beats(rows: Sequence[Mapping[str, Any]], found: Mapping[str, Any], role: str) -> bool | None:
@@ -232,7 +245,9 @@ def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Map
            f"orderings; settings: {' '.join(plan.overrides) or '(config as is)'}.",
            f"Timing: {timing['device']}, {timing['threads']} threads, torch {timing['torch']}, median of "
            f"{timing['rounds']} alternating rounds, batch {timing['batch_size']} x {timing['seg_len']} tokens "
-           f"(train and inference), memory {timing['mem_len']}.", "", "## Verdicts", ""]
+           f"(train and inference; generation at batch 1, memory {timing['mem_len']} + {timing['seg_len']}), memory "
+           f"{timing['mem_len']}; ratios are {TARGET_LABELS[timing.get('target', 'train')]} times.", "",
+           "## Verdicts", ""]
     out += [f"- {line}" for line in lines]
     head = "| candidates " if sets else ""
     out += ["", f"## Per {'candidate set and ' if sets else ''}budget (mean ± std over seeds)", "",
@@ -251,7 +266,8 @@ def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Map
     out += ["| " + " | ".join(_fmt(r[k], f) for k, _, f in columns) + " |" for r in rows]
     out += ["", "Val and test ppl: exp of the mean NLL over the whole split, each layout retrained from scratch with "
             "the same steps, settings and seed. Step times and tokens/s: measured side by side in one process after "
-            "the retrains; ratio to TXL = train step / Transformer-XL's. Search val ppl: the exported architecture "
+            f"the retrains; ratio to TXL = {target_label(rows)} / Transformer-XL's. Search val ppl: the exported "
+            "architecture "
             "with the supernet's weights, before retraining; predicted ratio: the search's latency model.", ""]
     return "\n".join(out)
 
@@ -265,13 +281,13 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
-    """Validation perplexity against measured train step time, one style per role, Pareto front ringed."""
+    """Validation perplexity against the measured latency target, one style per role, Pareto front ringed."""
     from parnas.report.pareto import pareto_front
     from parnas.report.plots import figure
 
     fig = figure(8.0, 5.5, layout="constrained")
     ax = fig.add_subplot()
-    points = {(r["role"], r["layout"]): (r["train_step_ms"], r["val_ppl"]) for r in rows if r["val_ppl"] is not None}
+    points = {(r["role"], r["layout"]): (r["target_ms"], r["val_ppl"]) for r in rows if r["val_ppl"] is not None}
     for role, (marker, colour, size) in STYLE.items():
         xy = [p for (rl, _), p in points.items() if rl == role]
         if xy:
@@ -286,7 +302,7 @@ def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     for names, (x, y) in _label_groups(layouts):
         ax.annotate("\n".join(names), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7,
                     family="monospace", va="bottom")
-    ax.set_xlabel("measured train step (ms)  \u2192 faster to the left")
+    ax.set_xlabel(f"measured {target_label(rows)} (ms)  \u2192 faster to the left")
     ax.set_ylabel("validation perplexity after retraining (lower is better)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

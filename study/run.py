@@ -364,21 +364,23 @@ def _ppl(metrics: Mapping[str, Any]) -> str:
 
 def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, progress: Progress
             ) -> dict[str, Any]:
-    """Train and inference step times of every layout, side by side in this process."""
+    """Train step, inference segment and generated-token times of every layout, side by side in this process;
+    ``target`` names the one the verdicts judge by (``search.latency_target``)."""
     import torch
 
+    from parnas.config import TARGET_LABELS
     from parnas.training.devices import training_device
-    from parnas.training.latency import device_name, time_layouts
+    from parnas.training.latency import MODES, device_name, time_layouts
 
     cfg = retrain_config(plan)
     device = training_device(cfg.train)  # where the retrains ran
     timing: dict[str, Any] = {"device": device_name(device),
                               "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": plan.rounds,
                               "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
-                              "mem_len": cfg.model.mem_len}
-    for mode in ("train", "inference"):
-        progress("timing", 1 + (mode == "inference"), 2,
-                 f"{mode} steps of {len(layouts)} layouts, {plan.rounds} alternating rounds on {timing['device']} ...")
+                              "mem_len": cfg.model.mem_len, "target": cfg.search.latency_target}
+    for i, mode in enumerate(MODES):
+        progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {plan.rounds} "
+                 f"alternating rounds on {timing['device']} ...")
         ms = time_layouts(layouts, cfg, vocab_size, mode=mode, rounds=plan.rounds, device=device)
         timing[f"{mode}_step_ms"] = {architecture.layout_string(k): t for k, t in zip(layouts, ms)}
     return timing

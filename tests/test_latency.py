@@ -48,9 +48,9 @@ def test_measured_table_has_every_kind_and_mode_and_identity_is_free():
     table = latency.measure_table(tiny_config(), VOCAB, ["attention", "dense", "identity"], rounds=3, steps=1)
     assert set(table.kinds_ms) == {"attention", "dense", "identity"}
     for modes in table.kinds_ms.values():
-        assert set(modes) == {"train", "inference"} and all(v >= 0 for v in modes.values())
-    assert table.kinds_ms["identity"] == {"train": 0.0, "inference": 0.0}
-    assert table.constant_ms["train"] > 0 and table.constant_ms["inference"] > 0
+        assert set(modes) == {"train", "inference", "generate"} and all(v >= 0 for v in modes.values())
+    assert table.kinds_ms["identity"] == {"train": 0.0, "inference": 0.0, "generate": 0.0}
+    assert table.constant_ms["train"] > 0 and table.constant_ms["inference"] > 0 and table.constant_ms["generate"] > 0
 
 
 def test_time_layouts_returns_one_positive_median_per_layout():
@@ -97,8 +97,9 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
     assert narrow.constant_ms == wide.constant_ms
 
     # an older table for exactly these kinds loses to the newer wide one; once newer, it wins
-    older = latency.LatencyTable(narrow.key, {"train": 1.0, "inference": 1.0},
-                                 {k: {"train": 2.0, "inference": 2.0} for k in narrow.kinds_ms}, narrow.n_reference)
+    modes = latency.MODES
+    older = latency.LatencyTable(narrow.key, dict.fromkeys(modes, 1.0),
+                                 {k: dict.fromkeys(modes, 2.0) for k in narrow.kinds_ms}, narrow.n_reference)
     exact = latency.cache_path(narrow.key, tmp_path)
     exact.write_text(json.dumps(older.to_dict()))
     wide_file = latency.cache_path(wide.key, tmp_path)
@@ -106,6 +107,13 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
     assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
     os.utime(exact, ns=(wide_file.stat().st_mtime_ns + 10**9,) * 2)
     assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0] == older
+
+    # a version-1 table (no generation costs), however new, is not used: the cache times it afresh
+    v1 = {**older.to_dict(), "version": 1, "constant_ms": {"train": 1.0, "inference": 1.0},
+          "kinds_ms": {k: {"train": 2.0, "inference": 2.0} for k in narrow.kinds_ms}}
+    exact.write_text(json.dumps(v1))
+    os.utime(exact, ns=(wide_file.stat().st_mtime_ns + 10**9,) * 2)
+    assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
 
     # other shapes, or a kind the tables lack, are timed afresh
     for args in ((tiny_config("data.seg_len=4"), ["attention", "dense"]), (cfg, ["attention", "glu"])):
@@ -132,9 +140,10 @@ def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch)
     assert record["table"].kinds_ms == table.kinds_ms
 
 
-@pytest.mark.parametrize("precision, fused", [("32-true", True), ("bf16-mixed", None)])
+@pytest.mark.parametrize("precision, fused", [("32-true", True), ("bf16-mixed", True), ("16-mixed", None)])
 def test_a_timed_step_uses_the_optimiser_training_uses(precision, fused):
-    """Fused Adam where training takes it (not under mixed precision): the constant part is what a step pays."""
+    """Fused Adam where training takes it (not under fp16's gradient scaler): the constant part is what a step
+    pays."""
     cfg = tiny_config(f"train.precision={precision}")
     stepper = latency._Stepper(["attention", "dense"], cfg, VOCAB, "train", __import__("torch").device("cpu"))
     assert stepper.optimizer.defaults["fused"] is fused

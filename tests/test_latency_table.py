@@ -35,12 +35,13 @@ def timed(micro, tmp_path_factory):
         mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
         assert main(["latency", *micro_sets(micro), "--out", str(path)]) == 0
     table = json.loads(path.read_text())
-    assert table["format"] == "parnas.latency" and table["version"] == 1
+    assert table["format"] == "parnas.latency" and table["version"] == 2
     assert table["key"]["kinds"] == ["attention", "dense", "identity"] and table["key"]["seg_len"] == 16
     table["key"].update(device=OTHER, device_type="cuda", torch="9.9", threads=16, precision="bf16-mixed")
-    table["constant_ms"] = {"train": 5.0, "inference": 1.0}
-    table["kinds_ms"] = {"attention": {"train": 3.0, "inference": 1.5}, "dense": {"train": 1.0, "inference": 0.5},
-                         "identity": {"train": 0.0, "inference": 0.0}}
+    table["constant_ms"] = {"train": 5.0, "inference": 1.0, "generate": 0.5}
+    table["kinds_ms"] = {"attention": {"train": 3.0, "inference": 1.5, "generate": 0.8},
+                         "dense": {"train": 1.0, "inference": 0.5, "generate": 0.1},
+                         "identity": {"train": 0.0, "inference": 0.0, "generate": 0.0}}
     path.write_text(json.dumps(table))
     return path
 
@@ -97,6 +98,48 @@ def test_the_pinned_table_carries_the_given_tables_device_and_costs(micro, timed
     assert nni_metric(result, latency_summary(costs, record, result.kinds, None))["latency_device"] == OTHER
 
 
+def test_a_search_for_the_generation_latency_is_priced_by_the_tables_generation_costs(micro, timed, tmp_path, capsys):
+    """search.latency_target=generate: the costs, the budget's ratio, the record, the history and the printed line
+    are the generated token's, not the train step's."""
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, "search", *micro_sets(micro, f"search.latency_table={timed}", f"search.out_dir={run}",
+                                                       "search.latency_target=generate", "search.latency_budget=0.9"))
+    assert code == 0, err
+    assert "predicted generated token" in out and f"on {OTHER}" in out
+    record = json.loads((run / "architecture.json").read_text())
+    summary, kinds = record["search"]["latency"], list(record["architecture"].values())
+    assert record["search"]["block_costs"] == {"attention": 0.8, "dense": 0.1, "identity": 0.0}
+    assert record["search"]["cost_unit"] == "ms/token" and summary["target"] == "generate"
+    generate = 0.5 + sum({"attention": 0.8, "dense": 0.1}.get(k, 0.0) for k in kinds)
+    assert summary["target_ms"] == pytest.approx(generate) == summary["generate_token_ms"]
+    assert summary["ratio"] == pytest.approx(generate / (0.5 + 0.8 + 0.1), abs=1e-4) and summary["within_budget"]
+    assert summary["train_step_ms"] == pytest.approx(5.0 + sum({"attention": 3.0, "dense": 1.0}.get(k, 0.0)
+                                                               for k in kinds))
+    lines = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert any("exported_cost_ratio" in line for line in lines)
+    assert all(line["latency_target"] == "generate" for line in lines if "exported_cost_ratio" in line)
+
+
+def test_a_version_1_table_prices_train_and_inference_and_refuses_generate(micro, timed, tmp_path, capsys):
+    def version_1(table):
+        table["version"] = 1
+        del table["constant_ms"]["generate"]
+        for costs in table["kinds_ms"].values():
+            del costs["generate"]
+
+    old = rewrite(timed, tmp_path, version_1)
+    for target in ("train", "inference"):
+        code, _, err = cli(capsys, "search", *micro_sets(micro, f"search.latency_table={old}",
+                                                         f"search.latency_target={target}",
+                                                         f"search.out_dir={tmp_path / target}"))
+        assert code == 0, err
+    code, _, err = cli(capsys, "search", *micro_sets(micro, f"search.latency_table={old}",
+                                                     "search.latency_target=generate",
+                                                     f"search.out_dir={tmp_path / 'generate'}"))
+    assert code == 2 and len(err.splitlines()) == 1 and "has no generate costs" in err, err
+    assert not (tmp_path / "generate").exists()
+
+
 def rewrite(timed, tmp_path, edit):
     table = json.loads(timed.read_text())
     edit(table)
@@ -150,6 +193,9 @@ def test_latency_refuses_a_folder_as_its_output_and_a_table_with_flops(micro, tm
     code, _, err = cli(capsys, "search", *micro_sets(micro, "search.latency_table=t.json", "search.penalty_cost=flops",
                                                      f"search.out_dir={tmp_path}/run"))
     assert code == 2 and "set search.penalty_cost=latency" in err and not (tmp_path / "run").exists(), err
+    code, _, err = cli(capsys, "search", *micro_sets(micro, "search.latency_target=decode",
+                                                     f"search.out_dir={tmp_path}/run"))
+    assert code == 2 and "search.latency_target must be one of train, inference, generate" in err, err
 
 
 @pytest.mark.skipif(not H100.is_file(), reason=f"{H100} not found (the shared tables beside PARNAS_DATA_DIR)")

@@ -74,7 +74,7 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
     out = tmp_path / "study"
     assert main(study_args(small_corpus, out)) == 0
     first = capsys.readouterr().out
-    assert "[search 2/2]" in first and "[retrain 1/" in first and "[timing 2/2]" in first
+    assert "[search 2/2]" in first and "[retrain 1/" in first and "[timing 3/3]" in first
 
     study = json.loads((out / "study.json").read_text())
     rows = study["rows"]
@@ -102,6 +102,8 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
         assert metrics["steps"] == 10 and metrics["architecture"] == row["layout"]
         assert row["val_ppl"] == metrics["val_ppl"] and row["test_ppl"] == metrics["test_ppl"] > 1
         assert row["train_tokens_per_s"] > 0 and row["inference_tokens_per_s"] > 0 and row["train_step_ms"] > 0
+        assert row["generate_token_ms"] > 0 and row["latency_target"] == "train"
+        assert row["target_ms"] == row["train_step_ms"]
         assert row["attention"] == row["layout"].count("A")
 
     with open(out / "study.csv") as f:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from parnas.config import TARGET_LABELS
 from parnas.errors import ParnasError
 from parnas.report.experiments import (
     EXPORTED_PPL_LABEL,
@@ -84,7 +85,7 @@ def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
                     xytext=(5, 4), fontsize=8)
     ax.set_xlabel(xlabel + "  \u2192 cheaper to the left", fontsize=9)
     ax.set_ylabel(EXPORTED_PPL_LABEL.replace(" (", "\n("), fontsize=9)
-    what = "predicted latency" if xlabel.startswith("predicted train step") else xlabel.split(" (")[0]
+    what = "predicted latency" if xlabel.startswith("predicted ") else xlabel.split(" (")[0]
     fig.suptitle(f"Perplexity vs {what} of the found architectures \u2014 {title}", fontsize=11)
     ax.set_title(f"labels: architecture ({LETTER_CODE}), trial", fontsize=8, color="#555555")
     ax.grid(alpha=0.3)
@@ -136,6 +137,7 @@ class _Row:
     block_costs: tuple[tuple[str, float], ...] = ()
     config: str = ""  # model settings, block costs and latency device: trials alike in these can be compared
     device: str | None = None  # the device whose latency table priced the trial
+    target: str = "train step"  # what that latency is (search.latency.target)
 
 
 def _finished_row(trial: Trial, note: Note) -> _Row | None:
@@ -155,7 +157,8 @@ def _finished_row(trial: Trial, note: Note) -> _Row | None:
                          latency.get("transformer_xl_ms")], sort_keys=True, default=str)
     return _Row(trial.id, FINISHED, exported, layout, latency_ratio(record), *trial_cost(record),
                 block_costs=tuple(sorted(costs.items())), config=config,
-                device=latency.get("device") if isinstance(latency.get("device"), str) else None)
+                device=latency.get("device") if isinstance(latency.get("device"), str) else None,
+                target=TARGET_LABELS.get(latency.get("target"), "train step"))
 
 
 def _history_row(trial: Trial, note: Note) -> _Row | None:
@@ -193,8 +196,10 @@ def experiment_points(trials: Mapping[str, Trial], note: Note = stderr_note) -> 
     units = {r.unit for r in base}
     if base and all(r.ratio is not None for r in base):
         devices = {r.device for r in base}  # named when one device priced them all (maybe not this machine)
-        axis, xlabel = "ratio", (LATENCY_LABEL.replace("train step", f"train step on {devices.pop()}")
-                                 if len(devices) == 1 and None not in devices else LATENCY_LABEL)
+        targets = {r.target for r in base}
+        target = targets.pop() if len(targets) == 1 else "latency"
+        on = f" on {devices.pop()}" if len(devices) == 1 and None not in devices else ""
+        axis, xlabel = "ratio", LATENCY_LABEL.replace("train step", f"{target}{on}")
     elif base and all(r.cost is not None for r in base) and len(units) == 1:
         axis, xlabel = "cost", f"cost of the exported architecture ({units.pop() or 'as recorded'})"
     else:

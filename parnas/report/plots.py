@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from parnas.config import TARGET_LABELS
 from parnas.files import current_umask
 from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
 from parnas.report.heatmap import (
@@ -255,10 +256,11 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
         at = f" at step {int(history.val_steps[-1]):,}"
     latency = search.get("latency") if isinstance(search.get("latency"), dict) else {}
     ratio, device = latency.get("ratio"), latency.get("device")
+    target = TARGET_LABELS.get(latency.get("target"), "train step")  # records before targets priced train steps
     on = f" on {device}" if isinstance(device, str) else ""  # the device whose costs priced it, maybe not this one
     facts = [f"{search['steps']:,} steps" if isinstance(search.get("steps"), int) else "",
              f"\u03c4 final {search['tau_final']:.3g}" if isinstance(search.get("tau_final"), (int, float)) else "",
-             f"predicted train step {ratio:.2f} \u00d7 Transformer-XL's{on}" if isinstance(ratio, (int, float))
+             f"predicted {target} {ratio:.2f} \u00d7 Transformer-XL's{on}" if isinstance(ratio, (int, float))
              else "",
              f"cost {search['architecture_cost']:.4g} {search.get('cost_unit', '')}".rstrip()
              if isinstance(search.get("architecture_cost"), (int, float)) else ""]

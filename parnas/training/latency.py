@@ -4,9 +4,12 @@ PAR's premise is that attention is the slow block; FLOPs say otherwise at short
 contexts (projections dominate), and neither counts softmax, masks, rel-shift or
 the optimiser. So the cost the search pays is timed, at the run's shapes:
 
-- a whole-model step (forward, backward, clipping, Adam; or forward alone for
-  ``inference``) of a model whose blocks are all ``identity`` gives the constant
-  part (embedding, head, optimiser of those);
+- a whole-model step of a model whose blocks are all ``identity`` gives the
+  constant part (embedding, head, optimiser of those). A step is one of three
+  *targets*: ``train`` (forward, backward, clipping, Adam on a batch of
+  segments), ``inference`` (forward alone, in evaluation, on the same batch) and
+  ``generate`` (batch 1, one token sampled from the whole vocabulary and fed back,
+  as ``parnas generate`` decodes, with its memory of ``mem_len + seg_len`` states);
 - the same model with every block of kind k gives, minus the constant, k's cost
   per block. The prediction for a layout is ``constant + sum of its blocks' costs``.
 
@@ -35,14 +38,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from parnas.config import Config, transformer_xl_layout
+from parnas.config import LATENCY_TARGETS, Config, transformer_xl_layout
 from parnas.errors import ConfigError
 from parnas.files import write_json_atomic
 from parnas.nn.model import build_fixed_model
 from parnas.training.task import adam
 
-MODES = ("train", "inference")
-FORMAT, VERSION = "parnas.latency", 1
+MODES = LATENCY_TARGETS  # the latency targets a table prices
+FORMAT, VERSION = "parnas.latency", 2
+VERSION_MODES = {1: ("train", "inference"), 2: MODES}  # what each format version holds (version 1 stays readable)
 
 
 def device_name(device: torch.device) -> str:
@@ -75,21 +79,25 @@ def _autocast(device: torch.device, precision: str) -> Any:
 
 
 class _Stepper:
-    """One model taking training (or inference) steps on a token stream, memory carried."""
+    """One model taking training, inference or generation steps on a token stream, memory carried."""
 
     def __init__(self, layout: Sequence[str], cfg: Config, vocab_size: int, mode: str, device: torch.device) -> None:
         torch.manual_seed(0)
         model_cfg = replace(cfg.model, n_blocks=len(layout), blocks=tuple(layout))
         self.model = build_fixed_model(model_cfg, vocab_size).to(device).train(mode == "train")
         self.mode, self.device, self.cfg = mode, device, cfg
+        if mode == "generate":  # parnas generate's memory: mem_len + seg_len states
+            self.model.mem_len = cfg.model.mem_len + cfg.data.seg_len
         # the optimiser training builds (fused where it may run), so the constant part is what a step pays
         self.optimizer = adam(self.model.parameters(), lr=cfg.train.lr,
                               precision=cfg.train.precision) if mode == "train" else None
         B, L = cfg.data.batch_size, cfg.data.seg_len
         self.stream = zipf_ids(B * L * 8 + 1, vocab_size).to(device)
-        self.mems, self.t = None, 0
+        self.mems, self.t, self.h = None, 0, None
 
     def steps(self, n: int) -> None:
+        if self.mode == "generate":
+            return self._generate(n)
         B, L = self.cfg.data.batch_size, self.cfg.data.seg_len
         for _ in range(n):
             t = self.t % 8 * B * L
@@ -108,6 +116,21 @@ class _Stepper:
             if self.cfg.train.clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip)
             self.optimizer.step()
+
+    @torch.no_grad()
+    def _generate(self, n: int) -> None:
+        """``n`` tokens decoded one at a time (batch 1), each sampled from the whole vocabulary and read back to
+        the host as ``parnas generate`` reads it; the first call fills the memory from the stream."""
+        L = self.cfg.data.seg_len
+        with _autocast(self.device, self.cfg.train.precision):
+            if self.mems is None:
+                for t in range(full_memory_steps(self.cfg) + 1):  # (1, L) segments until the memory is full
+                    self.h, self.mems = self.model(self.stream[t % 8 * L:(t % 8 + 1) * L][None], self.mems)
+            for _ in range(n):
+                logp = self.model.log_probs(self.h[:, -1]).float()  # (1, V)
+                token = torch.multinomial(logp.softmax(-1), 1)  # (1, 1)
+                int(token)  # the host reads every token it decodes
+                self.h, self.mems = self.model(token, self.mems)  # (1, 1, D)
 
 
 def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, *, mode: str = "train",
@@ -170,6 +193,11 @@ class LatencyTable:
     kinds_ms: dict[str, dict[str, float]]  # kind -> mode -> ms per block
     n_reference: int  # blocks in the uniform models that were timed
 
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The targets this table prices (a version-1 table has no ``generate``)."""
+        return tuple(m for m in MODES if m in self.constant_ms)
+
     def block_ms(self, kind: str, mode: str = "train") -> float:
         if kind not in self.kinds_ms:
             raise KeyError(f"no latency for block kind {kind!r} in this table ({sorted(self.kinds_ms)})")
@@ -194,7 +222,7 @@ class LatencyTable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LatencyTable:
-        if d.get("format") != FORMAT or d.get("version") != VERSION:
+        if d.get("format") != FORMAT or d.get("version") not in VERSION_MODES:
             raise ValueError("not a parnas latency table")
         return cls(d["key"], d["constant_ms"], d["kinds_ms"], int(d["n_reference"]))
 
@@ -272,7 +300,7 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
                       and set(key["kinds"]) <= set(table.key["kinds"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if covers:
+        if covers and table.modes == MODES:  # a table cached before generation was timed is timed again
             return table.for_run(key)
     return None
 
@@ -298,13 +326,14 @@ def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> lis
             for k in sorted(set(table) | set(run)) if table.get(k, "absent") != run.get(k, "absent")]
 
 
-def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "search.latency_table") -> LatencyTable:
+def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "search.latency_table",
+                   target: str = "train") -> LatencyTable:
     """The table at ``path`` (timed anywhere, e.g. by ``parnas latency`` on the target GPU) for a run whose own
     key is ``run_key``, restricted to its kinds: its shapes must be the run's, its device may differ.
 
     Raises :class:`ConfigError` (one line naming ``setting``) for a file that is not a parnas latency table,
-    one timed at other shapes (each differing key with both values), or one without a cost for a kind the run
-    needs."""
+    one timed at other shapes (each differing key with both values), one without a cost for a kind the run
+    needs, or one without the run's latency ``target`` (a version-1 table has no ``generate``)."""
     path = Path(path)
     try:
         data = json.loads(path.read_bytes())
@@ -314,8 +343,11 @@ def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "se
         raise ConfigError(f"{setting}: {path} is not a parnas latency table (not JSON)") from None
     table = _valid_table(data)
     if table is None:
-        raise ConfigError(f"{setting}: {path} is not a parnas latency table (format {FORMAT!r} version {VERSION}, "
-                          "as `parnas latency` writes)")
+        raise ConfigError(f"{setting}: {path} is not a parnas latency table (format {FORMAT!r} version "
+                          f"{' or '.join(map(str, VERSION_MODES))}, as `parnas latency` writes)")
+    if target not in table.modes:
+        raise ConfigError(f"{setting}: {path} has no {target} costs (it prices {', '.join(table.modes)}: format "
+                          f"version {data.get('version')}); time it again with `parnas latency` on its device")
     differences = shape_differences(table.key, run_key)
     if differences:
         raise ConfigError(f"{setting}: {path} was timed at other shapes than this run's: {'; '.join(differences)}")
@@ -328,17 +360,18 @@ def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "se
 
 
 def _valid_table(data: Any) -> LatencyTable | None:
-    """``data`` as a table if it is a whole, well-typed version-1 table, else None."""
+    """``data`` as a table if it is a whole, well-typed table of a version this parnas reads, else None."""
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
     try:
         table = LatencyTable.from_dict(data)
+        modes = VERSION_MODES[data["version"]]
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     ok = (isinstance(table.key, dict) and isinstance(table.key.get("device"), str)
           and isinstance(table.key.get("model"), dict) and isinstance(table.constant_ms, dict)
-          and all(number(table.constant_ms.get(mode)) for mode in MODES) and isinstance(table.kinds_ms, dict)
-          and all(isinstance(v, dict) and all(number(v.get(mode)) for mode in MODES)
+          and all(number(table.constant_ms.get(mode)) for mode in modes) and isinstance(table.kinds_ms, dict)
+          and all(isinstance(v, dict) and all(number(v.get(mode)) for mode in modes)
                   for v in table.kinds_ms.values()))
     return table if ok else None
