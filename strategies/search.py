@@ -18,8 +18,8 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -330,3 +330,23 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
 
         nni.report_final_result(nni_metric(result, latency))
     return record
+
+
+def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Validation perplexity of each layout with the weights a finished search's supernet left (each block fixed
+    to the layout's kind, no retraining), keyed by layout string: what the search believed of each layout,
+    which a study ranks against the retrained perplexities. Layouts must have the supernet's ``n_blocks``."""
+    saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
+    tokenizer, splits = load_splits(cfg.data)
+    free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
+    search = build_search(replace(cfg, search=replace(cfg.search, latency_budget=None, penalty_weight=0.0)),
+                          splits, tokenizer.vocab_size, run_dir, costs=free)
+    search.module.set_model(search.supernet)
+    search.module.load_state_dict(saved["state_dict"])
+    device = training_device(cfg.train)
+    search.supernet.to(device)
+    out = {}
+    for kinds in layouts:
+        sums = exported_nll(search.supernet, search.module.choices(), list(kinds), search.data.batches("valid"))
+        out[layout_string(kinds)] = math.exp(float(sums[0] / sums[1]))
+    return out

@@ -15,7 +15,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
-                     candidates=args.candidates or ())
+                     candidates=args.candidates or (), retrain_seeds=args.retrain_seeds)
     study = run_study(plan, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:
@@ -38,6 +38,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
+    p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
+                   help="retrain every layout K times (train.seed, +1, ...): the verdicts then weigh differences "
+                        "against the seed spread (default 1)")
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")

@@ -37,10 +37,10 @@ COLUMNS = [  # (key, header, format)
     ("search_val_ppl", "search val ppl", "{:.2f}"), ("supernet_val_ppl", "supernet val ppl", "{:.2f}"),
     ("predicted_ratio", "predicted ratio", "{:.3f}"),
 ]
-CSV_KEYS = [k for k, _, _ in COLUMNS] + ["inference_step_ms", "inference_ratio", "generate_token_ms", "generate_ratio",
-                                         "run"]
-STYLE = {"random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60), "transformer-xl": ("s", "#000000", 80),
-         "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
+CSV_KEYS = [k for k, _, _ in COLUMNS] + ["val_ppl_std", "inference_step_ms", "inference_ratio", "generate_token_ms",
+                                         "generate_ratio", "run"]
+STYLE = {"random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60), "front": ("s", "#9467bd", 50),
+         "transformer-xl": ("s", "#000000", 80), "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
 
 
 
@@ -64,7 +64,8 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
             "role": e.role, "candidates": e.candidates,
             "budget": None if e.role == "transformer-xl" else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "attention": e.kinds.count("attention"),
-            "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"),
+            "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
+            "val_ppl_seeds": m.get("val_ppl_seeds"),
             "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
             "inference_step_ms": infer_ms[e.layout],
             "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
@@ -215,13 +216,20 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
             f"({', '.join(layouts)}) -> {answer}; {agreement}.")
 
 
-def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Plain-language answers to the study's three questions, per group, from the numbers."""
+def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
+             ranking: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """Plain-language answers to the study's questions, per group, from the numbers: the claim, the orderings,
+    the depths, the found model against the depth-scaled Transformer-XL front; then each search's ranking
+    fidelity."""
+    from study.front import front_verdict
+    from study.ranking import ranking_verdict
+
     lines = []
     for s in summary:
         found = _of(rows, "found", (s["candidates"], s["budget"]))
-        lines += [claim_verdict(s, found), orderings_verdict(rows, s, found), depth_verdict(s, found)]
-    return lines
+        lines += [claim_verdict(s, found), orderings_verdict(rows, s, found), depth_verdict(s, found),
+                  front_verdict(group_name(s), found, rows)]
+    return lines + [ranking_verdict(name, result) for name, result in (ranking or {}).items()]
 
 
 # --- files ---------------------------------------------------------------------------------------------
@@ -330,18 +338,20 @@ def _label_groups(points: Mapping[str, tuple[float, float]], near: float = 0.015
     return groups
 
 
-def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any]) -> dict[str, Any]:
+def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any],
+                 ranking: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """``study.md``, ``study.csv``, ``study.png`` and ``study.json`` in ``plan.out``; returns the JSON's content."""
     from parnas.report.plots import save_figure
 
     summary = summarise(rows)
-    lines = verdicts(rows, summary)
+    lines = verdicts(rows, summary, ranking)
     out = Path(plan.out)
     study = {"format": "parnas.study", "version": 1, "config": plan.config, "overrides": list(plan.overrides),
              "seeds": plan.seeds, "budgets": budgets(rows), "search_steps": plan.search_steps,
              "candidate_sets": [list(c) for c in getattr(plan, "candidate_sets", ())],
              "retrain_steps": plan.retrain_steps, "random_orderings": plan.random_orderings, "timing": dict(timing),
-             "rows": rows, "summary": summary, "verdicts": lines}
+             "retrain_seeds": getattr(plan, "retrain_seeds", 1), "rows": rows, "summary": summary,
+             "ranking": dict(ranking or {}), "verdicts": lines}
     write_text_atomic(out / "study.md", markdown(plan, rows, summary, lines, timing))
     write_text_atomic(out / "study.csv", to_csv(rows))
     save_figure(study_figure(rows, f"parnas study ({plan.config or 'defaults'}, {timing['device']})"),

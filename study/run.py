@@ -25,6 +25,7 @@ import json
 import math
 import random
 import shutil
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +50,7 @@ from parnas.files import write_json_atomic
 from parnas.training.devices import check_devices
 from study.report import budget_label
 
-ROLES = ("found", "transformer-xl", "sandwich", "random")
+ROLES = ("found", "transformer-xl", "front", "sandwich", "random")
 # Settings that change no figure of the study; any other difference from the first run is refused.
 IGNORED_SETTINGS = {"train.out_dir", "search.out_dir", "train.log_every", "search.log_every", "train.ckpt_every",
                     "train.eval_every"}
@@ -72,6 +73,7 @@ class Plan:
     random_orderings: int = 3
     rounds: int = 5
     candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
+    retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
 
     @property
     def searches(self) -> list[Search]:
@@ -150,18 +152,18 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
-              rounds: int = 5, candidates: Sequence[str] = ()) -> Plan:
+              rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
     for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
                                ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
-                               ("--rounds", rounds, 1)):
+                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
     if candidate_sets and "candidates" in parse_overrides(overrides).get("search", {}):
         raise ConfigError("give the candidate sets with --candidates alone, not also --set search.candidates")
     plan = Plan(config, tuple(overrides), load_config(config, overrides), seeds, parse_budgets(budgets), Path(out),
-                search_steps, retrain_steps, random_orderings, rounds, candidate_sets)
+                search_steps, retrain_steps, random_orderings, rounds, candidate_sets, retrain_seeds)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     check_devices(plan.base.train)
@@ -190,9 +192,12 @@ def search_config(plan: Plan, search: Search) -> Config:
     return with_settings(plan.base, settings)
 
 
-def retrain_overrides(plan: Plan, run_dir: Path) -> list[str]:
-    """``--set`` pairs of every retrain: the user's, the step count, the run directory (the seed is the config's)."""
+def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:
+    """``--set`` pairs of every retrain: the user's, the step count, the run directory, and for the k-th retrain
+    seed (k > 0) ``train.seed`` + k (the first is the config's own seed)."""
     extra = [f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else []
+    if seed_offset:
+        extra.append(f"train.seed={plan.base.train.seed + seed_offset}")
     return [*plan.overrides, *extra, f"train.out_dir={json.dumps(str(run_dir))}"]  # a JSON string is YAML
 
 
@@ -207,7 +212,7 @@ def search_dir(plan: Plan, search: Search) -> Path:
 
 def settings_record(plan: Plan) -> dict[str, Any]:
     return {"config": plan.config, "settings": _flatten(plan.base.to_dict()), "search_steps": plan.search_steps,
-            "retrain_steps": plan.retrain_steps}
+            "retrain_steps": plan.retrain_steps}  # retrain seeds may be added: earlier retrains are kept
 
 
 def check_same_settings(plan: Plan) -> None:
@@ -276,9 +281,13 @@ def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequenc
 
 
 def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
-    """Every row of the study: Transformer-XL once, then per search its found, sandwich and random layouts."""
+    """Every row of the study: Transformer-XL and its shallower front once, then per search its found, sandwich
+    and random layouts."""
+    from study.front import front_layouts
+
     n_blocks = len(next(iter(found.values()))["architecture"])
     entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks))]
+    entries += [Entry("front", kinds) for kinds in front_layouts(n_blocks)]
     for search, record in found.items():
         kinds = tuple(architecture.layout(record))
         ordered = sandwich(kinds)
@@ -325,8 +334,9 @@ def run_searches(plan: Plan, progress: Progress) -> dict[Search, dict[str, Any]]
 def layout_file(plan: Plan, kinds: Sequence[str], like: Mapping[str, Any]) -> Path:
     """An architecture JSON for ``kinds`` with the model settings and tokenizer of the found record ``like``."""
     path = plan.out / "layouts" / f"{architecture.layout_string(kinds)}.json"
+    model = dataclasses.replace(architecture.model_config(like), n_blocks=len(kinds))  # the front's are shallower
     record = architecture.make_record({architecture.label(i): k for i, k in enumerate(kinds)},
-                                      architecture.model_config(like), like["model"]["vocab_size"],
+                                      model, like["model"]["vocab_size"],
                                       tokenizer=like.get("tokenizer"), search={"layout": "parnas study"})
     architecture.write(path, record)
     return path
@@ -334,28 +344,46 @@ def layout_file(plan: Plan, kinds: Sequence[str], like: Mapping[str, Any]) -> Pa
 
 def run_retrains(plan: Plan, entries: Sequence[Entry], like: Mapping[str, Any],
                  progress: Progress) -> dict[str, dict[str, Any]]:
-    """Each distinct layout's retrain metrics, keyed by layout string; a layout is trained once."""
+    """Each distinct layout's retrain metrics, keyed by layout string: a layout is trained once per retrain seed
+    (``retrain/<LAYOUT>``, then ``retrain/<LAYOUT>-s<k>``), and its metrics are the first seed's with the
+    perplexities averaged over the seeds (:func:`over_seeds`)."""
     from retrain.run import retrain
 
     layouts: dict[str, list[Entry]] = {}
     for entry in entries:
         layouts.setdefault(entry.layout, []).append(entry)
-    metrics = {}
-    for i, (code, roles) in enumerate(layouts.items(), 1):
-        run_dir = plan.out / "retrain" / code
-        names = ", ".join(sorted({e.role for e in roles}, key=ROLES.index))
+    runs = [(code, k) for code in layouts for k in range(plan.retrain_seeds)]
+    metrics: dict[str, list[dict[str, Any]]] = {}
+    for i, (code, k) in enumerate(runs, 1):
+        roles = layouts[code]
+        run_dir = plan.out / "retrain" / (code if k == 0 else f"{code}-s{k}")
+        names = ", ".join(sorted({e.role for e in roles}, key=ROLES.index)) + (f" (retrain seed {k})" if k else "")
         if (run_dir / "metrics.json").is_file():
-            metrics[code] = json.loads((run_dir / "metrics.json").read_text())
-            progress("retrain", i, len(layouts), f"{names} {code}: done already, val ppl {_ppl(metrics[code])}")
+            metrics.setdefault(code, []).append(json.loads((run_dir / "metrics.json").read_text()))
+            progress("retrain", i, len(runs), f"{names} {code}: done already, val ppl {_ppl(metrics[code][-1])}")
             continue
         resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)  # interrupted before its first checkpoint: start clean
-        progress("retrain", i, len(layouts), f"{names} {code}{' (resumed)' if resume else ''} ...")
+        progress("retrain", i, len(runs), f"{names} {code}{' (resumed)' if resume else ''} ...")
         arch = layout_file(plan, roles[0].kinds, like)
-        metrics[code] = retrain(str(arch), plan.config, retrain_overrides(plan, run_dir), resume=resume)
-        progress("retrain", i, len(layouts), f"{names} {code}: val ppl {_ppl(metrics[code])}")
-    return metrics
+        metrics.setdefault(code, []).append(retrain(str(arch), plan.config, retrain_overrides(plan, run_dir, k),
+                                                    resume=resume))
+        progress("retrain", i, len(runs), f"{names} {code}: val ppl {_ppl(metrics[code][-1])}")
+    return {code: over_seeds(runs) for code, runs in metrics.items()}
+
+
+def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One layout's metrics over its retrain seeds: the first run's, with val/test ppl their mean over the seeds
+    whose perplexity is finite, ``val_ppl_std`` (None for one seed) and ``val_ppl_seeds``, each seed's."""
+    out = dict(runs[0])
+    for key in ("val_ppl", "test_ppl"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = sum(values) / len(values) if values else None
+        out[f"{key}_seeds"] = [r.get(key) for r in runs]
+    values = [v for v in out["val_ppl_seeds"] if v is not None]
+    out["val_ppl_std"] = statistics.stdev(values) if len(values) > 1 else None
+    return out
 
 
 def _ppl(metrics: Mapping[str, Any]) -> str:
@@ -388,6 +416,7 @@ def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, pro
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     """Search, retrain, time and report; returns what ``<out>/study.json`` holds."""
+    from study.ranking import measure_ranking
     from study.report import build_rows, write_report
 
     progress = Progress(log)
@@ -400,6 +429,11 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     layouts = list(dict.fromkeys(e.kinds for e in entries))
     timing = measure(plan, layouts, like["model"]["vocab_size"], progress)
     rows = build_rows(entries, metrics, timing, plan.out)
-    study = write_report(plan, rows, timing)
+    shared = [e for e in entries if e.role in ("transformer-xl", "front")]
+    ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),
+                                shared + [e for e in entries if (e.budget, e.seed, e.candidates)
+                                          == (s.budget, s.seed, s.label) and e.role != "transformer-xl"])
+                               for s in found], metrics, progress)
+    study = write_report(plan, rows, timing, ranking)
     log(f"written {plan.out / 'study.md'}, study.csv, study.png and study.json")
     return study

@@ -92,7 +92,16 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
         if orderings_of(layout) > 2:
             assert not {r["layout"] for r in mine["random"]} & {layout, mine["sandwich"][0]["layout"]}
         assert mine["found"][0]["search_val_ppl"] is not None
-    assert len(rows) == 1 + SEEDS * (2 + RANDOM)
+    assert [r["layout"] for r in rows if r["role"] == "front"] == ["AD"]  # the depth-scaled Transformer-XL front
+    assert len(rows) == 1 + 1 + SEEDS * (2 + RANDOM)
+    for seed in range(SEEDS):  # each search's supernet read every retrained layout of its depth
+        ranking = study["ranking"][f"budget none, seed {seed}"]
+        assert set(ranking["inherited"]) == {r["layout"] for r in rows if r["role"] in ("transformer-xl", "front")
+                                             or r["seed"] == seed}
+        assert all(p > 1 for p in ranking["inherited"].values())
+        assert ranking["tau"] is None or -1 <= ranking["tau"] <= 1
+    assert sum("ranking fidelity" in line for line in study["verdicts"]) == SEEDS
+    assert sum("Transformer-XL front" in line for line in study["verdicts"]) == 1
 
     layouts = {r["layout"] for r in rows}
     runs = {p.name: p / "metrics.json" for p in (out / "retrain").iterdir()}
@@ -111,7 +120,7 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
     assert [(r["role"], r["layout"]) for r in table] == [(r["role"], r["layout"]) for r in rows]
     assert (out / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (out / "study.md").read_text()
-    assert text.count("- budget none:") == 3 and all(r["layout"] in text for r in rows)
+    assert text.count("- budget none:") == 4 and all(r["layout"] in text for r in rows)
     assert study["summary"][0]["seeds"] == SEEDS
 
     # a rerun skips finished work and resumes what was interrupted after its last checkpoint
@@ -147,7 +156,7 @@ def test_candidate_sets_are_searched_side_by_side_against_one_transformer_xl(sma
     assert [r["layout"] for r in study["rows"] if r["role"] == "transformer-xl"] == ["ADAD"]
     assert [(s["candidates"], s["budget"]) for s in study["summary"]] == [("ADI", "none"), ("ACDGI", "none")]
     text = (out / "study.md").read_text()
-    assert text.count("- candidates ACDGI, budget none:") == 3 and "| candidates | budget |" in text
+    assert text.count("- candidates ACDGI, budget none:") == 4 and "| candidates | budget |" in text
 
 
 def test_verdicts_follow_the_numbers():
@@ -159,7 +168,8 @@ def test_verdicts_follow_the_numbers():
     for seed, (layout, ppl) in enumerate([("AAADDI", 50.3), ("AADADI", 50.4)]):
         rows += [row("found", layout, ppl, 0.6, seed), row("sandwich", "AAADDI", 50.3, 0.6, seed),
                  row("random", "DIAADA", 52.0, 0.6, seed), row("random", "IDADAA", 53.0, 0.6, seed)]
-    claim, orders, depth = verdicts(rows, summarise(rows))
+    claim, orders, depth, front = verdicts(rows, summarise(rows))
+    assert "outside the front's costs" in front  # no shallower Transformer-XL was trained: no front to read
     assert "2 of 2 seeds reach" in claim and claim.endswith("-> yes.")
     assert "random orderings in 2 of 2 seeds" in orders and "sandwich ordering in 0 of 1 seeds" in orders
     assert "in 2 of 2 seeds" in depth and "the seeds agree" in depth and "same kind at 4 of 6 depths" in depth
@@ -192,6 +202,7 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
     (["--candidates", "attention,dense", "--candidates", "attention, dense"], "a set twice"),
     (["--candidates", "attention,warp_drive"], "warp_drive"),
     (["--candidates", "attention,dense", "--set", "search.candidates=[attention,identity]"], "--candidates alone"),
+    (["--retrain-seeds", "0"], "--retrain-seeds must be >= 1"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "study"
@@ -208,7 +219,7 @@ def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no
              "latency_ratio": 0.9, "train_step_ms": 9.0},
             {"role": "sandwich", "candidates": "ACD", "budget": "none", "seed": 0, "layout": "ACDD",
              "val_ppl": 49.0, "latency_ratio": 0.9, "train_step_ms": 9.0}]
-    claim, orders, depth = verdicts(rows, summarise(rows))
+    claim, orders, depth, _ = verdicts(rows, summarise(rows))
     assert claim.startswith("candidates ACD, budget none: 0 of 1 seeds")
     assert "sandwich ordering in 0 of 1 seeds (random orderings: none trained)" in orders and "0 of 0" not in orders
     assert depth.endswith("-> yes; one seed: agreement across seeds not measured.")
@@ -220,3 +231,53 @@ def test_coincident_points_of_the_study_figure_share_one_label():
     points = {"AIAIAIIIIADD": (163.6, 64.54), "AAAADDIIIIII": (162.7, 64.54), "ADADADADADAD": (286.6, 63.27)}
     assert _label_groups(points) == [(["AIAIAIIIIADD", "AAAADDIIIIII"], (163.6, 64.54)),
                                      (["ADADADADADAD"], (286.6, 63.27))]
+
+
+# --- the front and ranking fidelity -------------------------------------------------------------------------------
+
+def front_rows(found_ppls, front_std=None):
+    rows = [{"role": "transformer-xl", "layout": "ADADADAD", "latency_ratio": 1.0, "val_ppl": 40.0,
+             "val_ppl_std": front_std},
+            {"role": "front", "layout": "ADADAD", "latency_ratio": 0.8, "val_ppl": 42.0, "val_ppl_std": front_std},
+            {"role": "front", "layout": "ADAD", "latency_ratio": 0.6, "val_ppl": 46.0, "val_ppl_std": front_std},
+            {"role": "front", "layout": "AD", "latency_ratio": 0.4, "val_ppl": 55.0, "val_ppl_std": front_std}]
+    found = [{"role": "found", "layout": "AIAIDDDI", "latency_ratio": 0.7, "val_ppl": sum(p) / len(p),
+              "val_ppl_seeds": p} for p in found_ppls]
+    return rows + found, found
+
+
+def test_the_front_is_read_at_the_found_models_cost_and_judged_against_the_seed_spread():
+    from study.front import at_cost, front_points, front_verdict
+
+    rows, found = front_rows([[42.0, 42.4]])
+    assert at_cost(front_points(rows), 0.7) == (pytest.approx(44.0), None)  # halfway between ADAD and ADADAD
+    assert at_cost(front_points(rows), 0.3) is None
+    rows, found = front_rows([[42.0, 42.4]], front_std=0.2)
+    assert "below the front (better)" in front_verdict("budget 0.7", found, rows)  # 42.2 vs 44.0, spread ~0.35
+    rows, found = front_rows([[43.0, 45.0]], front_std=0.2)
+    assert "not distinguishable" in front_verdict("budget 0.7", found, rows)  # 44.0 vs 44.0
+    rows, found = front_rows([[47.0, 47.2]], front_std=0.2)
+    assert "above the front (worse)" in front_verdict("budget 0.7", found, rows)
+    rows, found = front_rows([[42.0]])
+    assert "no seed spread" in front_verdict("budget 0.7", found, rows)
+
+
+def test_kendall_tau_ranks_layouts_and_needs_three():
+    from study.ranking import kendall_tau, padded, ranking_verdict
+
+    retrained = {"ADAD": 40.0, "AADD": 41.0, "DDAA": 45.0, "IIAD": 50.0}
+    assert kendall_tau({k: v * 3 for k, v in retrained.items()}, retrained) == pytest.approx(1.0)
+    assert kendall_tau(dict(zip(retrained, [4.0, 3.0, 2.0, 1.0])), retrained) == pytest.approx(-1.0)
+    assert kendall_tau({"ADAD": 1.0, "AADD": 2.0}, retrained) is None
+    assert padded(("attention", "dense"), 4) == ("attention", "dense", "identity", "identity")
+    assert "below 0.5" in ranking_verdict("s", {"tau": 0.2, "inherited": retrained})
+    assert "below" not in ranking_verdict("s", {"tau": 0.8, "inherited": retrained})
+
+
+def test_retrain_seeds_average_the_perplexities_and_keep_each_seeds():
+    from study.run import over_seeds
+
+    merged = over_seeds([{"val_ppl": 40.0, "test_ppl": 41.0, "steps": 10}, {"val_ppl": 42.0, "test_ppl": None}])
+    assert merged["val_ppl"] == 41.0 and merged["val_ppl_seeds"] == [40.0, 42.0] and merged["steps"] == 10
+    assert merged["val_ppl_std"] == pytest.approx(2 ** 0.5) and merged["test_ppl"] == 41.0
+    assert over_seeds([{"val_ppl": 40.0, "test_ppl": 41.0}])["val_ppl_std"] is None

@@ -1,0 +1,73 @@
+"""The study's verdict against the depth-scaled Transformer-XL front.
+
+"Cheaper than Transformer-XL at the same perplexity" must beat the obvious way of being cheaper: a
+shallower Transformer-XL. The front is the standard layouts with 2, 4, ... N blocks (the N-block one is
+the study's Transformer-XL), retrained and timed like every other layout. A found model is judged against
+the front's perplexity *at its own cost*, read off the front by linear interpolation between the two
+front layouts whose costs bracket it (the front is only known at those points; outside their range there
+is no verdict). The difference counts only when it exceeds the seed spread: the standard deviations over
+retrain seeds (and search seeds) of the found model and of the two front points, combined.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from parnas.config import transformer_xl_layout
+
+Row = Mapping[str, Any]
+
+
+def front_layouts(n_blocks: int) -> list[tuple[str, ...]]:
+    """The shallower standard layouts: 2, 4, ... blocks below ``n_blocks`` (which the study trains anyway)."""
+    return [transformer_xl_layout(n) for n in range(2, n_blocks, 2)]
+
+
+def front_points(rows: Sequence[Row]) -> list[tuple[float, float, float | None]]:
+    """(cost ratio, mean val ppl, its spread over retrain seeds) of each front layout and Transformer-XL, by cost."""
+    points = [(r["latency_ratio"], r["val_ppl"], r.get("val_ppl_std")) for r in rows
+              if r["role"] in ("front", "transformer-xl") and r["val_ppl"] is not None]
+    return sorted(set(points), key=lambda p: p[0])
+
+
+def at_cost(points: Sequence[tuple[float, float, float | None]], ratio: float) -> tuple[float, float | None] | None:
+    """The front's perplexity (and spread) at ``ratio``, interpolated between the bracketing points; None outside."""
+    for (x0, y0, s0), (x1, y1, s1) in zip(points, points[1:]):
+        if x0 <= ratio <= x1:
+            w = 0.0 if x1 == x0 else (ratio - x0) / (x1 - x0)
+            spread = None if s0 is None or s1 is None else (1 - w) * s0 + w * s1
+            return (1 - w) * y0 + w * y1, spread
+    return None
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
+    """``name``'s found models (one per search seed) against the front at their mean cost."""
+    ppls = [p for r in found for p in (r.get("val_ppl_seeds") or [r["val_ppl"]]) if p is not None]
+    if not ppls:
+        return f"{name}: against the Transformer-XL front: no perplexity (not finite)"
+    ppl, ratio = statistics.fmean(ppls), statistics.fmean(r["latency_ratio"] for r in found)
+    points = front_points(rows)
+    front = at_cost(points, ratio)
+    if front is None:
+        costs = ", ".join(f"{x:.2f}" for x, _, _ in points)
+        return (f"{name}: against the Transformer-XL front: cost {ratio:.2f}x lies outside the front's costs "
+                f"({costs}); no verdict")
+    front_ppl, front_spread = front
+    gap = (ppl / front_ppl - 1) * 100
+    parts = [s for s in (_spread(ppls), front_spread) if s is not None]
+    head = (f"{name}: val ppl {ppl:.2f} at {ratio:.2f}x Transformer-XL's cost vs {front_ppl:.2f} on the "
+            f"depth-scaled Transformer-XL front at that cost ({gap:+.1f}%)")
+    if not parts:
+        return f"{head}; one retrain of each: no seed spread to judge by (use --retrain-seeds 3)"
+    spread = math.sqrt(sum(s * s for s in parts))
+    if abs(ppl - front_ppl) <= spread:
+        return f"{head}: on the front, not distinguishable (within the seed spread ±{spread:.2f})"
+    return f"{head}: {'below the front (better)' if ppl < front_ppl else 'above the front (worse)'} beyond the seed " \
+           f"spread ±{spread:.2f}"
