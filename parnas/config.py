@@ -31,6 +31,9 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # torch.compile's modes for the fixed model ("none": eager). CUDA graphs ("reduce-overhead") are not offered yet:
 # the memory a step hands the next is an output of the previous graph replay, which a replay may overwrite.
 COMPILE_MODES = ("none", "default", "max-autotune")
+# parnas search --strategy: PAR's own (strategies.search), NNI's one-shot ones, NNI's multi-trial ones
+SEARCH_STRATEGIES = ("par-gumbel-darts", "darts", "gumbel-darts", "random-oneshot", "proxyless", "enas", "random",
+                     "regularized-evolution", "tpe", "grid")
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
 TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}
 TARGET_LABELS = {"train": "train step", "inference": "inference segment", "generate": "generated token"}
@@ -189,6 +192,9 @@ class SearchConfig:
     device, e.g. a GPU) to price the blocks with instead of timing them here; its
     shapes must be the run's, its device may be any.
 
+    ``strategy``: ``par-gumbel-darts`` (this search) or one of NNI's own
+    (``parnas search --strategy``).
+
     ``latency_target``: which latency the cost is: ``train`` (a training step),
     ``inference`` (a forward pass over a batch of segments) or ``generate``
     (one token decoded at batch 1, as ``parnas generate`` does).
@@ -208,6 +214,7 @@ class SearchConfig:
     latency_budget: float | None = None
     latency_table: str | None = None
     latency_target: str = "train"
+    strategy: str = "par-gumbel-darts"
     dual_lr: float = 0.05
     log_every: int = 10
     out_dir: str = "runs/search"
@@ -238,6 +245,8 @@ class SearchConfig:
                      "set search.penalty_cost=latency")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
+        _require(self.strategy in SEARCH_STRATEGIES,
+                 f"search.strategy must be one of {', '.join(SEARCH_STRATEGIES)}, not {self.strategy!r}")
         _require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
         _require(self.latency_target == "train" or self.penalty_cost == "latency",

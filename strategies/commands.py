@@ -13,8 +13,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     from parnas.config import load_config
     from parnas.files import check_writable_dir
 
+    if args.strategy:
+        args.set = [*args.set, f"search.strategy={args.strategy}"]
     if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
-        check_writable_dir(load_config(args.config, args.set).search.out_dir)
+        from strategies.nni_strategies import check_strategy
+
+        early = load_config(args.config, args.set)
+        check_strategy(early, args.resume)
+        check_writable_dir(early.search.out_dir)
     from strategies.search import in_nni_trial, run_search, trial_parameters
 
     params = trial_parameters()
@@ -22,7 +28,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
         args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
                             f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
-    record = run_search(cfg, resume=args.resume)
+    if cfg.search.strategy == "par-gumbel-darts":
+        record = run_search(cfg, resume=args.resume)
+    else:
+        from strategies.nni_strategies import check_strategy, run_nni_search
+
+        check_strategy(cfg, args.resume)
+        record = run_nni_search(cfg)
     if record:
         from parnas.architecture import layout, layout_string, legend
         from parnas.config import TARGET_LABELS
@@ -30,8 +42,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         search = record["search"]
         print(f"architecture {layout_string(layout(record))} ({legend(search.get('candidates') or layout(record))}) "
               f"after {search['steps']} steps")
-        print(f"  val ppl {search['val_ppl']:.2f} exported architecture (supernet weights, not retrained); "
-              f"{search['supernet_val_ppl']:.2f} supernet (discretisation gap {search['discretisation_gap']:+.2f})")
+        line = f"  val ppl {search['val_ppl']:.2f} exported architecture (supernet weights, not retrained)" \
+            if search.get("val_ppl") is not None else "  val ppl of the exported architecture: not finite"
+        if search.get("discretisation_gap") is not None:
+            line += (f"; {search['supernet_val_ppl']:.2f} supernet (discretisation gap "
+                     f"{search['discretisation_gap']:+.2f})")
+        elif search.get("supernet_val_ppl") is not None:
+            line += f"; {search['supernet_val_ppl']:.2f} supernet"
+        print(line + ("" if search.get("strategy") == "par-gumbel-darts" else f" -- NNI's {search['strategy']}"))
         latency = search.get("latency")
         if latency:
             budget = latency["budget"]
@@ -121,6 +139,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = add_command(sub, "search", cmd_search)
     add_config_args(p)
+    p.add_argument("--strategy", default=None, metavar="NAME",
+                   help="par-gumbel-darts (default: parnas's own), or NNI's darts, gumbel-darts, random-oneshot, "
+                        "proxyless (same as --set search.strategy=NAME)")
     p.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last.ckpt")
     p = add_command(sub, "latency", cmd_latency)
     add_config_args(p)

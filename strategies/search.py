@@ -260,7 +260,11 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, A
 def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
-    Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched."""
+    Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched.
+    PAR's strategy only: ``parnas search`` runs another ``search.strategy`` with
+    :func:`strategies.nni_strategies.run_nni_search`."""
+    if cfg.search.strategy != "par-gumbel-darts":
+        raise ParnasError(f"run_search runs par-gumbel-darts, not search.strategy={cfg.search.strategy}")
     check_devices(cfg.train)
     if cfg.train.compile != "none":
         raise ParnasError(f"train.compile={cfg.train.compile} compiles the fixed model of train and retrain; a "
@@ -306,7 +310,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     record = architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities,
         tokenizer=tokenizer.identity(),
-        search={"strategy": "gumbel-darts", "mode": cfg.search.mode, "steps": steps, "tau_final": module.tau,
+        search={"strategy": "par-gumbel-darts", "mode": cfg.search.mode, "steps": steps, "tau_final": module.tau,
                 "val_ppl": round(result.val_ppl, 4), "supernet_val_ppl": round(result.supernet_val_ppl, 4),
                 "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",

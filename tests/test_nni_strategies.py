@@ -96,3 +96,75 @@ def test_importing_parnas_leaves_nni_strategies_importable():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
                          env={**os.environ, "PYTHONPATH": root})
     assert out.stdout.split()[-1] == "nni.nas.oneshot.pytorch.strategy", out.stderr
+
+
+# --- parnas search --strategy NAME ---------------------------------------------------------------------------------
+
+def test_the_fixed_model_with_the_supernets_weights_computes_what_the_supernet_computes_for_that_layout(tmp_path):
+    """What ``--strategy`` reports as the exported architecture's val ppl: NNI's mixed layers name each candidate
+    by its kind, and dropping that name gives the fixed model the supernet's weights."""
+    from strategies.gumbel_darts import exported
+    from strategies.nni_strategies import fixed_weights
+
+    cfg = search_config("train.max_steps=2", "train.eval_every=2")
+    task, experiment = search(tmp_path, cfg, STRATEGIES["darts"]())
+    (chosen,) = experiment.export_top_models(formatter="dict")
+    for layout in (chosen, {"block_0": "attention", "block_1": "dense"}):
+        model = fixed_model(cfg.model, VOCAB, layout)
+        model.load_state_dict(fixed_weights(task.model.state_dict(), layout))  # strict: every weight, no other
+        x = torch.randint(0, VOCAB, (2, 8))
+        choices = sorted((m for m in task.model.modules() if hasattr(m, "_arch_alpha")),
+                         key=lambda m: int(m.label.rsplit("_", 1)[1]))
+        task.model.eval(), model.eval()
+        with torch.no_grad(), exported(choices, list(layout.values())):
+            expected, _ = task.model(x)
+        torch.testing.assert_close(model(x)[0], expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["darts", "gumbel-darts", "random-oneshot", "proxyless"])
+def test_parnas_search_strategy_writes_a_record_that_retrain_accepts(micro, tmp_path, capsys, name):
+    import json
+
+    from parnas.cli import main
+
+    sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2",
+            "train.max_steps=4", "train.eval_every=2", f"search.out_dir={tmp_path / 'search'}"]
+    assert main(["search", "--config", "tiny", "--strategy", name, *(a for s in sets for a in ("--set", s))]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "search" / "architecture.json").read_text())
+    assert record["search"]["strategy"] == name and f"NNI's {name}" in out
+    assert record["search"]["val_ppl"] > 1 and 0 < record["search"]["latency"]["ratio"]
+    assert set(record["architecture"].values()) <= {"attention", "dense", "identity"}
+    retrain = [f"data.path={micro}", "data.tokenizer=char", "train.max_steps=2", "train.eval_every=2",
+               f"train.out_dir={tmp_path / 'retrain'}"]
+    assert main(["retrain", "--arch", str(tmp_path / "search" / "architecture.json"), "--config", "tiny",
+                 *(a for s in retrain for a in ("--set", s))]) == 0
+    assert json.loads((tmp_path / "retrain" / "metrics.json").read_text())["architecture"] == \
+        "".join(k[0].upper() for k in record["architecture"].values())
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--strategy", "evolution"], "search.strategy must be one of par-gumbel-darts, darts"),
+    (["--strategy", "enas"], "tianshou"),
+    (["--strategy", "tpe"], "multi-trial strategies are not built into parnas search yet"),
+    (["--strategy", "darts", "--set", "search.latency_budget=0.5"], "honoured by search.strategy=par-gumbel-darts"),
+    (["--strategy", "darts", "--set", "search.penalty_weight=0.1"], "search.penalty_weight is honoured"),
+    (["--strategy", "proxyless", "--set", "search.mode=bilevel"], "search.mode=bilevel"),
+    (["--strategy", "darts", "--resume"], "cannot resume"),
+])
+def test_strategies_refuse_what_they_cannot_do_in_one_line(tmp_path, capsys, args, needle):
+    from parnas.cli import main
+
+    out = tmp_path / "search"
+    assert main(["search", "--config", "tiny", "--set", f"search.out_dir={out}", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("parnas search: error:") and needle in err, err
+    assert not out.exists()
+
+
+def test_the_strategy_names_are_the_configs():
+    from parnas.config import SEARCH_STRATEGIES
+    from strategies.nni_strategies import MULTI_TRIAL, ONE_SHOT, PAR
+
+    assert SEARCH_STRATEGIES == (PAR, *ONE_SHOT, *MULTI_TRIAL)

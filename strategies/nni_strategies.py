@@ -1,0 +1,158 @@
+"""NNI's own strategies on the PAR space, behind ``parnas search --strategy NAME``.
+
+``par-gumbel-darts`` (the default) is parnas's search (:mod:`strategies.search`): per-step tau annealing,
+a latency penalty or budget, exact resume. The others are NNI 3.0's one-shot strategies, run on the same
+space, task and data through ``NasExperiment`` as an NNI user would: ``darts`` and ``gumbel-darts``
+(differentiable, the logits stepped on the validation stream), ``proxyless`` (sampled binary gates) and
+``random-oneshot`` (uniform path sampling, no logits). They give the baselines a study needs to tell what
+PAR's own strategy buys.
+
+Every strategy ends alike: ``architecture.json`` (the exported layout; its validation perplexity with the
+supernet's weights, each block running only its chosen candidate, no retraining; the supernet's own where
+NNI's loop measured one; its predicted cost on the run's latency table) and TensorBoard's scalars. The
+history and its pictures are PAR's strategy's: NNI's loops keep no per-step probabilities. NNI's
+mixed layers keep each candidate as a submodule named by its kind, so the exported fixed model takes the
+supernet's weights by dropping that name (:func:`fixed_weights`), whatever the strategy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from parnas.config import SEARCH_STRATEGIES, Config
+from parnas.errors import ConfigError
+
+PAR, *_ = SEARCH_STRATEGIES
+ONE_SHOT = ("darts", "gumbel-darts", "random-oneshot", "proxyless", "enas")
+MULTI_TRIAL = ("random", "regularized-evolution", "tpe", "grid")
+
+
+def check_strategy(cfg: Config, resume: bool) -> None:
+    """Refuse, in one line, what a strategy other than PAR's cannot do (before anything is read or written)."""
+    name, search = cfg.search.strategy, cfg.search
+    if name == PAR:
+        return
+    if name in MULTI_TRIAL:
+        raise ConfigError(f"search.strategy={name}: NNI's multi-trial strategies are not built into parnas search "
+                          f"yet; use a one-shot strategy ({', '.join(s for s in ONE_SHOT if s != 'enas')}) or {PAR}")
+    if name == "enas":
+        raise ConfigError("search.strategy=enas needs NNI's optional reinforcement-learning dependencies "
+                          "(tianshou<1 and gym), which do not install beside this torch; use darts, gumbel-darts, "
+                          f"proxyless, random-oneshot or {PAR}")
+    for setting, value in (("search.latency_budget", search.latency_budget), ("search.penalty_weight",
+                                                                               search.penalty_weight or None)):
+        if value is not None:
+            raise ConfigError(f"{setting} is honoured by search.strategy={PAR} only; NNI's {name} does not price "
+                              "latency: drop it, or compare the exported costs with parnas study")
+    if search.mode != "joint":
+        raise ConfigError(f"search.mode={search.mode} is {PAR}'s setting; NNI's {name} has its own loop")
+    if resume:
+        raise ConfigError(f"--resume continues a {PAR} search; NNI's {name} cannot resume: start it again")
+    if cfg.train.devices * cfg.train.num_nodes != 1:
+        raise ConfigError(f"search.strategy={name} runs in one process (train.devices=1): NNI's one-shot modules "
+                          "do not keep the logits alike across ranks")
+
+
+def make_strategy(name: str, cfg: Config) -> Any:
+    """NNI's strategy object, with the run's architecture learning rate, clipping and tau range where it takes them."""
+    from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
+
+    common = {"arc_learning_rate": cfg.search.arch_lr, "gradient_clip_val": cfg.train.clip or None,
+              "log_prob_every_n_step": cfg.search.log_every}
+    if name == "darts":
+        return DARTS(**common)
+    if name == "gumbel-darts":
+        return GumbelDARTS(temperature=(cfg.search.tau_start, cfg.search.tau_end), **common)
+    if name == "proxyless":
+        return Proxyless(**common)
+    if name == "random-oneshot":
+        return RandomOneShot()
+    raise ValueError(f"not an NNI one-shot strategy: {name!r}")
+
+
+def fixed_weights(supernet_state: Mapping[str, Any], architecture: Mapping[str, str]) -> dict[str, Any]:
+    """The fixed model's state dict out of a one-shot supernet's: block i's chosen candidate, named
+    ``blocks.i.<kind>.`` in NNI's mixed layer, becomes ``blocks.i.``; other candidates and the logits are dropped."""
+    chosen = {f"blocks.{label.rsplit('_', 1)[1]}.": kind for label, kind in architecture.items()}
+    out = {}
+    for key, value in supernet_state.items():
+        block = next((b for b in chosen if key.startswith(b)), None)
+        if block is None:
+            out[key] = value
+        elif key.startswith(f"{block}{chosen[block]}."):
+            out[block + key[len(block) + len(chosen[block]) + 1:]] = value
+    return out
+
+
+def run_nni_search(cfg: Config) -> dict[str, Any]:
+    """Search with NNI's ``cfg.search.strategy`` and export as PAR's search does; returns the record."""
+    import pytorch_lightning as pl
+    from nni.nas.evaluator.pytorch import Lightning, Trainer
+    from nni.nas.experiment import NasExperiment
+
+    from parnas import architecture
+    from parnas.data.corpora import load_splits
+    from parnas.files import check_writable_dir
+    from parnas.training.devices import check_devices
+    from parnas.training.fit import build_trainer, check_segments, tokenizer_meta
+    from parnas.training.memory import check_memory
+    from parnas.training.task import LanguageModelTask, evaluate
+    from search_spaces import PARTransformerXLSpace, fixed_model
+    from strategies.search import check_run_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir
+
+    check_devices(cfg.train)
+    name, trial = cfg.search.strategy, in_nni_trial()
+    run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
+    check_writable_dir(run_dir)
+    check_run_dir(run_dir, False)
+    pl.seed_everything(cfg.train.seed, verbose=False)
+    tokenizer, splits = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    data = check_segments(cfg, splits)
+    check_memory(cfg, tokenizer.vocab_size, [cfg.search.candidates] * cfg.model.n_blocks)
+    trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
+                            log_every_n_steps=cfg.search.log_every)
+    costs, latency = cost_model(cfg, tokenizer.vocab_size, trainer.strategy.root_device)
+    meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
+            "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
+    task = LanguageModelTask(cfg.train, meta)
+    experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
+                               Lightning(task, trainer, datamodule=data), make_strategy(name, cfg))
+    experiment.config.experiment_working_directory = str(run_dir / "nni")  # not ~/nni-experiments
+    prepare_run_dir(run_dir, None)
+    start = time.perf_counter()
+    try:
+        experiment.run()
+    finally:
+        experiment.stop()
+        atexit.unregister(experiment.stop)
+    seconds = time.perf_counter() - start
+    (chosen,) = experiment.export_top_models(top_k=1, formatter="dict")
+    chosen = {label: chosen[label] for label in sorted(chosen, key=lambda s: int(s.rsplit("_", 1)[1]))}
+    kinds = list(chosen.values())
+
+    model = fixed_model(cfg.model, tokenizer.vocab_size, chosen)
+    model.load_state_dict(fixed_weights(task.model.state_dict(), chosen))
+    model.to(trainer.strategy.root_device)
+    val_ppl = evaluate(model, data.batches("valid")).ppl
+    supernet = task.val_history[-1]["val_ppl"] if task.val_history else None
+    summary = latency_summary(costs, latency, kinds, None)
+    record = architecture.make_record(
+        chosen, cfg.model, tokenizer.vocab_size, tokenizer=tokenizer.identity(),
+        search={"strategy": name, "steps": trainer.global_step, "seed": cfg.train.seed,
+                "val_ppl": round(val_ppl, 4) if math.isfinite(val_ppl) else None,
+                "supernet_val_ppl": None if supernet is None else round(supernet, 4),
+                "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
+                "candidates": list(cfg.search.candidates), "latency": summary,
+                "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
+                "architecture_cost": round(costs.total(kinds), 4), "cost_ratio": round(costs.ratio(kinds), 4),
+                "arch_lr": cfg.search.arch_lr, "seconds": round(seconds, 1),
+                "nni_trial": os.environ.get("NNI_TRIAL_JOB_ID") if trial else None})
+    architecture.write(run_dir / "architecture.json", record)
+    return record
