@@ -40,6 +40,11 @@ TARGET_LABELS = {"train": "train step", "inference": "inference segment", "gener
 PRECISIONS = ("32-true", "32", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "64")
 
 
+def cluster_widths(d_model: int, n_clusters: int, div_value: float) -> list[int]:
+    """Embedding width of each adaptive cluster: ``d_model // div_value**i`` (all ``d_model`` at div_value 1)."""
+    return [int(d_model // div_value ** i) for i in range(n_clusters)]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Transformer-XL body. ``blocks`` is the fixed layout; empty means the
@@ -62,6 +67,9 @@ class ModelConfig:
     cutoffs: tuple[int, ...] = (250, 2500)
     div_value: float = 4.0
     tie_weights: bool = False
+    adaptive_input: bool = False  # Baevski & Auli's adaptive input, with the softmax's cutoffs and div_value
+    tie_projs: tuple[bool, ...] = ()  # per cluster: share the output projection with the embedding's (Dai et al.)
+    share_position_bias: bool = False  # one content and one position bias (u, v) for all attention blocks
     blocks: tuple[str, ...] = ()
     conv_kernel: int = 7
     compress_rate: int = 3
@@ -81,8 +89,23 @@ class ModelConfig:
         _require(all(a < b for a, b in zip(self.cutoffs, self.cutoffs[1:])) and all(c > 0 for c in self.cutoffs),
                  f"model.cutoffs {list(self.cutoffs)} must be positive and strictly increasing")
         _require(self.div_value >= 1.0, "model.div_value must be >= 1")
-        _require(not (self.tie_weights and self.cutoffs),
-                 "model.tie_weights needs a full softmax: set model.cutoffs=[] or tie_weights=false")
+        _require(not self.adaptive_input or bool(self.cutoffs),
+                 "model.adaptive_input needs model.cutoffs (its clusters are the softmax's)")
+        _require(not (self.tie_weights and self.cutoffs and not self.adaptive_input and self.div_value != 1),
+                 f"model.tie_weights with an adaptive softmax of div_value {self.div_value:g} needs "
+                 "model.adaptive_input=true (each cluster's output weight is its embedding's), or div_value=1")
+        _require(not self.tie_projs or len(self.tie_projs) == len(self.cutoffs) + 1,
+                 f"model.tie_projs has {len(self.tie_projs)} entries: give one per cluster "
+                 f"({len(self.cutoffs) + 1} with cutoffs {list(self.cutoffs)}), or none")
+        _require(not any(self.tie_projs) or self.adaptive_input,
+                 "model.tie_projs ties the softmax's projections to the adaptive input's: set model.adaptive_input")
+        if self.cutoffs and (self.adaptive_input or self.tie_weights):
+            _require(self.div_value == math.floor(self.div_value),
+                     f"model.div_value {self.div_value:g} must be a whole number for model.adaptive_input or tied "
+                     "weights")
+            narrowest = cluster_widths(self.d_model, len(self.cutoffs) + 1, self.div_value)[-1]
+            _require(narrowest >= 1, f"model.div_value {self.div_value:g} leaves the last of {len(self.cutoffs) + 1} "
+                     f"clusters {narrowest} wide at d_model {self.d_model}: lower it or use fewer cutoffs")
         for kind in self.blocks:
             _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
         for key in ("conv_kernel", "compress_rate", "compress_len"):

@@ -28,15 +28,19 @@ def test_the_recorder_sees_reads_back_and_nothing_else(host_syncs):
     assert all("test_host_syncs.py" in site for site in rec.sites)
 
 
-@pytest.mark.parametrize("cutoffs, syncs", [("[]", 0), ("[100, 400]", 1), ("[50, 100, 400]", 1)])
-def test_the_model_step_syncs_only_once_for_the_adaptive_softmax(host_syncs, cutoffs, syncs):
+@pytest.mark.parametrize("cutoffs, syncs, extra", [("[]", 0, []), ("[100, 400]", 1, []), ("[50, 100, 400]", 1, []),
+                                                   ("[50, 100, 400]", 1, ["model.tie_weights=true", "model.div_value=1"]),
+                                                   ("[50, 100, 400]", 2, ["model.adaptive_input=true"])])
+def test_the_model_step_syncs_only_once_for_the_adaptive_softmax(host_syncs, cutoffs, syncs, extra):
     """Forward, loss, backward, clipping, fused Adam: a full softmax reads nothing back; the adaptive softmax
-    reads its clusters' row counts in one copy, however many tail clusters it has."""
-    cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.div_value=2", "model.dropout=0.1"])
+    reads its clusters' row counts in one copy, however many tail clusters it has (torch's or the projected
+    one); an adaptive input reads its own ids' counts once more."""
+    cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.div_value=2", "model.dropout=0.1", *extra])
     model = build_fixed_model(cfg.model, VOCAB)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     rec = host_syncs.model_step_sites(model, zipf_ids(B * (2 * L + 1), VOCAB).view(B, -1))
-    assert rec.total == syncs and all("(_adaptive_nll)" in site for site in rec.sites), rec.sites
+    assert rec.total == syncs and all("(group_by_cluster)" in site or "(_adaptive_nll)" in site
+                                      for site in rec.sites), rec.sites
 
 
 def own(sites):

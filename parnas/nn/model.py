@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from parnas.config import ModelConfig
 from parnas.kinds import make_block
-from parnas.nn.blocks import Dropout, sinusoid
+from parnas.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveSoftmax
+from parnas.nn.blocks import AttentionBlock, Dropout, sinusoid
 from parnas.nn.variants import DepthStep
 
 Memory = list[Optional[Tensor]]
@@ -56,11 +57,17 @@ class _TargetNLL(torch.autograd.Function):
 
 
 class OutputHead(nn.Module):
-    """Adaptive softmax (Grave et al.) when cutoffs are given, else a full softmax."""
+    """Adaptive softmax (Grave et al.) when cutoffs are given, else a full softmax. With adaptive input or tied
+    weights the adaptive softmax is Dai et al.'s projected one (:mod:`parnas.nn.adaptive`), which can share its
+    weights and projections with the embedding; otherwise torch's."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, embedding: nn.Embedding | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, embedding: nn.Module | None = None) -> None:
         super().__init__()
-        if cfg.cutoffs:
+        if cfg.cutoffs and (cfg.adaptive_input or cfg.tie_weights):
+            self.projected = ProjectedAdaptiveSoftmax(vocab_size, cfg.d_model, cfg.cutoffs, cfg.div_value)
+            if embedding is not None:
+                self.projected.tie(embedding, cfg.tie_projs)
+        elif cfg.cutoffs:
             self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, vocab_size, list(cfg.cutoffs),
                                                           div_value=cfg.div_value)
         else:
@@ -71,6 +78,8 @@ class OutputHead(nn.Module):
     def nll(self, h: Tensor, y: Tensor) -> Tensor:
         """Negative log-likelihood of each target. h (..., D), y (...) -> (...)"""
         flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
+        if hasattr(self, "projected"):
+            return self.projected.nll(flat_h, flat_y, _TargetNLL).view(y.shape)
         if hasattr(self, "adaptive"):
             return self._adaptive_nll(flat_h, flat_y).view(y.shape)
         return F.cross_entropy(self.proj(flat_h), flat_y, reduction="none").view(y.shape)
@@ -100,7 +109,10 @@ class OutputHead(nn.Module):
     def log_probs(self, h: Tensor) -> Tensor:
         """Log-probabilities over the whole vocabulary. (..., D) -> (..., V)"""
         flat = h.reshape(-1, h.size(-1))
-        out = self.adaptive.log_prob(flat) if hasattr(self, "adaptive") else self.proj(flat).log_softmax(-1)
+        if hasattr(self, "projected"):
+            out = self.projected.log_prob(flat)
+        else:
+            out = self.adaptive.log_prob(flat) if hasattr(self, "adaptive") else self.proj(flat).log_softmax(-1)
         return out.view(*h.shape[:-1], -1)
 
 
@@ -111,7 +123,8 @@ class TransformerXL(nn.Module):
         super().__init__()
         cfg.check_vocab(vocab_size)
         self.cfg, self.vocab_size, self.mem_len = cfg, vocab_size, cfg.mem_len
-        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.embed = (AdaptiveEmbedding(vocab_size, cfg.d_model, cfg.cutoffs, cfg.div_value) if cfg.adaptive_input
+                      else nn.Embedding(vocab_size, cfg.d_model))
         self.drop = Dropout(cfg.dropout)
         self._shared: dict[str, nn.Module] = {}  # kind -> the one module its blocks share (block_for)
         self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
@@ -122,6 +135,8 @@ class TransformerXL(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.head = OutputHead(cfg, vocab_size, self.embed if cfg.tie_weights else None)
         self.apply(_init_weights)
+        if cfg.share_position_bias:
+            share_position_bias(self)
 
     def build_block(self, index: int) -> nn.Module:
         """The block at depth ``index``. The search space overrides this."""
@@ -188,6 +203,14 @@ class TransformerXL(nn.Module):
 
     def log_probs(self, h: Tensor) -> Tensor:
         return self.head.log_probs(h)
+
+
+def share_position_bias(model: nn.Module) -> None:
+    """One content bias u and one position bias v for every attention block (and every attention candidate of a
+    supernet), as Dai et al.'s Transformer-XL keeps them; their count then matches its parameter count."""
+    blocks = [m for m in model.modules() if isinstance(m, AttentionBlock)]
+    for block in blocks[1:]:
+        block.u, block.v = blocks[0].u, blocks[0].v
 
 
 def _init_weights(module: nn.Module) -> None:

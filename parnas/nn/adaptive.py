@@ -1,0 +1,143 @@
+"""Adaptive input and a projected adaptive softmax that can share its weights with it (Dai et al.'s layout).
+
+Baevski & Auli's adaptive input gives frequent tokens wide embeddings and rare ones narrow ones
+(cluster i: ``d_model // div_value**i`` wide, projected up to ``d_model``); Grave et al.'s adaptive
+softmax does the mirror image at the output. Transformer-XL's published models tie the two: each
+cluster's output weight *is* its embedding, and (``tie_projs``) its output projection is the embedding's
+projection. Written here rather than taken from torch because ``nn.AdaptiveLogSoftmaxWithLoss`` keeps
+its tail projections inside ``Sequential``s with no bias and no handle to share with an embedding; the
+parameters follow Dai et al.'s ``AdaptiveEmbedding`` and ``ProjectedAdaptiveLogSoftmax`` one for one, so
+parameter counts match theirs and their weights load by name.
+
+Rows are grouped by cluster once per call (:func:`group_by_cluster`): one host sync where a ``nonzero``
+per cluster would make one each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from parnas.config import cluster_widths
+
+
+def group_by_cluster(ids: Tensor, cutoffs: Sequence[int]) -> tuple[Tensor, Tensor, list[int]]:
+    """Each id's cluster (N,) (cluster i > 0 holds ids in [cutoffs[i-1], cutoffs[i]), cluster 0 those below
+    cutoffs[0]), the rows grouped by cluster (each cluster's rows in their order), and the clusters' sizes, read
+    back in one copy."""
+    cluster = torch.bucketize(ids, ids.new_tensor(list(cutoffs)), right=True)  # (N,)
+    return cluster, cluster.argsort(stable=True), torch.bincount(cluster, minlength=len(cutoffs) + 1).tolist()
+
+
+def _projection(d_model: int, width: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(d_model, width).normal_(std=0.02))
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Token ids (...) -> (..., d_model): cluster i's ``Embedding(size_i, d_i)`` then its ``d_model x d_i``
+    projection. At div_value 1 one ``Embedding(vocab, d_model)`` and no projection (Dai et al.'s layout)."""
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], div_value: float) -> None:
+        super().__init__()
+        self.d_model, self.cutoffs = d_model, list(cutoffs)
+        edges = [0, *cutoffs, vocab_size]
+        widths = cluster_widths(d_model, len(edges) - 1, div_value)
+        if div_value == 1:
+            self.layers = nn.ModuleList([nn.Embedding(vocab_size, d_model)])
+            self.projs = nn.ParameterList()
+        else:
+            self.layers = nn.ModuleList([nn.Embedding(b - a, w) for a, b, w in zip(edges, edges[1:], widths)])
+            self.projs = nn.ParameterList([_projection(d_model, w) for w in widths])
+
+    @property
+    def weight(self) -> Tensor:
+        """The first cluster's table (the whole vocabulary's at div_value 1)."""
+        return self.layers[0].weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if not len(self.projs):
+            return self.layers[0](ids)
+        flat = ids.reshape(-1)
+        _, order, sizes = group_by_cluster(flat, self.cutoffs)
+        out = self.layers[0].weight.new_zeros(flat.size(0), self.d_model)  # (N, D)
+        start, low = 0, 0
+        for layer, proj, size, high in zip(self.layers, self.projs, sizes, [*self.cutoffs, None]):
+            if size:
+                rows = order[start:start + size]
+                out = out.index_copy(0, rows, F.linear(layer(flat.index_select(0, rows) - low), proj))  # (n_i, D)
+            start, low = start + size, high
+        return out.view(*ids.shape, self.d_model)
+
+
+class ProjectedAdaptiveSoftmax(nn.Module):
+    """Adaptive softmax whose clusters are ``Linear(d_i, size_i)`` after a ``d_model x d_i`` projection; the head
+    scores the shortlist and one entry per tail cluster (``cluster_weight``, ``cluster_bias``), the last entry
+    standing for the first tail cluster (Dai et al.'s order). At div_value 1 one ``Linear(d_model, vocab)``
+    sliced by cluster and no projection. :meth:`tie` shares weights and projections with an embedding."""
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], div_value: float) -> None:
+        super().__init__()
+        self.cutoffs, self.vocab_size = list(cutoffs), vocab_size
+        self.edges = [0, *cutoffs, vocab_size]
+        n_tails = len(cutoffs)
+        widths = cluster_widths(d_model, n_tails + 1, div_value)
+        self.cluster_weight = nn.Parameter(torch.zeros(n_tails, d_model))
+        self.cluster_bias = nn.Parameter(torch.zeros(n_tails))
+        if div_value == 1:
+            self.out_layers = nn.ModuleList([nn.Linear(d_model, vocab_size)])
+            self.out_projs: list[nn.Parameter | None] = [None] * (n_tails + 1)
+        else:
+            self.out_layers = nn.ModuleList([nn.Linear(w, b - a) for a, b, w in zip(self.edges, self.edges[1:],
+                                                                                     widths)])
+            self.out_projs = nn.ParameterList([_projection(d_model, w) for w in widths])
+
+    def tie(self, embedding: nn.Module, tie_projs: Sequence[bool]) -> None:
+        """Each cluster's output weight becomes ``embedding``'s (an ``AdaptiveEmbedding``, or a full ``nn.Embedding``
+        at div_value 1); cluster i's projection becomes the embedding's where ``tie_projs[i]``."""
+        tables = list(embedding.layers) if isinstance(embedding, AdaptiveEmbedding) else [embedding]
+        for out, table in zip(self.out_layers, tables, strict=True):
+            out.weight = table.weight
+        projs = list(getattr(embedding, "projs", []))
+        for i, tied in enumerate(tie_projs):
+            if tied and i < len(projs) and self.out_projs[i] is not None:
+                self.out_projs[i] = projs[i]
+
+    def _logits(self, i: int, h: Tensor) -> Tensor:
+        """Cluster i's scores (the head's for i = 0, with the tail clusters' entries). h (N, D) -> (N, size)"""
+        if len(self.out_layers) == 1:
+            low, high = self.edges[i], self.edges[i + 1]
+            weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
+        else:
+            weight, bias = self.out_layers[i].weight, self.out_layers[i].bias
+        if i == 0:
+            weight, bias = torch.cat([weight, self.cluster_weight]), torch.cat([bias, self.cluster_bias])
+        proj = self.out_projs[i]
+        return F.linear(h if proj is None else h @ proj, weight, bias)
+
+    def nll(self, h: Tensor, y: Tensor, target_nll: type[torch.autograd.Function]) -> Tensor:
+        """Per-token negative log-likelihood; ``target_nll`` computes -log_softmax(logits)[target] per row.
+        h (N, D), y (N,) -> (N,)"""
+        head_size = self.cutoffs[0] + len(self.cutoffs)
+        cluster, order, sizes = group_by_cluster(y, self.cutoffs)  # cluster (N,): 0 shortlist, i tail i
+        head_target = torch.where(cluster == 0, y, head_size - cluster)  # tail i scored by head entry -i
+        nll = target_nll.apply(self._logits(0, h), head_target)  # (N,)
+        start = sizes[0]
+        for i, size in enumerate(sizes[1:], 1):
+            if size:
+                rows = order[start:start + size]
+                tail = target_nll.apply(self._logits(i, h.index_select(0, rows)),
+                                        y.index_select(0, rows) - self.edges[i])
+                nll = nll.index_add(0, rows, tail)
+            start += size
+        return nll
+
+    def log_prob(self, h: Tensor) -> Tensor:
+        """Log-probabilities over the whole vocabulary. (N, D) -> (N, V)"""
+        head = self._logits(0, h).float().log_softmax(-1)  # (N, shortlist + tails)
+        parts = [head[:, :self.cutoffs[0]]]
+        for i in range(1, len(self.edges) - 1):
+            parts.append(head[:, -i, None] + self._logits(i, h).float().log_softmax(-1))
+        return torch.cat(parts, dim=-1)

@@ -1,0 +1,161 @@
+"""Adaptive input and the projected adaptive softmax tied to it: Dai et al.'s Transformer-XL, parameter for
+parameter. The reference comparison imports their ``mem_transformer.py`` from a local checkout of
+github.com/kimiyoung/transformer-xl's ``pytorch/`` folder named by PARNAS_TXL_REF, and skips without one."""
+
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from parnas.config import ModelConfig, load_config
+from parnas.errors import ConfigError
+from parnas.nn.model import build_fixed_model
+
+SEED = dict(n_blocks=12, d_model=128, n_heads=4, d_ff=512, cutoffs=(250, 2500), div_value=4.0, adaptive_input=True,
+            share_position_bias=True)
+WT103 = dict(n_blocks=32, d_model=410, n_heads=10, d_ff=2100, cutoffs=(20000, 40000, 200000), div_value=1.0,
+             adaptive_input=True, tie_weights=True, tie_projs=(False, True, True, True), share_position_bias=True)
+
+
+def parameters(vocab_size: int, **settings) -> int:
+    with torch.device("meta"):  # nothing allocated: WT103 base is 151M parameters
+        model = build_fixed_model(ModelConfig(**settings), vocab_size)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("vocab_size, settings, expected", [
+    (12000, {**SEED, "tie_weights": True, "tie_projs": (False, True, True)}, 1_515_266),
+    (12000, SEED, 1_700_386),
+    (267_735, WT103, 151_107_538),
+])
+def test_parameter_counts_equal_dai_et_als(vocab_size, settings, expected):
+    """MemTransformerLM's counts at the seed's shapes (tied and untied) and at WikiText-103 base."""
+    assert parameters(vocab_size, **settings) == expected
+
+
+def small(div_value: float, **extra) -> ModelConfig:
+    return ModelConfig(n_blocks=4, d_model=32, n_heads=2, d_ff=64, mem_len=8, dropout=0.0, cutoffs=(50, 150),
+                       div_value=div_value, adaptive_input=True, share_position_bias=True, **extra)
+
+
+@pytest.mark.parametrize("div_value", [1.0, 2.0])
+@pytest.mark.parametrize("tied", [False, True])
+def test_nll_is_the_log_prob_of_the_target_and_tied_weights_learn_from_both_ends(div_value, tied):
+    torch.manual_seed(0)
+    cfg = small(div_value, tie_weights=tied, tie_projs=(False, True, True) if tied else ())
+    model = build_fixed_model(cfg, 300).eval()
+    x, y = torch.randint(0, 300, (2, 12)), torch.randint(0, 300, (2, 12))
+    h, _ = model(x)
+    logp = model.log_probs(h)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(2, 12), atol=1e-5)
+    nll = model.nll(h, y)
+    torch.testing.assert_close(nll, -logp.gather(-1, y[..., None]).squeeze(-1), atol=1e-5, rtol=1e-5)
+    nll.sum().backward()
+    head = model.head.projected
+    assert (head.out_layers[0].weight is model.embed.layers[0].weight) == tied
+    if div_value > 1:
+        assert (head.out_projs[1] is model.embed.projs[1]) == tied and head.out_projs[0] is not model.embed.projs[0]
+
+
+def test_bf16_mixed_loss_with_the_tied_head_is_the_fp32_loss():
+    torch.manual_seed(0)
+    model = build_fixed_model(small(2.0, tie_weights=True, tie_projs=(False, True, True)), 300).eval()
+    x, y = torch.randint(0, 300, (4, 16)), torch.randint(0, 300, (4, 16))
+    fp32 = model.nll(model(x)[0], y).mean()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = model.nll(model(x)[0], y).float().mean()
+    assert bf16.dtype == torch.float32 and abs(bf16.item() - fp32.item()) < 0.02 * fp32.item()
+
+
+@pytest.mark.parametrize("settings, needle", [
+    (["model.adaptive_input=true", "model.cutoffs=[]"], "model.adaptive_input needs model.cutoffs"),
+    (["model.tie_weights=true"], "needs model.adaptive_input=true"),
+    (["model.adaptive_input=true", "model.tie_projs=[false, true]"], "model.tie_projs has 2 entries"),
+    (["model.tie_projs=[false, true, true]"], "set model.adaptive_input"),
+    (["model.adaptive_input=true", "model.div_value=2.5"], "must be a whole number"),
+    (["model.adaptive_input=true", "model.div_value=64"], "clusters 0 wide"),
+])
+def test_settings_that_cannot_be_built_are_refused(settings, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config("tiny", settings)
+
+
+# --- against Dai et al.'s code, weights copied --------------------------------------------------------------------
+
+REF = os.environ.get("PARNAS_TXL_REF")
+
+
+def reference_class():
+    sys.path[:0] = [REF, str(Path(REF) / "utils")]
+    cuda, torch.version.cuda = torch.version.cuda, torch.version.cuda or "0.0"  # read at its import
+    try:
+        from mem_transformer import MemTransformerLM
+    finally:
+        torch.version.cuda = cuda
+    return MemTransformerLM
+
+
+def copy_into(ours, theirs, cfg: ModelConfig) -> None:
+    """MemTransformerLM's weights into parnas's model (attention and dense blocks alternate)."""
+    ours_state = ours.state_dict()
+    new = {}
+    D = cfg.d_model
+    for name, value in theirs.state_dict().items():
+        if name.startswith("word_emb.emb_layers."):
+            new[name.replace("word_emb.emb_layers.", "embed.layers.")] = value
+        elif name.startswith("word_emb.emb_projs."):
+            new[name.replace("word_emb.emb_projs.", "embed.projs.")] = value
+        elif name.startswith("crit."):
+            new[name.replace("crit.", "head.projected.")] = value
+        elif name in ("r_w_bias", "r_r_bias"):
+            for i in range(0, cfg.n_blocks, 2):
+                new[f"blocks.{i}.{'u' if name == 'r_w_bias' else 'v'}"] = value
+        elif name.startswith("layers."):
+            layer, rest = int(name.split(".")[1]), name.split(".", 2)[2]
+            a, d = f"blocks.{2 * layer}.", f"blocks.{2 * layer + 1}."
+            if rest == "dec_attn.qkv_net.weight":
+                new[a + "q.weight"], new[a + "kv.weight"] = value[:D], value[D:]
+            else:
+                new.update({a + "r.weight": value} if rest == "dec_attn.r_net.weight" else
+                           {a + "out.weight": value} if rest == "dec_attn.o_net.weight" else
+                           {a + rest.split(".", 1)[1].replace("layer_norm", "norm"): value}
+                           if rest.startswith("dec_attn.layer_norm") else
+                           {d + "net." + rest.split("CoreNet.", 1)[1]: value} if "CoreNet" in rest else
+                           {d + "norm." + rest.rsplit(".", 1)[1]: value})
+    assert set(new) >= set(ours_state) - {k for k in ours_state if k.startswith("head.projected.out_layers")}
+    ours.load_state_dict({k: v for k, v in new.items() if k in ours_state}, strict=False)
+
+
+@pytest.mark.skipif(not REF, reason="PARNAS_TXL_REF (a checkout of transformer-xl's pytorch/ folder) not set")
+@pytest.mark.parametrize("div_value", [1.0, 4.0])
+def test_log_probabilities_equal_mem_transformer_lms_with_its_weights(div_value):
+    MemTransformerLM = reference_class()
+    cfg = ModelConfig(n_blocks=4, d_model=64, n_heads=2, d_ff=96, mem_len=8, dropout=0.0, cutoffs=(50, 150),
+                      div_value=div_value, adaptive_input=True, tie_weights=True, tie_projs=(False, True, True),
+                      share_position_bias=True)
+    torch.manual_seed(0)
+    theirs = MemTransformerLM(300, 2, 2, 64, 32, 96, 0.0, 0.0, tie_weight=True, d_embed=64, div_val=int(div_value),
+                              tie_projs=[False, True, True], pre_lnorm=False, tgt_len=12, ext_len=0, mem_len=8,
+                              cutoffs=[50, 150], same_length=False, attn_type=0, clamp_len=-1, sample_softmax=-1)
+    for p in theirs.parameters():  # its constructor leaves several torch.Tensor(...) uninitialised
+        torch.nn.init.normal_(p, std=0.1)
+    for layer in theirs.layers:  # it builds uint8 masks, which masked_fill no longer takes
+        attn = layer.dec_attn
+        attn.forward = types.MethodType(
+            lambda self, w, r, rw, rr, attn_mask=None, mems=None, inner=attn.forward:
+            inner(w, r, rw, rr, attn_mask=None if attn_mask is None else attn_mask.bool(), mems=mems), attn)
+    theirs.crit.keep_order = True
+    ours = build_fixed_model(cfg, 300)
+    copy_into(ours, theirs, cfg)
+    theirs.double().eval(), ours.double().eval()
+    stream = torch.randint(0, 300, (2, 25))
+    mems_theirs, mems_ours = tuple(), None
+    for t in (0, 12):
+        x, y = stream[:, t:t + 12], stream[:, t + 1:t + 13]
+        ret = theirs(x.t().contiguous(), y.t().contiguous(), *mems_theirs)
+        nll_theirs, mems_theirs = ret[0].t(), tuple(ret[1:])  # (B, L)
+        h, mems_ours = ours(x, mems_ours)
+        torch.testing.assert_close(ours.nll(h, y).double(), nll_theirs, atol=1e-5, rtol=1e-5)
