@@ -62,7 +62,7 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
         m, search = metrics[e.layout], e.search or {}
         rows.append({
             "role": e.role, "candidates": e.candidates,
-            "budget": None if e.role == "transformer-xl" else budget_label(e.budget),
+            "budget": None if e.role in ("transformer-xl", "front") else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "attention": e.kinds.count("attention"),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
             "val_ppl_seeds": m.get("val_ppl_seeds"),
