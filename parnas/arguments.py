@@ -33,6 +33,12 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override one setting, e.g. --set model.d_model=256 (repeatable)")
 
 
+def add_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true",
+                   help="print parameters, training FLOPs per token and a memory estimate (model on the meta "
+                        "device), then exit: no data read, nothing allocated or written")
+
+
 def add_verbose(p: argparse.ArgumentParser, default: Any) -> None:
     p.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="show Lightning's and NNI's info messages")

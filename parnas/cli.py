@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from parnas.arguments import ArgumentParser, add_command, add_config_args, add_verbose
+from parnas.arguments import ArgumentParser, add_command, add_config_args, add_dry_run, add_verbose
 from parnas.errors import Interrupted, ParnasError
 
 
@@ -41,6 +41,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from parnas.files import check_run_dir
 
     cfg = load_config(args.config, args.set)  # before torch is imported: a mistake fails at once
+    if args.dry_run:
+        from parnas.training.dry_run import dry_run
+
+        print(dry_run(cfg, [[kind] for kind in cfg.model.layout], "train"))
+        return 0
     check_run_dir(cfg.train.out_dir, args.resume)
     from parnas.training.fit import summary, train
 
@@ -62,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = add_command(sub, "train", cmd_train)
     add_config_args(p)
+    add_dry_run(p)
     p.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt")
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)

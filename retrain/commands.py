@@ -24,6 +24,11 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             overrides.append(f"train.{key}={getattr(args, key)}")
     cfg = load_config(args.config, overrides)  # before torch is imported: a mistake fails at once
+    if args.dry_run:
+        from retrain.run import dry_run_retrain
+
+        print(dry_run_retrain(args.arch, args.config, overrides))
+        return 0
     check_run_dir(cfg.train.out_dir, args.resume)
     from parnas.training.fit import summary
     from retrain.run import retrain
@@ -122,7 +127,7 @@ def _device(text: str) -> str:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.arguments import add_command, add_config_args
+    from parnas.arguments import add_command, add_config_args, add_dry_run
 
     p = add_command(sub, "retrain", cmd_retrain)
     p.add_argument("--arch", required=True, metavar="JSON|LAYOUT",
@@ -135,6 +140,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", type=int, default=None, help="processes; > 1 trains with DDP (train.devices)")
     p.add_argument("--precision", default=None, help="e.g. bf16-mixed on a GPU, 32-true (train.precision)")
     p.add_argument("--out", dest="out_dir", default=None, metavar="DIR", help="run directory (train.out_dir)")
+    add_dry_run(p)
 
     p = add_command(sub, "evaluate", cmd_evaluate)
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by parnas, e.g. RUN/checkpoints/last.ckpt")

@@ -64,6 +64,20 @@ def resolve_config(arch: dict[str, Any] | str, config: str | None, overrides: Se
     return replace(cfg, model=replace(model, blocks=tuple(kinds)))
 
 
+def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> str:
+    """``parnas retrain --dry-run``: the fixed model of ``arch`` at the config's vocabulary size, nothing read."""
+    from parnas.training.dry_run import dry_run
+
+    source = read_architecture(arch)
+    cfg = resolve_config(source, config, overrides)
+    if isinstance(source, str):
+        kinds = architecture.layout(architecture.named_layout(source, cfg.model, cfg.data.vocab_size))
+    else:
+        kinds = architecture.layout(source)
+        cfg = replace(cfg, data=replace(cfg.data, vocab_size=source["model"]["vocab_size"]))
+    return dry_run(cfg, [[kind] for kind in kinds], source if isinstance(source, str) else arch)
+
+
 def check_vocabulary(record: dict[str, Any], tokenizer: Tokenizer, source: str) -> None:
     """The architecture was searched with a vocabulary; the tokenizer the data settings give must match it."""
     searched = record["model"]["vocab_size"]

@@ -15,6 +15,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if args.strategy:
         args.set = [*args.set, f"search.strategy={args.strategy}"]
+    if args.dry_run:
+        from parnas.training.dry_run import dry_run
+
+        cfg = load_config(args.config, args.set)
+        print(dry_run(cfg, [list(cfg.search.candidates)] * cfg.model.n_blocks, "search (the supernet)"))
+        return 0
     if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
         from strategies.nni_strategies import check_strategy
 
@@ -135,10 +141,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.arguments import add_command, add_config_args
+    from parnas.arguments import add_command, add_config_args, add_dry_run
 
     p = add_command(sub, "search", cmd_search)
     add_config_args(p)
+    add_dry_run(p)
     p.add_argument("--strategy", default=None, metavar="NAME",
                    help="par-gumbel-darts (default: parnas's own), or NNI's darts, gumbel-darts, random-oneshot, "
                         "proxyless (same as --set search.strategy=NAME)")

@@ -28,8 +28,11 @@ def test_the_recorder_sees_reads_back_and_nothing_else(host_syncs):
     assert all("test_host_syncs.py" in site for site in rec.sites)
 
 
+TIED = ["model.tie_weights=true", "model.div_value=1"]
+
+
 @pytest.mark.parametrize("cutoffs, syncs, extra", [("[]", 0, []), ("[100, 400]", 1, []), ("[50, 100, 400]", 1, []),
-                                                   ("[50, 100, 400]", 1, ["model.tie_weights=true", "model.div_value=1"]),
+                                                   ("[50, 100, 400]", 1, TIED),
                                                    ("[50, 100, 400]", 2, ["model.adaptive_input=true"])])
 def test_the_model_step_syncs_only_once_for_the_adaptive_softmax(host_syncs, cutoffs, syncs, extra):
     """Forward, loss, backward, clipping, fused Adam: a full softmax reads nothing back; the adaptive softmax
