@@ -76,6 +76,9 @@ class ModelConfig:
     compress_len: int = 16
     compress_fn: str = "conv"
     share_weights: tuple[str, ...] = ()
+    n_buckets: int = 4  # lsh: hash buckets per round (even)
+    n_hashes: int = 2  # lsh: hash rounds
+    chunk_len: int = 16  # lsh: positions per chunk (divides the segment and the memory)
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -108,8 +111,11 @@ class ModelConfig:
                      f"clusters {narrowest} wide at d_model {self.d_model}: lower it or use fewer cutoffs")
         for kind in self.blocks:
             _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
-        for key in ("conv_kernel", "compress_rate", "compress_len"):
+        for key in ("conv_kernel", "compress_rate", "compress_len", "chunk_len"):
             _require(getattr(self, key) > 0, f"model.{key} must be > 0")
+        _require(self.n_hashes >= 1, f"model.n_hashes must be >= 1, got {self.n_hashes}")
+        _require(self.n_buckets >= 2 and self.n_buckets % 2 == 0,
+                 f"model.n_buckets must be even and >= 2 (random rotations hash into [xR; -xR]), got {self.n_buckets}")
         _require(self.compress_fn in COMPRESS_FNS,
                  f"model.compress_fn must be {', '.join(COMPRESS_FNS)}, not {self.compress_fn!r}")
         if self.share_weights:
@@ -293,6 +299,12 @@ class Config:
             _require(size % processes == 0,
                      f"data.{key} ({size}) must be divisible by the {processes} processes "
                      "(train.devices x train.num_nodes): each process reads whole streams")
+        if "lsh" in (*self.model.layout, *self.search.candidates):  # the chunks must tile [memory; segment]
+            m, L = self.model, self.data.seg_len
+            _require(L % m.chunk_len == 0 and m.mem_len % m.chunk_len == 0,
+                     f"model.chunk_len ({m.chunk_len}) must divide data.seg_len ({L}) and model.mem_len "
+                     f"({m.mem_len}) for lsh blocks")
+            _require(m.n_buckets <= L, f"model.n_buckets ({m.n_buckets}) must not exceed data.seg_len ({L})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from parnas.config import LATENCY_TARGETS, Config, transformer_xl_layout
+from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError
 from parnas.files import write_json_atomic
 from parnas.nn.model import build_fixed_model
@@ -315,13 +315,15 @@ DEVICE_FIELDS = ("device", "device_type", "torch", "threads", "precision")
 
 
 def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> list[str]:
-    """``name table-value vs run-value`` for each shape (``model.<setting>`` for the model's) that differs."""
-    def flat(key: dict[str, Any]) -> dict[str, Any]:
+    """``name table-value vs run-value`` for each shape (``model.<setting>`` for the model's) that differs.
+    A model setting newer than the table counts as its default there (what the code that timed it built)."""
+    def flat(key: dict[str, Any], model_defaults: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
-        out.update({f"model.{k}": v for k, v in (key.get("model") or {}).items()})
+        out.update({f"model.{k}": v for k, v in {**model_defaults, **(key.get("model") or {})}.items()})
         return out
 
-    table, run = flat(table_key), flat(run_key)
+    defaults = json.loads(json.dumps(asdict(ModelConfig())))  # as a key reads back (tuples become lists)
+    table, run = flat(table_key, {k: defaults[k] for k in defaults if k in run_key.get("model", {})}), flat(run_key, {})
     return [f"{k} {json.dumps(table.get(k, 'absent'))} (table) vs {json.dumps(run.get(k, 'absent'))} (run)"
             for k in sorted(set(table) | set(run)) if table.get(k, "absent") != run.get(k, "absent")]
 
