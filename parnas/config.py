@@ -79,6 +79,8 @@ class ModelConfig:
     n_buckets: int = 4  # lsh: hash buckets per round (even)
     n_hashes: int = 2  # lsh: hash rounds
     chunk_len: int = 16  # lsh: positions per chunk (divides the segment and the memory)
+    act_max_steps: int = 4  # ut: most steps a position takes
+    act_tau: float = 0.01  # ut: weight of the ponder cost in the loss
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -114,6 +116,8 @@ class ModelConfig:
         for key in ("conv_kernel", "compress_rate", "compress_len", "chunk_len"):
             _require(getattr(self, key) > 0, f"model.{key} must be > 0")
         _require(self.n_hashes >= 1, f"model.n_hashes must be >= 1, got {self.n_hashes}")
+        _require(self.act_max_steps >= 1, f"model.act_max_steps must be >= 1, got {self.act_max_steps}")
+        _require(self.act_tau >= 0, f"model.act_tau must be >= 0, got {self.act_tau}")
         _require(self.n_buckets >= 2 and self.n_buckets % 2 == 0,
                  f"model.n_buckets must be even and >= 2 (random rotations hash into [xR; -xR]), got {self.n_buckets}")
         _require(self.compress_fn in COMPRESS_FNS,

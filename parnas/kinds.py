@@ -225,6 +225,8 @@ for _kind in (
               source="Rae et al. 2019, Compressive Transformer memory"),
     BlockKind("shared", "parnas.nn.variants:UniversalBlock", True, "U", shared=True,
               source="Dehghani et al. 2019, Universal Transformer: one layer reused across depth"),
+    BlockKind("ut", "parnas.nn.act:build_ut", True, "H",
+              source="Dehghani et al. 2019 with Graves 2016: one layer repeated under adaptive computation time"),
     BlockKind("lsh", "parnas.nn.lsh:build_lsh", True, "L",
               source="Kitaev et al. 2020, Reformer: LSH attention with shared QK, chunked"),
 ):

@@ -302,6 +302,7 @@ class PARDartsModule(DartsLightningModule):
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
         self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
+        self.log_dict(dict(getattr(self.training_module.model, "block_metrics", {})))  # e.g. act/steps
         self.log("search/tau", self.tau)
         if done % self.search.log_every == 0:
             probs = self.probabilities()

@@ -14,7 +14,9 @@ input states (the compressive memory, parnas.nn.compressive) declares ``n_memori
 the body appends that many (B, *, D) tensors to the list after the blocks' entries,
 sets them on ``module.memory`` before the block runs and takes the next ones from
 ``module.update_memory(memory, mem, h, mem_len)``; what such a module leaves in
-``aux_loss`` is summed into ``model.aux_loss`` for the task to add to its loss.
+``aux_loss`` once its block has run is summed into ``model.aux_loss`` for the task to add to
+its loss, and what it leaves in ``metrics`` (name -> scalar) is averaged over such modules into
+``model.block_metrics`` for the task to log (the ``ut`` block's pondering, parnas.nn.act).
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ class TransformerXL(nn.Module):
         # a decided identity block is not called at all (it keeps no memory); a choice still may be one
         self._skipped = [getattr(b, "kind", None) == "identity" for b in self.blocks]
         self.aux_loss: Tensor | float = 0.0
+        self.block_metrics: dict[str, Tensor] = {}  # what keepers report of the last forward, e.g. act/steps
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.head = OutputHead(cfg, vocab_size, self.embed if cfg.tie_weights else None)
         self.apply(_init_weights)
@@ -173,6 +176,7 @@ class TransformerXL(nn.Module):
         pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype))  # (M+L, D)
         new_mems: Memory = []
         kept, new_kept, aux = iter(mems[len(self.blocks):]), [], []
+        metrics: dict[str, list[Tensor]] = {}
         for block, mem, keepers, skipped in zip(self.blocks, mems, self._keepers, self._skipped):
             if skipped:
                 new_mems.append(None)
@@ -180,12 +184,15 @@ class TransformerXL(nn.Module):
             for keeper in keepers:  # memories a block keeps itself (compressive)
                 keeper.memory = [next(kept) for _ in range(keeper.n_memories)]
                 new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h, self.mem_len)
-                aux += [] if keeper.aux_loss is None else [keeper.aux_loss]
             new_mems.append(None if mem is None else self._update(mem, h))
             h = block(h, h[:, :0] if mem is None else mem, pos)
             for keeper in keepers:
                 keeper.memory = None
+                aux += [] if keeper.aux_loss is None else [keeper.aux_loss]
+                for name, value in getattr(keeper, "metrics", {}).items():
+                    metrics.setdefault(name, []).append(value)
         self.aux_loss = torch.stack(aux).sum() if aux else 0.0
+        self.block_metrics = {name: torch.stack(values).mean() for name, values in metrics.items()}
         return self.final_norm(h), new_mems + new_kept
 
     def _update(self, mem: Tensor, h: Tensor) -> Tensor:

@@ -251,6 +251,7 @@ class LanguageModelTask(LightningModule):
             return loss + self.aux_loss()
         loss = self.train_nll(batch).mean()
         self.log("train/loss", loss, prog_bar=showing_progress_bar(self.trainer))
+        self.log_dict(dict(getattr(self.model, "block_metrics", {})))  # e.g. act/steps of ut blocks
         self.log("train/ppl", loss.detach().exp())
         self.log("train/lr", self.weights_lr())
         return loss + self.aux_loss()

@@ -1,0 +1,78 @@
+"""Universal Transformer with adaptive computation time (Graves 2016; Dehghani et al. 2019), kind ``ut``.
+
+One Transformer-XL layer (relative attention over [memory; segment], then the dense transition) applied
+again and again at one depth, each position deciding when to stop: after step t a sigmoid unit gives
+p_t, and a position halts once its cumulative halting probability would pass 1 - eps (eps = 0.01) or after
+``model.act_max_steps`` steps, its last step weighted by the remainder R. Its output is the halting-weighted
+mean of its states, sum_t w_t s_t. The ponder cost, mean over positions of N + R (steps taken plus
+remainder), joins the loss as ``model.act_tau`` x cost through the body's auxiliary-loss contract, and
+the mean steps per position is left in ``metrics`` for the task to log (``act/steps``).
+
+Each step adds the timestep signal to the segment and to the memory (the memory holds the states that
+entered this depth, as the plain attention's does; every step attends to it). The loop stops early once
+every position has halted, which reads one flag back per step (a host sync): what adaptive computation
+saves is the steps no position needs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from parnas.config import ModelConfig
+from parnas.nn.blocks import AttentionBlock, DenseBlock, sinusoid
+
+EPS = 0.01  # a position halts once its cumulative halting probability passes 1 - EPS
+
+
+class ACTBlock(nn.Module):
+    """The ``ut`` block: one attention + transition layer, applied until each position halts."""
+
+    kind = "ut"
+    uses_memory = True
+    n_memories = 0  # it keeps no memory of its own; it takes part in the body's auxiliary-loss contract
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+        self.halt = nn.Linear(cfg.d_model, 1)
+        nn.init.constant_(self.halt.bias, 1.0)  # Graves: a positive bias, so early on a position ponders little
+        self.max_steps, self.tau = cfg.act_max_steps, cfg.act_tau
+        self.register_buffer("signals", sinusoid(cfg.act_max_steps + 1, cfg.d_model)[:-1].flip(0),
+                             persistent=False)  # (steps, D): row t is the sinusoid of timestep t + 1
+        self.memory: list[Tensor] | None = None
+        self.aux_loss: Tensor | None = None
+        self.metrics: dict[str, Tensor] = {}
+
+    def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
+        return []
+
+    def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+        B, L, _ = h.shape
+        halted = h.new_zeros(B, L)  # cumulative halting probability
+        remainder, steps = h.new_zeros(B, L), h.new_zeros(B, L)
+        out, state = torch.zeros_like(h), h
+        for t in range(self.max_steps):
+            signal = self.signals[t].to(h.dtype)
+            running = halted < 1.0 - EPS  # (B, L)
+            if t and not bool(running.any()):  # every position halted: no step is left to pay
+                break
+            p = torch.sigmoid(self.halt(state + signal)).squeeze(-1)  # (B, L)
+            last = t == self.max_steps - 1
+            stops = running & ((halted + p > 1.0 - EPS) | last)  # this step is the position's last
+            continues = running & ~stops
+            remainder = torch.where(stops, 1.0 - halted, remainder)
+            weight = torch.where(continues, p, torch.where(stops, 1.0 - halted, torch.zeros_like(p)))
+            halted = halted + weight
+            steps = steps + running.to(h.dtype)
+            state = self.transition(self.attention(state + signal, mem + signal, pos), mem, pos)
+            out = out + weight[..., None] * state
+        ponder = (steps + remainder).mean()
+        self.aux_loss = self.tau * ponder if self.training and self.tau else None
+        self.metrics = {"act/steps": steps.detach().mean()}
+        return out
+
+
+def build_ut(cfg: ModelConfig) -> ACTBlock:
+    return ACTBlock(cfg)
