@@ -81,6 +81,7 @@ class ModelConfig:
     chunk_len: int = 16  # lsh: positions per chunk (divides the segment and the memory)
     act_max_steps: int = 4  # ut: most steps a position takes
     act_tau: float = 0.01  # ut: weight of the ponder cost in the loss
+    reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -127,6 +128,12 @@ class ModelConfig:
             _require("identity" not in self.share_weights, "model.share_weights: identity has no weights to share")
         _require(not self.blocks or len(self.blocks) == self.n_blocks,
                  f"model.blocks has {len(self.blocks)} entries but model.n_blocks is {self.n_blocks}")
+        if self.reversible:  # parnas.nn.reversible
+            _require(self.n_blocks % 2 == 0,
+                     f"model.reversible pairs the blocks (F, G): model.n_blocks must be even, not {self.n_blocks}")
+            bad = sorted(set(self.layout) & {"compressive", "ut"})
+            _require(not bad, f"model.reversible cannot recompute {', '.join(bad)} blocks in the backward pass "
+                     "(they keep their own memory or loss): use other kinds or model.reversible=false")
 
     @property
     def layout(self) -> tuple[str, ...]:

@@ -266,6 +266,9 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     if cfg.search.strategy != "par-gumbel-darts":
         raise ParnasError(f"run_search runs par-gumbel-darts, not search.strategy={cfg.search.strategy}")
     check_devices(cfg.train)
+    if cfg.model.reversible:
+        raise ParnasError("model.reversible runs a fixed model's blocks in pairs; a search's supernet runs eager: "
+                          "leave model.reversible=false for search and set it for retrain")
     if cfg.train.compile != "none":
         raise ParnasError(f"train.compile={cfg.train.compile} compiles the fixed model of train and retrain; a "
                           "search's supernet runs eager: leave train.compile=none for search")

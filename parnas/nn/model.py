@@ -34,6 +34,7 @@ from parnas.config import ModelConfig
 from parnas.kinds import make_block
 from parnas.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveSoftmax
 from parnas.nn.blocks import AttentionBlock, Dropout, sinusoid
+from parnas.nn.reversible import reversible_stack
 from parnas.nn.variants import DepthStep
 
 Memory = list[Optional[Tensor]]
@@ -174,6 +175,8 @@ class TransformerXL(nn.Module):
         h = self.drop(self.embed(x) * math.sqrt(self.cfg.d_model))  # (B, L, D)
         M = next((m.size(1) for m in mems if m is not None), 0)
         pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype))  # (M+L, D)
+        if self.cfg.reversible:
+            return self._reversible(h, mems, pos)
         new_mems: Memory = []
         kept, new_kept, aux = iter(mems[len(self.blocks):]), [], []
         metrics: dict[str, list[Tensor]] = {}
@@ -194,6 +197,13 @@ class TransformerXL(nn.Module):
         self.aux_loss = torch.stack(aux).sum() if aux else 0.0
         self.block_metrics = {name: torch.stack(values).mean() for name, values in metrics.items()}
         return self.final_norm(h), new_mems + new_kept
+
+    def _reversible(self, h: Tensor, mems: Memory, pos: Tensor) -> tuple[Tensor, Memory]:
+        """The body as reversible pairs (parnas.nn.reversible): each block's memory holds what entered it."""
+        given = [h[:, :0] if mem is None else mem for mem in mems]
+        h, entered = reversible_stack(self.blocks, h, given, pos)
+        self.aux_loss, self.block_metrics = 0.0, {}
+        return self.final_norm(h), [None if mem is None else self._update(mem, e) for mem, e in zip(mems, entered)]
 
     def _update(self, mem: Tensor, h: Tensor) -> Tensor:
         """The last ``mem_len`` states of [mem; h], detached: the next segment's memory.
