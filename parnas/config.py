@@ -255,6 +255,7 @@ class SearchConfig:
     latency_table: str | None = None
     latency_target: str = "train"
     strategy: str = "par-gumbel-darts"
+    trials: int = 8  # a multi-trial strategy's trials, each training one architecture for train.max_steps
     dual_lr: float = 0.05
     log_every: int = 10
     out_dir: str = "runs/search"
@@ -287,6 +288,7 @@ class SearchConfig:
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
         _require(self.strategy in SEARCH_STRATEGIES,
                  f"search.strategy must be one of {', '.join(SEARCH_STRATEGIES)}, not {self.strategy!r}")
+        _require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
         _require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
         _require(self.latency_target == "train" or self.penalty_cost == "latency",

@@ -37,10 +37,15 @@ def cmd_search(args: argparse.Namespace) -> int:
     if cfg.search.strategy == "par-gumbel-darts":
         record = run_search(cfg, resume=args.resume)
     else:
-        from strategies.nni_strategies import check_strategy, run_nni_search
+        from strategies.nni_strategies import MULTI_TRIAL, check_strategy, run_nni_search
 
         check_strategy(cfg, args.resume)
-        record = run_nni_search(cfg)
+        if cfg.search.strategy in MULTI_TRIAL:
+            from strategies.multi_trial import run_multi_trial
+
+            record = run_multi_trial(cfg, trials=cfg.search.trials)
+        else:
+            record = run_nni_search(cfg)
     if record:
         from parnas.architecture import layout, layout_string, legend
         from parnas.config import TARGET_LABELS
@@ -48,7 +53,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         search = record["search"]
         print(f"architecture {layout_string(layout(record))} ({legend(search.get('candidates') or layout(record))}) "
               f"after {search['steps']} steps")
-        line = f"  val ppl {search['val_ppl']:.2f} exported architecture (supernet weights, not retrained)" \
+        what = ("exported architecture (supernet weights, not retrained)" if "trials" not in search else
+                f"best of {search['trials']} trials (trained from scratch in its trial)")
+        line = f"  val ppl {search['val_ppl']:.2f} {what}" \
             if search.get("val_ppl") is not None else "  val ppl of the exported architecture: not finite"
         if search.get("discretisation_gap") is not None:
             line += (f"; {search['supernet_val_ppl']:.2f} supernet (discretisation gap "

@@ -38,9 +38,9 @@ def check_strategy(cfg: Config, resume: bool) -> None:
     name, search = cfg.search.strategy, cfg.search
     if name == PAR:
         return
-    if name in MULTI_TRIAL:
-        raise ConfigError(f"search.strategy={name}: NNI's multi-trial strategies are not built into parnas search "
-                          f"yet; use a one-shot strategy ({', '.join(s for s in ONE_SHOT if s != 'enas')}) or {PAR}")
+    if name in MULTI_TRIAL and (os.environ.get("NNI_PLATFORM") or resume):
+        raise ConfigError(f"search.strategy={name} starts an NNI experiment of its own: run it outside nnictl, "
+                          "without --resume")
     if name == "enas":
         raise ConfigError("search.strategy=enas needs NNI's optional reinforcement-learning dependencies "
                           "(tianshou<1 and gym), which do not install beside this torch; use darts, gumbel-darts, "
@@ -50,7 +50,7 @@ def check_strategy(cfg: Config, resume: bool) -> None:
         if value is not None:
             raise ConfigError(f"{setting} is honoured by search.strategy={PAR} only; NNI's {name} does not price "
                               "latency: drop it, or compare the exported costs with parnas study")
-    if search.mode != "joint":
+    if search.mode != "joint" and name not in MULTI_TRIAL:
         raise ConfigError(f"search.mode={search.mode} is {PAR}'s setting; NNI's {name} has its own loop")
     if resume:
         raise ConfigError(f"--resume continues a {PAR} search; NNI's {name} cannot resume: start it again")

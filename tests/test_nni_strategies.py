@@ -147,7 +147,8 @@ def test_parnas_search_strategy_writes_a_record_that_retrain_accepts(micro, tmp_
 @pytest.mark.parametrize("args, needle", [
     (["--strategy", "evolution"], "search.strategy must be one of par-gumbel-darts, darts"),
     (["--strategy", "enas"], "tianshou"),
-    (["--strategy", "tpe"], "multi-trial strategies are not built into parnas search yet"),
+    (["--strategy", "tpe", "--resume"], "starts an NNI experiment of its own"),
+    (["--strategy", "random", "--set", "search.trials=0"], "search.trials must be >= 1"),
     (["--strategy", "darts", "--set", "search.latency_budget=0.5"], "honoured by search.strategy=par-gumbel-darts"),
     (["--strategy", "darts", "--set", "search.penalty_weight=0.1"], "search.penalty_weight is honoured"),
     (["--strategy", "proxyless", "--set", "search.mode=bilevel"], "search.mode=bilevel"),
@@ -168,3 +169,43 @@ def test_the_strategy_names_are_the_configs():
     from strategies.nni_strategies import MULTI_TRIAL, ONE_SHOT, PAR
 
     assert SEARCH_STRATEGIES == (PAR, *ONE_SHOT, *MULTI_TRIAL)
+
+
+# --- NNI's multi-trial strategies ----------------------------------------------------------------------------------
+
+def test_the_multi_trial_evaluator_serializes_in_a_few_kb():
+    """NNI pickles the evaluator into every trial and refuses more than 64 KB: it carries settings, not data."""
+    from parnas.config import load_config
+    from strategies.multi_trial import evaluator, serialized_size
+
+    cfg = load_config("wt2-par")  # a 12k-token vocabulary, WikiText-2's 2M training tokens: none of it travels
+    size = serialized_size(evaluator(cfg, {"per_kind": {"attention": 3.0, "dense": 1.0, "identity": 0.0},
+                                           "constant": 1.0, "reference": 25.0}))
+    assert size < 8 * 1024, size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["random", "regularized-evolution", "tpe", "grid"])
+def test_multi_trial_strategies_train_each_architecture_in_its_own_trial(micro, tmp_path, capsys, name):
+    """Through NasExperiment on the local training service (nnictl's manager on a free port, stopped after):
+    3 trials, each a fixed model trained from scratch, reporting its val ppl and predicted cost; the best is
+    exported as a record parnas retrain accepts."""
+    import json
+
+    from parnas.cli import main
+
+    sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2",
+            "train.max_steps=2", "train.eval_every=2", "search.trials=3", f"search.out_dir={tmp_path / 'search'}"]
+    assert main(["search", "--config", "tiny", "--strategy", name, *(a for s in sets for a in ("--set", s))]) == 0
+    assert "best of 3 trials" in capsys.readouterr().out
+    record = json.loads((tmp_path / "search" / "architecture.json").read_text())
+    tried = record["search"]["tried"]
+    assert len(tried) == 3 and record["search"]["strategy"] == name
+    best = min(tried, key=lambda t: t["val_ppl"])
+    assert record["search"]["val_ppl"] == pytest.approx(best["val_ppl"], abs=1e-3)
+    assert "".join(k[0].upper() for k in record["architecture"].values()) == best["architecture"]
+    assert all(0 < t["latency_ratio"] for t in tried)
+    retrain = [f"data.path={micro}", "data.tokenizer=char", "train.max_steps=2", "train.eval_every=2",
+               f"train.out_dir={tmp_path / 'retrain'}"]
+    assert main(["retrain", "--arch", str(tmp_path / "search" / "architecture.json"), "--config", "tiny",
+                 *(a for s in retrain for a in ("--set", s))]) == 0

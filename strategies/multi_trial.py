@@ -1,0 +1,180 @@
+"""NNI's multi-trial NAS on the PAR space: each trial trains one fixed architecture in its own process.
+
+NNI pickles the evaluator into every trial and refuses a payload over 64 KB. parnas's evaluator therefore
+carries settings, not data: :class:`CorpusData` is a data module described by its data config alone (traced
+with ``nni.trace``) that reads the corpus inside the trial, :class:`TrialTask` is the language-modelling task
+that reports to NNI (validation perplexity at every evaluation; at the end ``default``, the architecture
+and its predicted cost ratio from block costs priced once, before the trials), and the trainer is NNI's
+traced ``Trainer`` with plain arguments. :func:`evaluator` builds it; :func:`serialized_size` measures it.
+
+Strategies: NNI 3.0's ``Random``, ``RegularizedEvolution``, ``TPE`` (its hyper-parameter tuner driving the
+architecture choices) and ``GridSearch``, through ``NasExperiment`` on the local training service, one trial
+at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import nni
+import pytorch_lightning as pl
+from nni.nas.evaluator.pytorch import Lightning, Trainer
+
+from parnas.config import Config, DataConfig, TrainConfig, from_dict
+from parnas.errors import ParnasError
+from parnas.training.task import LanguageModelTask
+
+MULTI_TRIAL_STRATEGIES = ("random", "regularized-evolution", "tpe", "grid")
+
+
+@nni.trace
+class CorpusData(pl.LightningDataModule):
+    """The run's segments, loaded where the trial runs from ``data`` (a ``DataConfig`` as a dict)."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.data = dict(data)
+        self._segments: Any = None
+
+    def segments(self) -> Any:
+        from parnas.data.corpora import load_splits
+        from parnas.training.fit import SegmentData
+
+        if self._segments is None:
+            cfg = from_dict(DataConfig, self.data, "data.")
+            _, splits = load_splits(cfg)
+            self._segments = SegmentData(splits, cfg.batch_size, cfg.eval_batch_size, cfg.seg_len)
+            self._segments.trainer = self.trainer
+        return self._segments
+
+    def train_dataloader(self) -> Any:
+        return self.segments().train_dataloader()
+
+    def val_dataloader(self) -> Any:
+        return self.segments().val_dataloader()
+
+
+class TrialTask(LanguageModelTask):
+    """:class:`LanguageModelTask` that reports to NNI: val ppl at each evaluation, and at the end a dict whose
+    ``default`` NNI ranks by, with the architecture and its predicted cost ratio (``costs``: block costs and
+    the constant part of the run's latency table or FLOPs, Transformer-XL's total as ``reference``).
+    NNI 3.0's multi-trial strategies take the largest metric as the best (evolution's parents, the exported
+    top models), so ``default`` is minus the validation perplexity, and ``val_ppl`` is beside it."""
+
+    def __init__(self, train: Mapping[str, Any], costs: Mapping[str, Any]) -> None:
+        super().__init__(from_dict(TrainConfig, train, "train."))
+        self.costs = dict(costs)
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        if self.val_history and nni.get_current_parameter() is not None and not self.trainer.sanity_checking:
+            nni.report_intermediate_result(self.val_history[-1]["val_ppl"])
+
+    def on_fit_end(self) -> None:
+        if nni.get_current_parameter() is None:
+            return
+        from parnas.architecture import layout_string
+
+        kinds = self.model.block_kinds
+        per_kind, constant = self.costs["per_kind"], self.costs["constant"]
+        ratio = (constant + sum(per_kind[k] for k in kinds)) / self.costs["reference"]
+        ppl = self.val_history[-1]["val_ppl"] if self.val_history else math.inf
+        ppl = ppl if math.isfinite(ppl) else 1e9
+        nni.report_final_result({"default": -ppl, "val_ppl": ppl, "architecture": layout_string(kinds),
+                                 "latency_ratio": round(ratio, 4)})
+
+
+def evaluator(cfg: Config, costs: Mapping[str, Any]) -> Lightning:
+    """What every trial runs: train the sampled fixed model with ``cfg`` and report (a few KB serialised)."""
+    t = cfg.train
+    trainer = Trainer(max_steps=t.max_steps, max_epochs=-1, val_check_interval=t.eval_every,
+                      check_val_every_n_epoch=None, gradient_clip_val=t.clip or None, accelerator=t.accelerator,
+                      devices=1, precision=t.precision, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      use_distributed_sampler=False)
+    return Lightning(TrialTask(asdict(t), costs), trainer, datamodule=CorpusData(asdict(cfg.data)))
+
+
+def serialized_size(evaluator: Lightning) -> int:
+    """Bytes of ``evaluator`` as NNI serialises it into each trial (its limit is 64 KB)."""
+    return len(nni.dump(evaluator, pickle_size_limit=10**9).encode())
+
+
+def make_strategy(name: str) -> Any:
+    from nni.nas import strategy
+
+    if name == "random":
+        return strategy.Random(dedup=True)
+    if name == "regularized-evolution":
+        return strategy.RegularizedEvolution(population_size=4, sample_size=2)
+    if name == "tpe":
+        return strategy.TPE(optimize_mode="maximize")  # as the other strategies: the larger metric is the better
+    if name == "grid":
+        return strategy.GridSearch()
+    raise ValueError(f"not a multi-trial strategy: {name!r}")
+
+
+def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dict[str, Any]:
+    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` trials, one at a time, each
+    training one sampled fixed model from scratch for ``train.max_steps``; returns the best one's record."""
+    import atexit
+    import os
+    import socket
+    from pathlib import Path
+
+    from nni.nas.experiment import NasExperiment
+
+    from parnas import architecture
+    from parnas.data.corpora import load_splits
+    from parnas.files import check_writable_dir, ensure_writable_dir
+    from parnas.training.devices import check_devices, training_device
+    from search_spaces import PARTransformerXLSpace
+    from strategies.search import check_run_dir, cost_model, latency_summary
+
+    check_devices(cfg.train)
+    run_dir = Path(cfg.search.out_dir)
+    check_writable_dir(run_dir)
+    check_run_dir(run_dir, False)
+    tokenizer, _ = load_splits(cfg.data)  # built here once: the trials read it from the cache
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    costs, latency = cost_model(cfg, tokenizer.vocab_size, training_device(cfg.train))
+    prices = {"per_kind": costs.per_kind, "constant": costs.constant, "reference": costs.reference}
+    experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
+                               evaluator(cfg, prices), make_strategy(cfg.search.strategy))
+    experiment.config.max_trial_number = trials
+    experiment.config.trial_concurrency = 1
+    ensure_writable_dir(run_dir)
+    experiment.config.experiment_working_directory = str((run_dir / "nni").absolute())
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    try:
+        experiment.run(port=port)
+        models = [m for m in experiment.strategy.list_models() if isinstance(m.metric, (int, float))]
+    finally:
+        experiment.stop()
+        atexit.unregister(experiment.stop)
+    if not models:
+        raise ParnasError(f"no trial of the {cfg.search.strategy} search reported a result; see the trials' logs "
+                          f"under {run_dir / 'nni'}")
+    best = max(models, key=lambda m: m.metric)  # the smallest perplexity
+    chosen = {label: best.sample[label] for label in sorted(best.sample, key=lambda s: int(s.rsplit("_", 1)[1]))}
+    kinds = list(chosen.values())
+    tried = [{"architecture": architecture.layout_string([m.sample[k] for k in chosen]), "val_ppl": -m.metric,
+              "latency_ratio": round(costs.ratio([m.sample[k] for k in chosen]), 4)} for m in models]
+    record = architecture.make_record(
+        chosen, cfg.model, tokenizer.vocab_size, tokenizer=tokenizer.identity(),
+        search={"strategy": cfg.search.strategy, "trials": len(models), "steps": cfg.train.max_steps,
+                "seed": cfg.train.seed, "val_ppl": round(-best.metric, 4),
+                "val_ppl_is": f"the trial's own training of this architecture from scratch ({cfg.train.max_steps} "
+                              "steps), not retrained here",
+                "candidates": list(cfg.search.candidates), "latency": latency_summary(costs, latency, kinds, None),
+                "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
+                "architecture_cost": round(costs.total(kinds), 4), "cost_ratio": round(costs.ratio(kinds), 4),
+                "tried": tried, "nni_experiment": experiment.id, "nni_trial": os.environ.get("NNI_TRIAL_JOB_ID")})
+    architecture.write(run_dir / "architecture.json", record)
+    return record
