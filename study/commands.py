@@ -11,6 +11,19 @@ import argparse
 
 def cmd_study(args: argparse.Namespace) -> int:
     """Check the claim end to end: searches per seed and budget, retrains of found and baseline layouts, timing."""
+    if args.strategies:
+        from pathlib import Path
+
+        from study.strategies import parse_strategies, run_strategy_study
+
+        study = run_strategy_study(args.config, args.set, parse_strategies(args.strategies), args.seeds,
+                                   Path(args.out), search_steps=args.search_steps or 600,
+                                   retrain_steps=args.retrain_steps or 600, trials=args.trials,
+                                   retrain_seeds=args.retrain_seeds, log=lambda line: print(line, flush=True))
+        print()
+        for line in study["verdicts"]:
+            print(line)
+        return 0
     from study.run import make_plan, run_study
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
@@ -38,6 +51,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
+    p.add_argument("--strategies", default=None, metavar="S,S,...",
+                   help="compare search strategies instead (par-gumbel-darts and NNI's: darts, gumbel-darts, "
+                        "random-oneshot, proxyless, random, regularized-evolution, tpe, grid) at an equal budget of "
+                        "--search-steps (default 600) training steps, retrained for --retrain-steps (default 600)")
+    p.add_argument("--trials", type=int, default=4, metavar="N",
+                   help="with --strategies: trials of a multi-trial strategy, sharing the search steps (default 4)")
     p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
                    help="retrain every layout K times (train.seed, +1, ...): the verdicts then weigh differences "
                         "against the seed spread (default 1)")

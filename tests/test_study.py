@@ -4,6 +4,7 @@ import csv
 import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -281,3 +282,30 @@ def test_retrain_seeds_average_the_perplexities_and_keep_each_seeds():
     assert merged["val_ppl"] == 41.0 and merged["val_ppl_seeds"] == [40.0, 42.0] and merged["steps"] == 10
     assert merged["val_ppl_std"] == pytest.approx(2 ** 0.5) and merged["test_ppl"] == 41.0
     assert over_seeds([{"val_ppl": 40.0, "test_ppl": 41.0}])["val_ppl_std"] is None
+
+
+# --- parnas study --strategies -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(micro, tmp_path, capsys):
+    out = tmp_path / "strategies"
+    sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2"]
+    assert main(["study", "--config", "tiny", *(a for s in sets for a in ("--set", s)), "--strategies",
+                 "par-gumbel-darts,random-oneshot,random", "--seeds", "1", "--search-steps", "4", "--trials", "2",
+                 "--retrain-steps", "2", "--out", str(out)]) == 0
+    study = json.loads((out / "strategies.json").read_text())
+    assert [s["strategy"] for s in study["summary"]] == ["par-gumbel-darts", "random-oneshot", "random"]
+    for run in study["runs"]:
+        record = json.loads(Path(run["record"]).read_text())
+        assert record["search"]["strategy"] == run["strategy"] and run["val_ppl"] > 1 and run["cost_ratio"] > 0
+        assert (out / "retrain" / run["layout"] / "metrics.json").is_file()
+    random = json.loads((out / "search" / "random-s0" / "architecture.json").read_text())["search"]
+    assert random["trials"] == 2 and random["steps"] == 2  # 2 trials of 4 // 2 steps: the same 4 steps in all
+    assert study["verdicts"][0].startswith("best retrained val ppl:") and (out / "strategies.md").is_file()
+
+
+def test_strategies_must_be_known_and_at_least_two(tmp_path, capsys):
+    for given, needle in (("par-gumbel-darts", "give two or more"), ("darts,nasnet", "unknown: nasnet")):
+        assert main(["study", "--config", "tiny", "--strategies", given, "--out", str(tmp_path / "s")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err and not (tmp_path / "s").exists()

@@ -1,0 +1,178 @@
+"""``parnas study --strategies``: PAR's Gumbel-DARTS against NNI's own strategies, at an equal search budget.
+
+Every strategy searches the same space with the same config and seeds, and the same number of training
+steps: a one-shot strategy trains its supernet for ``--search-steps``; a multi-trial one runs ``--trials``
+trials of ``search_steps // trials`` steps each (so its trials together take as many steps). No latency
+budget is set (NNI's strategies do not price latency); each found architecture's predicted cost comes from
+the same latency table. Then every distinct found architecture is retrained from scratch (``--retrain-seeds``
+times, ``--retrain-steps``), and ``strategies.md`` / ``strategies.json`` give per strategy the architectures,
+their cost ratio, the retrained validation perplexity (mean ± spread over search seeds) and the search's wall
+time, with a verdict: does PAR's strategy find a better model than NNI's built-ins at that budget?
+Searches go to ``<out>/search/<strategy>-s<seed>``, retrains to ``<out>/retrain/<LAYOUT>[-s<k>]``; a rerun
+skips finished ones.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from parnas import architecture
+from parnas.config import SEARCH_STRATEGIES, Config, load_config
+from parnas.errors import ConfigError, ParnasError
+from parnas.files import write_json_atomic, write_text_atomic
+
+
+def parse_strategies(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [n for n in names if n not in SEARCH_STRATEGIES]
+    if unknown or len(names) < 2:
+        raise ConfigError(f"--strategies: give two or more of {', '.join(SEARCH_STRATEGIES)}"
+                          + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return names
+
+
+def search_settings(strategy: str, seed: int, search_steps: int, trials: int, out: Path) -> list[str]:
+    from strategies.nni_strategies import MULTI_TRIAL
+
+    steps = max(1, search_steps // trials) if strategy in MULTI_TRIAL else search_steps
+    return [f"search.strategy={strategy}", f"train.seed={seed}", f"train.max_steps={steps}",
+            f"train.eval_every={steps}", f"search.trials={trials}", "search.latency_budget=null",
+            f"search.out_dir={json.dumps(str(out / 'search' / f'{strategy}-s{seed}'))}"]
+
+
+def run_search_with(config: str | None, sets: Sequence[str], cfg: Config) -> dict[str, Any]:
+    """One search of ``cfg.search.strategy``; returns its record. PAR's runs here; NNI's each run in a process of
+    their own (``parnas search``), since an NNI experiment leaves state in its process that garbles the command
+    channel of the next one."""
+    if cfg.search.strategy == "par-gumbel-darts":
+        from strategies.search import run_search
+
+        return run_search(cfg)
+    command = [sys.executable, "-m", "parnas.cli", "search", *(["--config", config] if config else []),
+               *(a for s in sets for a in ("--set", s))]
+    if subprocess.run(command).returncode:
+        raise ParnasError(f"the {cfg.search.strategy} search failed: {shlex.join(command)}")
+    return architecture.read(Path(cfg.search.out_dir) / "architecture.json")
+
+
+def run_strategy_study(config: str | None, overrides: Sequence[str], strategies: Sequence[str], seeds: int,
+                       out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int = 1,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Search with every strategy and seed, retrain what they found, and write the comparison."""
+    from retrain.run import retrain
+
+    for name, value in (("--seeds", seeds), ("--search-steps", search_steps), ("--retrain-steps", retrain_steps),
+                        ("--trials", trials), ("--retrain-seeds", retrain_seeds)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    for strategy in strategies:  # every config checked before anything runs
+        load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
+    runs: list[dict[str, Any]] = []
+    for strategy in strategies:
+        for seed in range(seeds):
+            sets = [*overrides, *search_settings(strategy, seed, search_steps, trials, out)]
+            cfg = load_config(config, sets)
+            done = Path(cfg.search.out_dir) / "architecture.json"
+            start = time.perf_counter()
+            record = architecture.read(done) if done.is_file() else run_search_with(config, sets, cfg)
+            seconds = record["search"].get("seconds") or round(time.perf_counter() - start, 1)
+            layout = architecture.layout_string(architecture.layout(record))
+            log(f"[search] {strategy}, seed {seed}: {layout} in {seconds:.0f} s")
+            runs.append({"strategy": strategy, "seed": seed, "layout": layout, "record": str(done),
+                         "cost_ratio": (record["search"].get("latency") or {}).get("ratio",
+                                                                                  record["search"].get("cost_ratio")),
+                         "search_seconds": seconds})
+    retrained: dict[str, list[float]] = {}
+    for run in runs:
+        for k in range(retrain_seeds):
+            run_dir = out / "retrain" / (run["layout"] if k == 0 else f"{run['layout']}-s{k}")
+            if len(retrained.get(run["layout"], [])) > k:
+                continue
+            metrics_file = run_dir / "metrics.json"
+            if metrics_file.is_file():
+                metrics = json.loads(metrics_file.read_text())
+            else:
+                sets = [*overrides, f"train.max_steps={retrain_steps}", f"train.eval_every={retrain_steps}",
+                        f"train.out_dir={json.dumps(str(run_dir))}"]
+                base_seed = load_config(config, overrides).train.seed
+                metrics = retrain(run["record"], config, [*sets, f"train.seed={base_seed + k}"] if k else sets)
+            retrained.setdefault(run["layout"], []).append(metrics.get("val_ppl"))
+            log(f"[retrain] {run['layout']} (retrain seed {k}): val ppl {metrics.get('val_ppl')}")
+    for run in runs:
+        values = [v for v in retrained[run["layout"]] if v is not None]
+        run["val_ppl"] = statistics.fmean(values) if values else None
+    summary = summarise(runs, strategies)
+    lines = verdict(summary)
+    study = {"format": "parnas.strategy-study", "version": 1, "config": config, "overrides": list(overrides),
+             "strategies": list(strategies), "seeds": seeds, "search_steps": search_steps, "trials": trials,
+             "retrain_steps": retrain_steps, "retrain_seeds": retrain_seeds, "runs": runs, "summary": summary,
+             "verdicts": lines}
+    write_json_atomic(out / "strategies.json", study)
+    write_text_atomic(out / "strategies.md", markdown(study))
+    return study
+
+
+def _mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    v = [x for x in values if x is not None]
+    return (statistics.fmean(v) if v else None), (statistics.stdev(v) if len(v) > 1 else None)
+
+
+def summarise(runs: Sequence[Mapping[str, Any]], strategies: Sequence[str]) -> list[dict[str, Any]]:
+    out = []
+    for strategy in strategies:
+        mine = [r for r in runs if r["strategy"] == strategy]
+        ppl, ppl_std = _mean_std([r["val_ppl"] for r in mine])
+        cost, _ = _mean_std([r["cost_ratio"] for r in mine])
+        seconds, _ = _mean_std([r["search_seconds"] for r in mine])
+        out.append({"strategy": strategy, "layouts": [r["layout"] for r in mine], "val_ppl": ppl,
+                    "val_ppl_std": ppl_std, "cost_ratio": cost, "search_seconds": seconds})
+    return out
+
+
+def verdict(summary: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Which strategy's architectures retrain best; whether PAR's beats the best of the others beyond the spread."""
+    ranked = sorted((s for s in summary if s["val_ppl"] is not None), key=lambda s: s["val_ppl"])
+    if not ranked:
+        return ["no strategy's architecture retrained to a finite perplexity"]
+    lines = [f"best retrained val ppl: {ranked[0]['strategy']} ({ranked[0]['val_ppl']:.2f})"]
+    par = next((s for s in ranked if s["strategy"] == "par-gumbel-darts"), None)
+    others = [s for s in ranked if s["strategy"] != "par-gumbel-darts"]
+    if par and others:
+        best = others[0]
+        spread = max((s for s in (par["val_ppl_std"], best["val_ppl_std"]) if s is not None), default=None)
+        gap = par["val_ppl"] - best["val_ppl"]
+        if spread is None:
+            judged = "one seed each: no spread to judge by"
+        elif abs(gap) <= spread:
+            judged = f"not distinguishable (within the seed spread ±{spread:.2f})"
+        else:
+            judged = "better" if gap < 0 else "worse"
+        lines.append(f"par-gumbel-darts {par['val_ppl']:.2f} at {par['cost_ratio'] or float('nan'):.2f}x vs the best "
+                     f"of NNI's, {best['strategy']} {best['val_ppl']:.2f} at {best['cost_ratio'] or float('nan'):.2f}x:"
+                     f" {judged}")
+    return lines
+
+
+def markdown(study: Mapping[str, Any]) -> str:
+    def cell(v: Any, fmt: str) -> str:
+        return "-" if v is None else fmt.format(v)
+
+    out = [f"# parnas study --strategies: {study['config'] or 'defaults'}", "",
+           f"{study['seeds']} seeds; budget {study['search_steps']} training steps per search (multi-trial: "
+           f"{study['trials']} trials sharing them); retrain {study['retrain_steps']} steps x "
+           f"{study['retrain_seeds']} seeds; no latency budget.", "", "## Verdicts", ""]
+    out += [f"- {line}" for line in study["verdicts"]]
+    out += ["", "| strategy | architectures | cost ratio | retrained val ppl | search s |", "|---|---|---:|---:|---:|"]
+    for s in study["summary"]:
+        ppl = cell(s["val_ppl"], "{:.2f}") + ("" if s["val_ppl_std"] is None else f" ± {s['val_ppl_std']:.2f}")
+        out.append(f"| {s['strategy']} | {', '.join(s['layouts'])} | {cell(s['cost_ratio'], '{:.3f}')} | {ppl} "
+                   f"| {cell(s['search_seconds'], '{:.0f}')} |")
+    return "\n".join(out) + "\n"
