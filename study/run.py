@@ -25,7 +25,6 @@ import json
 import math
 import random
 import shutil
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +47,7 @@ from parnas.config import (
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
 from parnas.training.devices import check_devices
+from study.measure import over_seeds
 from study.report import budget_label
 
 ROLES = ("found", "transformer-xl", "front", "sandwich", "random")
@@ -346,7 +346,7 @@ def run_retrains(plan: Plan, entries: Sequence[Entry], like: Mapping[str, Any],
                  progress: Progress) -> dict[str, dict[str, Any]]:
     """Each distinct layout's retrain metrics, keyed by layout string: a layout is trained once per retrain seed
     (``retrain/<LAYOUT>``, then ``retrain/<LAYOUT>-s<k>``), and its metrics are the first seed's with the
-    perplexities averaged over the seeds (:func:`over_seeds`)."""
+    perplexities averaged over the seeds (:func:`study.measure.over_seeds`)."""
     from retrain.run import retrain
 
     layouts: dict[str, list[Entry]] = {}
@@ -373,49 +373,13 @@ def run_retrains(plan: Plan, entries: Sequence[Entry], like: Mapping[str, Any],
     return {code: over_seeds(runs) for code, runs in metrics.items()}
 
 
-def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One layout's metrics over its retrain seeds: the first run's, with val/test ppl their mean over the seeds
-    whose perplexity is finite, ``val_ppl_std`` (None for one seed) and ``val_ppl_seeds``, each seed's."""
-    out = dict(runs[0])
-    for key in ("val_ppl", "test_ppl"):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = sum(values) / len(values) if values else None
-        out[f"{key}_seeds"] = [r.get(key) for r in runs]
-    values = [v for v in out["val_ppl_seeds"] if v is not None]
-    out["val_ppl_std"] = statistics.stdev(values) if len(values) > 1 else None
-    return out
-
-
 def _ppl(metrics: Mapping[str, Any]) -> str:
     return "-" if metrics.get("val_ppl") is None else f"{metrics['val_ppl']:.2f}"
 
 
-def measure(plan: Plan, layouts: Sequence[tuple[str, ...]], vocab_size: int, progress: Progress
-            ) -> dict[str, Any]:
-    """Train step, inference segment and generated-token times of every layout, side by side in this process;
-    ``target`` names the one the verdicts judge by (``search.latency_target``)."""
-    import torch
-
-    from parnas.config import TARGET_LABELS
-    from parnas.training.devices import training_device
-    from parnas.training.latency import MODES, device_name, time_layouts
-
-    cfg = retrain_config(plan)
-    device = training_device(cfg.train)  # where the retrains ran
-    timing: dict[str, Any] = {"device": device_name(device),
-                              "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": plan.rounds,
-                              "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
-                              "mem_len": cfg.model.mem_len, "target": cfg.search.latency_target}
-    for i, mode in enumerate(MODES):
-        progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {plan.rounds} "
-                 f"alternating rounds on {timing['device']} ...")
-        ms = time_layouts(layouts, cfg, vocab_size, mode=mode, rounds=plan.rounds, device=device)
-        timing[f"{mode}_step_ms"] = {architecture.layout_string(k): t for k, t in zip(layouts, ms)}
-    return timing
-
-
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     """Search, retrain, time and report; returns what ``<out>/study.json`` holds."""
+    from study.measure import measure
     from study.ranking import measure_ranking
     from study.report import build_rows, write_report
 
@@ -427,7 +391,7 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     like = next(iter(found.values()))
     metrics = run_retrains(plan, entries, like, progress)
     layouts = list(dict.fromkeys(e.kinds for e in entries))
-    timing = measure(plan, layouts, like["model"]["vocab_size"], progress)
+    timing = measure(retrain_config(plan), plan.rounds, layouts, like["model"]["vocab_size"], progress)
     rows = build_rows(entries, metrics, timing, plan.out)
     shared = [e for e in entries if e.role in ("transformer-xl", "front")]
     ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),

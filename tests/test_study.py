@@ -276,7 +276,7 @@ def test_kendall_tau_ranks_layouts_and_needs_three():
 
 
 def test_retrain_seeds_average_the_perplexities_and_keep_each_seeds():
-    from study.run import over_seeds
+    from study.measure import over_seeds
 
     merged = over_seeds([{"val_ppl": 40.0, "test_ppl": 41.0, "steps": 10}, {"val_ppl": 42.0, "test_ppl": None}])
     assert merged["val_ppl"] == 41.0 and merged["val_ppl_seeds"] == [40.0, 42.0] and merged["steps"] == 10

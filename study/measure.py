@@ -1,0 +1,47 @@
+"""What a study measures once its runs are done: side-by-side timings of the layouts, and a layout's
+perplexities over its retrain seeds."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from parnas import architecture
+from parnas.config import Config
+
+
+def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One layout's metrics over its retrain seeds: the first run's, with val/test ppl their mean over the seeds
+    whose perplexity is finite, ``val_ppl_std`` (None for one seed) and ``val_ppl_seeds``, each seed's."""
+    out = dict(runs[0])
+    for key in ("val_ppl", "test_ppl"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = sum(values) / len(values) if values else None
+        out[f"{key}_seeds"] = [r.get(key) for r in runs]
+    values = [v for v in out["val_ppl_seeds"] if v is not None]
+    out["val_ppl_std"] = statistics.stdev(values) if len(values) > 1 else None
+    return out
+
+
+def measure(cfg: Config, rounds: int, layouts: Sequence[tuple[str, ...]], vocab_size: int,
+            progress: Callable[[str, int, int, str], None]) -> dict[str, Any]:
+    """Train step, inference segment and generated-token times of every layout, side by side in this process;
+    ``target`` names the one the verdicts judge by (``search.latency_target``)."""
+    import torch
+
+    from parnas.config import TARGET_LABELS
+    from parnas.training.devices import training_device
+    from parnas.training.latency import MODES, device_name, time_layouts
+
+    device = training_device(cfg.train)  # where the retrains ran
+    timing: dict[str, Any] = {"device": device_name(device),
+                              "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": rounds,
+                              "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
+                              "mem_len": cfg.model.mem_len, "target": cfg.search.latency_target}
+    for i, mode in enumerate(MODES):
+        progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} "
+                 f"alternating rounds on {timing['device']} ...")
+        ms = time_layouts(layouts, cfg, vocab_size, mode=mode, rounds=rounds, device=device)
+        timing[f"{mode}_step_ms"] = {architecture.layout_string(k): t for k, t in zip(layouts, ms)}
+    return timing
