@@ -26,6 +26,7 @@ Implementations:
     python benchmarks/train_step.py --peer-dir /tmp/txl-ref/pytorch  # + Dai et al.
     python benchmarks/train_step.py --ablate --rounds 7              # what each change bought
     python benchmarks/train_step.py --blocks ADADAD                  # another layout
+    python benchmarks/train_step.py --variant 'model.adaptive_input=true;model.tie_weights=true'  # + a variant
 """
 
 from __future__ import annotations
@@ -284,6 +285,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer-dir", type=Path, help="local checkout of transformer-xl's pytorch/ folder")
     parser.add_argument("--ablate", action="store_true", help="also time parnas with one part on its previous path")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[;KEY=VALUE]",
+                        help="also time parnas with these settings added (repeatable), e.g. "
+                             "'model.adaptive_input=true;model.tie_weights=true'")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.set)
@@ -296,6 +300,9 @@ def main() -> None:
     }
     if args.ablate:
         steps.update({f"previous {p}": parnas_step(cfg, args.vocab_size, layout, (p,)) for p in PARTS})
+    for variant in args.variant:
+        steps[f"parnas {variant}"] = parnas_step(load_config(args.config, [*args.set, *variant.split(";")]),
+                                                 args.vocab_size, layout, ())
     if args.peer_dir:
         if layout != ["attention", "dense"] * (len(layout) // 2):
             parser.error("--peer-dir compares the standard layout only (attention, dense, ...): drop --blocks")
@@ -327,7 +334,7 @@ def main() -> None:
     if "reference" in steps:
         print(ratio_line("parnas", "reference", tps))
     for name in names:
-        if name.startswith("previous"):
+        if name.startswith(("previous", "parnas ")):
             print(ratio_line("parnas", name, tps))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     print(f"peak RSS {peak_mib:,.0f} MiB (the whole process, every implementation)")
