@@ -119,3 +119,29 @@ def graphs_made():
             torch._dynamo.reset()
         return made
     return run
+
+
+@pytest.fixture
+def run_layout():
+    """``run_layout(blocks, *settings)``: a tiny fixed model of these blocks (500 tokens), its forward pass over a
+    (4, 16) batch, and a check that it then decodes tokens one at a time with its memory (as ``parnas generate``).
+    Returns (model, h, mems) of the forward pass, in training mode."""
+    import torch
+
+    from parnas.config import load_config
+    from parnas.nn.model import build_fixed_model
+
+    def run(blocks: str, *settings: str):
+        cfg = load_config("tiny", [f"model.blocks={blocks}", *settings])
+        torch.manual_seed(0)
+        model = build_fixed_model(cfg.model, 500)
+        x = torch.randint(0, 500, (4, 16))
+        h, mems = model(x)
+        model.eval()
+        with torch.no_grad():
+            out, memory = model(x[:1, :5])
+            for _ in range(3):
+                out, memory = model(model.log_probs(out[:, -1]).argmax(-1, keepdim=True), memory)
+        assert out.shape == (1, 1, cfg.model.d_model) and torch.isfinite(out).all()
+        return model.train(), h, mems
+    return run
