@@ -9,8 +9,9 @@ PAR's own strategy buys.
 
 Every strategy ends alike: ``architecture.json`` (the exported layout; its validation perplexity with the
 supernet's weights, each block running only its chosen candidate, no retraining; the supernet's own where
-NNI's loop measured one; its predicted cost on the run's latency table) and TensorBoard's scalars. The
-history and its pictures are PAR's strategy's: NNI's loops keep no per-step probabilities. NNI's
+NNI's loop measured one; its predicted cost on the run's latency table), TensorBoard's scalars, and for the
+strategies that learn logits (darts, gumbel-darts, proxyless) ``history.jsonl`` and its pictures
+(:class:`LogitsHistory`). NNI's
 mixed layers keep each candidate as a submodule named by its kind, so the exported fixed model takes the
 supernet's weights by dropping that name (:func:`fixed_weights`), whatever the strategy.
 """
@@ -57,6 +58,39 @@ def check_strategy(cfg: Config, resume: bool) -> None:
     if cfg.train.devices * cfg.train.num_nodes != 1:
         raise ConfigError(f"search.strategy={name} runs in one process (train.devices=1): NNI's one-shot modules "
                           "do not keep the logits alike across ranks")
+
+
+class LogitsHistory:
+    """A Lightning callback writing ``history.jsonl`` as PAR's search does, for NNI's strategies that learn logits
+    (darts, gumbel-darts, proxyless): every ``every`` optimiser steps and at the end, softmax(alpha) of each
+    block's mixed layer and the Gumbel temperature (1 for a plain softmax). ``parnas plot`` and the pictures
+    read it."""
+
+    def __init__(self, path: Path, every: int) -> None:
+        import pytorch_lightning as pl
+
+        self.path, self.every, self.last = path, every, -1
+        self.callback = type("LogitsHistoryCallback", (pl.Callback,), {
+            "on_train_batch_end": lambda _, trainer, module, *args: self._write(trainer, module, False),
+            "on_train_end": lambda _, trainer, module: self._write(trainer, module, True)})()
+
+    def _write(self, trainer: Any, module: Any, last: bool) -> None:
+        """A line every ``every`` steps, and one when training ends (the logits the export reads)."""
+        import json
+
+        step = trainer.global_step
+        if step == self.last or (step % self.every and not last) or not trainer.is_global_zero:
+            return
+        self.last = step
+        layers = sorted((m for m in module.modules() if hasattr(m, "_arch_alpha") and hasattr(m, "names")),
+                        key=lambda m: int(str(m.label).rsplit("_", 1)[1]))
+        if not layers:
+            return
+        probs = {str(m.label): dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist())) for m in layers}
+        scheduler = getattr(module, "temperature_scheduler", None)
+        tau = float(getattr(scheduler, "current", None) or getattr(scheduler, "init", None) or 1.0)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "tau": tau, "probabilities": probs}) + "\n")
 
 
 def make_strategy(name: str, cfg: Config) -> Any:
@@ -118,6 +152,8 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
     check_memory(cfg, tokenizer.vocab_size, [cfg.search.candidates] * cfg.model.n_blocks)
     trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
                             log_every_n_steps=cfg.search.log_every)
+    history = LogitsHistory(run_dir / "history.jsonl", cfg.search.log_every)
+    trainer.callbacks = [*trainer.callbacks, history.callback]
     costs, latency = cost_model(cfg, tokenizer.vocab_size, trainer.strategy.root_device)
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
@@ -155,4 +191,8 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
                 "arch_lr": cfg.search.arch_lr, "seconds": round(seconds, 1),
                 "nni_trial": os.environ.get("NNI_TRIAL_JOB_ID") if trial else None})
     architecture.write(run_dir / "architecture.json", record)
+    if (run_dir / "history.jsonl").is_file():  # a strategy with logits: the pictures, as PAR's search draws them
+        from parnas.report.plots import plot_run
+
+        plot_run(run_dir)
     return record

@@ -136,6 +136,10 @@ def test_parnas_search_strategy_writes_a_record_that_retrain_accepts(micro, tmp_
     assert record["search"]["strategy"] == name and f"NNI's {name}" in out
     assert record["search"]["val_ppl"] > 1 and 0 < record["search"]["latency"]["ratio"]
     assert set(record["architecture"].values()) <= {"attention", "dense", "identity"}
+    if name != "random-oneshot":  # a strategy with logits writes PAR's history and draws its pictures
+        lines = (tmp_path / "search" / "history.jsonl").read_text().splitlines()
+        assert lines and set(json.loads(lines[-1])["probabilities"]) == {"block_0", "block_1"}
+        assert (tmp_path / "search" / "architecture.png").is_file()
     retrain = [f"data.path={micro}", "data.tokenizer=char", "train.max_steps=2", "train.eval_every=2",
                f"train.out_dir={tmp_path / 'retrain'}"]
     assert main(["retrain", "--arch", str(tmp_path / "search" / "architecture.json"), "--config", "tiny",

@@ -8,7 +8,9 @@ Attention is causal; a position attends to itself only when nothing else is visi
 pushed to -1e5, as in the paper, since with shared QK a query matches itself best). ``n_hashes`` rounds
 with independent rotations are combined by the softmax of their log-sum-exps, which is exact when the
 rounds' key sets are disjoint (duplicates across rounds are not corrected for). Within a chunk, keys from
-another bucket are not masked: they are few and only add context.
+another bucket are not masked: they are few and only add context. Causal means no query attends a later
+key; with several buckets a later token can still move the chunk boundaries, and so change which earlier
+keys an earlier query sees (as in the paper's causal LSH).
 
 Positions: only the causal mask orders keys; Transformer-XL's relative position term is not applied
 inside the chunks (a layout mixes ``lsh`` with ``attention`` blocks, which carry it). Rotations are drawn
