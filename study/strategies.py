@@ -91,6 +91,7 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
                                                                                   record["search"].get("cost_ratio")),
                          "search_seconds": seconds})
     retrained: dict[str, list[float]] = {}
+    base_seed = load_config(config, overrides).train.seed
     for run in runs:
         for k in range(retrain_seeds):
             run_dir = out / "retrain" / (run["layout"] if k == 0 else f"{run['layout']}-s{k}")
@@ -102,7 +103,6 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
             else:
                 sets = [*overrides, f"train.max_steps={retrain_steps}", f"train.eval_every={retrain_steps}",
                         f"train.out_dir={json.dumps(str(run_dir))}"]
-                base_seed = load_config(config, overrides).train.seed
                 metrics = retrain(run["record"], config, [*sets, f"train.seed={base_seed + k}"] if k else sets)
             retrained.setdefault(run["layout"], []).append(metrics.get("val_ppl"))
             log(f"[retrain] {run['layout']} (retrain seed {k}): val ppl {metrics.get('val_ppl')}")

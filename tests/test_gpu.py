@@ -363,3 +363,29 @@ def test_train_compile_on_cuda_matches_eager_and_stops_compiling_once_the_memory
             torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=tolerance, atol=tolerance)
     finally:
         torch._dynamo.reset()
+
+
+def test_reversible_pairs_and_lsh_recompute_the_same_gradients_on_cuda():
+    """CUDA's random state (dropout, lsh's rotations) is replayed in the backward pass: the recomputed gradients
+    are ordinary autograd's, in float32 on the GPU."""
+    from parnas.nn import model as model_module
+
+    cfg = load_config("tiny", ["model.reversible=true", "model.blocks=[attention, dense, identity, lsh]",
+                               "model.chunk_len=8", "model.dropout=0.2"])
+    torch.manual_seed(0)
+    model = build_fixed_model(cfg.model, 1000).cuda().train()
+    x = torch.randint(0, 1000, (4, 16), device="cuda")
+    grads = []
+    original = model_module.reversible_stack
+    for recompute in (True, False):
+        model_module.reversible_stack = lambda *a, r=recompute, **k: original(*a, recompute=r)
+        try:
+            torch.manual_seed(5)
+            h, _ = model(x)
+            model.nll(h, x).sum().backward()
+        finally:
+            model_module.reversible_stack = original
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        model.zero_grad()
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grads[0][name], grad, rtol=1e-4, atol=1e-5, msg=name)

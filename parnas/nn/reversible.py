@@ -63,10 +63,10 @@ class _ReversibleStack(torch.autograd.Function):
         inputs = []
         with torch.no_grad():
             for f, g, mem_f, mem_g in zip(blocks[::2], blocks[1::2], mems[::2], mems[1::2]):
-                inputs += [x2, None]
+                inputs.append(x2)  # what enters F
                 ctx.states.append(_RandomState(x2.device))
                 x1 = x1 + _residual(f, x2, mem_f, pos)
-                inputs[-1] = x1
+                inputs.append(x1)  # what enters G
                 ctx.states.append(_RandomState(x2.device))
                 x2 = x2 + _residual(g, x1, mem_g, pos)
         ctx.save_for_backward(x1, x2)
