@@ -14,7 +14,10 @@ at a time.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -117,6 +120,68 @@ def make_strategy(name: str) -> Any:
     raise ValueError(f"not a multi-trial strategy: {name!r}")
 
 
+ENDED = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
+
+
+def run_until_trials_end(experiment: Any, port: int, trials: int, *, poll_s: float = 2.0, settle_s: float = 30.0,
+                         stall_s: float = 180.0) -> str | None:
+    """Run ``experiment`` until NNI's loop ends or its trial table says the search is over; returns why it was
+    cut short, or None when NNI ended by itself.
+
+    NNI 3.0's multi-trial loop can wait forever after its trials (microsoft/nni#5202, #5415, #5493): its
+    strategy waits for the manager to hand back a free worker or to turn DONE, and either message can be
+    lost. So NNI's ``run`` goes to a daemon thread, and this thread reads the manager's trial table every
+    ``poll_s``: when ``trials`` trials have ended and the table has not changed for ``settle_s``, or none is
+    running or waiting and none changed for ``stall_s``, the search is over whatever NNI's loop is doing.
+    Errors of NNI's loop are raised here."""
+    failure: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            experiment.run(port=port)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+            failure.append(error)
+
+    runner = threading.Thread(target=drive, name="nni-experiment", daemon=True)
+    runner.start()
+    seen, changed = None, time.monotonic()
+    while runner.is_alive():
+        runner.join(poll_s)
+        try:
+            jobs = experiment.list_trial_jobs()
+        except Exception:  # noqa: BLE001 - the manager is starting or already gone: judged at the next read
+            continue
+        states = sorted((job.trialJobId, job.status) for job in jobs)
+        now = time.monotonic()
+        if states != seen:
+            seen, changed = states, now
+        ended = sum(status in ENDED for _, status in states)
+        active = len(states) - ended
+        if ended >= trials and now - changed > settle_s:
+            quiet_nni()
+            return f"all {ended} trials ended; NNI's loop did not, and was stopped"
+        if not active and now - changed > stall_s:
+            quiet_nni()
+            return f"NNI started no trial for {stall_s:.0f} s after {ended} of {trials} ended; the search stops there"
+    if failure:
+        raise failure[0]
+    return None
+
+
+def quiet_nni() -> None:
+    """NNI's loop, cut short, logs its own failure: the line parnas prints says what happened instead."""
+    for name in ("nni.nas.strategy", "nni.nas.experiment", "nni.nas.execution", "nni.runtime"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def stop_within(experiment: Any, timeout_s: float = 60.0) -> None:
+    """``experiment.stop()``, waited for at most ``timeout_s``: it stops the manager first, then joins NNI's
+    listening thread, which can wait forever on a message that never comes (it is a daemon thread)."""
+    stopper = threading.Thread(target=experiment.stop, name="nni-stop", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+
+
 def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dict[str, Any]:
     """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` trials, one at a time, each
     training one sampled fixed model from scratch for ``train.max_steps``; returns the best one's record."""
@@ -153,11 +218,13 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     try:
-        experiment.run(port=port)
+        cut_short = run_until_trials_end(experiment, port, trials)
         models = [m for m in experiment.strategy.list_models() if isinstance(m.metric, (int, float))]
     finally:
-        experiment.stop()
+        stop_within(experiment)
         atexit.unregister(experiment.stop)
+    if cut_short:
+        print(f"parnas search: {cut_short}", flush=True)
     if not models:
         raise ParnasError(f"no trial of the {cfg.search.strategy} search reported a result; see the trials' logs "
                           f"under {run_dir / 'nni'}")

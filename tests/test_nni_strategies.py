@@ -200,8 +200,13 @@ def test_multi_trial_strategies_train_each_architecture_in_its_own_trial(micro, 
 
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2",
             "train.max_steps=2", "train.eval_every=2", "search.trials=3", f"search.out_dir={tmp_path / 'search'}"]
-    assert main(["search", "--config", "tiny", "--strategy", name, *(a for s in sets for a in ("--set", s))]) == 0
-    assert "best of 3 trials" in capsys.readouterr().out
+    try:
+        assert main(["search", "--config", "tiny", "--strategy", name, *(a for s in sets for a in ("--set", s))]) == 0
+    except BaseException:
+        print_nni_logs(tmp_path / "search" / "nni")  # shown under the failure: the manager's, the loop's, the trials'
+        raise
+    out = capsys.readouterr().out
+    assert "best of 3 trials" in out and "was stopped" not in out and "search stops there" not in out, out
     record = json.loads((tmp_path / "search" / "architecture.json").read_text())
     tried = record["search"]["tried"]
     assert len(tried) == 3 and record["search"]["strategy"] == name
@@ -213,3 +218,62 @@ def test_multi_trial_strategies_train_each_architecture_in_its_own_trial(micro, 
                f"train.out_dir={tmp_path / 'retrain'}"]
     assert main(["retrain", "--arch", str(tmp_path / "search" / "architecture.json"), "--config", "tiny",
                  *(a for s in retrain for a in ("--set", s))]) == 0
+
+
+def print_nni_logs(root: Path, lines: int = 60) -> None:
+    for log in sorted(p for p in root.rglob("*") if p.is_file() and (p.suffix == ".log" or p.name == "stderr")):
+        print(f"==> {log.relative_to(root)}", *log.read_text(errors="replace").splitlines()[-lines:], sep="\n")
+
+
+# --- NNI's loop, watched -------------------------------------------------------------------------------------------
+
+class Job:
+    def __init__(self, number: int, status: str) -> None:
+        self.trialJobId, self.status = f"t{number}", status
+
+
+class Experiment:
+    """NNI's experiment as the watch sees it: ``run`` in a thread, the manager's trial table, ``stop``."""
+
+    def __init__(self, statuses: list[str], run_s: float | None = None, error: Exception | None = None) -> None:
+        import threading
+
+        self.jobs = [Job(i, s) for i, s in enumerate(statuses)]
+        self.run_s, self.error, self.forever = run_s, error, threading.Event()
+
+    def run(self, port: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self.forever.wait(self.run_s)  # None: NNI's loop that never ends
+
+    def list_trial_jobs(self) -> list[Job]:
+        return self.jobs
+
+    def stop(self) -> None:
+        self.forever.wait()  # NNI's stop joining a listener that waits for a message that never comes
+
+
+FAST = {"poll_s": 0.01, "settle_s": 0.1, "stall_s": 0.3}
+
+
+def test_a_multi_trial_search_ends_when_its_trials_have_even_if_nnis_loop_does_not():
+    import time
+
+    from strategies.multi_trial import run_until_trials_end, stop_within
+
+    started = time.monotonic()
+    why = run_until_trials_end(Experiment(["SUCCEEDED", "FAILED", "SUCCEEDED"]), 0, 3, **FAST)
+    assert why is not None and "all 3 trials ended" in why
+    stalled = run_until_trials_end(Experiment(["SUCCEEDED"]), 0, 3, **FAST)
+    assert stalled is not None and "after 1 of 3" in stalled
+    stop_within(Experiment([]), timeout_s=0.1)
+    assert time.monotonic() - started < 10
+
+
+def test_the_watch_waits_for_running_trials_and_for_nnis_own_end():
+    from strategies.multi_trial import run_until_trials_end
+
+    assert run_until_trials_end(Experiment(["SUCCEEDED", "RUNNING"], run_s=1.0), 0, 3, **FAST) is None
+    assert run_until_trials_end(Experiment(["SUCCEEDED"] * 3, run_s=0.0), 0, 3, **FAST) is None
+    with pytest.raises(RuntimeError, match="manager failed"):
+        run_until_trials_end(Experiment([], error=RuntimeError("manager failed")), 0, 3, **FAST)
