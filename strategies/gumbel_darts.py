@@ -302,7 +302,8 @@ class PARDartsModule(DartsLightningModule):
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
         self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
-        self.log_dict(dict(getattr(self.training_module.model, "block_metrics", {})))  # e.g. act/steps
+        metrics = dict(getattr(self.training_module.model, "block_metrics", {}))  # e.g. act/steps/block_3
+        self.log_dict(metrics)
         self.log("search/tau", self.tau)
         if done % self.search.log_every == 0:
             probs = self.probabilities()
@@ -313,6 +314,10 @@ class PARDartsModule(DartsLightningModule):
                 record["exported_cost_ratio"] = round(self.costs.ratio(self.argmax()), 5)
             if self.search.latency_budget is not None:
                 record["lambda"] = round(self.dual, 6)
+            act = {name.rsplit("/", 1)[1]: round(float(v), 3) for name, v in metrics.items()
+                   if name.startswith("act/steps/")}
+            if act:  # each ut candidate's mean pondering steps per position, for the architecture figure
+                record["act_steps"] = act
             self.append_history(record)
         return loss.detach()
 

@@ -85,3 +85,26 @@ def test_training_logs_the_mean_steps(tmp_path):
 def test_act_settings_that_cannot_work_are_refused(settings, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config("tiny", settings)
+
+
+def test_each_ut_block_reports_its_own_steps(run_layout):
+    model, _, _ = run_layout("[ut, dense, attention, ut]", "model.act_max_steps=3")
+    per_block = {k: v.item() for k, v in model.block_metrics.items() if k.startswith("act/steps/")}
+    assert set(per_block) == {"act/steps/block_0", "act/steps/block_3"}
+    assert model.block_metrics["act/steps"].item() == pytest.approx(sum(per_block.values()) / 2, rel=1e-6)
+
+
+def test_a_search_with_ut_logs_its_steps_per_block_and_the_figure_shows_them(tmp_path):
+    from parnas.report.history import load_history
+    from parnas.report.plots import architecture_figure
+    from tests.test_search import run
+
+    run(tmp_path, "search.candidates=[ut, dense]", "train.max_steps=4", "search.log_every=2",
+        "model.act_max_steps=3")
+    history = load_history(tmp_path)
+    assert set(history.act_steps) == {"block_0", "block_1"}
+    assert all(1.0 <= s <= 3.0 for s in history.act_steps.values())
+    record = {"architecture": {"block_0": "ut", "block_1": "dense"}, "search": {}}
+    texts = [t.get_text() for t in architecture_figure(history, record).axes[0].texts]
+    assert f"block 0: ut \u00b7 {history.act_steps['block_0']:.1f} steps" in texts, texts
+    assert "block 1: dense" in texts

@@ -179,23 +179,25 @@ class TransformerXL(nn.Module):
             return self._reversible(h, mems, pos)
         new_mems: Memory = []
         kept, new_kept, aux = iter(mems[len(self.blocks):]), [], []
-        metrics: dict[str, list[Tensor]] = {}
-        for block, mem, keepers, skipped in zip(self.blocks, mems, self._keepers, self._skipped):
+        metrics: dict[str, list[Tensor]] = {}  # over blocks, e.g. act/steps, and each block's, act/steps/block_3
+        per_block: dict[str, Tensor] = {}
+        for index, (block, mem, keepers, skipped) in enumerate(zip(self.blocks, mems, self._keepers, self._skipped)):
             if skipped:
                 new_mems.append(None)
                 continue
             for keeper in keepers:  # memories a block keeps itself (compressive)
-                keeper.memory = [next(kept) for _ in range(keeper.n_memories)]
+                keeper.memory, keeper.metrics = [next(kept) for _ in range(keeper.n_memories)], {}
                 new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h, self.mem_len)
             new_mems.append(None if mem is None else self._update(mem, h))
             h = block(h, h[:, :0] if mem is None else mem, pos)
             for keeper in keepers:
                 keeper.memory = None
                 aux += [] if keeper.aux_loss is None else [keeper.aux_loss]
-                for name, value in getattr(keeper, "metrics", {}).items():
+                for name, value in keeper.metrics.items():  # a candidate a sampling search skipped left none
                     metrics.setdefault(name, []).append(value)
+                    per_block[f"{name}/block_{index}"] = value
         self.aux_loss = torch.stack(aux).sum() if aux else 0.0
-        self.block_metrics = {name: torch.stack(values).mean() for name, values in metrics.items()}
+        self.block_metrics = {name: torch.stack(values).mean() for name, values in metrics.items()} | per_block
         return self.final_norm(h), new_mems + new_kept
 
     def _reversible(self, h: Tensor, mems: Memory, pos: Tensor) -> tuple[Tensor, Memory]:

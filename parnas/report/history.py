@@ -3,14 +3,15 @@
 One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> kind ->
 softmax(alpha)); evaluation lines add ``val_ppl`` (the exported architecture's, supernet weights,
 not retrained), ``supernet_val_ppl`` and ``architecture`` (the exported architecture's letter
-code). Lines of searches from before ``supernet_val_ppl`` hold the supernet's under ``val_ppl``
-(see :func:`parnas.report.experiments.perplexities`).
+code); a space with ``ut`` blocks logs ``act_steps`` (block label -> the mean pondering steps per
+position of its ``ut`` candidate). Lines of searches from before ``supernet_val_ppl`` hold the
+supernet's under ``val_ppl`` (see :func:`parnas.report.experiments.perplexities`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ class History:
     supernet_val_ppl: np.ndarray  # (E,) the supernet's (NaN where not recorded)
     architectures: tuple[str, ...]  # (E,) the exported architecture's letter code ("" where not recorded)
     source: Path
+    act_steps: dict[str, float] = field(default_factory=dict)  # block -> a ut candidate's mean steps, last logged
 
 
 def kind_colour(kind: str) -> str:
@@ -80,6 +82,7 @@ def load_history(run_dir: str | Path) -> History:
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     records: dict[int, dict] = {}
+    act_steps: dict[str, float] = {}
     blocks: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
     for number, line in enumerate(lines, start=1):
@@ -107,6 +110,9 @@ def load_history(run_dir: str | Path) -> History:
         code = rec.get("architecture") if isinstance(rec.get("architecture"), str) else ""
         evaluation = {"ppl": exported, "supernet": supernet, "code": code} if exported or supernet else None
         # a repeated step: the last line wins, keeping an earlier line's evaluation if it has none
+        act = rec.get("act_steps")
+        if isinstance(act, dict):
+            act_steps.update({str(b): float(v) for b, v in act.items() if isinstance(v, (int, float))})
         records[step] = {"tau": tau, "p": [[row[b][k] for k in kinds] for b in blocks],
                          "eval": evaluation or (records.get(step) or {}).get("eval")}
     if not records:
@@ -119,6 +125,6 @@ def load_history(run_dir: str | Path) -> History:
                    val_steps=np.array([s for s, _ in evals], dtype=np.int64),
                    val_ppl=np.array([e["ppl"] or nan for _, e in evals], dtype=np.float64),
                    supernet_val_ppl=np.array([e["supernet"] or nan for _, e in evals], dtype=np.float64),
-                   architectures=tuple(e["code"] for _, e in evals), source=path)
+                   architectures=tuple(e["code"] for _, e in evals), source=path, act_steps=act_steps)
 
 

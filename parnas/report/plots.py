@@ -230,7 +230,8 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
     box(-1, "token embedding", "white", "#666666", "#333333")
     for i, block in enumerate(blocks):
         y, kind = -(i + 2), arch[block]
-        box(y, f"{block_name(block)}: {kind}", kind_colour(kind))
+        steps = history.act_steps.get(block) if kind == "ut" else None  # how long its ut block pondered
+        box(y, f"{block_name(block)}: {kind}" + (f" \u00b7 {steps:.1f} steps" if steps else ""), kind_colour(kind))
         probs = final.get(block) or {}
         left = 5.2
         for k in [k for k in KIND_ORDER if k in probs] + sorted(set(probs) - set(KIND_ORDER)):
