@@ -28,7 +28,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
-                     candidates=args.candidates or (), retrain_seeds=args.retrain_seeds)
+                     candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths)
     study = run_study(plan, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:
@@ -60,6 +60,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
                    help="retrain every layout K times (train.seed, +1, ...): the verdicts then weigh differences "
                         "against the seed spread (default 1)")
+    p.add_argument("--widths", default=None, metavar="D,D,...",
+                   help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
+                        "found models are judged against, beside the shallower ones (each must divide by the heads)")
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")

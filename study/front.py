@@ -2,10 +2,12 @@
 
 "Cheaper than Transformer-XL at the same perplexity" must beat the obvious way of being cheaper: a
 shallower Transformer-XL. The front is the standard layouts with 2, 4, ... N blocks (the N-block one is
-the study's Transformer-XL), retrained and timed like every other layout. A found model is judged against
-the front's perplexity *at its own cost*, read off the front by linear interpolation between the two
-front layouts whose costs bracket it (the front is only known at those points; outside their range there
-is no verdict). The difference counts only when it exceeds the seed spread: the standard deviations over
+the study's Transformer-XL), retrained and timed like every other layout; ``--widths`` adds the N-block
+Transformer-XL at other ``d_model`` (``d_ff`` scaled alike), the other obvious way. The front is the
+Pareto-optimal ones of these points (no other point is as cheap and better). A found model is judged
+against the front's perplexity *at its own cost*, read off the front by linear interpolation between the
+two front points whose costs bracket it (the front is only known at those points; outside their range
+there is no verdict). The difference counts only when it exceeds the seed spread: the standard deviations over
 retrain seeds (and search seeds) of the found model and of the two front points, combined.
 """
 
@@ -14,9 +16,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from parnas.config import transformer_xl_layout
+from parnas.config import ModelConfig, transformer_xl_layout
+from parnas.errors import ConfigError
 
 Row = Mapping[str, Any]
 
@@ -26,11 +30,39 @@ def front_layouts(n_blocks: int) -> list[tuple[str, ...]]:
     return [transformer_xl_layout(n) for n in range(2, n_blocks, 2)]
 
 
+def parse_widths(text: str | None, model: ModelConfig) -> tuple[int, ...]:
+    """``--widths 64,96``: the ``d_model`` of each width-scaled front point; each must make a valid model."""
+    if not text:
+        return ()
+    try:
+        widths = tuple(dict.fromkeys(int(w) for w in text.split(",")))
+    except ValueError:
+        raise ConfigError(f"--widths takes d_model values separated by commas, e.g. 64,96; got {text!r}") from None
+    for width in widths:
+        if width == model.d_model:
+            raise ConfigError(f"--widths: {width} is model.d_model itself (the study's Transformer-XL)")
+        try:
+            width_model(model, width)
+        except ConfigError as error:
+            raise ConfigError(f"--widths: {error}") from None
+    return widths
+
+
+def width_model(model: ModelConfig, d_model: int) -> ModelConfig:
+    """``model`` at another width: ``d_model`` and ``d_ff`` in proportion, the heads as they are."""
+    if d_model <= 0:
+        raise ConfigError(f"model.d_model must be > 0, got {d_model}")
+    return replace(model, d_model=d_model, d_ff=max(1, round(model.d_ff * d_model / model.d_model)))
+
+
 def front_points(rows: Sequence[Row]) -> list[tuple[float, float, float | None]]:
-    """(cost ratio, mean val ppl, its spread over retrain seeds) of each front layout and Transformer-XL, by cost."""
-    points = [(r["latency_ratio"], r["val_ppl"], r.get("val_ppl_std")) for r in rows
-              if r["role"] in ("front", "transformer-xl") and r["val_ppl"] is not None]
-    return sorted(set(points), key=lambda p: p[0])
+    """(cost ratio, mean val ppl, its spread over retrain seeds) of the front's points, by cost: the Pareto-optimal
+    ones of the shallower, narrower (``--widths``) and standard Transformer-XLs."""
+    from parnas.report.pareto import pareto_front
+
+    points = sorted({(r["latency_ratio"], r["val_ppl"], r.get("val_ppl_std")) for r in rows
+                     if r["role"] in ("front", "transformer-xl") and r["val_ppl"] is not None})
+    return [points[i] for i in pareto_front([(x, y) for x, y, _ in points])]
 
 
 def at_cost(points: Sequence[tuple[float, float, float | None]], ratio: float) -> tuple[float, float | None] | None:
@@ -62,8 +94,10 @@ def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
     front_ppl, front_spread = front
     gap = (ppl / front_ppl - 1) * 100
     parts = [s for s in (_spread(ppls), front_spread) if s is not None]
+    scaled = "depth- and width-scaled" if any("-d" in r["layout"] for r in rows if r["role"] == "front") \
+        else "depth-scaled"
     head = (f"{name}: val ppl {ppl:.2f} at {ratio:.2f}x Transformer-XL's cost vs {front_ppl:.2f} on the "
-            f"depth-scaled Transformer-XL front at that cost ({gap:+.1f}%)")
+            f"{scaled} Transformer-XL front at that cost ({gap:+.1f}%)")
     if not parts:
         return f"{head}; one retrain of each: no seed spread to judge by (use --retrain-seeds 3)"
     spread = math.sqrt(sum(s * s for s in parts))

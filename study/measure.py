@@ -7,7 +7,6 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from parnas import architecture
 from parnas.config import Config
 
 
@@ -24,15 +23,17 @@ def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(cfg: Config, rounds: int, layouts: Sequence[tuple[str, ...]], vocab_size: int,
+def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], int | None]], vocab_size: int,
             progress: Callable[[str, int, int, str], None]) -> dict[str, Any]:
-    """Train step, inference segment and generated-token times of every layout, side by side in this process;
-    ``target`` names the one the verdicts judge by (``search.latency_target``)."""
+    """Train step, inference segment and generated-token times of every layout (key -> its kinds and its
+    ``d_model``, None for the config's), side by side in this process; ``target`` names the one the verdicts
+    judge by (``search.latency_target``)."""
     import torch
 
     from parnas.config import TARGET_LABELS
     from parnas.training.devices import training_device
     from parnas.training.latency import MODES, device_name, time_layouts
+    from study.front import width_model
 
     device = training_device(cfg.train)  # where the retrains ran
     timing: dict[str, Any] = {"device": device_name(device),
@@ -42,6 +43,7 @@ def measure(cfg: Config, rounds: int, layouts: Sequence[tuple[str, ...]], vocab_
     for i, mode in enumerate(MODES):
         progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} "
                  f"alternating rounds on {timing['device']} ...")
-        ms = time_layouts(layouts, cfg, vocab_size, mode=mode, rounds=rounds, device=device)
-        timing[f"{mode}_step_ms"] = {architecture.layout_string(k): t for k, t in zip(layouts, ms)}
+        ms = time_layouts([kinds for kinds, _ in layouts.values()], cfg, vocab_size, mode=mode, rounds=rounds,
+                          device=device, models=[width_model(cfg.model, d) if d else None for _, d in layouts.values()])
+        timing[f"{mode}_step_ms"] = dict(zip(layouts, ms))
     return timing

@@ -23,10 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,6 @@ from typing import Any
 
 from parnas import architecture
 from parnas.config import (
-    BLOCK_KINDS,
     Config,
     SearchConfig,
     from_dict,
@@ -47,7 +44,9 @@ from parnas.config import (
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
 from parnas.training.devices import check_devices
+from study.front import parse_widths, width_model
 from study.measure import over_seeds
+from study.orderings import random_orderings, sandwich
 from study.report import budget_label
 
 ROLES = ("found", "transformer-xl", "front", "sandwich", "random")
@@ -74,6 +73,7 @@ class Plan:
     rounds: int = 5
     candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
     retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
+    widths: tuple[int, ...] = ()  # d_model of the full-depth Transformer-XLs added to the front
 
     @property
     def searches(self) -> list[Search]:
@@ -110,10 +110,12 @@ class Entry:
     seed: int | None = None
     search: Mapping[str, Any] | None = None  # the found record's ``search`` section
     candidates: str | None = None  # the search's candidate set as letters; None: the config's set
+    d_model: int | None = None  # a width-scaled front point's; None: the config's
 
     @property
     def layout(self) -> str:
-        return architecture.layout_string(self.kinds)
+        """The layout's letters, and ``-d<d_model>`` for a width-scaled one: its key and its retrain's directory."""
+        return architecture.layout_string(self.kinds) + (f"-d{self.d_model}" if self.d_model else "")
 
 
 def parse_budgets(text: str) -> tuple[float | None, ...]:
@@ -152,7 +154,8 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
-              rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1) -> Plan:
+              rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
+              widths: str | None = None) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
     for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
                                ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
@@ -162,8 +165,9 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     candidate_sets = parse_candidate_sets(candidates)
     if candidate_sets and "candidates" in parse_overrides(overrides).get("search", {}):
         raise ConfigError("give the candidate sets with --candidates alone, not also --set search.candidates")
-    plan = Plan(config, tuple(overrides), load_config(config, overrides), seeds, parse_budgets(budgets), Path(out),
-                search_steps, retrain_steps, random_orderings, rounds, candidate_sets, retrain_seeds)
+    base = load_config(config, overrides)
+    plan = Plan(config, tuple(overrides), base, seeds, parse_budgets(budgets), Path(out), search_steps, retrain_steps,
+                random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model))
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     check_devices(plan.base.train)
@@ -244,42 +248,6 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# --- orderings ----------------------------------------------------------------------------------------
-
-def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
-    """Press et al.'s sandwich ordering of these kinds: all attention, then dense, then identity. Other kinds
-    go with their family: token mixers (kinds with a memory: conv, compressive) after attention, other
-    feed-forwards (glu, sqrelu) after dense, each family's kinds by name."""
-    from parnas import kinds as registry
-
-    def rank(kind: str) -> tuple[int, str]:
-        if kind in BLOCK_KINDS:
-            return (0, 2, 4)[BLOCK_KINDS.index(kind)], ""
-        return (1 if registry.is_known(kind) and registry.get(kind).uses_memory else 3), kind
-
-    return tuple(sorted(kinds, key=rank))
-
-
-def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
-                     tries: int = 2000) -> list[tuple[str, ...]]:
-    """``count`` distinct shuffles of ``kinds`` from an RNG seeded by the kind counts alone (same counts, same
-    orderings), avoiding ``exclude`` while other orderings exist; fewer when there are not that many."""
-    counts = Counter(kinds)
-    rng = random.Random("parnas-study:" + ",".join(f"{k}={counts[k]}" for k in sorted(counts)))
-    excluded = {tuple(e) for e in exclude}
-    fresh: list[tuple[str, ...]] = []
-    spare: list[tuple[str, ...]] = []  # excluded orderings, used only when no other is left
-    for _ in range(tries):
-        order = sorted(kinds)
-        rng.shuffle(order)
-        ordering = tuple(order)
-        if ordering not in fresh and ordering not in spare:
-            (spare if ordering in excluded else fresh).append(ordering)
-        if len(fresh) >= count:
-            break
-    return (fresh + spare)[:count]
-
-
 def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
     """Every row of the study: Transformer-XL and its shallower front once, then per search its found, sandwich
     and random layouts."""
@@ -288,6 +256,7 @@ def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[
     n_blocks = len(next(iter(found.values()))["architecture"])
     entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks))]
     entries += [Entry("front", kinds) for kinds in front_layouts(n_blocks)]
+    entries += [Entry("front", transformer_xl_layout(n_blocks), d_model=width) for width in plan.widths]
     for search, record in found.items():
         kinds = tuple(architecture.layout(record))
         ordered = sandwich(kinds)
@@ -331,10 +300,11 @@ def run_searches(plan: Plan, progress: Progress) -> dict[Search, dict[str, Any]]
     return found
 
 
-def layout_file(plan: Plan, kinds: Sequence[str], like: Mapping[str, Any]) -> Path:
-    """An architecture JSON for ``kinds`` with the model settings and tokenizer of the found record ``like``."""
-    path = plan.out / "layouts" / f"{architecture.layout_string(kinds)}.json"
+def layout_file(plan: Plan, entry: Entry, like: Mapping[str, Any]) -> Path:
+    """An architecture JSON for ``entry`` with the model settings and tokenizer of the found record ``like``."""
+    path, kinds = plan.out / "layouts" / f"{entry.layout}.json", entry.kinds
     model = dataclasses.replace(architecture.model_config(like), n_blocks=len(kinds))  # the front's are shallower
+    model = width_model(model, entry.d_model) if entry.d_model else model  # or narrower
     record = architecture.make_record({architecture.label(i): k for i, k in enumerate(kinds)},
                                       model, like["model"]["vocab_size"],
                                       tokenizer=like.get("tokenizer"), search={"layout": "parnas study"})
@@ -366,7 +336,7 @@ def run_retrains(plan: Plan, entries: Sequence[Entry], like: Mapping[str, Any],
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)  # interrupted before its first checkpoint: start clean
         progress("retrain", i, len(runs), f"{names} {code}{' (resumed)' if resume else ''} ...")
-        arch = layout_file(plan, roles[0].kinds, like)
+        arch = layout_file(plan, roles[0], like)
         metrics.setdefault(code, []).append(retrain(str(arch), plan.config, retrain_overrides(plan, run_dir, k),
                                                     resume=resume))
         progress("retrain", i, len(runs), f"{names} {code}: val ppl {_ppl(metrics[code][-1])}")
@@ -390,10 +360,10 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     entries = plan_entries(plan, found)
     like = next(iter(found.values()))
     metrics = run_retrains(plan, entries, like, progress)
-    layouts = list(dict.fromkeys(e.kinds for e in entries))
+    layouts = {e.layout: (e.kinds, e.d_model) for e in entries}
     timing = measure(retrain_config(plan), plan.rounds, layouts, like["model"]["vocab_size"], progress)
     rows = build_rows(entries, metrics, timing, plan.out)
-    shared = [e for e in entries if e.role in ("transformer-xl", "front")]
+    shared = [e for e in entries if e.role in ("transformer-xl", "front") and e.d_model is None]  # the supernet's
     ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),
                                 shared + [e for e in entries if (e.budget, e.seed, e.candidates)
                                           == (s.budget, s.seed, s.label) and e.role != "transformer-xl"])

@@ -11,8 +11,9 @@ import pytest
 from parnas import architecture
 from parnas.cli import main
 from parnas.config import transformer_xl_layout as transformer_xl
+from study.orderings import random_orderings, sandwich
 from study.report import summarise, verdicts
-from study.run import make_plan, random_orderings, sandwich, settings_record
+from study.run import make_plan, settings_record
 
 SEEDS, RANDOM = 2, 1
 
@@ -73,7 +74,7 @@ def study_args(corpus, out, *extra):
 @pytest.mark.slow
 def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(small_corpus, tmp_path, capsys):
     out = tmp_path / "study"
-    assert main(study_args(small_corpus, out)) == 0
+    assert main(study_args(small_corpus, out, "--widths", "16")) == 0
     first = capsys.readouterr().out
     assert "[search 2/2]" in first and "[retrain 1/" in first and "[timing 3/3]" in first
 
@@ -93,12 +94,15 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
         if orderings_of(layout) > 2:
             assert not {r["layout"] for r in mine["random"]} & {layout, mine["sandwich"][0]["layout"]}
         assert mine["found"][0]["search_val_ppl"] is not None
-    assert [r["layout"] for r in rows if r["role"] == "front"] == ["AD"]  # the depth-scaled Transformer-XL front
-    assert len(rows) == 1 + 1 + SEEDS * (2 + RANDOM)
+    # the front: the shallower Transformer-XL and the narrower one (d_model 16, d_ff 32), retrained and timed
+    assert [r["layout"] for r in rows if r["role"] == "front"] == ["AD", "ADAD-d16"]
+    narrow = architecture.read(out / "layouts" / "ADAD-d16.json")["model"]
+    assert (narrow["d_model"], narrow["d_ff"], narrow["n_heads"]) == (16, 32, 2)
+    assert len(rows) == 1 + 2 + SEEDS * (2 + RANDOM)
     for seed in range(SEEDS):  # each search's supernet read every retrained layout of its depth
         ranking = study["ranking"][f"budget none, seed {seed}"]
         assert set(ranking["inherited"]) == {r["layout"] for r in rows if r["role"] in ("transformer-xl", "front")
-                                             or r["seed"] == seed}
+                                             or r["seed"] == seed} - {"ADAD-d16"}  # the supernet has one width
         assert all(p > 1 for p in ranking["inherited"].values())
         assert ranking["tau"] is None or -1 <= ranking["tau"] <= 1
     assert sum("ranking fidelity" in line for line in study["verdicts"]) == SEEDS
@@ -109,7 +113,9 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
     assert set(runs) == layouts  # every layout trained, each once
     for row in rows:
         metrics = json.loads(runs[row["layout"]].read_text())
-        assert metrics["steps"] == 10 and metrics["architecture"] == row["layout"]
+        layout, _, width = row["layout"].partition("-d")
+        assert metrics["steps"] == 10 and metrics["architecture"] == layout
+        assert metrics["config"]["model"]["d_model"] == (int(width) if width else 32)
         assert row["val_ppl"] == metrics["val_ppl"] and row["test_ppl"] == metrics["test_ppl"] > 1
         assert row["train_tokens_per_s"] > 0 and row["inference_tokens_per_s"] > 0 and row["train_step_ms"] > 0
         assert row["generate_token_ms"] > 0 and row["latency_target"] == "train"
@@ -130,7 +136,7 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
         path.unlink()
     finished = {p: p.stat().st_mtime_ns for p in [*runs.values(), *(out / "search").glob("*/architecture.json")]
                 if p not in interrupted}
-    assert main(study_args(small_corpus, out)) == 0
+    assert main(study_args(small_corpus, out, "--widths", "16")) == 0
     again = capsys.readouterr().out
     assert again.count("done already") == len(finished) and again.count("(resumed)") == 2
     assert {p: p.stat().st_mtime_ns for p in finished} == finished and all(p.is_file() for p in interrupted)
@@ -204,6 +210,9 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
     (["--candidates", "attention,warp_drive"], "warp_drive"),
     (["--candidates", "attention,dense", "--set", "search.candidates=[attention,identity]"], "--candidates alone"),
     (["--retrain-seeds", "0"], "--retrain-seeds must be >= 1"),
+    (["--widths", "33"], "divisible by model.n_heads"), (["--widths", "16,33"], "divisible by model.n_heads"),
+    (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
+    (["--widths", "0"], "model.d_model must be > 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "study"
@@ -245,6 +254,16 @@ def front_rows(found_ppls, front_std=None):
     found = [{"role": "found", "layout": "AIAIDDDI", "latency_ratio": 0.7, "val_ppl": sum(p) / len(p),
               "val_ppl_seeds": p} for p in found_ppls]
     return rows + found, found
+
+
+def test_the_front_is_its_pareto_optimal_points_a_worse_costlier_one_is_not_on_it():
+    from study.front import front_points
+
+    rows, _ = front_rows([[42.0]])
+    rows.append({"role": "front", "layout": "ADADADADADAD-d64", "latency_ratio": 0.7, "val_ppl": 47.0})  # dominated
+    rows.append({"role": "front", "layout": "ADADADADADAD-d96", "latency_ratio": 0.5, "val_ppl": 48.0})
+    assert [(x, y) for x, y, _ in front_points(rows)] == [(0.4, 55.0), (0.5, 48.0), (0.6, 46.0), (0.8, 42.0),
+                                                           (1.0, 40.0)]
 
 
 def test_the_front_is_read_at_the_found_models_cost_and_judged_against_the_seed_spread():

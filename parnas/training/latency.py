@@ -81,9 +81,10 @@ def _autocast(device: torch.device, precision: str) -> Any:
 class _Stepper:
     """One model taking training, inference or generation steps on a token stream, memory carried."""
 
-    def __init__(self, layout: Sequence[str], cfg: Config, vocab_size: int, mode: str, device: torch.device) -> None:
+    def __init__(self, layout: Sequence[str], cfg: Config, vocab_size: int, mode: str, device: torch.device,
+                 model: ModelConfig | None = None) -> None:
         torch.manual_seed(0)
-        model_cfg = replace(cfg.model, n_blocks=len(layout), blocks=tuple(layout))
+        model_cfg = replace(model or cfg.model, n_blocks=len(layout), blocks=tuple(layout))
         self.model = build_fixed_model(model_cfg, vocab_size).to(device).train(mode == "train")
         self.mode, self.device, self.cfg = mode, device, cfg
         if mode == "generate":  # parnas generate's memory: mem_len + seg_len states
@@ -134,29 +135,33 @@ class _Stepper:
 
 
 def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, *, mode: str = "train",
-                 rounds: int = 5, steps: int = 3, warmup: int = 3,
-                 device: torch.device | str = "cpu") -> list[float]:
-    """Median milliseconds per step of each layout, timed in interleaved rounds at ``cfg``'s shapes.
+                 rounds: int = 5, steps: int = 3, warmup: int = 3, device: torch.device | str = "cpu",
+                 models: Sequence[ModelConfig | None] | None = None) -> list[float]:
+    """Median milliseconds per step of each layout, timed in interleaved rounds at ``cfg``'s shapes (or at
+    ``models[i]``'s model settings where given: a study's width-scaled Transformer-XL).
 
     Every round times ``steps`` steps of each model, the order rotating by one each round.
     """
     return [statistics.median(t) for t in _round_times(layouts, cfg, vocab_size, mode, rounds, steps, warmup,
-                                                        torch.device(device))]
+                                                        torch.device(device), models)]
 
 
 def _round_times(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
-                 steps: int, warmup: int, device: torch.device) -> list[list[float]]:
+                 steps: int, warmup: int, device: torch.device,
+                 models: Sequence[ModelConfig | None] | None = None) -> list[list[float]]:
     """ms per step of each layout in each round: ``times[layout][round]``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     # the caller's random state is left as it was: a search seeds its logits after timing (or not, when cached)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        return _timed_rounds(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device)
+        return _timed_rounds(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device, models)
 
 
 def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
-                  steps: int, warmup: int, device: torch.device) -> list[list[float]]:
-    steppers = [_Stepper(layout, cfg, vocab_size, mode, device) for layout in layouts]
+                  steps: int, warmup: int, device: torch.device,
+                  models: Sequence[ModelConfig | None] | None = None) -> list[list[float]]:
+    steppers = [_Stepper(layout, cfg, vocab_size, mode, device, model)
+                for layout, model in zip(layouts, models or [None] * len(layouts))]
     for s in steppers:
         s.steps(max(warmup, full_memory_steps(cfg)))
     times: list[list[float]] = [[] for _ in steppers]
