@@ -96,7 +96,9 @@ def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
     parts = [s for s in (_spread(ppls), front_spread) if s is not None]
     scaled = "depth- and width-scaled" if any("-d" in r["layout"] for r in rows if r["role"] == "front") \
         else "depth-scaled"
-    head = (f"{name}: val ppl {ppl:.2f} at {ratio:.2f}x Transformer-XL's cost vs {front_ppl:.2f} on the "
+    costs = found[0].get("costs", "measured")
+    cost = "cost" if costs == "measured" else f"cost ({costs})"
+    head = (f"{name}: val ppl {ppl:.2f} at {ratio:.2f}x Transformer-XL's {cost} vs {front_ppl:.2f} on the "
             f"{scaled} Transformer-XL front at that cost ({gap:+.1f}%)")
     if not parts:
         return f"{head}; one retrain of each: no seed spread to judge by (use --retrain-seeds 3)"

@@ -47,3 +47,23 @@ def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str],
                           device=device, models=[width_model(cfg.model, d) if d else None for _, d in layouts.values()])
         timing[f"{mode}_step_ms"] = dict(zip(layouts, ms))
     return timing
+
+
+def priced_by_table(timing: Mapping[str, Any], cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]],
+                    vocab_size: int) -> dict[str, Any]:
+    """``timing`` with the step times of every target ``search.latency_table`` prices replaced by its predictions
+    (constant + the blocks' costs, timed on the table's device, maybe not this one): the study's costs are then
+    the target device's, as its searches' were. What was measured here stays under ``measured``; a target the
+    table lacks (generation, in a version-1 table) keeps this machine's times, and ``priced_by`` says which."""
+    from parnas.training.devices import training_device
+    from parnas.training.latency import MODES, load_table_for, table_key
+
+    kinds = sorted({k for layout, _ in layouts.values() for k in layout} | {"identity"})
+    key = table_key(cfg, vocab_size, kinds, training_device(cfg.train))
+    table = load_table_for(cfg.search.latency_table, key, target=cfg.search.latency_target)
+    out = dict(timing, measured={m: timing[f"{m}_step_ms"] for m in MODES if f"{m}_step_ms" in timing},
+               priced_by={"table": str(cfg.search.latency_table), "device": table.key["device"],
+                          "targets": list(table.modes)})
+    for mode in table.modes:
+        out[f"{mode}_step_ms"] = {code: table.predict(layout, mode) for code, (layout, _) in layouts.items()}
+    return out

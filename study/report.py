@@ -57,6 +57,9 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
     generate_ms = timing.get("generate_step_ms", {})
     txl = next(e.layout for e in entries if e.role == "transformer-xl")
     tokens = timing["batch_size"] * timing["seg_len"]  # both modes step on a training-sized batch
+    priced = timing.get("priced_by") or {}
+    costs = f"predicted for {priced['device']}" if timing.get("target", "train") in priced.get("targets", ()) \
+        else "measured"  # the target's times: this machine's, or the given latency table's
     rows = []
     for e in entries:
         m, search = metrics[e.layout], e.search or {}
@@ -70,7 +73,7 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
             "inference_step_ms": infer_ms[e.layout],
             "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
             "generate_token_ms": generate_ms.get(e.layout), "latency_target": timing.get("target", "train"),
-            "target_ms": target_ms[e.layout],
+            "target_ms": target_ms[e.layout], "costs": costs,
             "generate_ratio": generate_ms[e.layout] / generate_ms[txl] if generate_ms else None,
             "latency_ratio": target_ms[e.layout] / target_ms[txl],
             "inference_ratio": infer_ms[e.layout] / infer_ms[txl],
@@ -159,9 +162,15 @@ def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
         w for w, bad in ((f"perplexity not within {PPL_TOLERANCE:.0%}", not same),
                          (f"{what} not {SPEEDUP:.0%} shorter", not fast)) if bad)
     return (f"{group_name(s)}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
-            f"({_fmt(txl)}) within {PPL_TOLERANCE:.0%} at a measured {what} >= {SPEEDUP:.0%} shorter. Mean over "
+            f"({_fmt(txl)}) within {PPL_TOLERANCE:.0%} at a {costs_label(found)} {what} >= {SPEEDUP:.0%} shorter. "
+            "Mean over "
             f"seeds: val ppl {_fmt(s['found_val_ppl'])} ({gap:+.1f}% vs Transformer-XL) at {s['found_ratio']:.2f}x "
             f"its {what} time -> {why}.")
+
+
+def costs_label(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Where the ratios' times come from: ``measured`` here, or ``predicted for <device>`` by a latency table."""
+    return next((r["costs"] for r in rows if r.get("costs")), "measured")
 
 
 def target_label(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -254,7 +263,10 @@ def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Map
            f"Timing: {timing['device']}, {timing['threads']} threads, torch {timing['torch']}, median of "
            f"{timing['rounds']} alternating rounds, batch {timing['batch_size']} x {timing['seg_len']} tokens "
            f"(train and inference; generation at batch 1, memory {timing['mem_len']} + {timing['seg_len']}), memory "
-           f"{timing['mem_len']}; ratios are {TARGET_LABELS[timing.get('target', 'train')]} times.", "",
+           f"{timing['mem_len']}; ratios are {TARGET_LABELS[timing.get('target', 'train')]} times.",
+           *([f"Costs: {', '.join(TARGET_LABELS[t] + 's' for t in timing['priced_by']['targets'])} priced by the "
+              f"latency table {timing['priced_by']['table']}, timed on {timing['priced_by']['device']} (the times "
+              "above are kept under timing.measured in study.json)."] if timing.get("priced_by") else []), "",
            "## Verdicts", ""]
     out += [f"- {line}" for line in lines]
     head = "| candidates " if sets else ""
@@ -310,7 +322,7 @@ def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     for names, (x, y) in _label_groups(layouts):
         ax.annotate("\n".join(names), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7,
                     family="monospace", va="bottom")
-    ax.set_xlabel(f"measured {target_label(rows)} (ms)  \u2192 faster to the left")
+    ax.set_xlabel(f"{costs_label(rows)} {target_label(rows)} (ms)  \u2192 faster to the left")
     ax.set_ylabel("validation perplexity after retraining (lower is better)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -354,7 +366,8 @@ def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any
              "ranking": dict(ranking or {}), "verdicts": lines}
     write_text_atomic(out / "study.md", markdown(plan, rows, summary, lines, timing))
     write_text_atomic(out / "study.csv", to_csv(rows))
-    save_figure(study_figure(rows, f"parnas study ({plan.config or 'defaults'}, {timing['device']})"),
+    costs_from = (timing.get("priced_by") or {}).get("device") or timing["device"]
+    save_figure(study_figure(rows, f"parnas study ({plan.config or 'defaults'}, costs on {costs_from})"),
                 out / "study.png")
     write_json_atomic(out / "study.json", study)
     return study

@@ -173,6 +173,9 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     check_devices(plan.base.train)
     if plan.base.model.blocks:
         raise ConfigError("model.blocks cannot be set for a study: the layouts come from the searches")
+    if plan.widths and plan.base.search.latency_table is not None:
+        raise ConfigError("--widths cannot be priced by search.latency_table (a table prices one width): time the "
+                          "study on its device instead")
     for search in plan.searches:
         search_config(plan, search)
     retrain_config(plan)
@@ -349,7 +352,7 @@ def _ppl(metrics: Mapping[str, Any]) -> str:
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     """Search, retrain, time and report; returns what ``<out>/study.json`` holds."""
-    from study.measure import measure
+    from study.measure import measure, priced_by_table
     from study.ranking import measure_ranking
     from study.report import build_rows, write_report
 
@@ -362,6 +365,8 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     metrics = run_retrains(plan, entries, like, progress)
     layouts = {e.layout: (e.kinds, e.d_model) for e in entries}
     timing = measure(retrain_config(plan), plan.rounds, layouts, like["model"]["vocab_size"], progress)
+    if plan.base.search.latency_table is not None:  # the target device's costs, as the searches had them
+        timing = priced_by_table(timing, retrain_config(plan), layouts, like["model"]["vocab_size"])
     rows = build_rows(entries, metrics, timing, plan.out)
     shared = [e for e in entries if e.role in ("transformer-xl", "front") and e.d_model is None]  # the supernet's
     ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),

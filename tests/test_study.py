@@ -328,3 +328,39 @@ def test_strategies_must_be_known_and_at_least_two(tmp_path, capsys):
         assert main(["study", "--config", "tiny", "--strategies", given, "--out", str(tmp_path / "s")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err and not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_a_study_given_a_latency_table_prices_every_layout_by_it_and_says_whose_costs(small_corpus, tmp_path, capsys):
+    """The target device's costs, as the searches had them: each row's ratio is the table's prediction."""
+    base = study_args(small_corpus, tmp_path / "unused")
+    settings = base[base.index("--config"):base.index("--seeds")]
+    table_path = tmp_path / "table.json"
+    assert main(["latency", *settings, "--out", str(table_path)]) == 0
+    table = json.loads(table_path.read_text())
+    table["key"].update(device="Elsewhere GPU", device_type="cuda")
+    table["constant_ms"] = {"train": 4.0, "inference": 1.0, "generate": 0.5}
+    table["kinds_ms"] = {"attention": {"train": 3.0, "inference": 1.0, "generate": 0.8},
+                         "dense": {"train": 1.0, "inference": 0.5, "generate": 0.1},
+                         "identity": {"train": 0.0, "inference": 0.0, "generate": 0.0}}
+    table_path.write_text(json.dumps(table))
+    out = tmp_path / "study"
+    args = [a if a != str(SEEDS) else "1" for a in study_args(small_corpus, out)]
+    assert main([*args, "--set", f"search.latency_table={table_path}"]) == 0
+    capsys.readouterr()
+    study = json.loads((out / "study.json").read_text())
+
+    def predicted(layout: str) -> float:
+        return 4.0 + 3.0 * layout.count("A") + 1.0 * layout.count("D")
+
+    for row in study["rows"]:
+        assert row["latency_ratio"] == pytest.approx(predicted(row["layout"]) / predicted("ADAD"))
+        assert row["costs"] == "predicted for Elsewhere GPU"
+    timing = study["timing"]
+    assert timing["priced_by"]["device"] == "Elsewhere GPU" and set(timing["measured"]) == {"train", "inference",
+                                                                                            "generate"}
+    assert "predicted for Elsewhere GPU" in study["verdicts"][0]
+    assert "timed on Elsewhere GPU" in (out / "study.md").read_text()
+    assert main([*args[:-4], "--set", f"search.latency_table={table_path}", "--widths", "16", "--out",
+                 str(tmp_path / "other")]) == 2
+    assert "--widths cannot be priced" in capsys.readouterr().err
