@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from parnas import kinds
-from parnas.config import ModelConfig, from_dict, transformer_xl_layout
+from parnas.config import ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
+from parnas.overrides import from_dict
 
 FORMAT, VERSION = "parnas.architecture", 1
 NAMED_LAYOUTS = ("transformer-xl", "all-attention")

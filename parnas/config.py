@@ -1,8 +1,8 @@
 """Run configuration: frozen dataclasses, read from YAML, overridden by `--set`.
 
 A config has four sections, ``model``, ``data``, ``train`` and ``search``. Every key is
-checked against the dataclass: an unknown key, a wrong type or an impossible
-value raises :class:`ConfigError` naming the key. Presets live as YAML files in
+checked against the dataclass (:mod:`parnas.overrides`): an unknown key, a wrong type or an
+impossible value raises :class:`ConfigError` naming the key. Presets live as YAML files in
 ``parnas/presets`` and are loaded by name (``--config tiny``).
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,6 +21,7 @@ import yaml
 from parnas import kinds
 from parnas.arguments import presets  # the preset names, as --help lists them (re-exported here)
 from parnas.errors import ConfigError
+from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 
 BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds.py)
 COMPRESS_FNS = ("mean", "max", "conv")
@@ -331,91 +330,6 @@ def transformer_xl_layout(n_blocks: int) -> tuple[str, ...]:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, recursing into nested sections.
-
-    Unknown keys and values of the wrong type raise ConfigError naming the key.
-    """
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}; known keys: {', '.join(sorted(names))}")
-    kwargs = {}
-    for key, value in values.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = from_dict(hint, value or {}, f"{prefix}{key}.")
-        else:
-            kwargs[key] = _coerce(value, hint, f"{prefix}{key}")
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """Check ``value`` against a simple type hint; ints widen to float, lists to tuples."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(value, inner, key)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
-        try:
-            value = float(value)  # ints widen; YAML 1.1 reads "1e-3" as a string
-        except (ValueError, OverflowError):
-            pass
-    if hint is float and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{key} must be a finite number, got {value}")
-    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
-        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
-    return value
-
-
-def unflatten(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"search.tau_end": 0.1}`` -> ``{"search": {"tau_end": 0.1}}`` (NNI trial parameters, --set pairs)."""
-    nested: dict[str, Any] = {}
-    for key, value in values.items():
-        *parents, leaf = str(key).split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: {part} is a value, not a section")
-        node[leaf] = merge(node[leaf], value) if isinstance(value, Mapping) and leaf in node else value
-    return nested
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["model.d_model=256", "data.cutoffs=[100,1000]"]`` -> nested dict (values parsed as YAML)."""
-    flat: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got {pair!r}")
-        try:
-            flat[key] = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise ConfigError(f"--set {key}: cannot parse {raw!r} as a value") from None
-    return unflatten(flat)
-
-
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``extra`` into ``base`` (new dict; sections merge, values replace)."""
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def read_yaml(source: str | Path) -> dict[str, Any]:

@@ -28,11 +28,12 @@ import pytorch_lightning as pl
 
 from parnas import architecture
 from parnas.architecture import ArchitectureError
-from parnas.config import Config, load_config, parse_overrides
+from parnas.config import Config, load_config
 from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import check_run_dir
+from parnas.overrides import parse_overrides
 from parnas.training.devices import check_devices
 from parnas.training.fit import check_segments, fit
 from parnas.training.memory import check_memory

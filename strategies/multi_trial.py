@@ -26,8 +26,9 @@ import nni
 import pytorch_lightning as pl
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 
-from parnas.config import Config, DataConfig, TrainConfig, from_dict
+from parnas.config import Config, DataConfig, TrainConfig
 from parnas.errors import ParnasError
+from parnas.overrides import from_dict
 from parnas.training.task import LanguageModelTask
 
 MULTI_TRIAL_STRATEGIES = ("random", "regularized-evolution", "tpe", "grid")

@@ -51,7 +51,8 @@ from parnas.training.resume import check_resumable
 from parnas.training.task import LanguageModelTask, evaluate
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
-from strategies.gumbel_darts import Evaluated, PARDartsModule, PARGumbelDARTS, exported_nll
+from strategies.exported import Evaluated, exported_nll
+from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 
 
 def in_nni_trial() -> bool:

@@ -31,18 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture
-from parnas.config import (
-    Config,
-    SearchConfig,
-    from_dict,
-    load_config,
-    merge,
-    parse_overrides,
-    transformer_xl_layout,
-    unflatten,
-)
+from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
+from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 from parnas.training.devices import check_devices
 from study.front import parse_widths, width_model
 from study.measure import over_seeds

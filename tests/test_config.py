@@ -2,9 +2,10 @@
 
 import pytest
 
-from parnas.config import Config, ModelConfig, load_config, parse_overrides, presets
+from parnas.config import Config, ModelConfig, load_config, presets
 from parnas.errors import ConfigError
 from parnas.nn.model import TransformerXL
+from parnas.overrides import parse_overrides
 
 
 def test_presets_load_and_set_overrides_win(tmp_path):

@@ -103,7 +103,7 @@ def test_importing_parnas_leaves_nni_strategies_importable():
 def test_the_fixed_model_with_the_supernets_weights_computes_what_the_supernet_computes_for_that_layout(tmp_path):
     """What ``--strategy`` reports as the exported architecture's val ppl: NNI's mixed layers name each candidate
     by its kind, and dropping that name gives the fixed model the supernet's weights."""
-    from strategies.gumbel_darts import exported
+    from strategies.exported import exported
     from strategies.nni_strategies import fixed_weights
 
     cfg = search_config("train.max_steps=2", "train.eval_every=2")

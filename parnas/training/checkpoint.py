@@ -30,9 +30,10 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from parnas import architecture
-from parnas.config import Config, from_dict
+from parnas.config import Config
 from parnas.errors import ParnasError
 from parnas.files import write_atomic
+from parnas.overrides import from_dict
 
 # Version 2 adds ``content_sha256``; version 1 checkpoints hashed only the weights.
 FORMAT, VERSION = "parnas.checkpoint", 2
