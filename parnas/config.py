@@ -237,6 +237,10 @@ class SearchConfig:
     ``latency_target``: which latency the cost is: ``train`` (a training step),
     ``inference`` (a forward pass over a batch of segments) or ``generate``
     (one token decoded at batch 1, as ``parnas generate`` does).
+
+    ``export_samples``: at the end, also draw this many layouts from softmax(alpha)
+    (those over the budget are dropped) and export whichever of them and the argmax
+    has the lowest validation perplexity with the supernet's weights (0: the argmax).
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS
@@ -255,6 +259,7 @@ class SearchConfig:
     latency_target: str = "train"
     strategy: str = "par-gumbel-darts"
     trials: int = 8  # a multi-trial strategy's trials, each training one architecture for train.max_steps
+    export_samples: int = 0
     dual_lr: float = 0.05
     log_every: int = 10
     out_dir: str = "runs/search"
@@ -288,6 +293,7 @@ class SearchConfig:
         _require(self.strategy in SEARCH_STRATEGIES,
                  f"search.strategy must be one of {', '.join(SEARCH_STRATEGIES)}, not {self.strategy!r}")
         _require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
+        _require(self.export_samples >= 0, f"search.export_samples must be >= 0, got {self.export_samples}")
         _require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
         _require(self.latency_target == "train" or self.penalty_cost == "latency",

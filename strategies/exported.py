@@ -90,3 +90,24 @@ class Evaluated:
                 "val_ppl": self.val_ppl, "supernet_val_ppl": self.supernet_val_ppl,
                 "architecture": self.architecture, "exported_cost_ratio": self.cost_ratio,
                 "fitted_to_budget": self.fitted_to_budget}
+
+
+def sample_layouts(probabilities: Sequence[Mapping[str, float]], count: int, seed: int,
+                   exclude: Sequence[Sequence[str]] = ()) -> list[list[str]]:
+    """Up to ``count`` distinct layouts drawn from the blocks' distributions (each block independently), none of
+    ``exclude``, in the order drawn; fewer when the distributions are too peaked to give that many. The same
+    ``seed`` and probabilities give the same layouts."""
+    generator = torch.Generator().manual_seed(seed)
+    names = [list(p) for p in probabilities]
+    weights = torch.tensor([list(p.values()) for p in probabilities], dtype=torch.float64)  # (n_blocks, n_kinds)
+    seen = {tuple(e) for e in exclude}
+    out: list[list[str]] = []
+    for _ in range(20 * count):
+        if len(out) == count:
+            break
+        picks = torch.multinomial(weights, 1, generator=generator).squeeze(1).tolist()  # (n_blocks,)
+        layout = [kinds[i] for kinds, i in zip(names, picks)]
+        if tuple(layout) not in seen:
+            seen.add(tuple(layout))
+            out.append(layout)
+    return out

@@ -46,11 +46,12 @@ def check_strategy(cfg: Config, resume: bool) -> None:
         raise ConfigError("search.strategy=enas needs NNI's optional reinforcement-learning dependencies "
                           "(tianshou<1 and gym), which do not install beside this torch; use darts, gumbel-darts, "
                           f"proxyless, random-oneshot or {PAR}")
-    for setting, value in (("search.latency_budget", search.latency_budget), ("search.penalty_weight",
-                                                                               search.penalty_weight or None)):
+    unpriced = "does not price latency: drop it, or compare the exported costs with parnas study"
+    for setting, value, why in (("search.latency_budget", search.latency_budget, unpriced),
+                                ("search.penalty_weight", search.penalty_weight or None, unpriced),
+                                ("search.export_samples", search.export_samples or None, "exports its own choice")):
         if value is not None:
-            raise ConfigError(f"{setting} is honoured by search.strategy={PAR} only; NNI's {name} does not price "
-                              "latency: drop it, or compare the exported costs with parnas study")
+            raise ConfigError(f"{setting} is honoured by search.strategy={PAR} only; NNI's {name} {why}")
     if search.mode != "joint" and name not in MULTI_TRIAL:
         raise ConfigError(f"search.mode={search.mode} is {PAR}'s setting; NNI's {name} has its own loop")
     if resume:

@@ -51,7 +51,7 @@ from parnas.training.resume import check_resumable
 from parnas.training.task import LanguageModelTask, evaluate
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
-from strategies.exported import Evaluated, exported_nll
+from strategies.exported import Evaluated, exported_nll, sample_layouts
 from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 
 
@@ -243,6 +243,29 @@ def final_evaluation(search: Search) -> Evaluated:
     return result
 
 
+def best_of_samples(search: Search, result: Evaluated, cfg: Config) -> tuple[Evaluated, list[dict[str, Any]]]:
+    """``search.export_samples`` layouts drawn from softmax(alpha) beside the exported one (``result``), those over
+    the budget dropped, each scored like it (whole validation split, the supernet's weights): the best of them
+    all, and what was tried. Drawn with ``train.seed``: the same search samples the same layouts."""
+    module, budget = search.module, cfg.search.latency_budget
+    search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
+    layouts = sample_layouts(list(result.probabilities.values()), cfg.search.export_samples, cfg.train.seed,
+                             exclude=[result.kinds])
+    if budget is not None and module.costs is not None:
+        layouts = [k for k in layouts if module.costs.ratio(k) <= budget + 1e-9]
+    best, tried = result, [{"architecture": result.architecture, "val_ppl": round(result.val_ppl, 4),
+                            "cost_ratio": result.cost_ratio, "drawn": False}]
+    for kinds in layouts:
+        sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"))
+        scored = module.evaluated(kinds, False, math.exp(float(sums[0] / sums[1])), result.supernet_val_ppl)
+        tried.append({"architecture": scored.architecture, "val_ppl": round(scored.val_ppl, 4),
+                      "cost_ratio": scored.cost_ratio, "drawn": True})
+        best = scored if scored.val_ppl < best.val_ppl else best
+    if best is not result:
+        module.append_history(best.history_line())  # the history ends with what is exported
+    return best, tried
+
+
 def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
     """What NNI's web UI shows for a trial, at every evaluation and at the end: ``default`` is the exported
     architecture's own perplexity; beside it that architecture (one letter per block) and its predicted
@@ -307,6 +330,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
         return {}
 
     result = final_evaluation(search)
+    result, sampled = best_of_samples(search, result, cfg) if cfg.search.export_samples else (result, None)
     module, steps, costs, kinds = search.module, search.trainer.global_step, search.costs, result.kinds
     chosen = {architecture.label(i): kind for i, kind in enumerate(kinds)}
     latency = latency_summary(costs, search.latency, kinds, cfg.search.latency_budget)
@@ -322,7 +346,7 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
                 "penalty_weight": cfg.search.penalty_weight, "latency_budget": cfg.search.latency_budget,
                 "lambda_final": round(module.dual, 6) if cfg.search.latency_budget is not None else None,
                 "fitted_to_budget": result.fitted_to_budget,
-                "argmax": layout_string(module.argmax()),
+                "argmax": layout_string(module.argmax()), "sampled": sampled,
                 "latency": latency,
                 "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
                 "architecture_cost": round(costs.total(kinds), 4),

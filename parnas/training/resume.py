@@ -24,7 +24,7 @@ RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train
                      "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
                      "data.path"}
 # A search may also move its run directory and log at another interval; its other search.* settings must match.
-SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every"}
+SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every", "search.export_samples"}
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
