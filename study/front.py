@@ -6,8 +6,10 @@ the study's Transformer-XL), retrained and timed like every other layout; ``--wi
 Transformer-XL at other ``d_model`` (``d_ff`` scaled alike), the other obvious way. The front is the
 Pareto-optimal ones of these points (no other point is as cheap and better). A found model is judged
 against the front's perplexity *at its own cost*, read off the front by linear interpolation between the
-two front points whose costs bracket it (the front is only known at those points; outside their range
-there is no verdict). The difference counts only when it exceeds the seed spread: the standard deviations over
+two front points whose costs bracket it (the front is only known at those points). Above its costliest
+point the front stays at that point's perplexity: a larger budget still buys that model (a costlier
+Transformer-XL that is no better is not on the front). Below its cheapest point there is no verdict. The
+difference counts only when it exceeds the seed spread: the standard deviations over
 retrain seeds (and search seeds) of the found model and of the two front points, combined.
 """
 
@@ -66,12 +68,15 @@ def front_points(rows: Sequence[Row]) -> list[tuple[float, float, float | None]]
 
 
 def at_cost(points: Sequence[tuple[float, float, float | None]], ratio: float) -> tuple[float, float | None] | None:
-    """The front's perplexity (and spread) at ``ratio``, interpolated between the bracketing points; None outside."""
+    """The front's perplexity (and spread) at ``ratio``: interpolated between the bracketing points, the costliest
+    point's above it, None below the cheapest."""
     for (x0, y0, s0), (x1, y1, s1) in zip(points, points[1:]):
         if x0 <= ratio <= x1:
             w = 0.0 if x1 == x0 else (ratio - x0) / (x1 - x0)
             spread = None if s0 is None or s1 is None else (1 - w) * s0 + w * s1
             return (1 - w) * y0 + w * y1, spread
+    if points and ratio >= points[-1][0]:
+        return points[-1][1], points[-1][2]
     return None
 
 
@@ -89,7 +94,7 @@ def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
     front = at_cost(points, ratio)
     if front is None:
         costs = ", ".join(f"{x:.2f}" for x, _, _ in points)
-        return (f"{name}: against the Transformer-XL front: cost {ratio:.2f}x lies outside the front's costs "
+        return (f"{name}: against the Transformer-XL front: cost {ratio:.2f}x lies below the front's costs "
                 f"({costs}); no verdict")
     front_ppl, front_spread = front
     gap = (ppl / front_ppl - 1) * 100
