@@ -356,9 +356,10 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     like = next(iter(found.values()))
     metrics = run_retrains(plan, entries, like, progress)
     layouts = {e.layout: (e.kinds, e.d_model) for e in entries}
-    timing = measure(retrain_config(plan), plan.rounds, layouts, like["model"]["vocab_size"], progress)
+    cfg, vocab_size = retrain_config(plan), like["model"]["vocab_size"]
+    timing = measure(cfg, plan.rounds, layouts, vocab_size, progress)
     if plan.base.search.latency_table is not None:  # the target device's costs, as the searches had them
-        timing = priced_by_table(timing, retrain_config(plan), layouts, like["model"]["vocab_size"])
+        timing = priced_by_table(timing, cfg, layouts, vocab_size)
     rows = build_rows(entries, metrics, timing, plan.out)
     shared = [e for e in entries if e.role in ("transformer-xl", "front") and e.d_model is None]  # the supernet's
     ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),
