@@ -33,6 +33,7 @@ COMPILE_MODES = ("none", "default", "max-autotune")
 # parnas search --strategy: PAR's own (strategies.search), NNI's one-shot ones, NNI's multi-trial ones
 SEARCH_STRATEGIES = ("par-gumbel-darts", "darts", "gumbel-darts", "random-oneshot", "proxyless", "enas", "random",
                      "regularized-evolution", "tpe", "grid")
+BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (strategies.gumbel_darts)
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
 TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}
 TARGET_LABELS = {"train": "train step", "inference": "inference segment", "generate": "generated token"}
@@ -223,9 +224,12 @@ class SearchConfig:
     standard Transformer-XL at the same ``n_blocks`` (``penalty_cost: latency``,
     timed on the device; ``flops`` is a proxy, not what you pay).
     ``latency_budget`` (e.g. 0.65) makes it a constraint the exported
-    architecture must meet, its multiplier found by dual ascent at rate
-    ``dual_lr``; ``penalty_weight`` is instead a fixed lambda on the expected
-    cost under softmax(alpha). The two are exclusive.
+    architecture must meet: a hinge, lambda x max(0, cost - budget), on the
+    ``budget_hinge`` cost: ``exported`` (the argmax layout's, its gradient that
+    of the expected cost) or ``expected`` (under softmax(alpha), as PLANER does).
+    Its multiplier lambda is found by dual ascent at rate ``dual_lr``, or fixed
+    by ``penalty_weight`` (PLANER's form). Without a budget, ``penalty_weight``
+    is a fixed lambda on the expected cost itself.
 
     ``latency_table``: a table written by ``parnas latency`` (on the target
     device, e.g. a GPU) to price the blocks with instead of timing them here; its
@@ -255,6 +259,7 @@ class SearchConfig:
     penalty_weight: float = 0.0
     penalty_cost: str = "latency"
     latency_budget: float | None = None
+    budget_hinge: str = "exported"
     latency_table: str | None = None
     latency_target: str = "train"
     strategy: str = "par-gumbel-darts"
@@ -284,10 +289,12 @@ class SearchConfig:
             _require(0.0 < self.latency_budget <= 1.0,
                      f"search.latency_budget must be in (0, 1] (a fraction of Transformer-XL's step time), "
                      f"got {self.latency_budget}")
-            _require(not self.penalty_weight, "search.latency_budget and search.penalty_weight are exclusive: "
-                     "a budget finds its own lambda; set penalty_weight=0 or latency_budget=null")
             _require(self.penalty_cost == "latency", "search.latency_budget is a fraction of measured latency: "
                      "set search.penalty_cost=latency")
+        _require(self.budget_hinge in BUDGET_HINGES,
+                 f"search.budget_hinge must be one of {', '.join(BUDGET_HINGES)}, not {self.budget_hinge!r}")
+        _require(self.budget_hinge == "exported" or self.latency_budget is not None,
+                 f"search.budget_hinge={self.budget_hinge} hinges the cost at search.latency_budget: set one")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
         _require(self.strategy in SEARCH_STRATEGIES,

@@ -13,11 +13,14 @@ and why:
   a stream's memory is reset when that stream starts over (NNI's DARTS module calls the
   task's ``training_step`` on the validation batch, then on the training batch);
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`).
-  A ``latency_budget`` is a constraint on the *exported* architecture: a hinge
-  on its excess over the budget, differentiated through the expected cost under
-  softmax(alpha), weighted by a multiplier found by dual ascent. A fixed
-  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees the
-  probabilities as Python floats, so it has no gradient to the logits);
+  A ``latency_budget`` is a constraint: a hinge on the excess over the budget of
+  the *exported* architecture's cost, differentiated through the expected cost
+  under softmax(alpha) (``budget_hinge: exported``), or of the expected cost
+  itself (``expected``: PLANER's latency loss, which pushes until the
+  distribution, not just its argmax, is within the budget), weighted by a
+  multiplier found by dual ascent or fixed by ``penalty_weight``. Without a
+  budget, a ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty``
+  sees the probabilities as Python floats, so it has no gradient to the logits);
 - evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no
   validation loop and forwards no ``validation_step``) twice: the supernet with
   the Gumbel noise off (softmax of the logits), and the exported argmax
@@ -149,8 +152,13 @@ class PARDartsModule(DartsLightningModule):
 
     @property
     def dual(self) -> float:
-        """lambda, read back (for history, checkpoints and metrics only)."""
+        """lambda found by dual ascent, read back (for history, checkpoints and metrics only)."""
         return float(self._dual)
+
+    @property
+    def fixed_lambda(self) -> bool:
+        """Is the budget's multiplier ``penalty_weight`` (PLANER's form) rather than found by dual ascent?"""
+        return self.search.latency_budget is not None and self.search.penalty_weight > 0
 
     def exported_kinds(self) -> tuple[list[str], bool]:
         """What is exported: the argmax, or, when a budget is set and the argmax is over it, the most probable
@@ -187,26 +195,33 @@ class PARDartsModule(DartsLightningModule):
         return task.stream_nll(stream, batch).mean()
 
     def _penalty(self) -> Tensor | float:
-        """Fixed lambda x expected cost ratio; or, with a budget, lambda x hinge on the exported cost.
+        """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget).
 
-        The hinge's value is the exported (argmax) architecture's excess over the budget and its gradient is
-        that of the expected cost under softmax(alpha) (straight-through), so it pushes exactly while what
-        would be exported is over budget. Lambda grows by dual ascent while it is, and decays when under."""
+        The hinged cost (``budget_hinge``) is the exported (argmax) architecture's, straight-through: its value
+        is the argmax's excess and its gradient that of the expected cost under softmax(alpha), so it pushes
+        exactly while what would be exported is over budget; or the expected cost (PLANER), which pushes
+        while the distribution's mean is over it. lambda is ``penalty_weight`` when set, else it grows by dual
+        ascent while the hinged cost is over the budget and decays when under."""
         if self.costs is None or (not self.search.penalty_weight and self.search.latency_budget is None):
             return 0.0
         expected = self.expected_ratio()
         self.log("search/expected_cost_ratio", expected.detach())
         if self.search.latency_budget is None:
             return self.search.penalty_weight * expected
-        exported = self.exported_ratio().to(expected.dtype)
-        straight_through = exported + expected - expected.detach()
-        self.log("search/lambda", self._dual.float())
-        return self._dual.to(expected.dtype) * F.relu(straight_through - self.search.latency_budget)
+        if self.search.budget_hinge == "expected":
+            cost = expected
+        else:
+            cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
+        multiplier = self.search.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
+        self.log("search/lambda", float(multiplier) if self.fixed_lambda else self._dual.float())
+        return multiplier * F.relu(cost - self.search.latency_budget)
 
     def _dual_step(self) -> None:
-        """lambda <- max(0, lambda + dual_lr x (exported ratio - budget)): identical on every rank (same logits)."""
-        if self.costs is not None and self.search.latency_budget is not None:
-            excess = self.exported_ratio() - self.search.latency_budget
+        """lambda <- max(0, lambda + dual_lr x (hinged cost - budget)): identical on every rank (same logits)."""
+        if self.costs is not None and self.search.latency_budget is not None and not self.fixed_lambda:
+            cost = (self.expected_ratio().detach() if self.search.budget_hinge == "expected"
+                    else self.exported_ratio())
+            excess = cost - self.search.latency_budget
             self._dual = (self._dual.to(excess.device) + self.search.dual_lr * excess).clamp_min(0.0)
 
     def _sync_arch_gradients(self) -> None:
@@ -263,7 +278,7 @@ class PARDartsModule(DartsLightningModule):
                 record["expected_cost_ratio"] = round(float(self.expected_ratio().detach()), 5)
                 record["exported_cost_ratio"] = round(self.costs.ratio(self.argmax()), 5)
             if self.search.latency_budget is not None:
-                record["lambda"] = round(self.dual, 6)
+                record["lambda"] = self.search.penalty_weight if self.fixed_lambda else round(self.dual, 6)
             act = {name.rsplit("/", 1)[1]: round(float(v), 3) for name, v in metrics.items()
                    if name.startswith("act/steps/")}
             if act:  # each ut candidate's mean pondering steps per position, for the architecture figure

@@ -344,7 +344,9 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
                 "seed": cfg.train.seed, "candidates": list(cfg.search.candidates),
                 "penalty_weight": cfg.search.penalty_weight, "latency_budget": cfg.search.latency_budget,
-                "lambda_final": round(module.dual, 6) if cfg.search.latency_budget is not None else None,
+                "budget_hinge": cfg.search.budget_hinge if cfg.search.latency_budget is not None else None,
+                "lambda_final": None if cfg.search.latency_budget is None else
+                cfg.search.penalty_weight if module.fixed_lambda else round(module.dual, 6),
                 "fitted_to_budget": result.fitted_to_budget,
                 "argmax": layout_string(module.argmax()), "sampled": sampled,
                 "latency": latency,

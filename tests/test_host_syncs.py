@@ -55,16 +55,16 @@ def own(sites):
 
 def test_a_lightning_training_and_search_step_read_back_only_these_values(host_syncs, tmp_path):
     """One whole loop iteration (batch start to the next), without a progress bar (a log, an NNI trial): the only
-    read is the adaptive softmax's cluster sizes, in a plain step and in a search under a latency budget alike
-    (the finite-loss check, the budget's argmax and its multiplier stay on the device, and no metric is read
-    back for a progress bar)."""
+    read is the adaptive softmax's cluster sizes, in a plain step and in a search under a latency budget alike,
+    whichever cost its hinge is on and whether its multiplier is found or fixed (the finite-loss check, the
+    budget's argmax and its multiplier stay on the device, and no metric is read back for a progress bar)."""
     from parnas.training.fit import SegmentData, build_trainer
     from parnas.training.task import LanguageModelTask
     from strategies.costs import CostModel
     from strategies.search import build_search
 
-    cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
-                               "search.latency_budget=0.9"])
+    cfg_overrides = ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5", "search.latency_budget=0.9"]
+    cfg = load_config("tiny", cfg_overrides)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     ids = zipf_ids(B * L * 20, VOCAB).numpy().astype(np.int64)
     splits = {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}
@@ -78,9 +78,11 @@ def test_a_lightning_training_and_search_step_read_back_only_these_values(host_s
     assert record.recorder.total == 1, record.recorder.sites  # nothing in Lightning or NNI either
 
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
-    search = build_search(cfg, splits, VOCAB, tmp_path / "search", costs=costs)
-    record = host_syncs.RecordStep(3)
-    search.trainer.callbacks.append(record)
-    search.run()
-    assert own(record.recorder.sites) == {"parnas/nn/model.py _adaptive_nll": 1}
-    assert record.recorder.total == 1, record.recorder.sites  # nothing in Lightning or NNI either
+    for hinge in ([], ["search.budget_hinge=expected"], ["search.budget_hinge=expected", "search.penalty_weight=2"]):
+        search = build_search(load_config("tiny", [*cfg_overrides, *hinge]), splits, VOCAB,
+                              tmp_path / "search" / str(len(hinge)), costs=costs)
+        record = host_syncs.RecordStep(3)
+        search.trainer.callbacks.append(record)
+        search.run()
+        assert own(record.recorder.sites) == {"parnas/nn/model.py _adaptive_nll": 1}, hinge
+        assert record.recorder.total == 1, (hinge, record.recorder.sites)  # nothing in Lightning or NNI either

@@ -128,15 +128,23 @@ def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
 
 
 @pytest.mark.slow
-def test_latency_budget_is_met_by_the_exported_architecture(tmp_path):
-    """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block."""
-    search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300"),
+@pytest.mark.parametrize("hinge, fixed_lambda", [("exported", None), ("expected", None), ("expected", 5.0)])
+def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, hinge, fixed_lambda):
+    """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block. Whichever cost is
+    hinged (the argmax's, or the expected one as PLANER does) and whether lambda is found or fixed."""
+    weight = [f"search.penalty_weight={fixed_lambda}"] if fixed_lambda else []
+    search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300",
+                                        f"search.budget_hinge={hinge}", *weight),
                           SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
     search.run()
     kinds, fitted = search.module.exported_kinds()
     assert FIXED_COSTS.ratio(kinds) <= 0.45, (kinds, search.module.probabilities())
     lambdas = [line["lambda"] for line in history(tmp_path) if "lambda" in line]
-    assert max(lambdas) > 0  # the multiplier had to rise: unconstrained, this task keeps attention
+    if fixed_lambda:
+        assert set(lambdas) == {fixed_lambda}
+        assert float(search.module.expected_ratio().detach()) < 0.55  # the distribution itself was pushed to the budget
+    else:
+        assert max(lambdas) > 0  # the multiplier had to rise: unconstrained, this task keeps attention
     assert search.module.last_evaluation.kinds == kinds
     assert fitted == (FIXED_COSTS.ratio(search.module.argmax()) > 0.45)  # said, never silent
 
@@ -177,6 +185,40 @@ def test_the_budget_prices_the_argmax_on_the_device_as_the_exported_layout_is_pr
         device_ratio = search.module.exported_ratio()
         assert device_ratio.dim() == 0
         assert float(device_ratio) == pytest.approx(FIXED_COSTS.ratio(search.module.argmax()), rel=1e-12)
+
+
+@pytest.mark.parametrize("hinge", ["exported", "expected"])
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")  # the penalty alone, outside a Trainer
+def test_the_budget_hinge_pushes_only_while_its_cost_is_over_the_budget(tmp_path, hinge):
+    """With a fixed lambda the penalty is lambda x max(0, cost - budget): zero, and no gradient to the logits,
+    under the budget; over it, the excess of the argmax's cost (``exported``) or of the expected cost
+    (``expected``), with the expected cost's gradient either way."""
+    search = build_search(search_config("search.latency_budget=0.5", "search.penalty_weight=2",
+                                        f"search.budget_hinge={hinge}"), SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
+    module = search.module
+    module.set_model(search.supernet)
+    choices = module.choices()
+
+    def penalty(logits: list[list[float]]) -> tuple[float, bool]:
+        with torch.no_grad():
+            for m, row in zip(choices, logits):
+                m._arch_alpha.copy_(torch.tensor([row[("attention", "dense", "identity").index(n)] for n in m.names]))
+        for m in choices:
+            m._arch_alpha.grad = None
+        value = module._penalty()
+        if torch.is_tensor(value) and value.requires_grad:
+            value.backward()
+        moved = any(m._arch_alpha.grad is not None and m._arch_alpha.grad.abs().sum() > 0 for m in choices)
+        return float(value.detach() if torch.is_tensor(value) else value), moved
+
+    assert penalty([[0.0, 0.0, 9.0], [0.0, 0.0, 9.0]]) == (0.0, False)  # II: 0.2, expected about 0.2
+    value, moved = penalty([[9.0, 0.0, 0.0], [0.0, 9.0, 0.0]])  # AD: 1.0, expected just under
+    expected = float(module.expected_ratio().detach())
+    assert moved and value == pytest.approx(2 * ((1.0 if hinge == "exported" else expected) - 0.5), rel=1e-6)
+    # argmax II (0.2, under) but the distribution's mean over: only the expected hinge still pushes
+    value, moved = penalty([[1.0, 1.0, 1.3], [1.0, 1.0, 1.3]])
+    assert float(module.expected_ratio().detach()) > 0.5
+    assert moved == (hinge == "expected") and (value > 0) == (hinge == "expected")
 
 
 def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
@@ -268,7 +310,8 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
     ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),
     ("search.latency_budget=.nan", "search.latency_budget must be a finite number"),
     ("search.latency_budget=fast", "search.latency_budget must be float"),
-    ("search.latency_budget=0.65 --set search.penalty_weight=0.1", "are exclusive"),
+    ("search.budget_hinge=expected", "hinges the cost at search.latency_budget: set one"),
+    ("search.latency_budget=0.65 --set search.budget_hinge=mean", "search.budget_hinge must be one of exported"),
     ("search.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
 ])
 def test_search_refuses_bad_settings_with_one_line(tmp_path, capsys, setting, needle):

@@ -183,6 +183,14 @@ def test_verdicts_follow_the_numbers():
     rows[0]["val_ppl"] = 49.0  # a better Transformer-XL: the claim no longer holds
     claim = verdicts(rows, summarise(rows))[0]
     assert "0 of 2 seeds reach" in claim and "perplexity not within 1%" in claim and "step" not in claim[-30:]
+    rows[0]["val_ppl"] = 50.0
+    for r in rows:  # judged by the generated token: 1.5x faster is the bar, which 0.7x does not clear
+        r.update(latency_target="generate", latency_ratio=0.7 if r["role"] != "transformer-xl" else 1.0)
+    claim = verdicts(rows, summarise(rows))[0]
+    assert "generated token >= 33% shorter (1.5x faster)" in claim and claim.endswith("not 33% shorter.")
+    for r in rows[1:]:
+        r["latency_ratio"] = 0.66
+    assert verdicts(rows, summarise(rows))[0].endswith("-> yes.")
 
 
 def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
