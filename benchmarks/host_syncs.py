@@ -3,10 +3,13 @@
 :class:`SyncRecorder` (a ``TorchFunctionMode``) records every call that needs a tensor's value on the host:
 ``.item()``, ``.tolist()``, ``.cpu()``/``.to("cpu")``, ``.numpy()``, ``bool()``/``int()``/``float()`` of a
 tensor, ``nonzero`` and the ops built on it (``masked_select``, ``unique``, boolean-mask indexing), with the
-first line outside torch that made it. On a CPU nothing waits, but on a GPU each such call stops the host
-until the queue has run, so the next step cannot be queued while this one computes: this finds them without
-a GPU. On CUDA, ``torch.cuda.set_sync_debug_mode`` counts what really waited (tests/test_gpu.py checks the
-two agree). Explicit ``torch.cuda.synchronize()`` calls are not torch functions and are not seen here.
+first line outside torch that made it; and every tensor made from Python numbers on a named device
+(``torch.tensor(x, device=...)``, ``new_tensor``, ``as_tensor``: on a GPU an upload from pageable memory
+that waits for the stream, as Lightning's ``self.log`` of a Python number is). On a CPU nothing waits, but
+on a GPU each such call stops the host until the queue has run, so the next step cannot be queued while
+this one computes: this finds them without a GPU. On CUDA, ``torch.cuda.set_sync_debug_mode`` counts what
+really waited (tests/test_gpu.py checks the two agree). Explicit ``torch.cuda.synchronize()`` calls are not
+torch functions and are not seen here.
 
     python benchmarks/host_syncs.py              # tiny shapes: the model's step, `parnas train`'s, a search's
 
@@ -42,8 +45,19 @@ SYNCING = {Tensor.item, Tensor.tolist, Tensor.cpu, Tensor.numpy, Tensor.__bool__
 _HOST_SIDE = (str(Path(_TORCH_DIR) / "optim"),)
 
 
+def _uploads(func: Any, args: tuple, kwargs: dict) -> bool:
+    """A tensor made from host data (a Python number or list) on a device named by the call: on a GPU,
+    ``torch.tensor(x, device="cuda")`` copies from pageable memory and then waits for the stream (pytorch
+    issues 120996 and 190217), as Lightning's ``self.log`` of a Python number does. Made without a device it
+    stays on the host and is no upload."""
+    if func in (torch.tensor, torch.as_tensor, torch.scalar_tensor):
+        data = args[0] if args else kwargs.get("data")
+        return kwargs.get("device") is not None and not isinstance(data, Tensor)
+    return func is Tensor.new_tensor and not isinstance(args[1] if len(args) > 1 else kwargs.get("data"), Tensor)
+
+
 def _reads_back(func: Any, args: tuple, kwargs: dict) -> bool:
-    if func in SYNCING:
+    if func in SYNCING or _uploads(func, args, kwargs):
         return True
     if func is Tensor.to:  # to the host, named as such ("cpu"); a torch.device is where the step runs
         return any(isinstance(t, str) and t == "cpu" for t in [*args[1:], kwargs.get("device")])

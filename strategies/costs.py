@@ -15,9 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
-
 from parnas import kinds
 from parnas.config import TARGET_UNITS, ModelConfig, transformer_xl_layout
 from parnas.kinds import make_block
@@ -83,11 +80,6 @@ class CostModel:
     def ratio(self, kinds: Sequence[str]) -> float:
         """Cost of a layout relative to the standard Transformer-XL's."""
         return self.total(kinds) / self.reference
-
-    def expected_ratio(self, probabilities: Sequence[tuple[Sequence[str], Tensor]]) -> Tensor:
-        """E[cost] / reference with each block's kind drawn from its probabilities (differentiable)."""
-        terms = [p @ p.new_tensor([self.per_kind[k] for k in names]) for names, p in probabilities]
-        return (self.constant + torch.stack(terms).sum()) / self.reference
 
 
 def latency_costs(table: LatencyTable, n_blocks: int, target: str = "train") -> CostModel:

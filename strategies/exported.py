@@ -63,7 +63,7 @@ def exported_nll(model: torch.nn.Module, choices: Sequence[DifferentiableMixedLa
     with exported(choices, kinds):
         for x, y in batches:
             nll, mems = segment_nll(model, x.to(device), y.to(device), mems)
-            sums += torch.stack([nll.double().sum(), sums.new_tensor(y.numel())])
+            sums += torch.stack([nll.double().sum(), sums.new_full((), y.numel())])  # a fill: no upload
     model.train(was_training)
     return sums
 

@@ -57,7 +57,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from parnas.config import SearchConfig
-from parnas.training.task import LanguageModelTask, showing_progress_bar
+from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
 from strategies.costs import CostModel
 from strategies.exported import Evaluated, exported_nll, fit_budget
 
@@ -139,15 +139,20 @@ class PARDartsModule(DartsLightningModule):
         best = torch.stack([m._arch_alpha.detach() for m in choices]).argmax(-1).tolist()  # (n_blocks,)
         return [m.names[i] for m, i in zip(choices, best)]
 
+    def block_costs(self, device: torch.device) -> Tensor:
+        """Each block's candidates' costs, float64, copied to ``device`` once: the budget and the penalty read
+        them every step, and a table made from Python numbers in the step is an upload, which on a GPU waits
+        for the stream. (n_blocks, n_kinds)"""
+        if self._cost_table is None or self._cost_table.device != device:
+            self._cost_table = torch.tensor([[self.costs.per_kind[k] for k in m.names] for m in self.choices()],
+                                            dtype=torch.float64).to(device)
+        return self._cost_table
+
     def exported_ratio(self) -> Tensor:
         """The argmax layout's cost ratio, computed where the logits are: the budget reads it every step, and a
         read-back would stop the host until the device has run the step. ()"""
-        choices = self.choices()
-        alphas = torch.stack([m._arch_alpha.detach() for m in choices])  # (n_blocks, n_kinds)
-        if self._cost_table is None or self._cost_table.device != alphas.device:  # copied to the device once
-            self._cost_table = torch.tensor([[self.costs.per_kind[k] for k in m.names] for m in choices],
-                                            dtype=torch.float64).to(alphas.device)  # (n_blocks, n_kinds)
-        chosen = self._cost_table.gather(1, alphas.argmax(-1, keepdim=True)).sum()
+        alphas = torch.stack([m._arch_alpha.detach() for m in self.choices()])  # (n_blocks, n_kinds)
+        chosen = self.block_costs(alphas.device).gather(1, alphas.argmax(-1, keepdim=True)).sum()
         return (self.costs.constant + chosen) / self.costs.reference
 
     @property
@@ -170,8 +175,11 @@ class PARDartsModule(DartsLightningModule):
         return (kinds, False) if fitted is None else (fitted, True)
 
     def expected_ratio(self) -> Tensor:
-        """Expected cost relative to Transformer-XL's under softmax(alpha): differentiable in alpha."""
-        return self.costs.expected_ratio([(m.names, m._arch_alpha.softmax(-1)) for m in self.choices()])
+        """Expected cost relative to Transformer-XL's under softmax(alpha): differentiable in alpha, computed
+        where the logits are. ()"""
+        alphas = torch.stack([m._arch_alpha for m in self.choices()])  # (n_blocks, n_kinds)
+        costs = self.block_costs(alphas.device).to(alphas.dtype)
+        return (self.costs.constant + (alphas.softmax(-1) * costs).sum()) / self.costs.reference
 
     def configure_architecture_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.arch_parameters(), lr=self.search.arch_lr, betas=(0.5, 0.999),
@@ -213,7 +221,7 @@ class PARDartsModule(DartsLightningModule):
         else:
             cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
         multiplier = self.search.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
-        self.log("search/lambda", float(multiplier) if self.fixed_lambda else self._dual.float())
+        self.log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
         return multiplier * F.relu(cost - self.search.latency_budget)
 
     def _dual_step(self) -> None:
@@ -269,10 +277,11 @@ class PARDartsModule(DartsLightningModule):
         self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
         metrics = dict(getattr(self.training_module.model, "block_metrics", {}))  # e.g. act/steps/block_3
         self.log_dict(metrics)
-        self.log("search/tau", self.tau)
+        self.log("search/tau", on_host(self.tau))
         if done % self.search.log_every == 0:
             probs = self.probabilities()
-            self.log_dict({f"prob/{label}/{kind}": p for label, dist in probs.items() for kind, p in dist.items()})
+            self.log_dict({f"prob/{label}/{kind}": on_host(p) for label, dist in probs.items()
+                           for kind, p in dist.items()})
             record: dict[str, Any] = {"step": done, "tau": self.tau, "probabilities": probs}
             if self.costs is not None:
                 record["expected_cost_ratio"] = round(float(self.expected_ratio().detach()), 5)

@@ -18,13 +18,18 @@ def host_syncs(benchmark):
     return benchmark("host_syncs")
 
 
-def test_the_recorder_sees_reads_back_and_nothing_else(host_syncs):
+def test_the_recorder_sees_reads_back_and_uploads_and_nothing_else(host_syncs):
+    """Read-backs, and tensors made from Python numbers on a named device (on a GPU an upload that waits for the
+    stream); not device work, fills, a move to the step's device or a tensor made on the host."""
     t = torch.tensor([1.0, 0.0, 2.0])
     with host_syncs.SyncRecorder() as rec:
         t.sum().item(), bool(t[0]), int(t[2]), t.nonzero(), t[t > 0], t.tolist(), t.cpu(), t.to("cpu")
+        torch.tensor(0.5, device=t.device), t.new_tensor([1, 2]), torch.as_tensor([3.0], device=t.device)
         (t * 2).exp().sum(), t.to(torch.device("cpu")), t[1:]  # device work and a move to the step's device
+        torch.tensor(0.5), t.new_full((), 2.0), torch.as_tensor(t, device=t.device)  # host-made, a fill, no copy
     assert sorted(site.split(" at ")[0] for site in rec.sites.elements()) == [
-        "__bool__", "__getitem__", "__int__", "cpu", "item", "nonzero", "to", "tolist"]
+        "__bool__", "__getitem__", "__int__", "as_tensor", "cpu", "item", "new_tensor", "nonzero", "tensor", "to",
+        "tolist"]
     assert all("test_host_syncs.py" in site for site in rec.sites)
 
 

@@ -24,12 +24,18 @@ from torch import Tensor, nn
 from parnas.config import cluster_widths
 
 
-def group_by_cluster(ids: Tensor, cutoffs: Sequence[int]) -> tuple[Tensor, Tensor, list[int]]:
+def group_by_cluster(ids: Tensor, cutoffs: Tensor) -> tuple[Tensor, Tensor, list[int]]:
     """Each id's cluster (N,) (cluster i > 0 holds ids in [cutoffs[i-1], cutoffs[i]), cluster 0 those below
     cutoffs[0]), the rows grouped by cluster (each cluster's rows in their order), and the clusters' sizes, read
-    back in one copy."""
-    cluster = torch.bucketize(ids, ids.new_tensor(list(cutoffs)), right=True)  # (N,)
+    back in one copy. ``cutoffs`` is a tensor on the ids' device (a module's buffer): made from a list in the step,
+    it would be an upload, which on a GPU waits for the stream."""
+    cluster = torch.bucketize(ids, cutoffs, right=True)  # (N,)
     return cluster, cluster.argsort(stable=True), torch.bincount(cluster, minlength=len(cutoffs) + 1).tolist()
+
+
+def cutoffs_buffer(module: nn.Module, cutoffs: Sequence[int]) -> None:
+    """``module.cutoffs_on_device``: the cutoffs as a tensor that moves with the module (not saved: it is config)."""
+    module.register_buffer("cutoffs_on_device", torch.tensor(list(cutoffs), dtype=torch.long), persistent=False)
 
 
 def _projection(d_model: int, width: int) -> nn.Parameter:
@@ -43,6 +49,7 @@ class AdaptiveEmbedding(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], div_value: float) -> None:
         super().__init__()
         self.d_model, self.cutoffs = d_model, list(cutoffs)
+        cutoffs_buffer(self, cutoffs)
         edges = [0, *cutoffs, vocab_size]
         widths = cluster_widths(d_model, len(edges) - 1, div_value)
         if div_value == 1:
@@ -61,7 +68,7 @@ class AdaptiveEmbedding(nn.Module):
         if not len(self.projs):
             return self.layers[0](ids)
         flat = ids.reshape(-1)
-        _, order, sizes = group_by_cluster(flat, self.cutoffs)
+        _, order, sizes = group_by_cluster(flat, self.cutoffs_on_device)
         out = self.layers[0].weight.new_zeros(flat.size(0), self.d_model)  # (N, D)
         start, low = 0, 0
         for layer, proj, size, high in zip(self.layers, self.projs, sizes, [*self.cutoffs, None]):
@@ -81,6 +88,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], div_value: float) -> None:
         super().__init__()
         self.cutoffs, self.vocab_size = list(cutoffs), vocab_size
+        cutoffs_buffer(self, cutoffs)
         self.edges = [0, *cutoffs, vocab_size]
         n_tails = len(cutoffs)
         widths = cluster_widths(d_model, n_tails + 1, div_value)
@@ -121,7 +129,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         """Per-token negative log-likelihood; ``target_nll`` computes -log_softmax(logits)[target] per row.
         h (N, D), y (N,) -> (N,)"""
         head_size = self.cutoffs[0] + len(self.cutoffs)
-        cluster, order, sizes = group_by_cluster(y, self.cutoffs)  # cluster (N,): 0 shortlist, i tail i
+        cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device)  # cluster (N,): 0 shortlist, i tail i
         head_target = torch.where(cluster == 0, y, head_size - cluster)  # tail i scored by head entry -i
         nll = target_nll.apply(self._logits(0, h), head_target)  # (N,)
         start = sizes[0]

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from parnas.config import ModelConfig
 from parnas.kinds import make_block
-from parnas.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveSoftmax
+from parnas.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveSoftmax, cutoffs_buffer
 from parnas.nn.blocks import AttentionBlock, Dropout, sinusoid
 from parnas.nn.reversible import reversible_stack
 from parnas.nn.variants import DepthStep
@@ -73,6 +73,7 @@ class OutputHead(nn.Module):
         elif cfg.cutoffs:
             self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_model, vocab_size, list(cfg.cutoffs),
                                                           div_value=cfg.div_value)
+            cutoffs_buffer(self, cfg.cutoffs)
         else:
             self.proj = nn.Linear(cfg.d_model, vocab_size)
             if embedding is not None:
@@ -95,7 +96,7 @@ class OutputHead(nn.Module):
         torch's module makes one per tail cluster. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
         n_tails = len(asm.cutoffs) - 1
-        cluster = torch.bucketize(y, y.new_tensor(asm.cutoffs[:-1]), right=True)  # (N,) 0: head, i+1: tail i
+        cluster = torch.bucketize(y, self.cutoffs_on_device, right=True)  # (N,) 0: head, i+1: tail i
         head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))
         nll = _TargetNLL.apply(asm.head(h), head_target)  # (N,)
         order = cluster.argsort(stable=True)  # (N,) rows grouped by cluster, in row order within each

@@ -76,6 +76,13 @@ def showing_progress_bar(trainer: Any) -> bool:
     return getattr(trainer, "progress_bar_callback", None) is not None
 
 
+def on_host(value: float) -> Tensor:
+    """A Python number for ``self.log`` as a host tensor. Lightning makes a number into a tensor on the module's
+    device, which on a GPU is an upload that waits for the stream (pytorch/pytorch#120996); a host tensor's
+    metric stays on the host."""
+    return torch.tensor(float(value))
+
+
 def compile_model(model: nn.Module, mode: str) -> None:
     """``torch.compile`` the model's forward in place (``mode``: one of ``COMPILE_MODES``; "none" leaves it eager).
 
@@ -253,7 +260,7 @@ class LanguageModelTask(LightningModule):
         self.log("train/loss", loss, prog_bar=showing_progress_bar(self.trainer))
         self.log_dict(dict(getattr(self.model, "block_metrics", {})))  # e.g. act/steps of ut blocks
         self.log("train/ppl", loss.detach().exp())
-        self.log("train/lr", self.weights_lr())
+        self.log("train/lr", on_host(self.weights_lr()))
         return loss + self.aux_loss()
 
     def weights_lr(self) -> float:
@@ -306,8 +313,8 @@ class LanguageModelTask(LightningModule):
         x, y = batch
         nll, self.mems["val"] = segment_nll(self.model, x, y, self.mems.get("val"))
         total = nll.double().sum()
-        self._val_sums += torch.stack([total, total.new_tensor(y.numel()), (total / y.numel()).exp(),
-                                       total.new_tensor(1.0)])
+        self._val_sums += torch.stack([total, total.new_full((), y.numel()), (total / y.numel()).exp(),
+                                       total.new_ones(())])  # new_full, not new_tensor: no upload, no wait
 
     def on_validation_epoch_end(self) -> None:
         if self._val_sums is None:  # no batch since the last end
