@@ -59,6 +59,20 @@ def test_time_layouts_returns_one_positive_median_per_layout():
     assert len(ms) == 2 and all(m > 0 for m in ms)
 
 
+def test_a_generation_round_decodes_a_segment_of_tokens_per_step_and_reports_ms_per_token(monkeypatch):
+    """A round of a few single tokens lasts milliseconds and is noise; a generation round decodes ``seg_len``
+    tokens per step, and the time is still divided per token."""
+    cfg = tiny_config("data.seg_len=16")
+    decoded = []
+    monkeypatch.setattr(latency._Stepper, "_generate", lambda self, n: decoded.append(n))
+    clock = iter(range(0, 10**6, 3))  # every read of the clock 3 s after the last: each round takes 3 s
+    monkeypatch.setattr(latency.time, "perf_counter", lambda: next(clock))
+    ms = latency.time_layouts([["attention", "dense"]], cfg, VOCAB, mode="generate", rounds=2, steps=2)
+    timed = decoded[-2:]  # after the warm-up
+    assert timed == [2 * 16, 2 * 16] == [latency.tokens_per_round(cfg, 2)] * 2
+    assert ms == [pytest.approx(3000 / 32)]
+
+
 def test_timing_starts_with_every_memory_full_compressed_memory_included(monkeypatch):
     """Steps are timed at steady state: a compressive block's compressed memory is full before the first round."""
     cfg = tiny_config("data.seg_len=4", "model.mem_len=16", "model.compress_rate=2", "model.compress_len=8")

@@ -140,7 +140,8 @@ def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int,
     """Median milliseconds per step of each layout, timed in interleaved rounds at ``cfg``'s shapes (or at
     ``models[i]``'s model settings where given: a study's width-scaled Transformer-XL).
 
-    Every round times ``steps`` steps of each model, the order rotating by one each round.
+    Every round times ``steps`` steps of each model, the order rotating by one each round; for ``generate``
+    a step is one token and a round decodes :func:`tokens_per_round` of them.
     """
     return [statistics.median(t) for t in _round_times(layouts, cfg, vocab_size, mode, rounds, steps, warmup,
                                                         torch.device(device), models)]
@@ -165,14 +166,23 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
     for s in steppers:
         s.steps(max(warmup, full_memory_steps(cfg)))
     times: list[list[float]] = [[] for _ in steppers]
+    n = tokens_per_round(cfg, steps) if mode == "generate" else steps
     for r in range(rounds):
         for i in _rotated(len(steppers), r):
             _sync(device)
             start = time.perf_counter()
-            steppers[i].steps(steps)
+            steppers[i].steps(n)
             _sync(device)
-            times[i].append((time.perf_counter() - start) * 1e3 / steps)
+            times[i].append((time.perf_counter() - start) * 1e3 / n)
     return times
+
+
+def tokens_per_round(cfg: Config, steps: int) -> int:
+    """Tokens a generation round decodes per layout: a segment's worth (``seg_len``) for each of ``steps``.
+    A generated token costs about what one position of a batch costs, so ``steps`` tokens would make a round of
+    a few milliseconds, which a timer tick or a page fault can double; ``steps`` segments last as long as the
+    other targets' rounds and are timed as steadily."""
+    return steps * cfg.data.seg_len
 
 
 def full_memory_steps(cfg: Config) -> int:
