@@ -157,8 +157,9 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     candidate_sets = parse_candidate_sets(candidates)
     if candidate_sets and "candidates" in parse_overrides(overrides).get("search", {}):
         raise ConfigError("give the candidate sets with --candidates alone, not also --set search.candidates")
-    base = load_config(config, overrides)
-    plan = Plan(config, tuple(overrides), base, seeds, parse_budgets(budgets), Path(out), search_steps, retrain_steps,
+    budget_list = parse_budgets(budgets)
+    base = load_config(config, [*overrides, *a_budget(budget_list)])
+    plan = Plan(config, tuple(overrides), base, seeds, budget_list, Path(out), search_steps, retrain_steps,
                 random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model))
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
@@ -191,10 +192,17 @@ def search_config(plan: Plan, search: Search) -> Config:
     return with_settings(plan.base, settings)
 
 
+def a_budget(budgets: Sequence[float | None]) -> list[str]:
+    """``--set`` of the first latency budget --budgets gives, if any. The base and retrain configs are checked with it,
+    as each search's config is with its own: a budget's hinge on the expected cost is only valid with a budget."""
+    return [f"search.latency_budget={budget}" for budget in budgets if budget is not None][:1]
+
+
 def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:
     """``--set`` pairs of every retrain: the user's, the step count, the run directory, and for the k-th retrain
-    seed (k > 0) ``train.seed`` + k (the first is the config's own seed)."""
-    extra = [f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else []
+    seed (k > 0) ``train.seed`` + k (the first is the config's own seed). A retrain reads no search setting; the
+    first budget keeps the search settings it carries valid."""
+    extra = [*a_budget(plan.budgets), *([f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else [])]
     if seed_offset:
         extra.append(f"train.seed={plan.base.train.seed + seed_offset}")
     return [*plan.overrides, *extra, f"train.out_dir={json.dumps(str(run_dir))}"]  # a JSON string is YAML

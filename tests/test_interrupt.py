@@ -94,6 +94,29 @@ def test_the_first_signal_gives_both_signals_their_default_action_back():
             signal.signal(s, handler)
 
 
+def test_under_ddp_the_ranks_agree_on_the_host_whatever_device_the_model_is_on(tmp_path):
+    """Agreeing must not read a tensor back from the model's device (on a GPU that waits for every kernel queued
+    in the step): a trainer whose device is ``meta``, where nothing can be read back, still agrees."""
+    saved = [signal.getsignal(s) for s in SIGNALS]
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        class Strategy:
+            root_device = torch.device("meta")
+
+        class Trainer:
+            world_size, strategy = 2, Strategy()  # the one real rank stands for both
+
+        stop = StopOnSignal(checkpoint=None)
+        stop.on_train_start(Trainer(), None)
+        assert stop._agreed(Trainer()) == 0
+        stop.signum = signal.SIGTERM
+        assert stop._agreed(Trainer()) == signal.SIGTERM
+    finally:
+        for s, handler in zip(SIGNALS, saved):
+            signal.signal(s, handler)
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_a_second_ctrl_c_ends_the_process_at_once(micro, tmp_path):
     code = ("import os, signal, time\n"

@@ -13,7 +13,7 @@ from parnas.cli import main
 from parnas.config import transformer_xl_layout as transformer_xl
 from study.orderings import random_orderings, sandwich
 from study.report import summarise, verdicts
-from study.run import make_plan, settings_record
+from study.run import make_plan, search_config, settings_record
 
 SEEDS, RANDOM = 2, 1
 
@@ -207,6 +207,14 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
     assert len(err) == 1 and "train.lr=1.0" in err[0] and "another --out" in err[0]
 
 
+def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tmp_path):
+    """A budget's hinge on the expected cost needs a budget: --budgets gives it, as it does to each search."""
+    plan = make_plan("tiny", ["search.budget_hinge=expected"], 1, "0.6,0.8", tmp_path / "study")
+    assert plan.budgets == (0.6, 0.8) and plan.base.search.budget_hinge == "expected"
+    assert [search_config(plan, s).search.latency_budget for s in plan.searches] == [0.6, 0.8]
+    assert not (tmp_path / "study").exists()
+
+
 # --- bad arguments: exit 2, one line, nothing written --------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
@@ -221,6 +229,8 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
     (["--widths", "33"], "divisible by model.n_heads"), (["--widths", "16,33"], "divisible by model.n_heads"),
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
+    (["--budgets", "none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
+    (["--budgets", "0.6,none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "study"

@@ -21,7 +21,10 @@ run never made.
 After the first signal both are back to their default action, so a second Ctrl-C ends the process
 at once. Under DDP every rank records its own signals and the ranks agree (a max over ranks, one
 scalar per optimiser step, only when there is more than one process) before any of them saves,
-since saving is collective.
+since saving is collective. They agree over a gloo group of their own, on host tensors: an
+all-reduce over NCCL would put the scalar on the GPU, and reading it back would wait for every
+kernel queued before it, a host sync in each step that leaves the GPU idle while the next step is
+launched. A host collective only waits for the other ranks' hosts, which run ahead of their GPUs.
 """
 
 from __future__ import annotations
@@ -57,8 +60,11 @@ class StopOnSignal(pl.Callback):
     def __init__(self, checkpoint: Checkpointer) -> None:
         self.checkpoint = checkpoint
         self.signum: int | None = None  # the first signal received; read once per optimiser step
+        self.group: Any = None  # the ranks' host (gloo) group under DDP
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.world_size > 1:
+            self.group = torch.distributed.new_group(backend="gloo")  # collective: every rank is here
         if threading.current_thread() is threading.main_thread():  # the only thread Python lets set handlers
             for signum in SIGNALS:
                 signal.signal(signum, self.record)
@@ -87,8 +93,9 @@ class StopOnSignal(pl.Callback):
         """The signal to stop for (0: none); under DDP the largest any rank received, the same on all."""
         if trainer.world_size == 1:
             return self.signum or 0
-        mine = torch.tensor(self.signum or 0, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(mine, reduce_op="max"))
+        signum = torch.tensor(self.signum or 0)  # on the host, whatever device the model is on
+        torch.distributed.all_reduce(signum, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return int(signum)
 
     def _stop(self, trainer: pl.Trainer, signum: int) -> None:
         if self.checkpoint.saved_at != trainer.global_step:
