@@ -14,7 +14,8 @@ torch functions and are not seen here.
     python benchmarks/host_syncs.py              # tiny shapes: the model's step, `parnas train`'s, a search's
 
 Three steps are recorded, each once the memory is full: the fixed model's bare step (forward, adaptive
-softmax loss, backward, clipping, Adam); one whole Lightning step of ``parnas train`` (batch start to the next
+softmax loss, backward, clipping, Adam), with its targets grouped on the host as the loop does and without;
+one whole Lightning step of ``parnas train`` (batch start to the next
 batch start: the loop, callbacks, logging); one step of a search with a latency budget.
 """
 
@@ -43,6 +44,8 @@ SYNCING = {Tensor.item, Tensor.tolist, Tensor.cpu, Tensor.numpy, Tensor.__bool__
 # counters on the host unless fused or capturable (their .item() waits for nothing), and .to(device) moves
 # data to the device the step runs on (on a CPU-only machine that device is "cpu": not a read-back).
 _HOST_SIDE = (str(Path(_TORCH_DIR) / "optim"),)
+# Lightning hands a batch to this hook on the host, before it moves it to the device: what it reads is host data.
+_HOST_HOOKS = ("on_before_batch_transfer",)
 
 
 def _uploads(func: Any, args: tuple, kwargs: dict) -> bool:
@@ -80,9 +83,10 @@ def _short(filename: str) -> str:
 
 def call_site(depth: int = 6) -> str | None:
     """``path:line (function)`` of the innermost frame outside torch and this file, and for a library's
-    line its ``depth - 1`` callers (``<-``); None for a host-side read inside torch (see ``_HOST_SIDE``)."""
+    line its ``depth - 1`` callers (``<-``); None for a host-side read inside torch (see ``_HOST_SIDE``) or in
+    Lightning's hook on the batch before it moves to the device (``_HOST_HOOKS``)."""
     frames = [f for f in reversed(traceback.extract_stack()[:-2]) if f.filename != __file__]
-    if frames and frames[0].filename.startswith(_HOST_SIDE):
+    if frames and frames[0].filename.startswith(_HOST_SIDE) or any(f.name in _HOST_HOOKS for f in frames):
         return None
     outside = [f for f in frames if not f.filename.startswith(_TORCH_DIR)]
     if not outside:
@@ -135,19 +139,24 @@ class RecordStep(pl.Callback):
         self._active = False
 
 
-def model_step_sites(model: torch.nn.Module, tokens: Tensor, clip: float = 0.25) -> SyncRecorder:
+def model_step_sites(model: torch.nn.Module, tokens: Tensor, clip: float = 0.25,
+                     host_groups: bool = True) -> SyncRecorder:
     """Host syncs of one bare training step of ``model`` on ``tokens`` (B, 2L+1): a first step fills the
-    memory, the second (forward, loss, backward, clipping, Adam) is recorded."""
+    memory, the second (forward, loss, backward, clipping, Adam) is recorded. ``host_groups``: the targets are
+    grouped for the output head before the step, as the training loop does on the host (else the loss groups
+    them on the device)."""
     from parnas.training.task import adam
 
     optimizer = adam(model.parameters(), lr=1e-3)
     L = (tokens.size(1) - 1) // 2
     mems, recorder = None, SyncRecorder()
+    y = tokens[:, L + 1:2 * L + 1]
+    groups = model.group_targets(y) if host_groups else None  # made on the host, before the recorded step
     for t, record in ((0, False), (L, True)):
         with recorder if record else torch.no_grad():
             h, mems = model(tokens[:, t:t + L], mems)
             if record:
-                loss = model.nll(h, tokens[:, t + 1:t + L + 1]).mean()
+                loss = model.nll(h, y, groups).mean()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -177,8 +186,10 @@ def main() -> int:
     torch.manual_seed(0)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     model = build_fixed_model(cfg.model, vocab)
-    _print(f"the fixed model's step ({cfg.model.n_blocks} blocks, cutoffs {list(cfg.model.cutoffs)})",
-           model_step_sites(model, zipf_ids(B * (2 * L + 1), vocab).view(B, -1)))
+    tokens = zipf_ids(B * (2 * L + 1), vocab).view(B, -1)
+    _print(f"the fixed model's step ({cfg.model.n_blocks} blocks, cutoffs {list(cfg.model.cutoffs)}), its targets "
+           "grouped on the host as the training loop does", model_step_sites(model, tokens))
+    _print("the same step, its targets grouped by the loss", model_step_sites(model, tokens, host_groups=False))
 
     ids = zipf_ids(B * L * 40, vocab).numpy()
     splits = {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}

@@ -60,6 +60,9 @@ class CorpusData(pl.LightningDataModule):
     def val_dataloader(self) -> Any:
         return self.segments().val_dataloader()
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return self.segments().on_before_batch_transfer(batch, dataloader_idx)
+
 
 class TrialTask(LanguageModelTask):
     """:class:`LanguageModelTask` that reports to NNI: val ppl at each evaluation, and at the end a dict whose

@@ -5,6 +5,7 @@ github.com/kimiyoung/transformer-xl's ``pytorch/`` folder named by PARNAS_TXL_RE
 import os
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,39 @@ def test_nll_is_the_log_prob_of_the_target_and_tied_weights_learn_from_both_ends
     assert (head.out_layers[0].weight is model.embed.layers[0].weight) == tied
     if div_value > 1:
         assert (head.out_projs[1] is model.embed.projs[1]) == tied and head.out_projs[0] is not model.embed.projs[0]
+
+
+@pytest.mark.parametrize("settings", [dict(adaptive_input=False), dict(div_value=1.0), dict(div_value=4.0),
+                                      dict(div_value=1.0, tie_weights=True, tie_projs=(False, True, True))])
+def test_targets_grouped_on_the_host_give_the_loss_and_gradients_grouped_on_the_device(settings):
+    """What the training loop does (the targets grouped where the batch is made, the groups moved with it) is the
+    loss the device's own grouping gives, bit for bit, and so are the gradients: torch's adaptive softmax and the
+    projected one, tied or not. Groups of another batch's shape are refused, not misread."""
+    torch.manual_seed(0)
+    model = build_fixed_model(replace(small(2.0), **settings), 300)
+    x, y = torch.randint(0, 300, (3, 12)), (torch.rand(3, 12) ** 3 * 300).long()  # every cluster, most in the head
+    groups = model.group_targets(y)
+    assert sum(groups.sizes) == y.numel() and len(groups.sizes) == 3 and min(groups.sizes) > 0
+    losses, grads = [], []
+    for given in (None, groups):
+        model.zero_grad()
+        nll = model.nll(model(x)[0], y, given)
+        nll.sum().backward()
+        losses.append(nll.detach())
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert torch.equal(*losses) and all(torch.equal(a, b) for a, b in zip(*grads)) and len(grads[0]) == len(grads[1])
+    with pytest.raises(ValueError, match="target groups of 36 rows for 24 targets"):
+        model.nll(model(x[:2])[0], y[:2], groups)
+
+
+def test_the_adaptive_input_is_each_ids_own_clusters_embedding():
+    """Every id looked up in every cluster's table, masked, is the id's own cluster's embedding projected."""
+    torch.manual_seed(0)
+    embed = build_fixed_model(small(4.0), 300).embed
+    ids = torch.tensor([[0, 49, 50, 149, 150, 299]])
+    expected = [embed.layers[c].weight[i - low] @ embed.projs[c].t() for i in ids[0].tolist()
+                for c, low in [(0, 0) if i < 50 else (1, 50) if i < 150 else (2, 150)]]
+    torch.testing.assert_close(embed(ids)[0], torch.stack(expected))
 
 
 def test_bf16_mixed_loss_with_the_tied_head_is_the_fp32_loss():

@@ -48,15 +48,24 @@ def test_forward_and_loss_are_one_graph_with_a_full_softmax_and_no_dropout():
     assert breaks(step, model)[:2] == (1, 0)
 
 
+def test_an_adaptive_input_is_part_of_the_forwards_one_graph():
+    """The adaptive input looks every id up in each cluster's table, masked: no data-dependent size (a count of
+    each cluster's ids) breaks the forward's graph."""
+    model, _ = model_and_step("model.cutoffs=[100, 400]", "model.adaptive_input=true", "model.div_value=2",
+                              "model.dropout=0.0")
+    assert breaks(lambda x, y, mems: model(x, mems), model)[:2] == (1, 0)
+
+
 @pytest.mark.slow
 def test_graphs_break_only_at_the_adaptive_softmax_clusters_and_the_cpu_dropout():
-    """The adaptive softmax's per-cluster ``nonzero`` has a data-dependent size; the CPU's dropout draws with
-    ``random_``, which Dynamo does not trace (off the CPU dropout is ``F.dropout``, which it does)."""
+    """A loss given no host-made target groups groups them itself, and the clusters' sizes are data-dependent;
+    the CPU's dropout draws with ``random_``, which Dynamo does not trace (off the CPU dropout is
+    ``F.dropout``, which it does)."""
     model, step = model_and_step("model.cutoffs=[100, 400]", "model.dropout=0.1")
     _, count, where = breaks(step, model)
-    assert count > 0 and {fn for _, fn in where} == {"_adaptive_nll", "keep_mask"}, where
+    assert count > 0 and {fn for _, fn in where} == {"group_by_cluster", "keep_mask"}, where
     model, step = model_and_step("model.cutoffs=[100, 400]", "model.dropout=0.0")
-    assert {fn for _, fn in breaks(step, model)[2]} == {"_adaptive_nll"}
+    assert {fn for _, fn in breaks(step, model)[2]} == {"group_by_cluster"}
 
 
 @pytest.mark.parametrize("cutoffs", ["[]", "[100, 400]"])

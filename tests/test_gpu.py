@@ -263,44 +263,49 @@ def test_bf16_mixed_trains_within_the_fp32_seed_spread(wt2_slice, tmp_path):
                                                 ("[100, 400]", "bf16-mixed")])
 def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(benchmark, cutoffs, precision):
     """CUDA's own sync counter (set_sync_debug_mode) around one step with the memory full agrees with the
-    recorder (the adaptive softmax's one read of its cluster sizes); with a full softmax nothing waits at all."""
+    recorder: the adaptive softmax reads its cluster sizes back once when the loss groups its targets, and with
+    the targets grouped on the host, as the training loop groups them, nothing waits at all."""
     host_syncs = benchmark("host_syncs")
     cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.dropout=0.1", "model.dropatt=0.1"])
     torch.manual_seed(0)
     model = build_fixed_model(cfg.model, 1000).cuda().train()
     optimizer = adam(model.parameters(), lr=1e-3, precision=precision)
     B, L = cfg.data.batch_size, cfg.data.seg_len
-    stream = zipf_ids(B * (4 * L + 1), 1000).view(B, -1).cuda()
+    host = zipf_ids(B * (5 * L + 1), 1000).view(B, -1)
+    stream = host.cuda()
+    groups = [model.group_targets(host[:, t * L + 1:(t + 1) * L + 1]) for t in range(5)]  # grouped on the host
+    groups = [None if g is None else g.to(stream.device) for g in groups]
     mems = None
 
-    def step(t: int) -> None:
+    def step(t: int, grouped: bool) -> None:
         nonlocal mems
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             h, mems = model(stream[:, t * L:(t + 1) * L], mems)
-            loss = model.nll(h, stream[:, t * L + 1:(t + 1) * L + 1]).float().mean()
+            y = stream[:, t * L + 1:(t + 1) * L + 1]
+            loss = model.nll(h, y, groups[t] if grouped else None).float().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
 
     for t in (0, 1):  # warm-up: the memory fills, kernels load, the optimiser makes its state
-        step(t)
+        step(t, grouped=True)
     torch.cuda.synchronize()
     with host_syncs.SyncRecorder() as recorder, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            step(2)
+            step(2, grouped=False)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     waited = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    assert len(waited) == recorder.total, (waited, recorder.sites)
-    if cutoffs == "[]":
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            step(3)  # raises at the first operation that would make the host wait
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    assert len(waited) == recorder.total == (0 if cutoffs == "[]" else 1), (waited, recorder.sites)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(3, grouped=True)  # raises at the first operation that would make the host wait
+        step(4, grouped=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")

@@ -68,9 +68,9 @@ def test_under_nni_darts_the_validation_streams_memory_restarts_with_that_stream
 
     calls = []  # (batch size, memory was empty) of every segment the model ran
 
-    def spy(model, x, y, mems):
+    def spy(model, x, y, mems, groups=None):
         calls.append((x.size(0), mems is None))
-        return segment_nll(model, x, y, mems)
+        return segment_nll(model, x, y, mems, groups)
 
     segment_nll = task_module.segment_nll
     monkeypatch.setattr(task_module, "segment_nll", spy)

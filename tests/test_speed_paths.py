@@ -73,7 +73,7 @@ def old_update(self, mem, h):
     return both[:, max(0, both.size(1) - self.mem_len):].detach()
 
 
-def old_nll(self, h, y):
+def old_nll(self, h, y, groups=None):
     return -self.adaptive(h.reshape(-1, h.size(-1)), y.reshape(-1)).output.view(y.shape)
 
 

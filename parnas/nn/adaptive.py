@@ -9,13 +9,18 @@ its tail projections inside ``Sequential``s with no bias and no handle to share 
 parameters follow Dai et al.'s ``AdaptiveEmbedding`` and ``ProjectedAdaptiveLogSoftmax`` one for one, so
 parameter counts match theirs and their weights load by name.
 
-Rows are grouped by cluster once per call (:func:`group_by_cluster`): one host sync where a ``nonzero``
-per cluster would make one each.
+Neither waits for the device. The softmax scores each tail cluster on its own rows only, so it needs each
+cluster's row count as a Python number: :func:`group_targets` groups a batch's targets where the batch is made,
+on the host, and the groups travel to the device with the batch (:class:`TargetGroups`); given none, the rows
+are grouped on the device and the sizes read back in one copy (one host sync, where a ``nonzero`` per cluster
+would make one each). The adaptive input looks every id up in every cluster's table, masked: a few narrow
+matrix products, shapes fixed by the batch, nothing read back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +29,41 @@ from torch import Tensor, nn
 from parnas.config import cluster_widths
 
 
-def group_by_cluster(ids: Tensor, cutoffs: Tensor) -> tuple[Tensor, Tensor, list[int]]:
+class TargetGroups(NamedTuple):
+    """A batch's targets grouped by adaptive-softmax cluster, made on the host by :func:`group_targets`.
+
+    ``order`` (N,): the flattened targets' rows grouped by cluster, each cluster's rows in their order (moved to
+    the device with the batch); ``sizes``: each cluster's row count, the shortlist's first, as Python numbers."""
+    order: Tensor
+    sizes: tuple[int, ...]
+
+    def to(self, device: torch.device) -> TargetGroups:
+        """On ``device``, without waiting for its queue (the order from pinned memory on a GPU)."""
+        order = self.order.pin_memory() if device.type == "cuda" and not self.order.is_pinned() else self.order
+        return TargetGroups(order.to(device, non_blocking=device.type == "cuda"), self.sizes)
+
+
+def group_by_cluster(ids: Tensor, cutoffs: Tensor, groups: TargetGroups | None = None
+                     ) -> tuple[Tensor, Tensor, Sequence[int]]:
     """Each id's cluster (N,) (cluster i > 0 holds ids in [cutoffs[i-1], cutoffs[i]), cluster 0 those below
-    cutoffs[0]), the rows grouped by cluster (each cluster's rows in their order), and the clusters' sizes, read
-    back in one copy. ``cutoffs`` is a tensor on the ids' device (a module's buffer): made from a list in the step,
-    it would be an upload, which on a GPU waits for the stream."""
+    cutoffs[0]), the rows grouped by cluster (each cluster's rows in their order), and the clusters' sizes.
+    ``groups`` made on the host give the last two; without them the sizes are read back in one copy. ``cutoffs``
+    is a tensor on the ids' device (a module's buffer): made from a list in the step, it would be an upload,
+    which on a GPU waits for the stream."""
     cluster = torch.bucketize(ids, cutoffs, right=True)  # (N,)
+    if groups is not None:
+        if groups.order.shape != ids.shape:
+            raise ValueError(f"target groups of {groups.order.numel()} rows for {ids.numel()} targets")
+        return cluster, groups.order, groups.sizes
     return cluster, cluster.argsort(stable=True), torch.bincount(cluster, minlength=len(cutoffs) + 1).tolist()
+
+
+def group_targets(y: Tensor, cutoffs: Sequence[int]) -> TargetGroups:
+    """``y``'s rows (flattened) grouped by cluster, on ``y``'s device: on the host, where the data loader made the
+    batch, it waits for no device. The stable sort makes the order the one the device would compute."""
+    flat = y.reshape(-1)
+    _, order, sizes = group_by_cluster(flat, torch.tensor(list(cutoffs), dtype=flat.dtype, device=flat.device))
+    return TargetGroups(order, tuple(sizes))
 
 
 def cutoffs_buffer(module: nn.Module, cutoffs: Sequence[int]) -> None:
@@ -68,14 +101,13 @@ class AdaptiveEmbedding(nn.Module):
         if not len(self.projs):
             return self.layers[0](ids)
         flat = ids.reshape(-1)
-        _, order, sizes = group_by_cluster(flat, self.cutoffs_on_device)
-        out = self.layers[0].weight.new_zeros(flat.size(0), self.d_model)  # (N, D)
-        start, low = 0, 0
-        for layer, proj, size, high in zip(self.layers, self.projs, sizes, [*self.cutoffs, None]):
-            if size:
-                rows = order[start:start + size]
-                out = out.index_copy(0, rows, F.linear(layer(flat.index_select(0, rows) - low), proj))  # (n_i, D)
-            start, low = start + size, high
+        cluster = torch.bucketize(flat, self.cutoffs_on_device, right=True)  # (N,)
+        out: Tensor | None = None
+        for i, (layer, proj, low) in enumerate(zip(self.layers, self.projs, [0, *self.cutoffs])):
+            mine = (cluster == i)[:, None]  # (N, 1)
+            rows = torch.where(mine, layer(torch.where(mine[:, 0], flat - low, 0)), 0)  # (N, d_i): others zero
+            part = F.linear(rows, proj)  # (N, D), zero rows where the id is another cluster's
+            out = part if out is None else out + part
         return out.view(*ids.shape, self.d_model)
 
 
@@ -125,11 +157,12 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         proj = self.out_projs[i]
         return F.linear(h if proj is None else h @ proj, weight, bias)
 
-    def nll(self, h: Tensor, y: Tensor, target_nll: type[torch.autograd.Function]) -> Tensor:
-        """Per-token negative log-likelihood; ``target_nll`` computes -log_softmax(logits)[target] per row.
-        h (N, D), y (N,) -> (N,)"""
+    def nll(self, h: Tensor, y: Tensor, target_nll: type[torch.autograd.Function],
+            groups: TargetGroups | None = None) -> Tensor:
+        """Per-token negative log-likelihood; ``target_nll`` computes -log_softmax(logits)[target] per row;
+        ``groups``: y's, made on the host (else one host sync). h (N, D), y (N,) -> (N,)"""
         head_size = self.cutoffs[0] + len(self.cutoffs)
-        cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device)  # cluster (N,): 0 shortlist, i tail i
+        cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device, groups)  # (N,): 0 shortlist, i tail i
         head_target = torch.where(cluster == 0, y, head_size - cluster)  # tail i scored by head entry -i
         nll = target_nll.apply(self._logits(0, h), head_target)  # (N,)
         start = sizes[0]

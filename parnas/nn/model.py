@@ -32,7 +32,14 @@ from torch import Tensor, nn
 
 from parnas.config import ModelConfig
 from parnas.kinds import make_block
-from parnas.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveSoftmax, cutoffs_buffer
+from parnas.nn.adaptive import (
+    AdaptiveEmbedding,
+    ProjectedAdaptiveSoftmax,
+    TargetGroups,
+    cutoffs_buffer,
+    group_by_cluster,
+    group_targets,
+)
 from parnas.nn.blocks import AttentionBlock, Dropout, sinusoid
 from parnas.nn.reversible import reversible_stack
 from parnas.nn.variants import DepthStep
@@ -66,6 +73,7 @@ class OutputHead(nn.Module):
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, embedding: nn.Module | None = None) -> None:
         super().__init__()
+        self.cutoffs = list(cfg.cutoffs)
         if cfg.cutoffs and (cfg.adaptive_input or cfg.tie_weights):
             self.projected = ProjectedAdaptiveSoftmax(vocab_size, cfg.d_model, cfg.cutoffs, cfg.div_value)
             if embedding is not None:
@@ -79,28 +87,31 @@ class OutputHead(nn.Module):
             if embedding is not None:
                 self.proj.weight = embedding.weight
 
-    def nll(self, h: Tensor, y: Tensor) -> Tensor:
-        """Negative log-likelihood of each target. h (..., D), y (...) -> (...)"""
+    def group_targets(self, y: Tensor) -> TargetGroups | None:
+        """y's rows grouped by cluster, for :meth:`nll`; on the host, where the batch is made, nothing waits for
+        the device. None for a full softmax, which needs none."""
+        return group_targets(y, self.cutoffs) if self.cutoffs else None
+
+    def nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
+        """Negative log-likelihood of each target; ``groups``: :meth:`group_targets` of y, made on the host (an
+        adaptive softmax given none reads its cluster sizes back once). h (..., D), y (...) -> (...)"""
         flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
         if hasattr(self, "projected"):
-            return self.projected.nll(flat_h, flat_y, _TargetNLL).view(y.shape)
+            return self.projected.nll(flat_h, flat_y, _TargetNLL, groups).view(y.shape)
         if hasattr(self, "adaptive"):
-            return self._adaptive_nll(flat_h, flat_y).view(y.shape)
+            return self._adaptive_nll(flat_h, flat_y, groups).view(y.shape)
         return F.cross_entropy(self.proj(flat_h), flat_y, reduction="none").view(y.shape)
 
-    def _adaptive_nll(self, h: Tensor, y: Tensor) -> Tensor:
+    def _adaptive_nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
         """``-self.adaptive(h, y).output`` with the module's own weights, one autograd node per
         log-softmax (:class:`_TargetNLL`) instead of log_softmax, gather and their backward's
-        zero-filled scatter. The rows are grouped by cluster once (a stable sort, so each cluster's rows
-        stay in order) and the cluster sizes are read back in one copy: one host sync per call, where
-        torch's module makes one per tail cluster. h (N, D), y (N,) -> (N,)"""
+        zero-filled scatter. Each tail cluster is scored on its own rows, grouped by ``groups`` (a stable sort
+        on the host) or, without them, on the device with the sizes read back in one copy: one host sync per
+        call, where torch's module makes one per tail cluster. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
-        n_tails = len(asm.cutoffs) - 1
-        cluster = torch.bucketize(y, self.cutoffs_on_device, right=True)  # (N,) 0: head, i+1: tail i
-        head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))
+        cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device, groups)  # cluster (N,): 0 head
+        head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))  # tail i+1: entry i
         nll = _TargetNLL.apply(asm.head(h), head_target)  # (N,)
-        order = cluster.argsort(stable=True)  # (N,) rows grouped by cluster, in row order within each
-        sizes = torch.bincount(cluster, minlength=n_tails + 1).tolist()  # the one host sync
         start = sizes[0]
         for i, (low, size) in enumerate(zip(asm.cutoffs, sizes[1:])):
             if size:
@@ -217,9 +228,15 @@ class TransformerXL(nn.Module):
             return h[:, L - keep:].detach()  # (B, keep, D)
         return torch.cat([mem[:, M + L - keep:], h], dim=1).detach()  # (B, keep, D)
 
-    def nll(self, h: Tensor, y: Tensor) -> Tensor:
-        """Per-token negative log-likelihood of targets y (B, L) given hidden states h (B, L, D)."""
-        return self.head.nll(h, y)
+    def group_targets(self, y: Tensor) -> TargetGroups | None:
+        """Targets (B, L) grouped for :meth:`nll` by the output head, on their device (the host, where the batch
+        is made: the step then reads nothing back); None where the head needs none."""
+        return self.head.group_targets(y)
+
+    def nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
+        """Per-token negative log-likelihood of targets y (B, L) given hidden states h (B, L, D); ``groups``:
+        :meth:`group_targets` of y, moved to h's device."""
+        return self.head.nll(h, y, groups)
 
     def log_probs(self, h: Tensor) -> Tensor:
         return self.head.log_probs(h)

@@ -53,7 +53,7 @@ from parnas.training.evaluation import final_metrics, peak_memory_mb
 from parnas.training.interrupt import StopOnSignal
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
-from parnas.training.task import LanguageModelTask, compile_model
+from parnas.training.task import LanguageModelTask, compile_model, with_target_groups
 
 
 class ResumableSampler(Sampler[int]):
@@ -94,6 +94,14 @@ class SegmentData(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Each batch, still on the host: its targets grouped for the model's output head
+        (:func:`with_target_groups`), so the step reads no cluster size back from the device. Whichever module
+        trains the model: the task, or a one-shot strategy's module that wraps it as ``training_module``."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        task = getattr(module, "training_module", module)
+        return with_target_groups(getattr(task, "model", None), batch)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")

@@ -93,7 +93,11 @@ class _Stepper:
         self.optimizer = adam(self.model.parameters(), lr=cfg.train.lr,
                               precision=cfg.train.precision) if mode == "train" else None
         B, L = cfg.data.batch_size, cfg.data.seg_len
-        self.stream = zipf_ids(B * L * 8 + 1, vocab_size).to(device)
+        stream = zipf_ids(B * L * 8 + 1, vocab_size)
+        self.stream = stream.to(device)
+        # each segment's targets grouped on the host, as the training loop groups them: the step reads nothing back
+        self.groups = [None if g is None else g.to(device) for g in
+                       (self.model.group_targets(stream[t * B * L + 1:(t + 1) * B * L + 1]) for t in range(8))]
         self.mems, self.t, self.h = None, 0, None
 
     def steps(self, n: int) -> None:
@@ -101,17 +105,17 @@ class _Stepper:
             return self._generate(n)
         B, L = self.cfg.data.batch_size, self.cfg.data.seg_len
         for _ in range(n):
-            t = self.t % 8 * B * L
+            t, groups = self.t % 8 * B * L, self.groups[self.t % 8]
             x, y = self.stream[t:t + B * L].view(B, L), self.stream[t + 1:t + B * L + 1].view(B, L)
             self.t += 1
             with _autocast(self.device, self.cfg.train.precision):
                 if self.optimizer is None:
                     with torch.no_grad():
                         h, self.mems = self.model(x, self.mems)
-                        self.model.nll(h, y)
+                        self.model.nll(h, y, groups)
                     continue
                 h, self.mems = self.model(x, self.mems)
-                loss = self.model.nll(h, y).float().mean() + self.model.aux_loss  # aux: a compressive memory
+                loss = self.model.nll(h, y, groups).float().mean() + self.model.aux_loss  # aux: compressive memory
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.train.clip:

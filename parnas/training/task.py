@@ -3,7 +3,11 @@
 It subclasses NNI's ``LightningModule`` so the one-shot search can wrap it: the
 model is handed in with ``set_model`` (NNI does the same with the supernet),
 and everything here only assumes the :class:`parnas.nn.model.TransformerXL`
-interface (``model(x, mems) -> (h, mems)``, ``model.nll(h, y)``).
+interface (``model(x, mems) -> (h, mems)``, ``model.nll(h, y, groups)``).
+
+A batch is made on the host as ``(x, y)``; before Lightning moves it to the device the data module makes it
+``(x, y, groups)`` (:func:`with_target_groups`): the adaptive softmax's targets grouped by cluster there, so
+that the step reads nothing back from the device.
 
 Memory is kept per stream name: one for training, one for evaluation, so an
 evaluation in the middle of training neither sees nor disturbs the training
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ from torch import Tensor, nn
 
 from parnas.config import TrainConfig
 from parnas.errors import ParnasError
+from parnas.nn.adaptive import TargetGroups
 from parnas.nn.model import Memory
 
 
@@ -47,10 +52,39 @@ def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None) -> tuple[Tensor, Memory]:
-    """Per-token NLL of one segment (B, L) and the memory for the next one."""
+def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None,
+                groups: TargetGroups | None = None) -> tuple[Tensor, Memory]:
+    """Per-token NLL of one segment (B, L) and the memory for the next one; ``groups``: y's target groups."""
     h, mems = model(x, mems)
-    return model.nll(h, y), mems
+    return (model.nll(h, y) if groups is None else model.nll(h, y, groups)), mems
+
+
+def with_target_groups(model: nn.Module, batch: Any) -> Any:
+    """A batch ``(x, y)`` still on the host, as ``(x, y, groups)`` with y grouped for the model's output head
+    (``model.group_targets``); a dict's values each so (a search's paired streams). Anything else, a batch
+    already on a device, or a model that groups nothing is returned as it is. Grouping on the host keeps the
+    adaptive softmax from reading its cluster sizes back from the device in the step."""
+    if isinstance(batch, dict):
+        return {key: with_target_groups(model, value) for key, value in batch.items()}
+    group = getattr(model, "group_targets", None)
+    if group is None or not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        return batch
+    x, y = batch
+    groups = group(y) if isinstance(y, Tensor) and y.device.type == "cpu" else None
+    return batch if groups is None else (x, y, groups)
+
+
+def unpack(batch: Sequence[Any]) -> tuple[Tensor, Tensor, TargetGroups | None]:
+    """``(x, y)`` or ``(x, y, groups)`` -> x, y and the groups (None if the batch has none)."""
+    return batch[0], batch[1], (batch[2] if len(batch) > 2 else None)
+
+
+def to_device(x: Tensor, y: Tensor, groups: TargetGroups | None, device: torch.device
+              ) -> tuple[Tensor, Tensor, TargetGroups | None]:
+    """A host batch on ``device``, as Lightning moves one: without waiting for a GPU's queue."""
+    non_blocking = device.type == "cuda"
+    return (x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking),
+            None if groups is None else groups.to(device))
 
 
 SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's precisions with a gradient scaler
@@ -127,15 +161,17 @@ def model_device(model: nn.Module) -> torch.device:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> Evaluation:
-    """Perplexity over a whole split, memory carried across segments, dropout off, on the model's device."""
+    """Perplexity over a whole split, memory carried across segments, dropout off, on the model's device. The
+    targets are grouped on the host and nothing is read back before the end."""
     device = model_device(model)
     was_training = model.training
     model.eval()
     total, count, mems = torch.zeros((), dtype=torch.float64, device=device), 0, None
     exp_sum, segments = torch.zeros((), dtype=torch.float64, device=device), 0
     start = time.perf_counter()
-    for x, y in batches:
-        nll, mems = segment_nll(model, x.to(device), y.to(device), mems)
+    for batch in batches:
+        x, y, groups = to_device(*unpack(with_target_groups(model, batch)), device)
+        nll, mems = segment_nll(model, x, y, mems, groups)
         total += nll.double().sum()
         exp_sum += nll.double().mean().exp()
         count += y.numel()
@@ -186,14 +222,14 @@ class LanguageModelTask(LightningModule):
         """Per-token NLL (B, L) of the next training segment, with the bookkeeping exact resume needs:
         the restored memory is sliced in, dropout is reseeded, the data position advances.
         The search's weight steps go through here too."""
-        x, y = batch
+        x, y, groups = unpack(batch)
         if self.data_position >= self.trainer.num_training_batches:
             self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
         if self._restored_memory is not None:
             self.mems["train"] = self._local_memory(self._restored_memory, x)
             self._restored_memory = None
         torch.manual_seed(step_seed(self.train_cfg.seed, self.global_rank, self.batches_seen))
-        nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"))
+        nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"), groups)
         self._note_nonfinite(nll)
         self.batches_seen += 1
         self.data_position += 1
@@ -224,11 +260,11 @@ class LanguageModelTask(LightningModule):
         """Per-token NLL (B, L) of the next segment of a stream other than ``train`` (the logits' stream in a
         search), with that stream's own memory (restored from a checkpoint on its first step) and its own
         dropout and Gumbel seed, a function of the step alone, so a resumed search redraws the same."""
-        x, y = batch
+        x, y, groups = unpack(batch)
         if stream in self._restored_streams:
             self.mems[stream] = self._local_memory(self._restored_streams.pop(stream), x)
         torch.manual_seed(step_seed(self.train_cfg.seed + 7919, self.global_rank, self.batches_seen))
-        nll, self.mems[stream] = segment_nll(self.model, x, y, self.mems.get(stream))
+        nll, self.mems[stream] = segment_nll(self.model, x, y, self.mems.get(stream), groups)
         return nll
 
     def stream_of(self, batch_idx: int) -> str:
@@ -310,8 +346,8 @@ class LanguageModelTask(LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         if self._val_sums is None:
             self._start_validation()
-        x, y = batch
-        nll, self.mems["val"] = segment_nll(self.model, x, y, self.mems.get("val"))
+        x, y, groups = unpack(batch)
+        nll, self.mems["val"] = segment_nll(self.model, x, y, self.mems.get("val"), groups)
         total = nll.double().sum()
         self._val_sums += torch.stack([total, total.new_full((), y.numel()), (total / y.numel()).exp(),
                                        total.new_ones(())])  # new_full, not new_tensor: no upload, no wait
