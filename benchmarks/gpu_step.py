@@ -6,17 +6,20 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape long --peak-tflops 989.4     # MFU against a peak you give
     python benchmarks/gpu_step.py --shape wt103-base --compile default  # + Transformer-XL under torch.compile
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --layout ADADAD  # + fixed layouts
+    python benchmarks/gpu_step.py --shape wt103-base --groups-on-device  # + the loss grouping its own targets
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
-backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a
-Zipf token stream (how often the tail clusters are hit decides their cost). The supernet's step is the
-search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax weights, and the weights'
-and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled as ``train.compile=MODE``
-compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention, dense, identity).
-Lightning's bookkeeping (logging, progress) is left out. The models of
-a shape take ``--steps`` steps each per round, in alternating order, over ``--rounds`` rounds
-(benchmarks/train_step.py's rounds), after a warm-up that fills the memory; figures are medians over rounds.
-Peak memory is what a model's steps allocated above what was allocated before it was built.
+backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
+(how often the tail clusters are hit decides their cost), the targets grouped by cluster on the host each step
+and moved with it, as the data module does (``--groups-on-device`` adds a Transformer-XL whose loss groups
+them on the device and reads their sizes back, the one host sync a step this replaced). The supernet's step is
+the search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax weights, and the
+weights' and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled as
+``train.compile=MODE`` compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention,
+dense, identity). Lightning's bookkeeping (logging, progress) is left out. The models of a shape take
+``--steps`` steps each per round, in alternating order, over ``--rounds`` rounds (benchmarks/train_step.py's
+rounds), after a warm-up that fills the memory; figures are medians over rounds. Peak memory is what a model's
+steps allocated above what was allocated before it was built.
 
 FLOPs (MFU = FLOPs per trained token x tokens/s / the GPU's dense peak). Matrix products only, a
 multiply-add = 2 FLOPs, training = forward + backward; a product whose operands both need gradients costs
@@ -196,6 +199,7 @@ def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: C
 # --- running -------------------------------------------------------------------------------------------
 
 LAYOUT_LETTERS = {"A": "attention", "D": "dense", "I": "identity"}
+ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
 
 
 def _shape(name: str) -> str:
@@ -225,6 +229,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
                         help="also time the Transformer-XL under torch.compile in this mode (default none)")
     parser.add_argument("--layout", action="append", type=_layout, default=[], metavar="LAYOUT",
                         help="repeatable: also time a fixed model of this layout, e.g. AIAIIIAIIDDD")
+    parser.add_argument("--groups-on-device", action="store_true",
+                        help="add the Transformer-XL whose loss groups its targets by cluster on the device and "
+                             "reads their sizes back (one host sync a step), as it did before the data module "
+                             "grouped them on the host")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
@@ -240,11 +248,15 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     B, L = shape.batch, shape.seg_len
     warmup = max(args.warmup, full_memory_steps(cfg))
     n_tokens = B * (L * (warmup + args.rounds * args.steps) + 1)
-    stream = zipf_ids(n_tokens, shape.vocab).view(B, -1).cuda()  # B streams, read segment by segment
+    host = zipf_ids(n_tokens, shape.vocab).view(B, -1)  # B streams, read segment by segment
+    stream = host.cuda()
     fractions = cluster_fractions(stream, shape.vocab, shape.cutoffs) if shape.cutoffs else []
     standard = list(transformer_xl_layout(cfg.model.n_blocks))
     kinds = {"transformer-xl": standard, "supernet": ["choice"] * cfg.model.n_blocks}
     builds: dict[str, Callable[..., Any]] = {"transformer-xl": fixed_step, "supernet": supernet_step}
+    device_groups = ONE_SYNC if args.groups_on_device and shape.cutoffs else None
+    if device_groups:
+        kinds[device_groups], builds[device_groups] = standard, fixed_step
     if args.compile != "none":
         kinds[f"compiled ({args.compile})"] = standard
         builds[f"compiled ({args.compile})"] = lambda *a: fixed_step(*a, compile_mode=args.compile)
@@ -252,7 +264,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         kinds[layout] = [LAYOUT_LETTERS[c] for c in layout]
         builds[layout] = lambda *a, k=kinds[layout]: fixed_step(*a, kinds=k)
     flops = {k: train_flops_per_token(cfg.model, v, B, L, shape.vocab, fractions) for k, v in kinds.items()}
-    steps: dict[str, Callable[[Tensor], None]] = {}
+    steps: dict[str, Callable[..., None]] = {}
+    group: dict[str, Callable[[Tensor], Any]] = {}  # each model's target grouping, on the host
     peak_bytes: dict[str, int] = {}
     position = dict.fromkeys(kinds, 0)
 
@@ -261,7 +274,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         start = time.perf_counter()
         for _ in range(n):
             t = position[model]
-            steps[model](stream[:, t:t + L + 1])
+            groups = group[model](host[:, t + 1:t + L + 1])  # as the data module does before the batch moves
+            steps[model](stream[:, t:t + L + 1], None if groups is None else groups.to(stream.device))
             position[model] = t + L
         torch.cuda.synchronize()
         return n * B * L / (time.perf_counter() - start)
@@ -270,7 +284,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(0)
-        _, steps[model] = build(cfg, shape.vocab, args.precision)
+        net, steps[model] = build(cfg, shape.vocab, args.precision)
+        group[model] = (lambda y: None) if model == device_groups else net.group_targets
         run(model, warmup)  # the memory fills; the peak of a full step is reached
         peak_bytes[model] = torch.cuda.max_memory_allocated() - before
     tps = alternating_rounds(run, list(kinds), args.rounds, args.steps, 0)

@@ -66,15 +66,18 @@ def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
 def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],
                   clipped: list[torch.nn.Parameter], clip: float,
                   context: Callable[[], Any] = contextlib.nullcontext) -> Callable[[Tensor], None]:
-    """``step(tokens)``: one optimiser step on a (B, L+1) segment, the memory carried from the last call:
-    forward and loss inside ``context()`` (autocast, say), backward, clipping of ``clipped``, every optimiser."""
+    """``step(tokens, groups=None)``: one optimiser step on a (B, L+1) segment, the memory carried from the last
+    call: forward and loss inside ``context()`` (autocast, say), backward, clipping of ``clipped``, every
+    optimiser. ``groups``: the targets' groups made on the host, as the training loop makes them (else the
+    adaptive softmax groups them itself and reads their sizes back)."""
     mems = None
 
-    def step(tokens: Tensor) -> None:
+    def step(tokens: Tensor, groups: Any = None) -> None:
         nonlocal mems
         with context():
             h, mems = model(tokens[:, :-1], mems)
-            loss = model.nll(h, tokens[:, 1:]).float().mean()
+            y = tokens[:, 1:]
+            loss = (model.nll(h, y) if groups is None else model.nll(h, y, groups)).float().mean()
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Every check and figure the GPU work needs, in one run of about 9 minutes on one GPU, each step under a time
+# limit so that what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to
+# runs/gpu where OUT is not set. Run from the repository root on a machine with CUDA:
+#
+#   bash tools/gpu_checks.sh                 # everything, in the order below
+#   bash tools/gpu_checks.sh tests steps     # named steps only
+#
+# Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
+# syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
+# compiled, the loss's own grouping against the host's, identity blocks against a shallower model), latency
+# (a version-2 latency table of the train, inference and generate targets at wt2-par's GPU shapes, for a
+# study priced by it on any machine).
+set -u
+out=${OUT:-runs/gpu}
+mkdir -p "$out"
+wanted=${*:-tests syncs steps latency}
+failed=0
+
+step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a limit, its output in $out/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    case " $wanted " in *" ${name%%-*} "*) ;; *) return 0 ;; esac
+    echo "== $name ($(date +%T)): $*"
+    local start=$SECONDS rc
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    echo "   exit $rc after $((SECONDS - start)) s"
+    tail -n 20 "$out/$name.log" | sed 's/^/   /'
+    [ "$rc" -eq 0 ] || failed=1
+}
+
+command -v nvidia-smi >/dev/null || { echo "gpu_checks: no NVIDIA GPU here (nvidia-smi not found)" >&2; exit 2; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+step tests 210 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
+step syncs 40 python3 benchmarks/host_syncs.py
+step steps-wt103-bf16 70 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
+    --rounds 5
+step steps-wt103-tf32 50 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --rounds 5
+step steps-wt2par 50 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device \
+    --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
+step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
+step latency 80 python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128 \
+    --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json"
+exit "$failed"
