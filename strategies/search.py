@@ -373,7 +373,8 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
-    search = build_search(replace(cfg, search=replace(cfg.search, latency_budget=None, penalty_weight=0.0)),
+    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0, budget_hinge="exported")  # no budget
+    search = build_search(replace(cfg, search=unpriced),
                           splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)
     search.module.load_state_dict(saved["state_dict"])

@@ -207,6 +207,18 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
     assert len(err) == 1 and "train.lr=1.0" in err[0] and "another --out" in err[0]
 
 
+@pytest.mark.slow
+def test_a_study_whose_budget_hinges_the_expected_cost_runs_to_its_ranking(small_corpus, tmp_path):
+    """PLANER's hinge (search.budget_hinge=expected) is valid only with a budget; the supernet read back for the
+    ranking is priced by nothing, and must still build."""
+    out = tmp_path / "study"
+    args = study_args(small_corpus, out, "--budgets", "0.9", "--seeds", "1", "--random-orderings", "0",
+                      "--set", "search.budget_hinge=expected")
+    assert main(args) == 0
+    study = json.loads((out / "study.json").read_text())
+    assert study["ranking"]["budget 0.9, seed 0"]["inherited"]
+
+
 def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tmp_path):
     """A budget's hinge on the expected cost needs a budget: --budgets gives it, as it does to each search."""
     plan = make_plan("tiny", ["search.budget_hinge=expected"], 1, "0.6,0.8", tmp_path / "study")

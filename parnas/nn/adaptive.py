@@ -39,7 +39,8 @@ class TargetGroups(NamedTuple):
 
     def to(self, device: torch.device) -> TargetGroups:
         """On ``device``, without waiting for its queue (the order from pinned memory on a GPU)."""
-        order = self.order.pin_memory() if device.type == "cuda" and not self.order.is_pinned() else self.order
+        host = self.order.device.type == "cpu"
+        order = self.order.pin_memory() if host and device.type == "cuda" and not self.order.is_pinned() else self.order
         return TargetGroups(order.to(device, non_blocking=device.type == "cuda"), self.sizes)
 
 
