@@ -1,5 +1,5 @@
 """The orderings of a found architecture's kinds that a study retrains beside it: Press et al.'s sandwich
-(all attention first) and random shuffles, the same for the same kind counts."""
+(all attention first) and random shuffles, the same for the same kind counts, each a network of its own."""
 
 from __future__ import annotations
 
@@ -24,21 +24,31 @@ def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(kinds, key=rank))
 
 
+def network(kinds: Sequence[str], reversible: bool = False) -> tuple[str, ...]:
+    """The blocks a fixed model of these kinds runs, in order. It does not call its identity blocks, so layouts
+    that differ only in where they stand are one network, initialised and trained alike to the same perplexity;
+    under reversible pairs a block's place decides its pair, and every place counts."""
+    return tuple(kinds) if reversible else tuple(k for k in kinds if k != "identity")
+
+
 def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
-                     tries: int = 2000) -> list[tuple[str, ...]]:
-    """``count`` distinct shuffles of ``kinds`` from an RNG seeded by the kind counts alone (same counts, same
-    orderings), avoiding ``exclude`` while other orderings exist; fewer when there are not that many."""
+                     tries: int = 2000, reversible: bool = False) -> list[tuple[str, ...]]:
+    """``count`` shuffles of ``kinds``, each a different :func:`network`, from an RNG seeded by the kind counts
+    alone (same counts, same orderings), avoiding the networks of ``exclude`` while other networks exist; fewer
+    when there are not that many."""
     counts = Counter(kinds)
     rng = random.Random("parnas-study:" + ",".join(f"{k}={counts[k]}" for k in sorted(counts)))
-    excluded = {tuple(e) for e in exclude}
+    excluded = {network(e, reversible) for e in exclude}
+    seen: set[tuple[str, ...]] = set()
     fresh: list[tuple[str, ...]] = []
-    spare: list[tuple[str, ...]] = []  # excluded orderings, used only when no other is left
+    spare: list[tuple[str, ...]] = []  # orderings of excluded networks, used only when no other is left
     for _ in range(tries):
         order = sorted(kinds)
         rng.shuffle(order)
-        ordering = tuple(order)
-        if ordering not in fresh and ordering not in spare:
-            (spare if ordering in excluded else fresh).append(ordering)
+        ordering, net = tuple(order), network(order, reversible)
+        if net not in seen:
+            seen.add(net)
+            (spare if net in excluded else fresh).append(ordering)
         if len(fresh) >= count:
             break
     return (fresh + spare)[:count]

@@ -266,7 +266,8 @@ def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[
         at = {"budget": search.budget, "seed": search.seed, "candidates": search.label}
         entries += [Entry("found", kinds, search=record.get("search") or {}, **at), Entry("sandwich", ordered, **at)]
         entries += [Entry("random", k, **at) for k in
-                    random_orderings(kinds, plan.random_orderings, exclude=[kinds, ordered])]
+                    random_orderings(kinds, plan.random_orderings, exclude=[kinds, ordered],
+                                     reversible=plan.base.model.reversible)]
     return entries
 
 

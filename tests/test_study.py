@@ -7,11 +7,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from parnas import architecture
 from parnas.cli import main
+from parnas.config import load_config
 from parnas.config import transformer_xl_layout as transformer_xl
-from study.orderings import random_orderings, sandwich
+from parnas.nn.model import build_fixed_model
+from study.orderings import network, random_orderings, sandwich
 from study.report import summarise, verdicts
 from study.run import make_plan, search_config, settings_record
 
@@ -22,8 +25,13 @@ def letters(kinds):
     return architecture.layout_string(kinds)
 
 
+def networks_of(layout: str) -> int:
+    """How many distinct networks the orderings of ``layout``'s letters make (identity blocks are not run)."""
+    rest = layout.replace("I", "")
+    return math.factorial(len(rest)) // math.prod(math.factorial(c) for c in Counter(rest).values())
+
+
 def orderings_of(layout: str) -> int:
-    """How many distinct orderings the letters of ``layout`` have."""
     return math.factorial(len(layout)) // math.prod(math.factorial(c) for c in Counter(layout).values())
 
 
@@ -47,6 +55,26 @@ def test_random_orderings_keep_the_counts_avoid_the_found_ones_and_depend_only_o
     assert found not in picks and sandwich(found) not in picks
     assert random_orderings(shuffled, 3, exclude=[found, sandwich(found)]) == picks  # seeded by the counts
     assert random_orderings(["dense", "dense"], 3, exclude=[["dense", "dense"]]) == [("dense", "dense")]
+
+
+def test_random_orderings_are_other_networks_not_the_same_one_with_its_identity_blocks_moved():
+    """A fixed model does not run its identity blocks: DAIIDD and DAIDID are one network, trained to the same
+    loss, so a random ordering must differ from the found one, the sandwich and each other without them
+    (under reversible pairs, where a block's place decides its pair, every place counts)."""
+    found = ("dense", "attention", "identity", "identity", "dense", "dense")
+    picks = random_orderings(found, 2, exclude=[found, sandwich(found)])  # 4 networks, 2 of them excluded
+    nets = [network(p) for p in picks]
+    assert len(set(nets)) == 2 and not set(nets) & {network(found), network(sandwich(found))}
+    assert len(random_orderings(found, 30)) == networks_of(letters(found)) == 4
+    assert len(random_orderings(found, 90, reversible=True)) == orderings_of(letters(found)) == 60
+
+    losses, kind = [], {"A": "attention", "D": "dense", "I": "identity"}
+    for layout in ("DAIIDD", "DAIDID"):
+        torch.manual_seed(0)
+        model = build_fixed_model(load_config("tiny").model, 1000, [kind[c] for c in layout])
+        x = torch.randint(0, 1000, (2, 9))
+        losses.append(model.nll(model(x[:, :-1])[0], x[:, 1:]))
+    assert torch.equal(*losses)
 
 
 # --- end to end -----------------------------------------------------------------------------------------
@@ -91,7 +119,7 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
         assert [r["layout"] for r in mine["sandwich"]] == [letters(sandwich(architecture.layout(
             architecture.read(out / "search" / f"bnone-s{seed}" / "architecture.json"))))]
         assert len(mine["random"]) == RANDOM and all(sorted(r["layout"]) == sorted(layout) for r in mine["random"])
-        if orderings_of(layout) > 2:
+        if networks_of(layout) > 2:
             assert not {r["layout"] for r in mine["random"]} & {layout, mine["sandwich"][0]["layout"]}
         assert mine["found"][0]["search_val_ppl"] is not None
     # the front: the shallower Transformer-XL and the narrower one (d_model 16, d_ff 32), retrained and timed
