@@ -21,9 +21,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from parnas.architecture import layout_string
 from parnas.config import TARGET_LABELS
 from parnas.files import write_json_atomic, write_text_atomic
 from retrain.compare import cell
+from study.orderings import network
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 # "faster", per latency target: a train step or inference segment at least 30% shorter than Transformer-XL's;
@@ -51,8 +53,9 @@ def budget_label(budget: float | None) -> str:
     return "none" if budget is None else f"{budget:g}"
 
 def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Any],
-               out: Path) -> list[dict[str, Any]]:
-    """One dict per entry (``study.run.Entry``): retrain perplexities, side-by-side timings, search figures."""
+               out: Path, reversible: bool = False) -> list[dict[str, Any]]:
+    """One dict per entry (``study.run.Entry``): retrain perplexities, side-by-side timings, search figures, and
+    the network it runs (:func:`study.orderings.network`: identity blocks dropped, unless ``reversible``)."""
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
     target_ms = timing[f"{timing.get('target', 'train')}_step_ms"]  # what the verdicts judge by
@@ -68,7 +71,8 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
         rows.append({
             "role": e.role, "candidates": e.candidates,
             "budget": None if e.role in ("transformer-xl", "front") else budget_label(e.budget),
-            "seed": e.seed, "layout": e.layout, "attention": e.kinds.count("attention"),
+            "seed": e.seed, "layout": e.layout, "network": layout_string(network(e.kinds, reversible)),
+            "attention": e.kinds.count("attention"),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
             "val_ppl_seeds": m.get("val_ppl_seeds"),
             "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
@@ -187,10 +191,13 @@ def target_label(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _beats(rows: Sequence[Mapping[str, Any]], found: Mapping[str, Any], role: str) -> bool | None:
-    """Is the found layout's val ppl below the mean of its ``role`` orderings? None: nothing else to compare."""
-    others = _of(rows, role, (found.get("candidates"), found["budget"]), found["seed"])
+    """Is the found layout's val ppl below the mean of its ``role`` orderings that are other networks (the same
+    blocks with only identities moved train alike)? None: nothing else to compare."""
+    mine = found.get("network", found["layout"])
+    others = [x for x in _of(rows, role, (found.get("candidates"), found["budget"]), found["seed"])
+              if x.get("network", x["layout"]) != mine]
     ppl = [x["val_ppl"] for x in others]
-    if not others or all(x["layout"] == found["layout"] for x in others) or None in (found["val_ppl"], *ppl):
+    if not others or None in (found["val_ppl"], *ppl):
         return None
     return found["val_ppl"] < statistics.fmean(ppl)
 
@@ -204,10 +211,13 @@ def orderings_verdict(rows: Sequence[Mapping[str, Any]], s: Mapping[str, Any],
             missing.append(role)
             continue
         results = [b for b in (_beats(rows, r, role) for r in found) if b is not None]
-        beats.append(f"{what} in {sum(results)} of {len(results)} seeds")
+        if not results:
+            beats.append(f"runs the network of {what} in every seed (identity blocks moved: not compared)")
+            continue
+        beats.append(f"beats {what} in {sum(results)} of {len(results)} seeds")
         if len(results) < len(found):
-            beats[-1] += " (a seed whose found blocks have no other ordering is not counted)"
-    parts = "the found architecture beats " + " and ".join(beats) if beats else "no other ordering was trained"
+            beats[-1] += f" (a seed whose {role} ordering runs the found network itself is not counted)"
+    parts = "the found architecture " + " and ".join(beats) if beats else "no other ordering was trained"
     if beats and missing:
         parts += f" ({' and '.join(missing)} orderings: none trained)"
     return (f"{group_name(s)}: {parts}; mean val ppl: "

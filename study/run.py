@@ -369,7 +369,7 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     timing = measure(cfg, plan.rounds, layouts, vocab_size, progress)
     if plan.base.search.latency_table is not None:  # the target device's costs, as the searches had them
         timing = priced_by_table(timing, cfg, layouts, vocab_size)
-    rows = build_rows(entries, metrics, timing, plan.out)
+    rows = build_rows(entries, metrics, timing, plan.out, reversible=plan.base.model.reversible)
     shared = [e for e in entries if e.role in ("transformer-xl", "front") and e.d_model is None]  # the supernet's
     ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),
                                 shared + [e for e in entries if (e.budget, e.seed, e.candidates)

@@ -127,6 +127,7 @@ def test_study_runs_end_to_end_writes_its_files_and_a_rerun_skips_finished_work(
     narrow = architecture.read(out / "layouts" / "ADAD-d16.json")["model"]
     assert (narrow["d_model"], narrow["d_ff"], narrow["n_heads"]) == (16, 32, 2)
     assert len(rows) == 1 + 2 + SEEDS * (2 + RANDOM)
+    assert all(r["network"] == r["layout"].split("-")[0].replace("I", "") for r in rows)  # identities not run
     for seed in range(SEEDS):  # each search's supernet read every retrained layout of its depth
         ranking = study["ranking"][f"budget none, seed {seed}"]
         assert set(ranking["inherited"]) == {r["layout"] for r in rows if r["role"] in ("transformer-xl", "front")
@@ -219,6 +220,22 @@ def test_verdicts_follow_the_numbers():
     for r in rows[1:]:
         r["latency_ratio"] = 0.66
     assert verdicts(rows, summarise(rows))[0].endswith("-> yes.")
+
+
+def test_an_ordering_that_runs_the_found_network_is_not_counted_against_it():
+    """IAIIDD and its sandwich ADDIII run one network (A, D, D) and retrain to the same perplexity: that is not a
+    sandwich the found order failed to beat."""
+    def row(role, layout, ppl):
+        return {"role": role, "budget": None if role == "transformer-xl" else "0.65",
+                "seed": None if role == "transformer-xl" else 0, "layout": layout,
+                "network": layout.replace("I", ""), "val_ppl": ppl, "latency_ratio": 1.0, "train_step_ms": 10.0}
+
+    rows = [row("transformer-xl", "ADADAD", 53.45), row("found", "IAIIDD", 54.88), row("sandwich", "ADDIII", 54.88),
+            row("random", "DDIAII", 55.54)]
+    orders = verdicts(rows, summarise(rows))[1]
+    assert "random orderings in 1 of 1 seeds" in orders, orders
+    assert "runs the network of its sandwich ordering in every seed (identity blocks moved: not compared)" in orders
+    assert "0 of 0" not in orders, orders
 
 
 def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
