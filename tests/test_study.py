@@ -17,6 +17,7 @@ from parnas.nn.model import build_fixed_model
 from study.orderings import network, random_orderings, sandwich
 from study.report import summarise, verdicts
 from study.run import make_plan, search_config, settings_record
+from tests.nni_stall import STALLED, rerun_on_stall
 
 SEEDS, RANDOM = 2, 1
 
@@ -384,12 +385,17 @@ def test_retrain_seeds_average_the_perplexities_and_keep_each_seeds():
 # --- parnas study --strategies -------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(micro, tmp_path, capsys):
+@rerun_on_stall
+def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(micro, tmp_path, capfd):
     out = tmp_path / "strategies"
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2"]
-    assert main(["study", "--config", "tiny", *(a for s in sets for a in ("--set", s)), "--strategies",
+    code = main(["study", "--config", "tiny", *(a for s in sets for a in ("--set", s)), "--strategies",
                  "par-gumbel-darts,random-oneshot,random", "--seeds", "1", "--search-steps", "4", "--trials", "2",
-                 "--retrain-steps", "2", "--out", str(out)]) == 0
+                 "--retrain-steps", "2", "--out", str(out)])
+    printed = "".join(capfd.readouterr())  # the searches run in processes of their own
+    if "search stops there" in printed or "was stopped" in printed:
+        pytest.fail(STALLED + printed[-3000:])
+    assert code == 0
     study = json.loads((out / "strategies.json").read_text())
     assert [s["strategy"] for s in study["summary"]] == ["par-gumbel-darts", "random-oneshot", "random"]
     for run in study["runs"]:
