@@ -77,7 +77,7 @@ def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optim
         with context():
             h, mems = model(tokens[:, :-1], mems)
             y = tokens[:, 1:]
-            loss = (model.nll(h, y) if groups is None else model.nll(h, y, groups)).float().mean()
+            loss = model.nll(h, y, groups).float().mean()
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -166,13 +166,13 @@ def _old_update(self: TransformerXL, mem: Tensor, h: Tensor) -> Tensor:
     return both[:, max(0, both.size(1) - self.mem_len):].detach()
 
 
-def _old_nll(self: nn.Module, h: Tensor, y: Tensor) -> Tensor:
+def _old_nll(self: nn.Module, h: Tensor, y: Tensor, groups: Any = None) -> Tensor:  # groups: the old path has none
     flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
     return -self.adaptive(flat_h, flat_y).output.view(y.shape)
 
 
-def _old_adaptive_nll(self: nn.Module, h: Tensor, y: Tensor) -> Tensor:
-    """The head's own NLL as it was: a ``nonzero`` (a host sync) per tail cluster."""
+def _old_adaptive_nll(self: nn.Module, h: Tensor, y: Tensor, groups: Any = None) -> Tensor:
+    """The head's own NLL as it was: a ``nonzero`` (a host sync) per tail cluster (``groups`` unused)."""
     from parnas.nn.model import _TargetNLL
 
     asm = self.adaptive

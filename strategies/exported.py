@@ -15,7 +15,7 @@ from nni.nas.oneshot.pytorch.supermodule.differentiable import DifferentiableMix
 from torch import Tensor
 
 from parnas.architecture import layout_string
-from parnas.training.task import model_device, segment_nll, to_device, unpack, with_target_groups
+from parnas.training.task import model_device, on_device, segment_nll
 from strategies.costs import CostModel
 
 
@@ -62,7 +62,7 @@ def exported_nll(model: torch.nn.Module, choices: Sequence[DifferentiableMixedLa
     model.eval()
     with exported(choices, kinds):
         for batch in batches:
-            x, y, groups = to_device(*unpack(with_target_groups(model, batch)), device)  # grouped on the host
+            x, y, groups = on_device(model, batch, device)  # targets grouped on the host
             nll, mems = segment_nll(model, x, y, mems, groups)
             sums += torch.stack([nll.double().sum(), sums.new_full((), y.numel())])  # a fill: no upload
     model.train(was_training)

@@ -56,7 +56,7 @@ def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None,
                 groups: TargetGroups | None = None) -> tuple[Tensor, Memory]:
     """Per-token NLL of one segment (B, L) and the memory for the next one; ``groups``: y's target groups."""
     h, mems = model(x, mems)
-    return (model.nll(h, y) if groups is None else model.nll(h, y, groups)), mems
+    return model.nll(h, y, groups), mems
 
 
 def with_target_groups(model: nn.Module, batch: Any) -> Any:
@@ -79,9 +79,10 @@ def unpack(batch: Sequence[Any]) -> tuple[Tensor, Tensor, TargetGroups | None]:
     return batch[0], batch[1], (batch[2] if len(batch) > 2 else None)
 
 
-def to_device(x: Tensor, y: Tensor, groups: TargetGroups | None, device: torch.device
-              ) -> tuple[Tensor, Tensor, TargetGroups | None]:
-    """A host batch on ``device``, as Lightning moves one: without waiting for a GPU's queue."""
+def on_device(model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor, TargetGroups | None]:
+    """A host batch ``(x, y)`` as Lightning hands one to a step: its targets grouped on the host
+    (:func:`with_target_groups`), then moved to ``device`` without waiting for a GPU's queue."""
+    x, y, groups = unpack(with_target_groups(model, batch))
     non_blocking = device.type == "cuda"
     return (x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking),
             None if groups is None else groups.to(device))
@@ -170,7 +171,7 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> Eval
     exp_sum, segments = torch.zeros((), dtype=torch.float64, device=device), 0
     start = time.perf_counter()
     for batch in batches:
-        x, y, groups = to_device(*unpack(with_target_groups(model, batch)), device)
+        x, y, groups = on_device(model, batch, device)
         nll, mems = segment_nll(model, x, y, mems, groups)
         total += nll.double().sum()
         exp_sum += nll.double().mean().exp()
