@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from parnas.config import BLOCK_KINDS
+from parnas.nn.model import blocks_run
 
 
 def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
@@ -25,10 +26,9 @@ def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
 
 
 def network(kinds: Sequence[str], reversible: bool = False) -> tuple[str, ...]:
-    """The blocks a fixed model of these kinds runs, in order. It does not call its identity blocks, so layouts
-    that differ only in where they stand are one network, initialised and trained alike to the same perplexity;
-    under reversible pairs a block's place decides its pair, and every place counts."""
-    return tuple(kinds) if reversible else tuple(k for k in kinds if k != "identity")
+    """The blocks a fixed model of these kinds runs (:func:`parnas.nn.model.blocks_run`): layouts that differ only
+    in where their identity blocks stand are one network, initialised and trained alike to the same perplexity."""
+    return blocks_run(kinds, reversible)
 
 
 def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
