@@ -7,12 +7,15 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --compile default  # + Transformer-XL under torch.compile
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --layout ADADAD  # + fixed layouts
     python benchmarks/gpu_step.py --shape wt103-base --groups-on-device  # + the loss grouping its own targets
+    python benchmarks/gpu_step.py --shape wt103-base --unpadded-heads    # + heads of 41 as they are
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
 backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
 (how often the tail clusters are hit decides their cost), the targets grouped by cluster on the host each step
 and moved with it, as the data module does (``--groups-on-device`` adds a Transformer-XL whose loss groups
-them on the device and reads their sizes back, the one host sync a step this replaced). The supernet's step is
+them on the device and reads their sizes back, the one host sync a step this replaced; ``--unpadded-heads``
+one whose heads reach SDPA unpadded, where their size is not a multiple of 8, as before they were padded for
+its fused kernels). The supernet's step is
 the search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax weights, and the
 weights' and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled as
 ``train.compile=MODE`` compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention,
@@ -65,6 +68,7 @@ from train_step import alternating_rounds, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
 from parnas.config import COMPILE_MODES, Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
+from parnas.nn.blocks import AttentionBlock
 from parnas.nn.model import build_fixed_model
 from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam, compile_model
@@ -169,9 +173,14 @@ def precision_context(precision: str) -> Any:
 
 
 def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | None = None,
-               compile_mode: str = "none") -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
-    """A fixed model (the standard Transformer-XL by default) and one training step of it."""
+               compile_mode: str = "none", head_multiple: int | None = None
+               ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
+    """A fixed model (the standard Transformer-XL by default) and one training step of it; ``head_multiple``: the
+    multiple its attention pads heads to for SDPA, if not the library's."""
     model = build_fixed_model(cfg.model, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
+    for block in model.modules():
+        if head_multiple is not None and isinstance(block, AttentionBlock):
+            block.head_multiple = head_multiple
     compile_model(model, compile_mode)
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
@@ -200,6 +209,7 @@ def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: C
 
 LAYOUT_LETTERS = {"A": "attention", "D": "dense", "I": "identity"}
 ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
+UNPADDED = "txl, unpadded"  # --unpadded-heads's model
 
 
 def _shape(name: str) -> str:
@@ -233,6 +243,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
                         help="add the Transformer-XL whose loss groups its targets by cluster on the device and "
                              "reads their sizes back (one host sync a step), as it did before the data module "
                              "grouped them on the host")
+    parser.add_argument("--unpadded-heads", action="store_true",
+                        help="add the Transformer-XL whose heads reach SDPA as they are where their size is not a "
+                             "multiple of 8 (wt103-base's 41: SDPA's unfused math path), as before they were padded")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
@@ -257,6 +270,9 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     device_groups = ONE_SYNC if args.groups_on_device and shape.cutoffs else None
     if device_groups:
         kinds[device_groups], builds[device_groups] = standard, fixed_step
+    if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
+        kinds[UNPADDED] = standard
+        builds[UNPADDED] = lambda *a: fixed_step(*a, head_multiple=1)
     if args.compile != "none":
         kinds[f"compiled ({args.compile})"] = standard
         builds[f"compiled ({args.compile})"] = lambda *a: fixed_step(*a, compile_mode=args.compile)

@@ -394,3 +394,39 @@ def test_reversible_pairs_and_lsh_recompute_the_same_gradients_on_cuda():
         model.zero_grad()
     for name, grad in grads[1].items():
         torch.testing.assert_close(grads[0][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_heads_of_41_run_a_fused_attention_kernel_on_cuda(precision):
+    """Dai et al.'s WikiText-103 base has heads of 41, which no fused SDPA kernel takes: padded, the attention runs
+    forward and backward with SDPA's math path shut off, and computes what the unpadded math path computes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from parnas.nn.blocks import AttentionBlock, sinusoid
+
+    torch.manual_seed(0)
+    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, pre_norm=False).cuda()
+    h = torch.randn(4, 32, 410, device="cuda", requires_grad=True)
+    mem, pos = torch.randn(4, 32, 410, device="cuda"), sinusoid(64, 410, torch.device("cuda"))
+    fused = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
+
+    def run(backends):
+        with sdpa_kernel(backends), torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            out = block(h, mem, pos).float()
+            out.square().mean().backward()
+        grads = {name: p.grad.float().clone() for name, p in block.named_parameters()} | {"h": h.grad.clone()}
+        block.zero_grad()
+        h.grad = None
+        return out.detach(), grads
+
+    padded, padded_grads = run(fused)
+    block.head_multiple = 1
+    with pytest.raises(RuntimeError, match="[Nn]o available kernel"):
+        run(fused)  # unpadded, only the math path takes them
+    block.zero_grad()
+    h.grad = None
+    unpadded, unpadded_grads = run([SDPBackend.MATH])
+    tolerance = 3e-2 if precision == "bf16-mixed" else 1e-3
+    torch.testing.assert_close(padded, unpadded, rtol=tolerance, atol=tolerance)
+    for name, grad in unpadded_grads.items():
+        torch.testing.assert_close(padded_grads[name], grad, rtol=tolerance, atol=tolerance, msg=name)

@@ -8,7 +8,7 @@
 #
 # Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
-# compiled, the loss's own grouping against the host's, identity blocks against a shallower model), latency
+# compiled, the loss's own grouping against the host's, heads of 41 padded or not, identity blocks against a shallower model), latency
 # (a version-2 latency table of the train, inference and generate targets at wt2-par's GPU shapes, for a
 # study priced by it on any machine).
 set -u
@@ -35,9 +35,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 step tests 210 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
 step syncs 40 python3 benchmarks/host_syncs.py
-step steps-wt103-bf16 70 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
-    --rounds 5
-step steps-wt103-tf32 50 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --rounds 5
+step steps-wt103-bf16 80 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
+    --unpadded-heads --rounds 5
+step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded-heads --rounds 5
 step steps-wt2par 50 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5

@@ -102,12 +102,27 @@ def causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Ten
         return torch.zeros(L, M + L, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float) -> Tensor:
+# SDPA's fused CUDA kernels (memory-efficient, cuDNN) take head sizes in multiples of 8 in bf16/fp16 (4 in fp32 on
+# tensor cores); any other size runs its unfused math path, which writes and rereads the whole score matrix
+SDPA_HEAD_MULTIPLE = 8
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float,
+         head_multiple: int = SDPA_HEAD_MULTIPLE) -> Tensor:
     """``F.scaled_dot_product_attention`` over (H, B) batches: the path off the CPU, where SDPA's
-    fused kernels take the position bias. Shapes as :meth:`AttentionBlock._attend`."""
-    return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                          attn_mask=bias.transpose(0, 1), dropout_p=dropout_p,
-                                          scale=scale).transpose(0, 1)
+    fused kernels take the position bias. Shapes as :meth:`AttentionBlock._attend`.
+
+    A head size that is not a multiple of ``head_multiple`` (Dai et al.'s WikiText-103 base: 410 / 10 = 41) is
+    padded with zero columns, so that a fused kernel may run: zeros in q and k add nothing to a score, zeros in v
+    give output columns that are dropped, and ``scale`` stays the unpadded one. 1 pads nothing."""
+    Dh = q.size(-1)
+    pad = -Dh % head_multiple
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))  # (H, B, *, Dh + pad)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=bias.transpose(0, 1), dropout_p=dropout_p,
+                                         scale=scale).transpose(0, 1)  # (H, B, L, Dh + pad)
+    return out[..., :Dh] if pad else out
 
 
 class AttentionBlock(nn.Module):
@@ -115,6 +130,7 @@ class AttentionBlock(nn.Module):
 
     kind = "attention"
     uses_memory = True
+    head_multiple = SDPA_HEAD_MULTIPLE  # off the CPU, heads padded to this multiple for SDPA (1: unpadded)
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool) -> None:
         super().__init__()
@@ -149,7 +165,7 @@ class AttentionBlock(nn.Module):
         if h.device.type == "cpu":
             a = self._attend(q, k, v, bias, scale)
         else:
-            a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0)
+            a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, self.head_multiple)
         a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, D))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
 
