@@ -27,9 +27,8 @@ BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the defaul
 COMPRESS_FNS = ("mean", "max", "conv")
 # What Lightning accepts that makes sense here (its deprecated aliases "16"/"bf16" and TPUs left out).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-# torch.compile's modes for the fixed model ("none": eager). CUDA graphs ("reduce-overhead") are not offered yet:
-# the memory a step hands the next is an output of the previous graph replay, which a replay may overwrite.
-COMPILE_MODES = ("none", "default", "max-autotune")
+# torch.compile's modes for the fixed model ("none": eager; "reduce-overhead": CUDA graphs, on a GPU only)
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 # parnas search --strategy: PAR's own (strategies.search), NNI's one-shot ones, NNI's multi-trial ones
 SEARCH_STRATEGIES = ("par-gumbel-darts", "darts", "gumbel-darts", "random-oneshot", "proxyless", "enas", "random",
                      "regularized-evolution", "tpe", "grid")

@@ -64,7 +64,7 @@ def finished(micro, tmp_path_factory):
     ("search.tau_start=.inf", "search.tau_start must be a finite number"),
     ("model.dropout=.nan", "model.dropout must be a finite number"),
     ("train.devices=3", "divisible by the 3 processes"),
-    ("train.compile=reduce-overhead", "train.compile must be one of none, default, max-autotune"),
+    ("train.compile=cudagraphs", "train.compile must be one of none, default, reduce-overhead, max-autotune"),
 ])
 @pytest.mark.parametrize("command", ["train", "search", "retrain"])
 def test_settings_that_cannot_be_honoured_are_refused(capsys, tmp_path, setting, needle, command):

@@ -81,16 +81,18 @@ def test_no_recompiles_once_the_memory_is_full(graphs_made, cutoffs):
 # --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
 
 @pytest.mark.slow
-def test_the_compiled_model_trains_like_the_eager_one_and_compiles_nothing_once_the_memory_is_full():
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_the_compiled_model_trains_like_the_eager_one_and_compiles_nothing_once_the_memory_is_full(mode):
     """Same losses and gradients as eager over six segments, dropout on (the CPU's dropout draws stay eager, in
-    the same order); once the memory is full (segment 3), no more compiling."""
+    the same order); once the memory is full (segment 3), no more compiling. (CUDA graphs, which reduce-overhead
+    adds on a GPU, are tested there.)"""
     import copy
 
     from parnas.training.task import compile_model
 
     eager, _ = model_and_step("model.dropout=0.1")
     compiled = copy.deepcopy(eager)
-    compile_model(compiled, "default")
+    compile_model(compiled, mode)
     stream = zipf_ids(B * (L * 6 + 1), VOCAB).view(B, -1)
     mems = {"eager": None, "compiled": None}
     torch._dynamo.reset()

@@ -337,23 +337,29 @@ def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda(graphs_ma
     assert made[2:] == [made[2]] * 10, made
 
 
+def eager_and_compiled(mode: str, n_segments: int, *settings: str):
+    """A tiny Transformer-XL on CUDA (dropout off, memory of 32), a copy compiled in ``mode``, a Zipf stream of
+    ``n_segments`` segments and the segment length."""
+    import copy
+
+    from parnas.training.task import compile_model
+
+    cfg = load_config("tiny", ["model.dropout=0.0", "model.mem_len=32", *settings])
+    torch.manual_seed(0)
+    eager = build_fixed_model(cfg.model, 1000).cuda().train()
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled, mode)
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    return eager, compiled, zipf_ids(B * (n_segments * L + 1), 1000).view(B, -1).cuda(), L
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_train_compile_on_cuda_matches_eager_and_stops_compiling_once_the_memory_is_full(precision):
     """``train.compile=default`` on CUDA (Inductor's Triton kernels): the losses of eager's to a tolerance, and
     no graph compiled once the memory is full."""
-    import copy
-
     import torch._dynamo
 
-    from parnas.training.task import compile_model
-
-    cfg = load_config("tiny", ["model.dropout=0.0", "model.mem_len=32"])
-    torch.manual_seed(0)
-    eager = build_fixed_model(cfg.model, 1000).cuda().train()
-    compiled = copy.deepcopy(eager)
-    compile_model(compiled, "default")
-    B, L = cfg.data.batch_size, cfg.data.seg_len
-    stream = zipf_ids(B * (6 * L + 1), 1000).view(B, -1).cuda()
+    eager, compiled, stream, L = eager_and_compiled("default", 6)
     mems: dict = {"eager": None, "compiled": None}
     torch._dynamo.reset()
     try:
@@ -368,6 +374,64 @@ def test_train_compile_on_cuda_matches_eager_and_stops_compiling_once_the_memory
             torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=tolerance, atol=tolerance)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_cuda_graphs_train_like_eager_and_hand_each_segment_an_intact_memory():
+    """``train.compile=reduce-overhead``: forward and backward replayed as CUDA graphs, Adam stepping the weights
+    in place between replays, an evaluation's replays in between. The losses, gradients and memories are eager's to
+    a tolerance: no replay overwrote a memory the next segment attends to."""
+    import torch._dynamo
+
+    eager, graphed, stream, L = eager_and_compiled("reduce-overhead", 8, "model.cutoffs=[]")
+    models = {"eager": eager, "graphed": graphed}
+    optimizers = {name: adam(m.parameters(), lr=1e-3) for name, m in models.items()}
+    mems: dict = dict.fromkeys(models)
+    torch._dynamo.reset()
+    try:
+        for t in range(8):
+            x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
+            losses, grads, evaluated = {}, {}, {}
+            for name, model in models.items():
+                h, mems[name] = model(x, mems[name])
+                losses[name] = model.nll(h, y).mean()
+                optimizers[name].zero_grad(set_to_none=True)
+                losses[name].backward()
+                grads[name] = [p.grad.clone() for p in model.parameters()]
+                optimizers[name].step()
+                with torch.no_grad():  # an evaluation's own graphs between two training replays
+                    model.eval()
+                    evaluated[name] = model.nll(model(x)[0], y).mean()
+                    model.train()
+            torch.testing.assert_close(losses["graphed"], losses["eager"], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(evaluated["graphed"], evaluated["eager"], rtol=1e-4, atol=1e-4)
+            for a, b in zip(grads["eager"], grads["graphed"]):
+                torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+            for a, b in zip(mems["eager"], mems["graphed"]):
+                assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-4)), t
+    finally:
+        torch._dynamo.reset()
+
+
+def test_a_cuda_graphed_retrain_finishes_and_evaluates_like_an_eager_one(wt2_slice, tmp_path):
+    """``parnas retrain --set train.compile=reduce-overhead`` on CUDA trains, writes its metrics, and ends where
+    the eager run ends (dropout off) to a tolerance."""
+    import torch._dynamo
+
+    ppl = {}
+    for mode in ("none", "reduce-overhead"):
+        out = tmp_path / mode
+        torch._dynamo.reset()
+        try:
+            assert cli("retrain", "--arch", "transformer-xl", "--accelerator", "gpu", "--devices", "1", "--config",
+                       "tiny", *sets(f"data.path={wt2_slice}", *SMALL, f"train.out_dir={out}", "model.dropout=0.0",
+                                     "train.max_steps=30", f"train.compile={mode}")) == 0
+        finally:
+            torch._dynamo.reset()
+        metrics = read(out / "metrics.json")
+        assert metrics["device"].startswith("cuda")
+        ppl[mode] = metrics["val_ppl"]
+    assert ppl["reduce-overhead"] == pytest.approx(ppl["none"], rel=1e-2)
 
 
 def test_reversible_pairs_and_lsh_recompute_the_same_gradients_on_cuda():

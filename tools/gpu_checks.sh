@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Every check and figure the GPU work needs, in one run of about 9 minutes on one GPU, each step under a time
-# limit so that what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to
-# runs/gpu where OUT is not set. Run from the repository root on a machine with CUDA:
+# Every check and figure the GPU work needs, in about 11 minutes on one GPU, each step under a time limit so that
+# what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to runs/gpu where OUT
+# is not set. Run from the repository root on a machine with CUDA:
 #
 #   bash tools/gpu_checks.sh                 # everything, in the order below
-#   bash tools/gpu_checks.sh tests steps     # named steps only
+#   bash tools/gpu_checks.sh tests syncs     # named steps only: a device call of at most 10 minutes takes
+#   bash tools/gpu_checks.sh steps latency   #   these two halves one each
 #
 # Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
-# compiled, the loss's own grouping against the host's, heads of 41 padded or not, identity blocks against a shallower model), latency
-# (a version-2 latency table of the train, inference and generate targets at wt2-par's GPU shapes, for a
-# study priced by it on any machine).
+# compiled, the loss's own grouping against the host's, heads of 41 padded or not, CUDA graphs, identity blocks
+# against a shallower model), latency (a version-2 latency table of the train, inference and generate targets at
+# wt2-par's GPU shapes, for a study priced by it on any machine).
 set -u
 out=${OUT:-runs/gpu}
 mkdir -p "$out"
@@ -40,6 +41,8 @@ step steps-wt103-bf16 80 python3 benchmarks/gpu_step.py --shape wt103-base --com
 step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded-heads --rounds 5
 step steps-wt2par 50 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
+step steps-graphs 120 python3 benchmarks/gpu_step.py --shape wt2-par --shape wt103-base --compile reduce-overhead \
+    --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
 step latency 80 python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128 \
     --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json"

@@ -124,8 +124,21 @@ def compile_model(model: nn.Module, mode: str) -> None:
     In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
     (``dynamic=False``): a graph for each memory length while the memory fills (``mem_len / seg_len + 1`` of
     them for training, as many for evaluation), then none. The loss (``model.nll``) stays eager: the adaptive
-    softmax's cluster sizes are data-dependent."""
-    if mode != "none":
+    softmax's cluster sizes are data-dependent.
+
+    "reduce-overhead" replays the forward (and its backward) as CUDA graphs. A replay's outputs live in the
+    graphs' own memory pool, which the next replay overwrites, so the memory the forward hands the next segment is
+    copied out of it (a copy of (B, M, D) per attention block); the hidden states are used up before the next
+    step. On the CPU it compiles as "default" does."""
+    if mode == "reduce-overhead":
+        graphed = torch.compile(model.forward, mode=mode, dynamic=False)
+
+        def forward(x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
+            h, new_mems = graphed(x, mems)
+            return h, [None if m is None else m.clone() for m in new_mems]
+
+        model.forward = forward
+    elif mode != "none":
         model.compile(mode=None if mode == "default" else mode, dynamic=False)
 
 
