@@ -14,12 +14,15 @@ at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
+from types import SimpleNamespace
 from typing import Any
 
 import nni
@@ -172,6 +175,27 @@ def run_until_trials_end(experiment: Any, port: int, trials: int, *, poll_s: flo
     return None
 
 
+@contextmanager
+def commands_read_as_plain_json() -> Iterator[None]:
+    """While NNI's experiment runs in this process, its tuner channel parses the commands it receives as plain JSON.
+
+    NNI 3.0 parses each of them with ``nni.load``, that is json_tricks with comment stripping on, and the stripper
+    misreads where strings end inside doubly escaped JSON. A trial-end command carries the trial's parameters as a
+    JSON string inside the command's JSON string, and their base64 pickles (the search space's config, the
+    evaluator) hold ``//`` now and then, depending on their bytes; from there on the command is stripped as a
+    comment, fails to parse ("Unterminated string"), NNI drops the connection and its loop starts no more trials.
+    NNI writes no comments, so nothing is lost by reading its commands as they are. Where the module parses them
+    is swapped for the experiment's lifetime and restored after."""
+    from nni.runtime.command_channel.websocket import connection
+
+    original = connection.nni
+    connection.nni = SimpleNamespace(dump=nni.dump, load=functools.partial(nni.load, ignore_comments=False))
+    try:
+        yield
+    finally:
+        connection.nni = original
+
+
 def quiet_nni() -> None:
     """NNI's loop, cut short, logs its own failure: the line parnas prints says what happened instead."""
     for name in ("nni.nas.strategy", "nni.nas.experiment", "nni.nas.execution", "nni.runtime"):
@@ -221,12 +245,13 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    try:
-        cut_short = run_until_trials_end(experiment, port, trials)
-        models = [m for m in experiment.strategy.list_models() if isinstance(m.metric, (int, float))]
-    finally:
-        stop_within(experiment)
-        atexit.unregister(experiment.stop)
+    with commands_read_as_plain_json():
+        try:
+            cut_short = run_until_trials_end(experiment, port, trials)
+            models = [m for m in experiment.strategy.list_models() if isinstance(m.metric, (int, float))]
+        finally:
+            stop_within(experiment)
+            atexit.unregister(experiment.stop)
     if cut_short:
         print(f"parnas search: {cut_short}", flush=True)
     if not models:

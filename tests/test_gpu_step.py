@@ -107,7 +107,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(gpu_step, monkeypatch, 
 
 @pytest.mark.parametrize("args, needle", [(["--shape", "wt104"], "known: wt2-par, wt103-base, nvidia-base, long"),
                                           (["--precision", "fp8"], "--precision"), (["--steps", "0"], "--steps"),
-                                          (["--compile", "reduce-overhead"], "--compile"),
+                                          (["--compile", "cudagraphs"], "--compile"),
                                           (["--layout", "ADX"], "layout 'ADX' is not a string of A, D, I")])
 @pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2(args, needle):

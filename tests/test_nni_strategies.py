@@ -189,6 +189,29 @@ def test_the_multi_trial_evaluator_serializes_in_a_few_kb():
     assert size < 8 * 1024, size
 
 
+def test_the_tuner_channel_reads_a_trial_end_whose_parameters_hold_a_double_slash():
+    """A trial-end command as NNI's manager sends it: the trial's parameters (base64 pickles) as a JSON string inside
+    the command's JSON string. NNI 3.0's own parsing strips ``//`` as a comment there and fails, which stopped
+    multi-trial searches now and then; while a search runs, the command is read whole, and NNI is restored after."""
+    import json
+
+    import nni
+    from nni.runtime.command_channel.websocket import connection
+
+    from strategies.multi_trial import commands_read_as_plain_json
+
+    parameters = json.dumps({"parameter_id": 0, "parameters": {"cfg": {"__nni_obj__": "gAWVvgEAAAAAAAC//8AjA1w"}}})
+    command = json.dumps({"type": "EN", "content": json.dumps({"trial_job_id": "FIRyT", "event": "SUCCEEDED",
+                                                               "hyper_params": parameters})})
+    with pytest.raises(json.JSONDecodeError, match="Unterminated string"):
+        connection.nni.load(command)  # NNI 3.0 as it is
+    with commands_read_as_plain_json():
+        assert connection.nni.load(command) == json.loads(command)
+        metric = {"type": "ME", "content": "x"}
+        assert connection.nni.load(connection.nni.dump(metric)) == metric
+    assert connection.nni is nni
+
+
 @pytest.mark.slow
 @rerun_on_stall
 @pytest.mark.parametrize("name", ["random", "regularized-evolution", "tpe", "grid"])
