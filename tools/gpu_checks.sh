@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Every check and figure the GPU work needs, in about 11 minutes on one GPU, each step under a time limit so that
+# Every check and figure the GPU work needs, in about 15 minutes on one GPU, each step under a time limit so that
 # what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to runs/gpu where OUT
 # is not set. Run from the repository root on a machine with CUDA:
 #
-#   bash tools/gpu_checks.sh                 # everything, in the order below
-#   bash tools/gpu_checks.sh tests syncs     # named steps only: a device call of at most 10 minutes takes
-#   bash tools/gpu_checks.sh steps latency   #   these two halves one each
+#   bash tools/gpu_checks.sh                       # everything, in the order below
+#   bash tools/gpu_checks.sh tests syncs latency   # named steps only: a device call of at most 10 minutes takes
+#   bash tools/gpu_checks.sh steps                 #   these two halves one each
 #
 # Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
@@ -34,15 +34,15 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a limit, its output
 command -v nvidia-smi >/dev/null || { echo "gpu_checks: no NVIDIA GPU here (nvidia-smi not found)" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-step tests 210 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
+step tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
 step syncs 40 python3 benchmarks/host_syncs.py
-step steps-wt103-bf16 80 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
+step steps-wt103-bf16 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
     --unpadded-heads --rounds 5
 step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded-heads --rounds 5
 step steps-wt2par 50 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
-step steps-graphs 120 python3 benchmarks/gpu_step.py --shape wt2-par --shape wt103-base --compile reduce-overhead \
-    --rounds 5
+step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
+step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
 step latency 80 python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128 \
     --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json"
