@@ -178,9 +178,10 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
     """A fixed model (the standard Transformer-XL by default) and one training step of it; ``head_multiple``: the
     multiple its attention pads heads to for SDPA, if not the library's."""
     model = build_fixed_model(cfg.model, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
-    for block in model.modules():
-        if head_multiple is not None and isinstance(block, AttentionBlock):
-            block.head_multiple = head_multiple
+    if head_multiple is not None:
+        for block in model.modules():
+            if isinstance(block, AttentionBlock):
+                block.head_multiple = head_multiple
     compile_model(model, compile_mode)
     return model, _step(model, [list(model.parameters())], cfg, precision)
 

@@ -25,27 +25,22 @@ def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(kinds, key=rank))
 
 
-def network(kinds: Sequence[str], reversible: bool = False) -> tuple[str, ...]:
-    """The blocks a fixed model of these kinds runs (:func:`parnas.nn.model.blocks_run`): layouts that differ only
-    in where their identity blocks stand are one network, initialised and trained alike to the same perplexity."""
-    return blocks_run(kinds, reversible)
-
-
 def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
                      tries: int = 2000, reversible: bool = False) -> list[tuple[str, ...]]:
-    """``count`` shuffles of ``kinds``, each a different :func:`network`, from an RNG seeded by the kind counts
-    alone (same counts, same orderings), avoiding the networks of ``exclude`` while other networks exist; fewer
-    when there are not that many."""
+    """``count`` shuffles of ``kinds``, each a different network (:func:`parnas.nn.model.blocks_run`: layouts that
+    differ only in where their identity blocks stand are one network, trained alike to the same perplexity), from
+    an RNG seeded by the kind counts alone (same counts, same orderings), avoiding the networks of ``exclude``
+    while other networks exist; fewer when there are not that many."""
     counts = Counter(kinds)
     rng = random.Random("parnas-study:" + ",".join(f"{k}={counts[k]}" for k in sorted(counts)))
-    excluded = {network(e, reversible) for e in exclude}
+    excluded = {blocks_run(e, reversible) for e in exclude}
     seen: set[tuple[str, ...]] = set()
     fresh: list[tuple[str, ...]] = []
     spare: list[tuple[str, ...]] = []  # orderings of excluded networks, used only when no other is left
     for _ in range(tries):
         order = sorted(kinds)
         rng.shuffle(order)
-        ordering, net = tuple(order), network(order, reversible)
+        ordering, net = tuple(order), blocks_run(order, reversible)
         if net not in seen:
             seen.add(net)
             (spare if net in excluded else fresh).append(ordering)

@@ -24,8 +24,8 @@ from typing import Any
 from parnas.architecture import layout_string
 from parnas.config import TARGET_LABELS
 from parnas.files import write_json_atomic, write_text_atomic
+from parnas.nn.model import blocks_run
 from retrain.compare import cell
-from study.orderings import network
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 # "faster", per latency target: a train step or inference segment at least 30% shorter than Transformer-XL's;
@@ -55,7 +55,7 @@ def budget_label(budget: float | None) -> str:
 def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Any],
                out: Path, reversible: bool = False) -> list[dict[str, Any]]:
     """One dict per entry (``study.run.Entry``): retrain perplexities, side-by-side timings, search figures, and
-    the network it runs (:func:`study.orderings.network`: identity blocks dropped, unless ``reversible``)."""
+    the network it runs (:func:`parnas.nn.model.blocks_run`: identity blocks dropped, unless ``reversible``)."""
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
     target_ms = timing[f"{timing.get('target', 'train')}_step_ms"]  # what the verdicts judge by
@@ -71,7 +71,7 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
         rows.append({
             "role": e.role, "candidates": e.candidates,
             "budget": None if e.role in ("transformer-xl", "front") else budget_label(e.budget),
-            "seed": e.seed, "layout": e.layout, "network": layout_string(network(e.kinds, reversible)),
+            "seed": e.seed, "layout": e.layout, "network": layout_string(blocks_run(e.kinds, reversible)),
             "attention": e.kinds.count("attention"),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
             "val_ppl_seeds": m.get("val_ppl_seeds"),

@@ -13,8 +13,9 @@ from parnas import architecture
 from parnas.cli import main
 from parnas.config import load_config
 from parnas.config import transformer_xl_layout as transformer_xl
+from parnas.nn.model import blocks_run as network
 from parnas.nn.model import build_fixed_model
-from study.orderings import network, random_orderings, sandwich
+from study.orderings import random_orderings, sandwich
 from study.report import summarise, verdicts
 from study.run import make_plan, search_config, settings_record
 from tests.nni_stall import STALLED, rerun_on_stall
