@@ -194,6 +194,33 @@ def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads
         torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_the_gpu_attention_path_places_and_shapes_its_padded_heads_on_any_device():
+    """The path off the CPU, run on the ``meta`` device (no GPU, nothing allocated): at Dai et al.'s WikiText-103
+    base widths SDPA gets heads of 48 on the model's device, and output and gradient come back shaped and placed
+    like the input."""
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is F.scaled_dot_product_attention:
+                self.calls.append((tuple(args[0].shape), args[0].device.type, kwargs["attn_mask"].device.type))
+            return func(*args, **(kwargs or {}))
+
+    with torch.device("meta"):
+        block = AttentionBlock(d_model=410, n_heads=10, dropout=0.1, dropatt=0.1, pre_norm=False)
+        h, mem, pos = torch.randn(2, 6, 410, requires_grad=True), torch.randn(2, 4, 410), torch.randn(10, 410)
+    seen = Seen()
+    with seen:
+        out = block(h, mem, pos)
+    out.sum().backward()
+    assert seen.calls == [((2, 10, 6, 48), "meta", "meta")]
+    assert out.shape == h.shape == h.grad.shape and out.device.type == h.grad.device.type == "meta"
+
+
 @pytest.mark.parametrize("M", [0, 3])
 def test_rel_shift_view_equals_the_padded_copy(M):
     L = 4
