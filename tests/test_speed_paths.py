@@ -13,6 +13,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from parnas.config import ModelConfig
 from parnas.nn.blocks import (
@@ -153,22 +154,25 @@ def test_cpu_attention_equals_sdpa_the_path_off_the_cpu(M, pre_norm):
     torch.testing.assert_close(ours, old_attention(block, h, mem, pos), atol=1e-5, rtol=1e-5)
 
 
+class SdpaCalls(TorchFunctionMode):
+    """What reaches ``F.scaled_dot_product_attention``: each call's head size (``seen``), and its query's shape
+    and device with its mask's device (``calls``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.calls = [], []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            self.seen.append(args[0].size(-1))
+            self.calls.append((tuple(args[0].shape), args[0].device.type, kwargs["attn_mask"].device.type))
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("n_heads, head_multiple", [(3, 8), (2, 8), (3, 1)])
 def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads, head_multiple):
     """Heads of 41 (Dai et al.'s WikiText-103 base) would keep SDPA on its unfused math path on a GPU: they reach
     it padded to a multiple of 8 (head_multiple 1: as they are), with the output and every gradient unchanged."""
-    from torch.overrides import TorchFunctionMode
-
-    class HeadSizes(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is F.scaled_dot_product_attention:
-                self.seen.append(args[0].size(-1))
-            return func(*args, **(kwargs or {}))
-
     torch.manual_seed(0)
     block = AttentionBlock(d_model=41 * n_heads, n_heads=n_heads, dropout=0.0, dropatt=0.0, pre_norm=False)
     block.head_multiple = head_multiple
@@ -177,7 +181,7 @@ def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads
         block.v.normal_()
     h, mem, pos = torch.randn(2, 5, 41 * n_heads), torch.randn(2, 4, 41 * n_heads), torch.randn(9, 41 * n_heads)
     h.requires_grad_()
-    sizes = HeadSizes()
+    sizes = SdpaCalls()
     block._attend = lambda q, k, v, bias, scale: sdpa(q, k, v, bias, scale, 0.0, block.head_multiple)  # off the CPU
     with sizes:
         padded = block(h, mem, pos)
@@ -198,22 +202,10 @@ def test_the_gpu_attention_path_places_and_shapes_its_padded_heads_on_any_device
     """The path off the CPU, run on the ``meta`` device (no GPU, nothing allocated): at Dai et al.'s WikiText-103
     base widths SDPA gets heads of 48 on the model's device, and output and gradient come back shaped and placed
     like the input."""
-    from torch.overrides import TorchFunctionMode
-
-    class Seen(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is F.scaled_dot_product_attention:
-                self.calls.append((tuple(args[0].shape), args[0].device.type, kwargs["attn_mask"].device.type))
-            return func(*args, **(kwargs or {}))
-
     with torch.device("meta"):
         block = AttentionBlock(d_model=410, n_heads=10, dropout=0.1, dropatt=0.1, pre_norm=False)
         h, mem, pos = torch.randn(2, 6, 410, requires_grad=True), torch.randn(2, 4, 410), torch.randn(10, 410)
-    seen = Seen()
+    seen = SdpaCalls()
     with seen:
         out = block(h, mem, pos)
     out.sum().backward()
