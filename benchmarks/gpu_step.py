@@ -8,6 +8,7 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --layout ADADAD  # + fixed layouts
     python benchmarks/gpu_step.py --shape wt103-base --groups-on-device  # + the loss grouping its own targets
     python benchmarks/gpu_step.py --shape wt103-base --unpadded-heads    # + heads of 41 as they are
+    python benchmarks/gpu_step.py --shape wt103-base --flex              # + attention by FlexAttention
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
 backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
@@ -15,7 +16,9 @@ backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in us
 and moved with it, as the data module does (``--groups-on-device`` adds a Transformer-XL whose loss groups
 them on the device and reads their sizes back, the one host sync a step this replaced; ``--unpadded-heads``
 one whose heads reach SDPA unpadded, where their size is not a multiple of 8, as before they were padded for
-its fused kernels). The supernet's step is
+its fused kernels; ``--flex`` one with ``model.attention_kernel=flex``, the position scores added inside a
+FlexAttention kernel instead of passed to SDPA as a bias, eager and, with ``--compile``, compiled). The
+supernet's step is
 the search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax weights, and the
 weights' and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled as
 ``train.compile=MODE`` compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention,
@@ -59,7 +62,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -173,11 +176,12 @@ def precision_context(precision: str) -> Any:
 
 
 def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | None = None,
-               compile_mode: str = "none", head_multiple: int | None = None
+               compile_mode: str = "none", head_multiple: int | None = None, attention_kernel: str = "sdpa"
                ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
     """A fixed model (the standard Transformer-XL by default) and one training step of it; ``head_multiple``: the
     multiple its attention pads heads to for SDPA, if not the library's."""
-    model = build_fixed_model(cfg.model, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
+    model_cfg = replace(cfg.model, attention_kernel=attention_kernel)
+    model = build_fixed_model(model_cfg, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
     if head_multiple is not None:
         for block in model.modules():
             if isinstance(block, AttentionBlock):
@@ -211,6 +215,7 @@ def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: C
 LAYOUT_LETTERS = {"A": "attention", "D": "dense", "I": "identity"}
 ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
 UNPADDED = "txl, unpadded"  # --unpadded-heads's model
+FLEX = "txl, flex"  # --flex's model
 
 
 def _shape(name: str) -> str:
@@ -247,6 +252,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--unpadded-heads", action="store_true",
                         help="add the Transformer-XL whose heads reach SDPA as they are where their size is not a "
                              "multiple of 8 (wt103-base's 41: SDPA's unfused math path), as before they were padded")
+    parser.add_argument("--flex", action="store_true",
+                        help="add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it "
+                             "compiled too)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
@@ -274,9 +282,15 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
         kinds[UNPADDED] = standard
         builds[UNPADDED] = lambda *a: fixed_step(*a, head_multiple=1)
+    if args.flex:
+        kinds[FLEX] = standard
+        builds[FLEX] = lambda *a: fixed_step(*a, attention_kernel="flex")
     if args.compile != "none":
         kinds[f"compiled ({args.compile})"] = standard
         builds[f"compiled ({args.compile})"] = lambda *a: fixed_step(*a, compile_mode=args.compile)
+        if args.flex:
+            kinds[f"{FLEX}, compiled"] = standard
+            builds[f"{FLEX}, compiled"] = lambda *a: fixed_step(*a, compile_mode=args.compile, attention_kernel="flex")
     for layout in args.layout:
         kinds[layout] = [LAYOUT_LETTERS[c] for c in layout]
         builds[layout] = lambda *a, k=kinds[layout]: fixed_step(*a, kinds=k)

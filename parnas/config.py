@@ -29,6 +29,8 @@ COMPRESS_FNS = ("mean", "max", "conv")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # torch.compile's modes for the fixed model ("none": eager; "reduce-overhead": CUDA graphs, on a GPU only)
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+# what computes attention off the CPU (parnas.nn.blocks): SDPA with the position scores as a bias, or FlexAttention
+ATTENTION_KERNELS = ("sdpa", "flex")
 # parnas search --strategy: PAR's own (strategies.search), NNI's one-shot ones, NNI's multi-trial ones
 SEARCH_STRATEGIES = ("par-gumbel-darts", "darts", "gumbel-darts", "random-oneshot", "proxyless", "enas", "random",
                      "regularized-evolution", "tpe", "grid")
@@ -81,6 +83,7 @@ class ModelConfig:
     act_max_steps: int = 4  # ut: most steps a position takes
     act_tau: float = 0.01  # ut: weight of the ponder cost in the loss
     reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
+    attention_kernel: str = "sdpa"  # off the CPU: one of ATTENTION_KERNELS (the same weights and function)
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -91,6 +94,11 @@ class ModelConfig:
         _require(self.d_model % 2 == 0, f"model.d_model ({self.d_model}) must be even (sinusoid positions)")
         for key in ("dropout", "dropatt"):
             _require(0.0 <= getattr(self, key) < 1.0, f"model.{key} must be in [0, 1)")
+        _require(self.attention_kernel in ATTENTION_KERNELS, f"model.attention_kernel must be one of "
+                 f"{', '.join(ATTENTION_KERNELS)}, not {self.attention_kernel!r}")
+        _require(self.attention_kernel != "flex" or self.dropatt == 0.0,
+                 f"model.attention_kernel=flex has no attention dropout: set model.dropatt=0 (not {self.dropatt:g}) "
+                 "or use model.attention_kernel=sdpa")
         _require(all(a < b for a, b in zip(self.cutoffs, self.cutoffs[1:])) and all(c > 0 for c in self.cutoffs),
                  f"model.cutoffs {list(self.cutoffs)} must be positive and strictly increasing")
         _require(self.div_value >= 1.0, "model.div_value must be >= 1")

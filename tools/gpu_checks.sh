@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Every check and figure the GPU work needs, in about 15 minutes on one GPU, each step under a time limit so that
+# Every check and figure the GPU work needs, in about 17 minutes on one GPU, each step under a time limit so that
 # what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to runs/gpu where OUT
 # is not set. Run from the repository root on a machine with CUDA:
 #
 #   bash tools/gpu_checks.sh                       # everything, in the order below
-#   bash tools/gpu_checks.sh tests syncs latency   # named steps only: a device call of at most 10 minutes takes
-#   bash tools/gpu_checks.sh steps                 #   these two halves one each
+#   bash tools/gpu_checks.sh tests syncs latency flex  # named steps only: a device call of at most 10 minutes
+#   bash tools/gpu_checks.sh steps                      #   takes these two halves one each
 #
 # Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
 # compiled, the loss's own grouping against the host's, heads of 41 padded or not, CUDA graphs, identity blocks
-# against a shallower model), latency (a version-2 latency table of the train, inference and generate targets at
+# against a shallower model), flex (gpu_step.py --flex: attention by FlexAttention against SDPA, eager and
+# compiled, at WT103 base and the long shape), latency (a version-2 latency table of the train, inference and generate targets at
 # wt2-par's GPU shapes, for a study priced by it on any machine).
 set -u
 out=${OUT:-runs/gpu}
 mkdir -p "$out"
-wanted=${*:-tests syncs steps latency}
+wanted=${*:-tests syncs steps flex latency}
 failed=0
 
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a limit, its output in $out/NAME.log
@@ -44,6 +45,8 @@ step steps-wt2par 50 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-
 step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
 step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
+step flex-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --flex --compile default --rounds 5
+step flex-long 60 python3 benchmarks/gpu_step.py --shape long --flex --rounds 5
 step latency 80 python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128 \
     --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json"
 exit "$failed"

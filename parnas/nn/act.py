@@ -34,7 +34,8 @@ class ACTBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm,
+                                        cfg.attention_kernel)
         self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
         self.halt = nn.Linear(cfg.d_model, 1)
         nn.init.constant_(self.halt.bias, 1.0)  # Graves: a positive bias, so early on a position ponders little

@@ -13,10 +13,12 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from parnas.config import ModelConfig
 
@@ -125,15 +127,61 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p:
     return out[..., :Dh] if pad else out
 
 
+@functools.lru_cache(maxsize=32)
+def causal_block_mask(L: int, M: int, device: torch.device) -> BlockMask:
+    """FlexAttention's form of :func:`causal_bias`: query i sees key j <= M+i; blocks wholly in the future are
+    skipped, not computed and masked. Made once per shape."""
+    with torch.inference_mode(False), torch.no_grad():
+        return create_block_mask(lambda b, h, i, j: j <= M + i, None, None, L, M + L, device=device)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., Tensor]:
+    """``flex_attention`` compiled, made on first use: called eagerly, it is an unfused reference that writes the
+    whole score matrix; compiled, a fused kernel. Inside a compiled model the plain one is traced instead. Static
+    shapes, as the compiled model's: a kernel per memory length while the memory fills, then none."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, position: Tensor, scale: float) -> Tensor:
+    """FlexAttention with the relative-position scores added inside the kernel: another path off the CPU.
+
+    SDPA takes the position scores as a bias that must be shifted, masked and written out whole (H, B, L, K), and
+    whose gradient comes back whole. Here the kernel reads each (query i, key j) score at its distance M+i-j from
+    the unshifted ``position``, and skips the key blocks wholly in the future. FlexAttention has no attention
+    dropout, so ``model.attention_kernel=flex`` requires ``model.dropatt=0``.
+
+    q (H, B, L, Dh); k and v (H, B, K, Dh); ``position`` (H, B, L, 1+K) scores against the zero-column-first
+    position table, unscaled: index 1+K-1-d scores distance d. FlexAttention's (batch, head) axes take (H, B)
+    as they come, the mask being the same for all. -> (H, B, L, Dh)"""
+    L, K = q.size(2), k.size(2)
+
+    def add_position(score: Tensor, h: Tensor, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        # distance M+i-j sits at L-i+j; keys in the future (j > M+i) are masked, read at K so as not to overrun
+        return score + scale * position[h, b, i, torch.clamp(L - i + j, max=K)]
+
+    attend = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+    return attend(q, k, v, score_mod=add_position, block_mask=causal_block_mask(L, K - L, q.device), scale=scale)
+
+
 class AttentionBlock(nn.Module):
-    """Relative multi-head self-attention over [memory; segment], causal."""
+    """Relative multi-head self-attention over [memory; segment], causal.
+
+    ``kernel`` (``model.attention_kernel``) is what computes it off the CPU: ``sdpa`` (the position scores a bias
+    to ``F.scaled_dot_product_attention``) or ``flex`` (:func:`flex`). On the CPU it is :meth:`_attend`, either way.
+    A segment of one query (token-by-token generation) goes to SDPA with either: there are no key blocks to skip,
+    and flex would compile a kernel for each memory length up to ``mem_len``."""
 
     kind = "attention"
     uses_memory = True
     head_multiple = SDPA_HEAD_MULTIPLE  # off the CPU, heads padded to this multiple for SDPA (1: unpadded)
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool,
+                 kernel: str = "sdpa") -> None:
         super().__init__()
+        if kernel == "flex" and dropatt:
+            raise ValueError(f"the flex attention kernel has no attention dropout (dropatt {dropatt})")
+        self.kernel = kernel
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.q = nn.Linear(d_model, d_model, bias=False)
         self.kv = nn.Linear(d_model, 2 * d_model, bias=False)
@@ -158,14 +206,17 @@ class AttentionBlock(nn.Module):
         k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 3, 0, 1, 4)  # 2 x (H, B, K, Dh)
         r = F.pad(self.r(pos).view(K, H, Dh).permute(1, 2, 0), (1, 0))  # (H, Dh, 1+K), zero column first
         scale = 1.0 / math.sqrt(Dh)
-        position = torch.bmm((q + self.v).transpose(0, 1), r)  # (H, B*L, 1+K)
-        position = rel_shift(position.view(H, B, L, 1 + K))  # (H, B, L, K)
-        bias = torch.add(causal_bias(L, M, h.device, position.dtype), position, alpha=scale)  # (H, B, L, K)
+        position = torch.bmm((q + self.v).transpose(0, 1), r).view(H, B, L, 1 + K)  # (H, B, L, 1+K)
         q = (q + self.u).view(B, L, H, Dh).permute(2, 0, 1, 3)  # (H, B, L, Dh)
-        if h.device.type == "cpu":
-            a = self._attend(q, k, v, bias, scale)
+        if self.kernel == "flex" and h.device.type != "cpu" and L > 1:
+            a = flex(q, k, v, position, scale)
         else:
-            a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, self.head_multiple)
+            bias = torch.add(causal_bias(L, M, h.device, position.dtype), rel_shift(position),
+                             alpha=scale)  # (H, B, L, K)
+            if h.device.type == "cpu":
+                a = self._attend(q, k, v, bias, scale)
+            else:
+                a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, self.head_multiple)
         a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, D))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
 
@@ -214,7 +265,7 @@ class IdentityBlock(nn.Module):
 # --- the built-in kinds' factories (named in the kind registry, built from the model config alone) ---------
 
 def build_attention(cfg: ModelConfig) -> AttentionBlock:
-    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, cfg.attention_kernel)
 
 
 def build_dense(cfg: ModelConfig) -> DenseBlock:

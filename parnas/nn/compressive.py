@@ -35,7 +35,7 @@ class CompressiveBlock(AttentionBlock):
     n_memories = 2  # [compressed (B, Nc, D), pending (B, R < c, D)]
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+        super().__init__(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, cfg.attention_kernel)
         self.rate, self.compress_len, self.compress_fn = cfg.compress_rate, cfg.compress_len, cfg.compress_fn
         self.compressor = nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate) \
             if self.compress_fn == "conv" else None

@@ -118,7 +118,8 @@ class UniversalBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm)
+        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm,
+                                        cfg.attention_kernel)
         self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
