@@ -158,3 +158,70 @@ def test_bf16_mixed_trains_on_the_cpu(wt2_slice, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["precision"] == "bf16-mixed" and 1 < metrics["val_ppl"] < 1e4
+
+
+@pytest.fixture
+def pins(monkeypatch):
+    """``Tensor.pin_memory`` without a GPU: a copy marked pinned (and the tensors it made, in order)."""
+    made = []
+
+    def pin_memory(self):
+        copy = self.clone()
+        copy.is_pinned = lambda: True
+        made.append(copy)
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    return made
+
+
+@pytest.mark.parametrize("device, pinned_batch", [("cuda", True), ("cpu", False), ("meta", False)])
+def test_a_batch_bound_for_a_gpu_leaves_the_host_from_pinned_memory(pins, device, pinned_batch):
+    """From pageable memory a copy to the GPU may wait for the GPU's queue to drain, every step; so every host
+    tensor of a batch Lightning moves to a CUDA device (tokens, targets, the targets' cluster order) is pinned
+    first, once, with its values kept; a batch for any other device is handed on as it is."""
+    from types import SimpleNamespace
+
+    from parnas.training.fit import SegmentData
+
+    model = build_fixed_model(ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, cutoffs=(10, 20)), 50)
+    task = LanguageModelTask(load_config("tiny").train)
+    task.set_model(model)
+    data = SegmentData({}, 2, 2, 4)
+    data.trainer = SimpleNamespace(lightning_module=task, strategy=SimpleNamespace(root_device=torch.device(device)))
+    x, y = torch.randint(0, 50, (2, 4)), torch.randint(0, 50, (2, 4))
+    batch = data.on_before_batch_transfer((x, y), 0)
+    tensors = [batch[0], batch[1], batch[2].order]
+    assert len(batch) == 3 and sorted(batch[2].order.tolist()) == list(range(2 * 4))
+    assert [t.is_pinned() for t in tensors] == [pinned_batch] * 3
+    assert len(pins) == (3 if pinned_batch else 0)
+    assert torch.equal(batch[0], x) and torch.equal(batch[1], y)
+    again = data.on_before_batch_transfer(batch[:2], 0)
+    assert all(a is b for a, b in zip(again[:2], batch[:2]))  # pinned once: a pinned tensor is not copied again
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_training_on_cuda_moves_every_batch_from_pinned_memory(monkeypatch, tmp_path):
+    import numpy as np
+
+    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.latency import zipf_ids
+
+    handed = []
+    hook = SegmentData.on_before_batch_transfer
+
+    def recorded(self, batch, index):
+        batch = hook(self, batch, index)
+        handed.append([t.is_pinned() for t in (batch[0], batch[1], batch[2].order)])
+        return batch
+
+    monkeypatch.setattr(SegmentData, "on_before_batch_transfer", recorded)
+    cfg = load_config("tiny", ["train.accelerator=cuda", "train.max_steps=3", "train.eval_every=2",
+                               "model.cutoffs=[100, 200]"])
+    ids = zipf_ids(8 * 16 * 6, 500).numpy().astype(np.int64)
+    task = LanguageModelTask(cfg.train)
+    task.set_model(build_fixed_model(cfg.model, 500))
+    trainer = build_trainer(cfg.train, tmp_path, enable_progress_bar=False)
+    trainer.fit(task, datamodule=SegmentData({"train": ids, "valid": ids[:512], "test": ids[:512]}, 8, 8, 16))
+    assert len(handed) >= 3 and all(all(pinned) for pinned in handed)  # training and validation batches

@@ -13,7 +13,7 @@ config check stays as quick as reading YAML.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parnas.errors import ConfigError
 
@@ -77,3 +77,20 @@ def native_bf16() -> bool:
         return torch.cuda.is_bf16_supported(including_emulation=False)
     except TypeError:  # torch before 2.3 knows no emulation
         return torch.cuda.is_bf16_supported()
+
+
+def pinned(batch: Any, device: torch.device) -> Any:
+    """``batch`` (tensors, possibly nested in tuples, lists or named tuples) with its host tensors in page-locked
+    memory when it is bound for a CUDA device; as it is for any other.
+
+    A copy to the GPU from pageable memory goes through a staging buffer of the driver, which may first wait for
+    the stream's queued kernels: the host could not run ahead of the GPU by even one step. From pinned memory a
+    ``non_blocking`` copy is queued behind them like a kernel. Pinning costs a host copy of the batch, into pages
+    that torch's caching host allocator reuses."""
+    if device.type != "cuda":
+        return batch
+    import torch
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(batch, torch.Tensor,
+                               lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t)

@@ -48,7 +48,7 @@ from parnas.data.tokenizer import Tokenizer
 from parnas.files import check_run_dir, write_json_atomic
 from parnas.nn.model import TransformerXL, build_fixed_model
 from parnas.training import checkpoint as ckpt
-from parnas.training.devices import check_devices
+from parnas.training.devices import check_devices, pinned
 from parnas.training.evaluation import final_metrics, peak_memory_mb
 from parnas.training.interrupt import StopOnSignal
 from parnas.training.memory import check_memory
@@ -97,11 +97,14 @@ class SegmentData(pl.LightningDataModule):
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Each batch, still on the host: its targets grouped for the model's output head
-        (:func:`with_target_groups`), so the step reads no cluster size back from the device. Whichever module
-        trains the model: the task, or a one-shot strategy's module that wraps it as ``training_module``."""
-        module = self.trainer.lightning_module if self.trainer is not None else None
+        (:func:`with_target_groups`), so the step reads no cluster size back from the device, and bound for a GPU,
+        pinned (:func:`pinned`), so that moving it does not wait for the GPU. Whichever module trains the model:
+        the task, or a one-shot strategy's module that wraps it as ``training_module``."""
+        if self.trainer is None:
+            return batch
+        module = self.trainer.lightning_module
         task = getattr(module, "training_module", module)
-        return with_target_groups(getattr(task, "model", None), batch)
+        return pinned(with_target_groups(getattr(task, "model", None), batch), self.trainer.strategy.root_device)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")

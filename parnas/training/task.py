@@ -42,6 +42,7 @@ from parnas.config import TrainConfig
 from parnas.errors import ParnasError
 from parnas.nn.adaptive import TargetGroups
 from parnas.nn.model import Memory
+from parnas.training.devices import pinned
 
 
 def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.0) -> float:
@@ -81,8 +82,8 @@ def unpack(batch: Sequence[Any]) -> tuple[Tensor, Tensor, TargetGroups | None]:
 
 def on_device(model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, Tensor, TargetGroups | None]:
     """A host batch ``(x, y)`` as Lightning hands one to a step: its targets grouped on the host
-    (:func:`with_target_groups`), then moved to ``device`` without waiting for a GPU's queue."""
-    x, y, groups = unpack(with_target_groups(model, batch))
+    (:func:`with_target_groups`), then moved to ``device`` without waiting for a GPU's queue (from pinned memory)."""
+    x, y, groups = pinned(unpack(with_target_groups(model, batch)), device)
     non_blocking = device.type == "cuda"
     return (x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking),
             None if groups is None else groups.to(device))
