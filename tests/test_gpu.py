@@ -145,10 +145,12 @@ def test_cuda_bf16_retrain_and_evaluate(wt2_slice, tmp_path):
 
 # --- kill and resume, and checkpoints between devices ---------------------------------------------------------
 
+@pytest.mark.parametrize("compile_mode", ["none", "reduce-overhead"])
 def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_corpus, kill_at, tmp_path,
-                                                                        deterministic):
+                                                                        deterministic, compile_mode):
     """As on the CPU: killed in the middle of a pass and at its very end, resumed, it ends with the same weights,
-    memory, perplexities and history, bit for bit."""
+    memory, perplexities and history, bit for bit; eager, and replayed as CUDA graphs (whose dropout draws from
+    the generator's state as it is restored)."""
     from retrain.run import retrain
 
     _, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
@@ -158,7 +160,7 @@ def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_co
     common = [f"data.path={micro_corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "data.batch_size=8",
               f"data.seg_len={seg_len}", "model.dropout=0.2", "model.dropatt=0.1", f"train.max_steps={total}",
               f"train.eval_every={half}", f"train.ckpt_every={half}", "train.warmup_steps=5",
-              "train.accelerator=gpu"]
+              "train.accelerator=gpu", f"train.compile={compile_mode}"]
     whole = retrain("transformer-xl", "tiny", [*common, f"train.out_dir={tmp_path / 'whole'}"])
     split = [*common, f"train.out_dir={tmp_path / 'split'}"]
     for kill in (half, n):
