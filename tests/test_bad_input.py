@@ -65,6 +65,7 @@ def finished(micro, tmp_path_factory):
     ("model.dropout=.nan", "model.dropout must be a finite number"),
     ("train.devices=3", "divisible by the 3 processes"),
     ("train.compile=cudagraphs", "train.compile must be one of none, default, reduce-overhead, max-autotune"),
+    ("model.attention_kernel=flash", "model.attention_kernel must be one of sdpa, flex, not 'flash'"),
 ])
 @pytest.mark.parametrize("command", ["train", "search", "retrain"])
 def test_settings_that_cannot_be_honoured_are_refused(capsys, tmp_path, setting, needle, command):
