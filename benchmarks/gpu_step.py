@@ -9,6 +9,7 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --groups-on-device  # + the loss grouping its own targets
     python benchmarks/gpu_step.py --shape wt103-base --unpadded-heads    # + heads of 41 as they are
     python benchmarks/gpu_step.py --shape wt103-base --flex              # + attention by FlexAttention
+    python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
 backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
@@ -149,12 +150,14 @@ def cluster_fractions(targets: Tensor, vocab: int, cutoffs: Sequence[int]) -> li
 def train_flops_per_token(model: ModelConfig, kinds: Sequence[str], batch: int, seg_len: int, vocab: int,
                           fractions: Sequence[float] = ()) -> float:
     """Matrix-product FLOPs of one training step per token (module docstring); ``kinds``: the blocks
-    (``choice`` for a supernet block, which runs attention and dense); ``fractions``: targets per tail cluster."""
+    (``choice`` for a supernet block, which runs attention and dense; ``sampled`` for one that runs one of
+    attention, dense and identity at even odds, a third of each on average); ``fractions``: targets per tail
+    cluster."""
     D, F, L, K = model.d_model, model.d_ff, seg_len, model.mem_len + seg_len
     attention = 12 * D * D * (1 + K / L) + 4 * D * D * K / (batch * L) + 6 * D * (3 * K + 1)
     dense = 12 * D * F
-    n_attention = sum(k in ("attention", "choice") for k in kinds)
-    n_dense = sum(k in ("dense", "choice") for k in kinds)
+    n_attention = sum(k in ("attention", "choice") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
+    n_dense = sum(k in ("dense", "choice") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
     if not model.cutoffs:
         output = 6 * D * vocab
     else:
@@ -190,8 +193,13 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
 
-def supernet_step(cfg: Config, vocab: int, precision: str) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
-    """The search's supernet (every candidate in every block) and its joint training step: weights and logits."""
+def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
+                  ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
+    """The search's supernet and its joint training step: weights and logits. Every candidate runs in every
+    block; with ``sampled`` (``search.forward: sampled``), the one a fresh straight-through sample picks, the
+    logits as initialised (even odds: the search's start)."""
+    from search_step import Sampling
+
     from search_spaces import PARTransformerXLSpace
     from strategies.gumbel_darts import PARGumbelDARTS
 
@@ -199,7 +207,8 @@ def supernet_step(cfg: Config, vocab: int, precision: str) -> tuple[torch.nn.Mod
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()
     alphas = [p for name, p in supernet.named_parameters() if name.endswith("_arch_alpha")]
     weights = [p for name, p in supernet.named_parameters() if not name.endswith("_arch_alpha")]
-    return supernet, _step(supernet, [weights, alphas], cfg, precision)
+    model = Sampling(supernet, cfg.search.tau_start) if sampled else supernet
+    return supernet, _step(model, [weights, alphas], cfg, precision)
 
 
 def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: Config,
@@ -216,6 +225,7 @@ LAYOUT_LETTERS = {"A": "attention", "D": "dense", "I": "identity"}
 ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
 UNPADDED = "txl, unpadded"  # --unpadded-heads's model
 FLEX = "txl, flex"  # --flex's model
+SAMPLED = "supernet, sampled"  # --sampled's model
 
 
 def _shape(name: str) -> str:
@@ -252,6 +262,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--unpadded-heads", action="store_true",
                         help="add the Transformer-XL whose heads reach SDPA as they are where their size is not a "
                              "multiple of 8 (wt103-base's 41: SDPA's unfused math path), as before they were padded")
+    parser.add_argument("--sampled", action="store_true",
+                        help="add the supernet whose step runs one sampled candidate per block (search.forward: "
+                             "sampled), at even odds")
     parser.add_argument("--flex", action="store_true",
                         help="add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it "
                              "compiled too)")
@@ -282,6 +295,9 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
         kinds[UNPADDED] = standard
         builds[UNPADDED] = lambda *a: fixed_step(*a, head_multiple=1)
+    if args.sampled:
+        kinds[SAMPLED] = ["sampled"] * cfg.model.n_blocks
+        builds[SAMPLED] = lambda *a: supernet_step(*a, sampled=True)
     if args.flex:
         kinds[FLEX] = standard
         builds[FLEX] = lambda *a: fixed_step(*a, attention_kernel="flex")
@@ -329,7 +345,7 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         achieved = flops[model] * median / 1e12
         mfu = f"MFU {100 * achieved / peak:.1f}%" if peak else "MFU - (unknown peak: --peak-tflops)"
         rounds = ", ".join(f"{t:,.0f}" for t in tps[model])
-        print(f"  {model:15s} {median:10,.0f} tokens/s  {B * L / median * 1e3:8.1f} ms/step  "
+        print(f"  {model:20s} {median:10,.0f} tokens/s  {B * L / median * 1e3:8.1f} ms/step  "
               f"peak {peak_bytes[model] / 2**30:6.2f} GiB  {flops[model] / 1e6:7.1f} MFLOP/token  "
               f"{achieved:7.1f} TFLOP/s  {mfu}   (rounds: {rounds})")
     # tokens/s of the fixed model over the supernet's, round by round: the supernet's step time over the fixed one's

@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,22 @@ def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], r
         for name in names[r % len(names):] + names[:r % len(names)]:
             figures[name].append(run(name, steps))
     return figures
+
+
+def segment_runner(steps: Mapping[str, Callable[[Tensor], None]], stream: Tensor, seg_len: int
+                   ) -> Callable[[str, int], float]:
+    """``run(name, n)`` for :func:`alternating_rounds`: n calls of ``steps[name]``, each on that step's next
+    (B, L+1) segment of ``stream`` (B streams, read segment by segment); returns tokens/s."""
+    position = dict.fromkeys(steps, 0)
+
+    def run(name: str, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            t = position[name]
+            steps[name](stream[:, t:t + seg_len + 1])
+            position[name] = t + seg_len
+        return n * stream.size(0) * seg_len / (time.perf_counter() - start)
+    return run
 
 
 def ratio_line(a: str, b: str, figures: dict[str, list[float]], label: str = "") -> str:
@@ -320,17 +336,7 @@ def main() -> None:
     names = list(steps)
     n_tokens = B * (L * (args.warmup + args.rounds * args.steps) + 1)
     stream = zipf_ids(n_tokens, args.vocab_size).view(B, -1)  # B streams, read segment by segment
-    position = dict.fromkeys(names, 0)
-
-    def run(name: str, n: int) -> float:
-        start = time.perf_counter()
-        for _ in range(n):
-            t = position[name]
-            steps[name](stream[:, t:t + L + 1])
-            position[name] = t + L
-        return n * B * L / (time.perf_counter() - start)
-
-    tps = alternating_rounds(run, names, args.rounds, args.steps, args.warmup)
+    tps = alternating_rounds(segment_runner(steps, stream, L), names, args.rounds, args.steps, args.warmup)
     for name in names:
         rounds = ", ".join(f"{t:,.0f}" for t in tps[name])
         print(f"{name:20s} {statistics.median(tps[name]):9,.0f} train tokens/s   (rounds: {rounds})")

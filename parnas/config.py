@@ -34,6 +34,7 @@ ATTENTION_KERNELS = ("sdpa", "flex")
 # parnas search --strategy: PAR's own (strategies.search), NNI's one-shot ones, NNI's multi-trial ones
 SEARCH_STRATEGIES = ("par-gumbel-darts", "darts", "gumbel-darts", "random-oneshot", "proxyless", "enas", "random",
                      "regularized-evolution", "tpe", "grid")
+SEARCH_FORWARDS = ("mixed", "sampled")  # what a search step runs in each block (strategies.sampled)
 BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (strategies.gumbel_darts)
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
 TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}
@@ -249,6 +250,12 @@ class SearchConfig:
     ``inference`` (a forward pass over a batch of segments) or ``generate``
     (one token decoded at batch 1, as ``parnas generate`` does).
 
+    ``forward``: what a training step runs in each block: ``mixed``, every
+    candidate, weighted by the Gumbel sample (DARTS); ``sampled``, only the
+    candidate a straight-through sample picks (GDAS), so the step costs a sampled
+    architecture's and the logits learn through the picked weight. ``sampled``
+    runs in one process (a rank would skip the weights of what it did not pick).
+
     ``export_samples``: at the end, also draw this many layouts from softmax(alpha)
     (those over the budget are dropped) and export whichever of them and the argmax
     has the lowest validation perplexity with the supernet's weights (0: the argmax).
@@ -260,6 +267,7 @@ class SearchConfig:
     tau_end: float = 0.1
     tau_schedule: str = "exponential"
     hard: bool = False
+    forward: str = "mixed"  # one of SEARCH_FORWARDS
     arch_lr: float = 3.0e-3
     arch_weight_decay: float = 0.0
     arch_warmup_steps: int = 0
@@ -308,6 +316,11 @@ class SearchConfig:
                  f"search.strategy must be one of {', '.join(SEARCH_STRATEGIES)}, not {self.strategy!r}")
         _require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
         _require(self.export_samples >= 0, f"search.export_samples must be >= 0, got {self.export_samples}")
+        _require(self.forward in SEARCH_FORWARDS,
+                 f"search.forward must be one of {', '.join(SEARCH_FORWARDS)}, not {self.forward!r}")
+        _require(self.forward == "mixed" or self.strategy == "par-gumbel-darts",
+                 f"search.forward={self.forward} is par-gumbel-darts' (search.strategy={self.strategy} runs its "
+                 "own supernet)")
         _require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
         _require(self.latency_target == "train" or self.penalty_cost == "latency",
@@ -331,6 +344,9 @@ class Config:
             _require(size % processes == 0,
                      f"data.{key} ({size}) must be divisible by the {processes} processes "
                      "(train.devices x train.num_nodes): each process reads whole streams")
+        _require(self.search.forward == "mixed" or processes == 1,
+                 f"search.forward=sampled runs in one process, not {processes} (train.devices x train.num_nodes): DDP "
+                 "would wait for the gradients of candidates a rank did not run")
         if "lsh" in (*self.model.layout, *self.search.candidates):  # the chunks must tile [memory; segment]
             m, L = self.model, self.data.seg_len
             _require(L % m.chunk_len == 0 and m.mem_len % m.chunk_len == 0,

@@ -1,12 +1,14 @@
 """PAR's Gumbel-DARTS: an NNI one-shot strategy with per-step tau annealing.
 
 Layering follows NNI's one-shot code: :class:`PARGumbelDARTS` (the strategy)
-mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s with a
+mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`SampledMixedLayer`) with a
 :class:`GumbelSoftmax`, and wraps the task in :class:`PARDartsModule` (the
 Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
 and why:
 
 - tau moves every optimiser step (exponential, linear or cosine), not per epoch;
+- with ``search.forward: sampled`` a step runs only one sampled candidate per block (GDAS), not all
+  (:mod:`strategies.sampled`);
 - ``joint`` mode (the seed's procedure) steps weights and logits from one batch;
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream.
   The task keeps one Transformer-XL memory per stream (``train``, ``arch``), and
@@ -57,9 +59,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from parnas.config import SearchConfig
-from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
+from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar, step_seed
 from strategies.costs import CostModel
 from strategies.exported import Evaluated, exported_nll, fit_budget
+from strategies.sampled import SampledMixedLayer, clear_samples, draw_samples
+
+SAMPLE_SEED_OFFSETS = {"train": 104_729, "arch": 130_363}  # sampled forward: each stream's draws their own
 
 
 def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
@@ -196,6 +201,16 @@ class PARDartsModule(DartsLightningModule):
         """Segments done in this pass over the training streams; a resumed search starts there."""
         return self.training_module.data_position
 
+    def _sample(self, stream: str) -> None:
+        """``search.forward: sampled``: a straight-through sample per block for the next forward on ``stream``,
+        which then runs only the picked candidates (:mod:`strategies.sampled`); ``mixed``: every candidate runs.
+        Seeded by the step, as dropout is, so a resumed search draws the same."""
+        if self.search.forward == "sampled":
+            task = self.training_module
+            offset = SAMPLE_SEED_OFFSETS[stream]
+            draw_samples(self.choices(), self.tau, step_seed(task.train_cfg.seed + offset, task.global_rank,
+                                                             task.batches_seen))
+
     def _stream_loss(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
         task = self.training_module
         if stream == "train":  # the task's own path: memory restore, dropout seed, data position
@@ -255,14 +270,17 @@ class PARDartsModule(DartsLightningModule):
                 self.training_module.mems.pop("arch", None)
                 self.training_module._restored_streams.pop("arch", None)
             if arch_moves:
+                self._sample("arch")
                 arch_loss = self._stream_loss("arch", batch["arch"]) + self._penalty()
                 self.manual_backward(arch_loss)
                 self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
                 self.log("search/arch_loss", arch_loss.detach())
+            self._sample("train")
             loss = self._stream_loss("train", batch["train"])
             self.advance_optimization(loss, batch_idx, self.gradient_clip_val)
         else:
+            self._sample("train")
             loss = self._stream_loss("train", batch)
             total = loss + self._penalty() if arch_moves else loss
             self.advance_optimization(total, batch_idx, self.gradient_clip_val)  # backward reaches alpha too
@@ -271,6 +289,7 @@ class PARDartsModule(DartsLightningModule):
                 arch_optimizer.optimizer.step()
         if arch_moves:
             self._dual_step()
+        clear_samples(self.choices())
         self.advance_lr_schedulers(batch_idx)
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
@@ -363,7 +382,8 @@ class PARGumbelDARTS(GumbelDARTS):
                  costs: CostModel | None = None, history_path: Path | None = None,
                  on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(temperature=search.tau_start, arc_learning_rate=search.arch_lr,
-                         gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every)
+                         gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every,
+                         mutation_hooks=[SampledMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
         if (search.penalty_weight or search.latency_budget is not None) and costs is None:
             raise ValueError("a cost penalty or a latency budget needs a CostModel")
         self.search, self.max_steps, self.costs = search, max_steps, costs

@@ -354,7 +354,8 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
                 "architecture_cost": round(costs.total(kinds), 4),
                 "cost_ratio": round(costs.ratio(kinds), 4),
                 "expected_cost": round(float(module.expected_ratio().detach()) * costs.reference, 4),
-                "hard": cfg.search.hard, "arch_lr": cfg.search.arch_lr, "seconds": round(seconds, 1),
+                "hard": cfg.search.hard, "forward": cfg.search.forward, "arch_lr": cfg.search.arch_lr,
+                "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
                 "nni_trial": os.environ.get("NNI_TRIAL_JOB_ID") if trial else None})
     architecture.write(run_dir / "architecture.json", record)

@@ -381,14 +381,15 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
 
 
-@pytest.mark.parametrize("mode", ["joint", "bilevel"])
-def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode):
-    """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through."""
+@pytest.mark.parametrize("mode, forward", [("joint", "mixed"), ("bilevel", "mixed"), ("joint", "sampled")])
+def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode, forward):
+    """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
+    also when each step runs only the candidates sampled (the same draws after the resume)."""
     from parnas.training import checkpoint
     from strategies.search import prepare_run_dir
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
-              "model.dropout=0.1", f"search.mode={mode}", "search.latency_budget=0.5")
+              "model.dropout=0.1", f"search.mode={mode}", "search.latency_budget=0.5", f"search.forward={forward}")
 
     def search(run_dir, *extra, ckpt=None):
         torch.manual_seed(0)

@@ -9,7 +9,7 @@
 #
 # Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
-# compiled, the loss's own grouping against the host's, heads of 41 padded or not, CUDA graphs, identity blocks
+# compiled, the loss's own grouping against the host's, the sampled supernet, heads of 41 padded or not, CUDA graphs, identity blocks
 # against a shallower model), flex (gpu_step.py --flex: attention by FlexAttention against SDPA, eager and
 # compiled, at WT103 base and the long shape), latency (a version-2 latency table of the train, inference and generate targets at
 # wt2-par's GPU shapes, for a study priced by it on any machine).
@@ -40,7 +40,7 @@ step syncs 40 python3 benchmarks/host_syncs.py
 step steps-wt103-bf16 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
     --unpadded-heads --rounds 5
 step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded-heads --rounds 5
-step steps-wt2par 50 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device \
+step steps-wt2par 70 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device --sampled \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
 step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
 step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5

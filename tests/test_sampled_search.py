@@ -1,0 +1,129 @@
+"""``search.forward: sampled`` (GDAS): a search step runs one sampled candidate per block, not all of them, and
+the logits still learn; evaluation still mixes every candidate; the step reads back the picks and nothing else."""
+
+import numpy as np
+import pytest
+import torch
+from nni.nas.nn.pytorch import LayerChoice, ModelSpace
+from test_search import SPLITS, VOCAB, alphas, search_config
+from torch import nn
+
+from parnas.config import load_config
+from parnas.errors import ConfigError
+from strategies.gumbel_darts import PARGumbelDARTS
+from strategies.sampled import SampledMixedLayer, clear_samples, draw_samples
+from strategies.search import build_search
+
+
+class Counted(nn.Linear):
+    calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x)
+
+
+class OneChoice(ModelSpace):
+    def __init__(self, n: int, width: int) -> None:
+        super().__init__()
+        self.block = LayerChoice([Counted(width, width) for _ in range(n)], label="block_0")
+
+
+def mixed_layer(n=3, width=4) -> SampledMixedLayer:
+    """One block of n candidates, mutated by the search's strategy."""
+    torch.manual_seed(0)
+    return PARGumbelDARTS(load_config("tiny").search, max_steps=1).mutate_model(OneChoice(n, width)).block
+
+
+def test_a_sampled_block_runs_only_its_pick_and_every_logit_of_the_block_learns():
+    layer = mixed_layer()
+    x = torch.randn(5, 4)
+    (pick,) = draw_samples([layer], tau=0.5, seed=1)
+    out = layer(x)
+    candidates = [layer[name] for name in layer.names]
+    assert [c.calls for c in candidates] == [int(i == pick) for i in range(3)]
+    picked = candidates[pick]
+    torch.testing.assert_close(out, nn.functional.linear(x, picked.weight, picked.bias), rtol=1e-6, atol=1e-6)
+    out.square().sum().backward()
+    assert layer._arch_alpha.grad is not None and (layer._arch_alpha.grad != 0).all()  # through the softmax
+    assert [c.weight.grad is not None for c in candidates] == [i == pick for i in range(3)]
+
+    clear_samples([layer])
+    layer(x)
+    assert [c.calls for c in candidates] == [1 + int(i == pick) for i in range(3)]  # no sample: all, mixed
+    draw_samples([layer], tau=0.5, seed=1)
+    layer.eval()
+    layer(x)
+    assert all(c.calls >= 2 for c in candidates)  # evaluation mixes every candidate, sample or not
+
+
+def test_the_draws_follow_the_logits_and_repeat_for_a_seed():
+    """A pick is a Gumbel-max sample of softmax(alpha): frequencies follow the probabilities; one seed, one draw."""
+    layer = mixed_layer()
+    with torch.no_grad():
+        layer._arch_alpha.copy_(torch.tensor([2.0, 0.0, -1.0]))
+    picks = [draw_samples([layer], tau=1.0, seed=s)[0] for s in range(3000)]
+    freq = np.bincount(picks, minlength=3) / len(picks)
+    np.testing.assert_allclose(freq, torch.tensor([2.0, 0.0, -1.0]).softmax(-1).numpy(), atol=0.03)
+    assert draw_samples([layer], 1.0, seed=7) == draw_samples([layer], 1.0, seed=7)
+
+
+@pytest.mark.parametrize("mode", ["joint", "bilevel"])
+def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_block(tmp_path, mode):
+    search = build_search(search_config("train.max_steps=3", f"search.mode={mode}", "search.forward=sampled"),
+                          SPLITS, VOCAB, tmp_path)
+    training = {}  # (block, candidate) -> forwards in training
+
+    def count(module, args, out, key):
+        if module.training:
+            training[key] = training.get(key, 0) + 1
+
+    layers = [m for m in search.supernet.modules() if isinstance(m, SampledMixedLayer)]
+    for layer in layers:
+        for name in layer.names:
+            layer[name].register_forward_hook(lambda *a, key=(layer.label, name): count(*a, key=key))
+    before = alphas(search)
+    search.run()
+    assert all(not torch.equal(before[k], a) for k, a in alphas(search).items())
+    assert len(layers) == 2 and all(layer.sample is None for layer in layers)  # nothing kept past the step
+    forwards = 3 * (2 if mode == "bilevel" else 1)  # 3 steps; bilevel's also run the logits' segment
+    for layer in layers:  # one candidate a forward, where a mixed step runs all three
+        assert sum(training.get((layer.label, name), 0) for name in layer.names) == forwards, training
+
+
+@pytest.mark.slow
+def test_a_sampled_search_chooses_attention_where_the_task_needs_it(tmp_path):
+    search = build_search(search_config("train.max_steps=600", "search.arch_warmup_steps=200",
+                                        "search.forward=sampled"), SPLITS, VOCAB, tmp_path)
+    search.run()
+    attention = [p["attention"] for p in search.module.probabilities().values()]
+    assert max(attention) > 0.8, search.module.probabilities()
+    assert "attention" in search.module.export().values()
+
+
+def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, benchmark):
+    from strategies.costs import CostModel
+
+    cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
+                               "search.latency_budget=0.9", "search.forward=sampled"])
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    ids = np.random.default_rng(0).integers(0, 1000, B * L * 20).astype(np.int64)
+    costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
+    search = build_search(cfg, {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}, 1000,
+                          tmp_path, costs=costs)
+    record = benchmark("host_syncs").RecordStep(3)
+    search.trainer.callbacks.append(record)
+    search.run()
+    assert record.recorder.total == 1 and all("draw_samples" in site for site in record.recorder.sites), \
+        record.recorder.sites
+
+
+@pytest.mark.parametrize("settings, needle", [
+    (["search.forward=all"], "search.forward must be one of mixed, sampled, not 'all'"),
+    (["search.forward=sampled", "search.strategy=darts"], "search.forward=sampled is par-gumbel-darts'"),
+    (["search.forward=sampled", "train.devices=2", "data.batch_size=8", "data.eval_batch_size=8"],
+     "search.forward=sampled runs in one process, not 2"),
+])
+def test_settings_a_sampled_search_cannot_honour_are_refused(settings, needle):
+    with pytest.raises(ConfigError, match=f"^{needle}"):
+        load_config("tiny", settings)
