@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Every check and figure the GPU work needs, in about 17 minutes on one GPU, each step under a time limit so that
+# Every check and figure the GPU work needs, in about 20 minutes on one GPU, each step under a time limit so that
 # what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to runs/gpu where OUT
 # is not set. Run from the repository root on a machine with CUDA:
 #
 #   bash tools/gpu_checks.sh                       # everything, in the order below
-#   bash tools/gpu_checks.sh tests syncs latency flex  # named steps only: a device call of at most 10 minutes
-#   bash tools/gpu_checks.sh steps                      #   takes these two halves one each
+#   bash tools/gpu_checks.sh tests syncs latency   # named steps only: a device call of at most 10 minutes
+#   bash tools/gpu_checks.sh steps                 #   takes each of these three parts
+#   bash tools/gpu_checks.sh flex
 #
 # Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
@@ -35,7 +36,7 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a limit, its output
 command -v nvidia-smi >/dev/null || { echo "gpu_checks: no NVIDIA GPU here (nvidia-smi not found)" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-step tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
+step tests 360 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
 step syncs 40 python3 benchmarks/host_syncs.py
 step steps-wt103-bf16 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
     --unpadded-heads --rounds 5
