@@ -49,6 +49,19 @@ def test_the_compiled_flex_kernel_computes_what_the_cpu_path_does(M, Dh):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_the_flex_kernel_is_compiled_once_per_shape():
+    """Every attention block calls it with fresh tensors and a fresh position closure every step: nothing is
+    compiled again for them."""
+    from torch._dynamo.utils import counters
+
+    with torch.no_grad():
+        flex(*attention_inputs(M=4), 0.25)
+        graphs = counters["stats"]["unique_graphs"]
+        for _ in range(3):
+            flex(*attention_inputs(M=4), 0.25)  # fresh tensors, a fresh closure
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 def test_flex_gradients_reach_the_position_scores_as_the_cpu_path_sends_them(monkeypatch):
     """The relative-position scores are a captured tensor of the kernel, not an input: their gradient (and so
     W_r's and the position bias v's) must still come back, equal to the CPU path's, and so must q's, k's and v's."""
