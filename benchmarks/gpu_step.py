@@ -196,8 +196,8 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
 def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
                   ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
     """The search's supernet and its joint training step: weights and logits. Every candidate runs in every
-    block; with ``sampled`` (``search.forward: sampled``), the one a fresh straight-through sample picks, the
-    logits as initialised (even odds: the search's start)."""
+    block; with ``sampled`` (``search.forward: sampled``), one drawn from softmax(alpha), the logits as
+    initialised (even odds: the search's start)."""
     from search_step import Sampling
 
     from search_spaces import PARTransformerXLSpace
@@ -207,7 +207,7 @@ def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()
     alphas = [p for name, p in supernet.named_parameters() if name.endswith("_arch_alpha")]
     weights = [p for name, p in supernet.named_parameters() if not name.endswith("_arch_alpha")]
-    model = Sampling(supernet, cfg.search.tau_start) if sampled else supernet
+    model = Sampling(supernet) if sampled else supernet
     return supernet, _step(model, [weights, alphas], cfg, precision)
 
 

@@ -1,8 +1,9 @@
 """Cost of a search step against a step of the fixed standard Transformer-XL it prices layouts against.
 
 The supernet's step is the search's, joint mode: every block (attention, dense, identity by default) mixes its
-candidates by Gumbel-softmax weights (``search.forward: mixed``), or runs only the candidate a straight-through
-sample picks (``sampled``, GDAS), and both the weights and the logits step. The baseline is the standard
+candidates by Gumbel-softmax weights (``search.forward: mixed``), or runs only a candidate drawn from
+softmax(alpha) (``sampled``; its REINFORCE term, a few scalar products, is left out), and both the weights and
+the logits step. The baseline is the standard
 Transformer-XL at the same ``n_blocks`` (attention, dense, ...: what the search's cost ratios divide by). All
 carry their memory, on Zipf token ids; the logits stay as initialised (uniform), so a sampled step costs the
 mean of the candidates, as at the start of a search (it moves towards the found layout's cost as the logits do).
@@ -29,19 +30,19 @@ from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam
 from search_spaces import PARTransformerXLSpace
 from strategies.gumbel_darts import PARGumbelDARTS
-from strategies.sampled import SampledMixedLayer, draw_samples
+from strategies.sampled import SampledMixedLayer, draw_picks
 
 
 class Sampling(torch.nn.Module):
-    """The supernet with a fresh straight-through sample in every block before each forward (a sampled step)."""
+    """The supernet with a fresh pick in every block before each forward (a sampled step)."""
 
-    def __init__(self, supernet: torch.nn.Module, tau: float) -> None:
+    def __init__(self, supernet: torch.nn.Module) -> None:
         super().__init__()
-        self.supernet, self.tau, self.draws = supernet, tau, 0
+        self.supernet, self.draws = supernet, 0
         self.layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
 
     def forward(self, x: Tensor, mems: Any = None) -> Any:
-        draw_samples(self.layers, self.tau, seed=self.draws)
+        draw_picks(self.layers, seed=self.draws)
         self.draws += 1
         return self.supernet(x, mems)
 
@@ -67,7 +68,7 @@ def main() -> None:
 
     fixed = build_fixed_model(cfg.model, args.vocab_size, transformer_xl_layout(cfg.model.n_blocks)).train()
     models = {"transformer-xl": fixed, "supernet, mixed": supernet(),
-              "supernet, sampled": Sampling(supernet(), cfg.search.tau_start)}
+              "supernet, sampled": Sampling(supernet())}
     steps = {}
     for name, model in models.items():
         groups = [[p for n, p in model.named_parameters() if not n.endswith("_arch_alpha")],

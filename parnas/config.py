@@ -251,10 +251,10 @@ class SearchConfig:
     (one token decoded at batch 1, as ``parnas generate`` does).
 
     ``forward``: what a training step runs in each block: ``mixed``, every
-    candidate, weighted by the Gumbel sample (DARTS); ``sampled``, only the
-    candidate a straight-through sample picks (GDAS), so the step costs a sampled
-    architecture's and the logits learn through the picked weight. ``sampled``
-    runs in one process (a rank would skip the weights of what it did not pick).
+    candidate, weighted by the Gumbel sample (DARTS); ``sampled``, one candidate
+    drawn from softmax(alpha), so the step costs a sampled architecture's, and
+    the logits learn from the loss by REINFORCE. ``sampled`` runs in one process
+    (a rank would skip the weights of what it did not pick).
 
     ``export_samples``: at the end, also draw this many layouts from softmax(alpha)
     (those over the budget are dropped) and export whichever of them and the argmax

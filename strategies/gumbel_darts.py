@@ -7,8 +7,8 @@ Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
 and why:
 
 - tau moves every optimiser step (exponential, linear or cosine), not per epoch;
-- with ``search.forward: sampled`` a step runs only one sampled candidate per block (GDAS), not all
-  (:mod:`strategies.sampled`);
+- with ``search.forward: sampled`` a step runs only one sampled candidate per block, not all, and the logits
+  learn from the loss by REINFORCE (:mod:`strategies.sampled`);
 - ``joint`` mode (the seed's procedure) steps weights and logits from one batch;
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream.
   The task keeps one Transformer-XL memory per stream (``train``, ``arch``), and
@@ -62,7 +62,7 @@ from parnas.config import SearchConfig
 from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar, step_seed
 from strategies.costs import CostModel
 from strategies.exported import Evaluated, exported_nll, fit_budget
-from strategies.sampled import SampledMixedLayer, clear_samples, draw_samples
+from strategies.sampled import SampledMixedLayer, clear_picks, draw_picks, reinforce
 
 SAMPLE_SEED_OFFSETS = {"train": 104_729, "arch": 130_363}  # sampled forward: each stream's draws their own
 
@@ -122,6 +122,7 @@ class PARDartsModule(DartsLightningModule):
         self.last_evaluation: Evaluated | None = None
         self._softmax_cache: list[NNIGumbelSoftmax] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
+        self._baseline: Tensor | None = None  # search.forward=sampled: the loss's moving average (REINFORCE's)
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
@@ -201,15 +202,21 @@ class PARDartsModule(DartsLightningModule):
         """Segments done in this pass over the training streams; a resumed search starts there."""
         return self.training_module.data_position
 
-    def _sample(self, stream: str) -> None:
-        """``search.forward: sampled``: a straight-through sample per block for the next forward on ``stream``,
-        which then runs only the picked candidates (:mod:`strategies.sampled`); ``mixed``: every candidate runs.
-        Seeded by the step, as dropout is, so a resumed search draws the same."""
-        if self.search.forward == "sampled":
-            task = self.training_module
-            offset = SAMPLE_SEED_OFFSETS[stream]
-            draw_samples(self.choices(), self.tau, step_seed(task.train_cfg.seed + offset, task.global_rank,
-                                                             task.batches_seen))
+    def _sampled_loss(self, stream: str, batch: tuple[Tensor, Tensor], learns: bool) -> tuple[Tensor, Tensor]:
+        """The stream's loss, and what the logits learn from besides the penalty. ``mixed``: every candidate
+        runs, and the loss's own gradient reaches the logits (0 here). ``sampled``: one candidate a block, drawn
+        from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws the same), and the
+        REINFORCE surrogate of :mod:`strategies.sampled` where the logits ``learns`` from this stream."""
+        if self.search.forward == "mixed":
+            return self._stream_loss(stream, batch), torch.zeros(())
+        task, choices = self.training_module, self.choices()
+        seed = step_seed(task.train_cfg.seed + SAMPLE_SEED_OFFSETS[stream], task.global_rank, task.batches_seen)
+        picks = draw_picks(choices, seed)
+        loss = self._stream_loss(stream, batch)
+        if not learns:
+            return loss, torch.zeros(())
+        surrogate, self._baseline = reinforce(choices, picks, loss, self._baseline)
+        return loss, surrogate
 
     def _stream_loss(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
         task = self.training_module
@@ -270,26 +277,24 @@ class PARDartsModule(DartsLightningModule):
                 self.training_module.mems.pop("arch", None)
                 self.training_module._restored_streams.pop("arch", None)
             if arch_moves:
-                self._sample("arch")
-                arch_loss = self._stream_loss("arch", batch["arch"]) + self._penalty()
-                self.manual_backward(arch_loss)
+                arch_loss, surrogate = self._sampled_loss("arch", batch["arch"], learns=True)
+                arch_loss = arch_loss + self._penalty()
+                self.manual_backward(arch_loss + surrogate.to(arch_loss))
                 self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
                 self.log("search/arch_loss", arch_loss.detach())
-            self._sample("train")
-            loss = self._stream_loss("train", batch["train"])
+            loss, _ = self._sampled_loss("train", batch["train"], learns=False)
             self.advance_optimization(loss, batch_idx, self.gradient_clip_val)
         else:
-            self._sample("train")
-            loss = self._stream_loss("train", batch)
-            total = loss + self._penalty() if arch_moves else loss
+            loss, surrogate = self._sampled_loss("train", batch, learns=True)  # the baseline follows from step 0
+            total = loss + self._penalty() + surrogate.to(loss) if arch_moves else loss
             self.advance_optimization(total, batch_idx, self.gradient_clip_val)  # backward reaches alpha too
             if arch_moves:
                 self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()
         if arch_moves:
             self._dual_step()
-        clear_samples(self.choices())
+        clear_picks(self.choices())
         self.advance_lr_schedulers(batch_idx)
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
@@ -349,6 +354,7 @@ class PARDartsModule(DartsLightningModule):
         arch_memory = task._restored_streams.get("arch") or (
             task._gather_memory(task.mems["arch"]) if task.mems.get("arch") is not None else None)
         checkpoint["parnas"]["search"] = {"lambda": self.dual, "arch_memory": arch_memory,
+                                          "baseline": None if self._baseline is None else float(self._baseline),
                                           "last_evaluation": asdict(self.last_evaluation)
                                           if self.last_evaluation else None}
 
@@ -356,6 +362,8 @@ class PARDartsModule(DartsLightningModule):
         self.training_module.on_load_checkpoint(checkpoint)
         state = checkpoint["parnas"].get("search") or {}
         self._dual = torch.tensor(float(state.get("lambda", 0.0)), dtype=torch.float64)
+        baseline = state.get("baseline")
+        self._baseline = None if baseline is None else torch.tensor(baseline, dtype=torch.float32)
         last = state.get("last_evaluation")
         self.last_evaluation = Evaluated(**last) if last else None
         if state.get("arch_memory") is not None:

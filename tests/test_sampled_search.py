@@ -1,5 +1,6 @@
-"""``search.forward: sampled`` (GDAS): a search step runs one sampled candidate per block, not all of them, and
-the logits still learn; evaluation still mixes every candidate; the step reads back the picks and nothing else."""
+"""``search.forward: sampled``: a search step runs one sampled candidate per block, not all of them, and the logits
+learn from the loss (REINFORCE); evaluation still mixes every candidate; the step reads back the picks and
+nothing else."""
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from torch import nn
 from parnas.config import load_config
 from parnas.errors import ConfigError
 from strategies.gumbel_darts import PARGumbelDARTS
-from strategies.sampled import SampledMixedLayer, clear_samples, draw_samples
+from strategies.sampled import BASELINE_DECAY, SampledMixedLayer, clear_picks, draw_picks, reinforce
 from strategies.search import build_search
 
 
@@ -35,37 +36,55 @@ def mixed_layer(n=3, width=4) -> SampledMixedLayer:
     return PARGumbelDARTS(load_config("tiny").search, max_steps=1).mutate_model(OneChoice(n, width)).block
 
 
-def test_a_sampled_block_runs_only_its_pick_and_every_logit_of_the_block_learns():
+def test_a_sampled_block_runs_only_its_pick_and_evaluation_mixes_every_candidate():
     layer = mixed_layer()
     x = torch.randn(5, 4)
-    (pick,) = draw_samples([layer], tau=0.5, seed=1)
+    (pick,) = draw_picks([layer], seed=1)
     out = layer(x)
     candidates = [layer[name] for name in layer.names]
     assert [c.calls for c in candidates] == [int(i == pick) for i in range(3)]
     picked = candidates[pick]
-    torch.testing.assert_close(out, nn.functional.linear(x, picked.weight, picked.bias), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out, nn.functional.linear(x, picked.weight, picked.bias))
     out.square().sum().backward()
-    assert layer._arch_alpha.grad is not None and (layer._arch_alpha.grad != 0).all()  # through the softmax
     assert [c.weight.grad is not None for c in candidates] == [i == pick for i in range(3)]
 
-    clear_samples([layer])
+    clear_picks([layer])
     layer(x)
-    assert [c.calls for c in candidates] == [1 + int(i == pick) for i in range(3)]  # no sample: all, mixed
-    draw_samples([layer], tau=0.5, seed=1)
+    assert [c.calls for c in candidates] == [1 + int(i == pick) for i in range(3)]  # no pick: all, mixed
+    draw_picks([layer], seed=1)
     layer.eval()
     layer(x)
-    assert all(c.calls >= 2 for c in candidates)  # evaluation mixes every candidate, sample or not
+    assert [c.calls for c in candidates] == [2 + int(i == pick) for i in range(3)]  # evaluation: all, mixed
 
 
-def test_the_draws_follow_the_logits_and_repeat_for_a_seed():
-    """A pick is a Gumbel-max sample of softmax(alpha): frequencies follow the probabilities; one seed, one draw."""
+def test_the_picks_follow_the_logits_and_repeat_for_a_seed():
+    """A pick is a draw from softmax(alpha): frequencies follow the probabilities; one seed, one draw."""
     layer = mixed_layer()
     with torch.no_grad():
         layer._arch_alpha.copy_(torch.tensor([2.0, 0.0, -1.0]))
-    picks = [draw_samples([layer], tau=1.0, seed=s)[0] for s in range(3000)]
+    picks = [draw_picks([layer], seed=s)[0] for s in range(3000)]
     freq = np.bincount(picks, minlength=3) / len(picks)
     np.testing.assert_allclose(freq, torch.tensor([2.0, 0.0, -1.0]).softmax(-1).numpy(), atol=0.03)
-    assert draw_samples([layer], 1.0, seed=7) == draw_samples([layer], 1.0, seed=7)
+    assert draw_picks([layer], seed=7) == draw_picks([layer], seed=7)
+
+
+def test_reinforce_raises_the_odds_of_picks_that_did_better_than_usual_and_lowers_the_others():
+    """(L - b) d log p(pick) / d alpha: a loss below the moving average makes the pick likelier in every block,
+    one above makes it less likely; at the baseline nothing moves. The baseline follows the loss."""
+    layers = [mixed_layer(), mixed_layer()]
+    picks = [0, 2]
+    for loss, baseline, direction in [(3.0, 3.5, +1), (4.0, 3.5, -1), (3.5, 3.5, 0)]:
+        for layer in layers:
+            layer._arch_alpha.grad = None
+        surrogate, following = reinforce(layers, picks, torch.tensor(loss), torch.tensor(baseline))
+        surrogate.backward()
+        for layer, pick in zip(layers, picks):
+            stepped = layer._arch_alpha.detach() - 0.1 * layer._arch_alpha.grad  # one gradient step
+            change = stepped.softmax(-1)[pick] - layer._arch_alpha.detach().softmax(-1)[pick]
+            assert torch.sign(change) == direction, (loss, baseline, change)
+        assert following.item() == pytest.approx(BASELINE_DECAY * baseline + (1 - BASELINE_DECAY) * loss)
+    _, first = reinforce(layers, picks, torch.tensor(3.2), None)
+    assert first.item() == pytest.approx(3.2)  # the first step's baseline is its own loss
 
 
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])
@@ -85,7 +104,7 @@ def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_blo
     before = alphas(search)
     search.run()
     assert all(not torch.equal(before[k], a) for k, a in alphas(search).items())
-    assert len(layers) == 2 and all(layer.sample is None for layer in layers)  # nothing kept past the step
+    assert len(layers) == 2 and all(layer.pick is None for layer in layers)  # nothing kept past the step
     forwards = 3 * (2 if mode == "bilevel" else 1)  # 3 steps; bilevel's also run the logits' segment
     for layer in layers:  # one candidate a forward, where a mixed step runs all three
         assert sum(training.get((layer.label, name), 0) for name in layer.names) == forwards, training
@@ -114,7 +133,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
     record = benchmark("host_syncs").RecordStep(3)
     search.trainer.callbacks.append(record)
     search.run()
-    assert record.recorder.total == 1 and all("draw_samples" in site for site in record.recorder.sites), \
+    assert record.recorder.total == 1 and all("draw_picks" in site for site in record.recorder.sites), \
         record.recorder.sites
 
 
