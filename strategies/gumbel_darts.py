@@ -202,19 +202,19 @@ class PARDartsModule(DartsLightningModule):
         """Segments done in this pass over the training streams; a resumed search starts there."""
         return self.training_module.data_position
 
-    def _sampled_loss(self, stream: str, batch: tuple[Tensor, Tensor], learns: bool) -> tuple[Tensor, Tensor]:
+    def _sampled_loss(self, stream: str, batch: tuple[Tensor, Tensor], learns: bool) -> tuple[Tensor, Tensor | float]:
         """The stream's loss, and what the logits learn from besides the penalty. ``mixed``: every candidate
         runs, and the loss's own gradient reaches the logits (0 here). ``sampled``: one candidate a block, drawn
         from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws the same), and the
         REINFORCE surrogate of :mod:`strategies.sampled` where the logits ``learns`` from this stream."""
         if self.search.forward == "mixed":
-            return self._stream_loss(stream, batch), torch.zeros(())
+            return self._stream_loss(stream, batch), 0.0
         task, choices = self.training_module, self.choices()
         seed = step_seed(task.train_cfg.seed + SAMPLE_SEED_OFFSETS[stream], task.global_rank, task.batches_seen)
         picks = draw_picks(choices, seed)
         loss = self._stream_loss(stream, batch)
         if not learns:
-            return loss, torch.zeros(())
+            return loss, 0.0
         surrogate, self._baseline = reinforce(choices, picks, loss, self._baseline)
         return loss, surrogate
 
@@ -279,7 +279,7 @@ class PARDartsModule(DartsLightningModule):
             if arch_moves:
                 arch_loss, surrogate = self._sampled_loss("arch", batch["arch"], learns=True)
                 arch_loss = arch_loss + self._penalty()
-                self.manual_backward(arch_loss + surrogate.to(arch_loss))
+                self.manual_backward(arch_loss + surrogate)
                 self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
                 self.log("search/arch_loss", arch_loss.detach())
@@ -287,7 +287,7 @@ class PARDartsModule(DartsLightningModule):
             self.advance_optimization(loss, batch_idx, self.gradient_clip_val)
         else:
             loss, surrogate = self._sampled_loss("train", batch, learns=True)  # the baseline follows from step 0
-            total = loss + self._penalty() + surrogate.to(loss) if arch_moves else loss
+            total = loss + self._penalty() + surrogate if arch_moves else loss
             self.advance_optimization(total, batch_idx, self.gradient_clip_val)  # backward reaches alpha too
             if arch_moves:
                 self._sync_arch_gradients()
