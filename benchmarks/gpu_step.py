@@ -74,6 +74,7 @@ from parnas.cli import ArgumentParser
 from parnas.config import COMPILE_MODES, Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
 from parnas.nn.blocks import AttentionBlock
 from parnas.nn.model import build_fixed_model
+from parnas.training.devices import pinned
 from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam, compile_model
 
@@ -322,7 +323,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         for _ in range(n):
             t = position[model]
             groups = group[model](host[:, t + 1:t + L + 1])  # as the data module does before the batch moves
-            steps[model](stream[:, t:t + L + 1], None if groups is None else groups.to(stream.device))
+            groups = None if groups is None else pinned(groups, stream.device).to(stream.device)
+            steps[model](stream[:, t:t + L + 1], groups)
             position[model] = t + L
         torch.cuda.synchronize()
         return n * B * L / (time.perf_counter() - start)

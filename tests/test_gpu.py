@@ -21,6 +21,7 @@ from parnas.config import DataConfig, ModelConfig, load_config
 from parnas.data.corpora import ContextBatches, load_splits
 from parnas.nn.model import build_fixed_model
 from parnas.training import checkpoint as ckpt
+from parnas.training.devices import pinned
 from parnas.training.latency import zipf_ids
 from parnas.training.task import adam
 
@@ -276,7 +277,7 @@ def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(be
     host = zipf_ids(B * (5 * L + 1), 1000).view(B, -1)
     stream = host.cuda()
     groups = [model.group_targets(host[:, t * L + 1:(t + 1) * L + 1]) for t in range(5)]  # grouped on the host
-    groups = [None if g is None else g.to(stream.device) for g in groups]
+    groups = [None if g is None else pinned(g, stream.device).to(stream.device) for g in groups]
     mems = None
 
     def step(t: int, grouped: bool) -> None:

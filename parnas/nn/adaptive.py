@@ -38,10 +38,9 @@ class TargetGroups(NamedTuple):
     sizes: tuple[int, ...]
 
     def to(self, device: torch.device) -> TargetGroups:
-        """On ``device``, without waiting for its queue (the order from pinned memory on a GPU)."""
-        host = self.order.device.type == "cpu"
-        order = self.order.pin_memory() if host and device.type == "cuda" and not self.order.is_pinned() else self.order
-        return TargetGroups(order.to(device, non_blocking=device.type == "cuda"), self.sizes)
+        """On ``device``, without waiting for its queue: from pinned memory (``parnas.training.devices.pinned``),
+        the copy is queued behind the GPU's work."""
+        return TargetGroups(self.order.to(device, non_blocking=device.type == "cuda"), self.sizes)
 
 
 def group_by_cluster(ids: Tensor, cutoffs: Tensor, groups: TargetGroups | None = None
