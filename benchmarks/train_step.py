@@ -87,20 +87,6 @@ def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optim
     return step
 
 
-def time_steps(model: torch.nn.Module, params: list[list[torch.nn.Parameter]], cfg, vocab_size: int,
-               steps: int, warmup: int) -> float:
-    """Seconds per optimiser step: forward, backward, clipping of ``params[0]``, one Adam per parameter list."""
-    step = training_step(model, [adam(p, lr=cfg.train.lr) for p in params], params[0], cfg.train.clip)
-    B, L = cfg.data.batch_size, cfg.data.seg_len
-    stream = zipf_ids(B * (L * (steps + warmup) + 1), vocab_size).view(B, -1)  # B streams
-    start = 0.0
-    for i in range(steps + warmup):
-        if i == warmup:
-            start = time.perf_counter()
-        step(stream[:, i * L:(i + 1) * L + 1])
-    return (time.perf_counter() - start) / steps
-
-
 def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], rounds: int, steps: int,
                        warmup: int) -> dict[str, list[float]]:
     """``run(name, n)`` takes n steps of implementation ``name`` and returns a figure (e.g. tokens/s). Every

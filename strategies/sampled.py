@@ -49,15 +49,14 @@ class SampledMixedLayer(DifferentiableMixedLayer):
 def draw_picks(layers: Sequence[SampledMixedLayer], seed: int) -> list[int]:
     """Draw each layer's candidate from softmax(alpha) (Gumbel-max) for its next forward and return the picks,
     read back in one copy (the host must know what to run: the one read-back this costs). From a generator
-    seeded with ``seed`` (a function of the step, so that a resumed search draws the same), not torch's."""
+    seeded with ``seed`` (a function of the step, so that a resumed search draws the same), not torch's. The
+    layers choose among as many candidates each (one search space's blocks do)."""
     if not layers:
         return []
-    generator = torch.Generator(layers[0]._arch_alpha.device).manual_seed(seed)
-    scores = []
-    for layer in layers:
-        alpha = layer._arch_alpha.detach()  # (n_candidates,)
-        scores.append(alpha - torch.empty_like(alpha).exponential_(generator=generator).log())  # + Gumbel noise
-    picks = torch.stack([s.argmax() for s in scores]).tolist()  # (n_blocks,)
+    alphas = torch.stack([layer._arch_alpha.detach() for layer in layers])  # (n_blocks, n_candidates)
+    generator = torch.Generator(alphas.device).manual_seed(seed)
+    gumbel = -torch.empty_like(alphas).exponential_(generator=generator).log()
+    picks = (alphas + gumbel).argmax(-1).tolist()  # (n_blocks,)
     for layer, pick in zip(layers, picks):
         layer.pick = pick
     return picks
