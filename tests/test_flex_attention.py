@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_module
+from test_gpu import assert_same_block_results, block_forward_backward
 
 from parnas.config import ModelConfig
 from parnas.errors import ConfigError
@@ -117,17 +118,6 @@ def test_flex_trains_like_sdpa_on_cuda(precision, compiled):
 
     def run(kernel):
         block.kernel = kernel
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            out = call(h, mem, pos).float()
-            out.square().mean().backward()
-        grads = {name: p.grad.float().clone() for name, p in block.named_parameters()} | {"h": h.grad.clone()}
-        block.zero_grad()
-        h.grad = None
-        return out.detach(), grads
+        return block_forward_backward(call, block, h, mem, pos, precision)
 
-    flex_out, flex_grads = run("flex")
-    sdpa_out, sdpa_grads = run("sdpa")
-    tolerance = 3e-2 if precision == "bf16-mixed" else 1e-3
-    torch.testing.assert_close(flex_out, sdpa_out, rtol=tolerance, atol=tolerance)
-    for name, grad in sdpa_grads.items():
-        torch.testing.assert_close(flex_grads[name], grad, rtol=tolerance, atol=tolerance, msg=name)
+    assert_same_block_results(run("flex"), run("sdpa"), precision)

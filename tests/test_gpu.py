@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -463,6 +464,26 @@ def test_reversible_pairs_and_lsh_recompute_the_same_gradients_on_cuda():
         torch.testing.assert_close(grads[0][name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def block_forward_backward(call, block, h, mem, pos, precision, context=nullcontext):
+    """``call(h, mem, pos)`` forward (inside ``context()``, autocast to bf16 for bf16-mixed) and backward of the mean
+    squared output: the output and every gradient (``block``'s and ``h``'s), in float32; gradients zeroed after."""
+    with context(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        out = call(h, mem, pos).float()
+        out.square().mean().backward()
+    grads = {name: p.grad.float().clone() for name, p in block.named_parameters()} | {"h": h.grad.clone()}
+    block.zero_grad()
+    h.grad = None
+    return out.detach(), grads
+
+
+def assert_same_block_results(got, want, precision):
+    """Two :func:`block_forward_backward` results agree, within bf16's tolerance or fp32's."""
+    tolerance = 3e-2 if precision == "bf16-mixed" else 1e-3
+    torch.testing.assert_close(got[0], want[0], rtol=tolerance, atol=tolerance)
+    for name, grad in want[1].items():
+        torch.testing.assert_close(got[1][name], grad, rtol=tolerance, atol=tolerance, msg=name)
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_heads_of_41_run_a_fused_attention_kernel_on_cuda(precision):
     """Dai et al.'s WikiText-103 base has heads of 41, which no fused SDPA kernel takes: padded, the attention runs
@@ -478,22 +499,12 @@ def test_heads_of_41_run_a_fused_attention_kernel_on_cuda(precision):
     fused = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
 
     def run(backends):
-        with sdpa_kernel(backends), torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            out = block(h, mem, pos).float()
-            out.square().mean().backward()
-        grads = {name: p.grad.float().clone() for name, p in block.named_parameters()} | {"h": h.grad.clone()}
-        block.zero_grad()
-        h.grad = None
-        return out.detach(), grads
+        return block_forward_backward(block, block, h, mem, pos, precision, lambda: sdpa_kernel(backends))
 
-    padded, padded_grads = run(fused)
+    padded = run(fused)
     block.head_multiple = 1
     with pytest.raises(RuntimeError, match="[Nn]o available kernel"):
         run(fused)  # unpadded, only the math path takes them
     block.zero_grad()
     h.grad = None
-    unpadded, unpadded_grads = run([SDPBackend.MATH])
-    tolerance = 3e-2 if precision == "bf16-mixed" else 1e-3
-    torch.testing.assert_close(padded, unpadded, rtol=tolerance, atol=tolerance)
-    for name, grad in unpadded_grads.items():
-        torch.testing.assert_close(padded_grads[name], grad, rtol=tolerance, atol=tolerance, msg=name)
+    assert_same_block_results(padded, run([SDPBackend.MATH]), precision)
