@@ -79,6 +79,29 @@ def test_flex_gradients_reach_the_position_scores_as_the_cpu_path_sends_them(mon
     assert got[3][..., 0].abs().max() == 0  # the zero column scores no pair
 
 
+def test_the_blocks_flex_path_places_everything_on_the_models_device(monkeypatch):
+    """Off the CPU the block takes the flex path; on the ``meta`` device (no GPU needed) it must hand FlexAttention
+    q, k, v and the position scores on the model's device, build its block mask there, and give an output and a
+    gradient shaped and placed like the input (heads of 41, a memory)."""
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)  # torch's reference backward
+    monkeypatch.setattr(blocks, "compiled_flex_attention", lambda: flex_module.flex_attention)  # run it eagerly
+    handed = []
+
+    def recorded(q, k, v, position, scale):
+        handed.append([t.device.type for t in (q, k, v, position)])
+        return flex(q, k, v, position, scale)
+
+    monkeypatch.setattr(blocks, "flex", recorded)
+    torch._dynamo.reset()  # eager FlexAttention traces itself; a trace made for other shapes would go dynamic here
+    meta = torch.device("meta")
+    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, pre_norm=False, kernel="flex").to(meta)
+    h = torch.randn(2, 6, 410, device=meta, requires_grad=True)
+    out = block(h, torch.randn(2, 4, 410, device=meta), sinusoid(10, 410, meta))
+    out.sum().backward()
+    assert handed == [["meta"] * 4]
+    assert out.shape == h.shape and out.device == meta and h.grad.shape == h.shape and h.grad.device == meta
+
+
 def test_flex_is_refused_with_attention_dropout_and_unknown_kernels_are_named():
     with pytest.raises(ConfigError, match=r"^model.attention_kernel=flex has no attention dropout: set model.dropatt"):
         ModelConfig(attention_kernel="flex", dropatt=0.1)
