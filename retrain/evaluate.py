@@ -28,9 +28,8 @@ import torch
 from parnas.data.corpora import default_cache_dir, resolve_corpus
 from parnas.data.tokenizer import build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
-from parnas.training.evaluation import split_metrics
+from parnas.training.evaluation import model_device, split_metrics
 from parnas.training.fit import SegmentData
-from parnas.training.task import model_device
 from retrain.load import TrainedModel
 
 

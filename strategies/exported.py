@@ -15,7 +15,8 @@ from nni.nas.oneshot.pytorch.supermodule.differentiable import DifferentiableMix
 from torch import Tensor
 
 from parnas.architecture import layout_string
-from parnas.training.task import model_device, on_device, segment_nll
+from parnas.training.evaluation import model_device
+from parnas.training.task import on_device, segment_nll
 from strategies.costs import CostModel
 
 

@@ -135,9 +135,10 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir
     from parnas.training.devices import check_devices
+    from parnas.training.evaluation import evaluate
     from parnas.training.fit import build_trainer, check_segments, tokenizer_meta
     from parnas.training.memory import check_memory
-    from parnas.training.task import LanguageModelTask, evaluate
+    from parnas.training.task import LanguageModelTask
     from search_spaces import PARTransformerXLSpace, fixed_model
     from strategies.search import check_run_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir
 

@@ -37,6 +37,7 @@ from parnas.files import check_writable_dir, ensure_writable_dir, write_json_ato
 from parnas.report.plots import plot_run
 from parnas.training import checkpoint
 from parnas.training.devices import check_devices, training_device
+from parnas.training.evaluation import evaluate
 from parnas.training.fit import (
     SegmentData,
     build_trainer,
@@ -48,7 +49,7 @@ from parnas.training.fit import (
 from parnas.training.latency import LatencyTable, latency_table, load_table_for, read_table, table_key
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
-from parnas.training.task import LanguageModelTask, evaluate
+from parnas.training.task import LanguageModelTask
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
 from strategies.exported import Evaluated, exported_nll, sample_layouts

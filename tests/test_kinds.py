@@ -128,7 +128,7 @@ def test_compressed_memory_is_f_c_of_the_evicted_states_in_groups_of_c(fn, L, c)
 
 
 def test_the_block_attends_its_compressed_memory_and_evaluation_carries_it():
-    from parnas.training.task import evaluate
+    from parnas.training.evaluation import evaluate
 
     model = make(("compressive", "dense"), mem_len=4, compress_fn="mean")
     x = torch.randint(0, VOCAB, (2, 12))

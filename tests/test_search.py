@@ -11,7 +11,7 @@ import torch
 from nni.nas.nn.pytorch import LayerChoice
 
 from parnas.config import BLOCK_KINDS, ModelConfig, load_config
-from parnas.training.task import evaluate
+from parnas.training.evaluation import evaluate
 from search_spaces import PARTransformerXLSpace, fixed_model
 from strategies.costs import CostModel
 from strategies.gumbel_darts import PairedStreams, tau_at

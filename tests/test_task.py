@@ -7,7 +7,8 @@ import torch
 
 from parnas.config import ModelConfig
 from parnas.nn.model import build_fixed_model
-from parnas.training.task import evaluate, lr_multiplier
+from parnas.training.evaluation import evaluate
+from parnas.training.task import lr_multiplier
 
 
 def test_warmup_is_linear_then_cosine_reaches_the_floor_at_max_steps():

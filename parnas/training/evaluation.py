@@ -1,6 +1,6 @@
 """The figures a finished run is judged by: whole-split perplexity and its speed, and peak memory.
 
-Evaluation runs on the device the model's weights are on (:func:`parnas.training.task.evaluate`), with
+Evaluation runs on the device the model's weights are on (:func:`evaluate`), with
 bf16 autocast where training used it on a GPU, so it measures the arithmetic the model trained with.
 ``parnas train``/``retrain`` write these into ``metrics.json``; ``parnas evaluate`` reports the same.
 """
@@ -9,16 +9,72 @@ from __future__ import annotations
 
 import math
 import resource
+import time
+from collections.abc import Iterable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor, nn
 
 from parnas.nn.model import TransformerXL
-from parnas.training.task import evaluate, model_device
+from parnas.training.task import on_device, segment_nll
 
 if TYPE_CHECKING:
     from parnas.training.fit import SegmentData
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    nll: float  # total negative log-likelihood, nats
+    tokens: int  # predicted tokens
+    seconds: float
+    batch_mean_ppl: float = math.nan  # mean over segments of exp(segment mean NLL): the seed's figure, reads higher
+
+    @property
+    def loss(self) -> float:
+        return self.nll / self.tokens
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(self.loss)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device ``model``'s weights are on. Evaluation sends its batches there rather than to a device
+    named by the caller, so the two cannot disagree (Lightning moves a module back to the CPU when
+    ``fit`` ends, while the trainer still names the GPU it trained on)."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> Evaluation:
+    """Perplexity over a whole split, memory carried across segments, dropout off, on the model's device. The
+    targets are grouped on the host and nothing is read back before the end."""
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    total, count, mems = torch.zeros((), dtype=torch.float64, device=device), 0, None
+    exp_sum, segments = torch.zeros((), dtype=torch.float64, device=device), 0
+    start = time.perf_counter()
+    for batch in batches:
+        x, y, groups = on_device(model, batch, device)
+        nll, mems = segment_nll(model, x, y, mems, groups)
+        total += nll.double().sum()
+        exp_sum += nll.double().mean().exp()
+        count += y.numel()
+        segments += 1
+    model.train(was_training)
+    return Evaluation(total.item(), count, time.perf_counter() - start, exp_sum.item() / max(1, segments))
 
 
 def peak_memory_mb(device: torch.device) -> float:
