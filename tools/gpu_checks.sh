@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a limit, its output
 command -v nvidia-smi >/dev/null || { echo "gpu_checks: no NVIDIA GPU here (nvidia-smi not found)" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-step tests 360 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5
+step tests 360 python3 -m pytest -v --tb=short -m gpu -p no:cacheprovider --timeout 150 --durations=10
 step syncs 40 python3 benchmarks/host_syncs.py
 step steps-wt103-bf16 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
     --unpadded-heads --rounds 5
