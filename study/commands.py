@@ -14,6 +14,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.strategies:
         from pathlib import Path
 
+        from parnas.errors import ConfigError
+
+        if args.every_network:
+            raise ConfigError("--every-network retrains the space of a PAR search; it cannot be combined with "
+                              "--strategies")
+
         from study.strategies import parse_strategies, run_strategy_study
 
         study = run_strategy_study(args.config, args.set, parse_strategies(args.strategies), args.seeds,
@@ -28,7 +34,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
-                     candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths)
+                     candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths,
+                     every_network=args.every_network)
     study = run_study(plan, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:
@@ -63,6 +70,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--widths", default=None, metavar="D,D,...",
                    help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
                         "found models are judged against, beside the shallower ones (each must divide by the heads)")
+    p.add_argument("--every-network", action="store_true",
+                   help="also retrain every distinct network the searched space holds (at most 1,000): where the "
+                        "found models rank among the networks no costlier, and the network furthest below the "
+                        "Transformer-XL front, i.e. the most any search of this space could find")
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")

@@ -43,7 +43,8 @@ COLUMNS = [  # (key, header, format)
 ]
 CSV_KEYS = [k for k, _, _ in COLUMNS] + ["val_ppl_std", "inference_step_ms", "inference_ratio", "generate_token_ms",
                                          "generate_ratio", "run"]
-STYLE = {"random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60), "front": ("s", "#9467bd", 50),
+STYLE = {"space": (".", "#b0b0b0", 30), "random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60),
+         "front": ("s", "#9467bd", 50),
          "transformer-xl": ("s", "#000000", 80), "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
 
 
@@ -70,7 +71,7 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
         m, search = metrics[e.layout], e.search or {}
         rows.append({
             "role": e.role, "candidates": e.candidates,
-            "budget": None if e.role in ("transformer-xl", "front") else budget_label(e.budget),
+            "budget": None if e.role in ("transformer-xl", "front", "space") else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "network": layout_string(blocks_run(e.kinds, reversible)),
             "attention": e.kinds.count("attention"),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
@@ -246,16 +247,21 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
 def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
              ranking: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """Plain-language answers to the study's questions, per group, from the numbers: the claim, the orderings,
-    the depths, the found model against the depth-scaled Transformer-XL front; then each search's ranking
+    the depths, the found model against the depth-scaled Transformer-XL front and, where the study retrained every
+    network of the space, against those; then the space's best against the front, and each search's ranking
     fidelity."""
     from study.front import front_verdict
     from study.ranking import ranking_verdict
+    from study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
 
     lines = []
     for s in summary:
         found = _of(rows, "found", (s["candidates"], s["budget"]))
         lines += [claim_verdict(s, found), orderings_verdict(rows, s, found), depth_verdict(s, found),
                   front_verdict(group_name(s), found, rows)]
+        lines += [line for line in [found_in_space_verdict(group_name(s), found, rows)] if line]
+    claim = space_claim_verdict(rows, PPL_TOLERANCE, SPEEDUP[target(rows)], f"{costs_label(rows)} {target_label(rows)}")
+    lines += [line for line in [space_front_verdict(rows), claim] if line]
     return lines + [ranking_verdict(name, result) for name, result in (ranking or {}).items()]
 
 
@@ -332,12 +338,14 @@ def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
             ax.scatter(*zip(*xy), marker=marker, color=colour, s=size, label=role, zorder=3, alpha=0.85)
     layouts = {lay: p for (_, lay), p in points.items()}
     xy = list(layouts.values())
-    if xy:
-        front = [xy[i] for i in pareto_front(xy)]
+    front = [xy[i] for i in pareto_front(xy)] if xy else []
+    if front:
         ax.step(*zip(*front), where="post", color="#1f77b4", linewidth=1.2, zorder=1)
         ax.scatter(*zip(*front), s=260, facecolors="none", edgecolors="#1f77b4", linewidths=1.5,
                    label="Pareto front", zorder=2)
-    for names, (x, y) in _label_groups(layouts):
+    named = {lay for (role, lay) in points if role != "space"}  # the space's networks: named on the front only
+    labelled = {lay: p for lay, p in layouts.items() if lay in named or p in front}
+    for names, (x, y) in _label_groups(labelled):
         ax.annotate("\n".join(names), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7,
                     family="monospace", va="bottom")
     ax.set_xlabel(f"{costs_label(rows)} {target_label(rows)} (ms)  \u2192 faster to the left")

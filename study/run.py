@@ -6,7 +6,8 @@ search spaces are compared at equal steps against one Transformer-XL and one tim
 study needs is then retrained from scratch at equal steps and settings, with the config's own
 ``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
 at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
-dense, then identity; Press et al. 2020) and R random orderings of the same kinds. A layout is
+dense, then identity; Press et al. 2020) and R random orderings of the same kinds; with
+``--every-network``, every distinct network of the searched space (:mod:`study.space`). A layout is
 trained once however many roles it plays. All distinct layouts are then timed side by side in this
 one process (:func:`parnas.training.latency.time_layouts`, alternating rounds), and :mod:`study.report`
 writes ``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
@@ -41,7 +42,7 @@ from study.measure import over_seeds
 from study.orderings import random_orderings, sandwich
 from study.report import budget_label
 
-ROLES = ("found", "transformer-xl", "front", "sandwich", "random")
+ROLES = ("found", "transformer-xl", "front", "space", "sandwich", "random")
 # Settings that change no figure of the study; any other difference from the first run is refused.
 IGNORED_SETTINGS = {"train.out_dir", "search.out_dir", "train.log_every", "search.log_every", "train.ckpt_every",
                     "train.eval_every"}
@@ -66,6 +67,7 @@ class Plan:
     candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
     retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
     widths: tuple[int, ...] = ()  # d_model of the full-depth Transformer-XLs added to the front
+    every_network: bool = False  # retrain every distinct network of the searched spaces (study.space)
 
     @property
     def searches(self) -> list[Search]:
@@ -147,7 +149,7 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
               rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None) -> Plan:
+              widths: str | None = None, every_network: bool = False) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
     for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
                                ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
@@ -160,7 +162,8 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     budget_list = parse_budgets(budgets)
     base = load_config(config, [*overrides, *a_budget(budget_list)])
     plan = Plan(config, tuple(overrides), base, seeds, budget_list, Path(out), search_steps, retrain_steps,
-                random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model))
+                random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model),
+                every_network)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     check_devices(plan.base.train)
@@ -171,6 +174,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
                           "study on its device instead")
     for search in plan.searches:
         search_config(plan, search)
+    space_layouts(plan)  # refuses a space too large to retrain whole
     retrain_config(plan)
     check_same_settings(plan)
     return plan
@@ -201,11 +205,13 @@ def a_budget(budgets: Sequence[float | None]) -> list[str]:
 def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:
     """``--set`` pairs of every retrain: the user's, the step count, the run directory, and for the k-th retrain
     seed (k > 0) ``train.seed`` + k (the first is the config's own seed). A retrain reads no search setting; the
-    first budget keeps the search settings it carries valid."""
+    first budget keeps the search settings it carries valid. The user's ``model.n_blocks`` is the searches': each
+    retrained layout's own depth comes with its architecture file (the front's and the space's are shallower)."""
     extra = [*a_budget(plan.budgets), *([f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else [])]
     if seed_offset:
         extra.append(f"train.seed={plan.base.train.seed + seed_offset}")
-    return [*plan.overrides, *extra, f"train.out_dir={json.dumps(str(run_dir))}"]  # a JSON string is YAML
+    user = [o for o in plan.overrides if o.partition("=")[0].strip() != "model.n_blocks"]
+    return [*user, *extra, f"train.out_dir={json.dumps(str(run_dir))}"]  # a JSON string is YAML
 
 
 def retrain_config(plan: Plan) -> Config:
@@ -251,15 +257,29 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def space_layouts(plan: Plan) -> list[tuple[str, ...]]:
+    """With ``--every-network``, each distinct network of the searched candidate sets once (:mod:`study.space`);
+    else none."""
+    from study.space import space_networks
+
+    if not plan.every_network:
+        return []
+    sets = plan.candidate_sets or (tuple(plan.base.search.candidates),)
+    model = plan.base.model
+    return list(dict.fromkeys(kinds for candidates in sets
+                              for kinds in space_networks(candidates, model.n_blocks, model.reversible)))
+
+
 def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
-    """Every row of the study: Transformer-XL and its shallower front once, then per search its found, sandwich
-    and random layouts."""
+    """Every row of the study: Transformer-XL and its shallower front once, with ``--every-network`` every network
+    of the space, then per search its found, sandwich and random layouts."""
     from study.front import front_layouts
 
     n_blocks = len(next(iter(found.values()))["architecture"])
     entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks))]
     entries += [Entry("front", kinds) for kinds in front_layouts(n_blocks)]
     entries += [Entry("front", transformer_xl_layout(n_blocks), d_model=width) for width in plan.widths]
+    entries += [Entry("space", kinds) for kinds in space_layouts(plan)]
     for search, record in found.items():
         kinds = tuple(architecture.layout(record))
         ordered = sandwich(kinds)
@@ -370,7 +390,7 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     if plan.base.search.latency_table is not None:  # the target device's costs, as the searches had them
         timing = priced_by_table(timing, cfg, layouts, vocab_size)
     rows = build_rows(entries, metrics, timing, plan.out, reversible=plan.base.model.reversible)
-    shared = [e for e in entries if e.role in ("transformer-xl", "front") and e.d_model is None]  # the supernet's
+    shared = [e for e in entries if e.role in ("transformer-xl", "front", "space") and e.d_model is None]
     ranking = measure_ranking([(s.name, search_dir(plan, s), search_config(plan, s),
                                 shared + [e for e in entries if (e.budget, e.seed, e.candidates)
                                           == (s.budget, s.seed, s.label) and e.role != "transformer-xl"])

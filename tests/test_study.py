@@ -290,6 +290,8 @@ def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tm
     (["--widths", "0"], "model.d_model must be > 0"),
     (["--budgets", "none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
     (["--budgets", "0.6,none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
+    (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
+    (["--every-network", "--strategies", "par-gumbel-darts,darts"], "cannot be combined with --strategies"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "study"
@@ -449,3 +451,78 @@ def test_a_study_given_a_latency_table_prices_every_layout_by_it_and_says_whose_
     assert main([*args[:-4], "--set", f"search.latency_table={table_path}", "--widths", "16", "--out",
                  str(tmp_path / "other")]) == 2
     assert "--widths cannot be priced" in capsys.readouterr().err
+
+
+# --- every network of the space ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("candidates, n_blocks, reversible, count", [
+    (("attention", "dense", "identity"), 4, False, 1 + 2 + 4 + 8 + 16),
+    (("attention", "dense"), 4, False, 16), (("attention", "dense", "identity"), 3, True, 27),
+    (("attention", "conv", "dense", "identity"), 3, False, 1 + 3 + 9 + 27)])
+def test_every_network_of_a_space_is_listed_once(candidates, n_blocks, reversible, count):
+    from itertools import product
+
+    from study.space import count_networks, space_networks
+
+    listed = space_networks(candidates, n_blocks, reversible)
+    assert count_networks(candidates, n_blocks, reversible) == len(listed) == count
+    every_layout = {network(kinds, reversible) for kinds in product(candidates, repeat=n_blocks)}
+    assert sorted(network(kinds, reversible) for kinds in listed) == sorted(every_layout)  # each exactly once
+    assert all(len(kinds) <= n_blocks and set(kinds) <= set(candidates) for kinds in listed)
+    assert [len(network(kinds, reversible)) for kinds in listed] == sorted(len(network(k, reversible)) for k in listed)
+
+
+def space_rows(found_ppls, space):
+    rows, found = front_rows(found_ppls, front_std=0.2)
+    rows += [{"role": "space", "layout": layout, "latency_ratio": ratio, "val_ppl": ppl, "val_ppl_std": 0.2}
+             for layout, ratio, ppl in space]
+    return rows, found
+
+
+def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_below_the_front():
+    from study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
+
+    space = [("AD", 0.4, 55.0), ("ADD", 0.5, 49.0), ("AAD", 0.6, 43.0), ("ADAD", 0.6, 46.0), ("AADD", 0.7, 43.5),
+             ("ADADADAD", 1.0, 40.0), ("D", 0.2, 90.0)]
+    rows, found = space_rows([[44.0, 44.4]], space)  # the found models: 44.2 at 0.7x; the front there: 44.0
+    line = found_in_space_verdict("budget 0.7", found, rows)
+    # no costlier than 0.7x: D, AD, ADD, AAD, ADAD, AADD; AAD (43.0) and AADD (43.5) are better than 44.2
+    assert "rank 3 of the 6 networks no costlier; the best of those is AAD at 0.60x, val ppl 43.00" in line
+    assert "+2.8% for the found, beyond the seed spread" in line
+    line = space_front_verdict(rows)
+    # AAD at 0.6x: 43.0 against ADAD's 46.0 on the front, -6.5%; D is cheaper than the front: not judged
+    assert "6 within the front's costs" in line and "furthest below the Transformer-XL front is AAD" in line
+    assert "(-6.5%, beyond the seed spread" in line
+    assert "3 of 6 lie below the front beyond the seed spread" in line  # ADD, AAD, AADD
+    # the claim (TXL's 40.0 within 1% at a step >= 30% shorter): ADADADAD itself is the only one within 1%
+    line = space_claim_verdict(rows, 0.01, 0.30, "train step")
+    assert "0 of 7 reach Transformer-XL's val ppl (40.00) within 1%" in line
+    assert line.endswith("the cheapest within 1% is ADADADAD at 1.00x")
+    rows.append({"role": "space", "layout": "AADDD", "latency_ratio": 0.65, "val_ppl": 40.3, "val_ppl_std": 0.2})
+    assert space_claim_verdict(rows, 0.01, 0.30, "train step").endswith("1 of 8 reach Transformer-XL's val ppl "
+                                                                        "(40.00) within 1% at a train step >= 30% "
+                                                                        "shorter: AADDD (40.30 at 0.65x)")
+    assert found_in_space_verdict("budget 0.7", found, front_rows([[44.0]])[0]) is None  # no space retrained
+    assert space_front_verdict(front_rows([[44.0]])[0]) is None
+    rows, found = space_rows([[44.0]], [("D", 0.9, 90.0)])
+    assert "none is as cheap as the found models (0.70x)" in found_in_space_verdict("b", found, rows)
+
+
+@pytest.mark.slow
+def test_a_study_of_every_network_retrains_each_once_and_ranks_them_on_each_supernet(small_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    args = [a if a != str(SEEDS) else "1" for a in study_args(small_corpus, out)]  # one search
+    assert main([*args, "--set", "model.n_blocks=2", "--every-network"]) == 0
+    capsys.readouterr()
+    study = json.loads((out / "study.json").read_text())
+    space = [r["layout"] for r in study["rows"] if r["role"] == "space"]
+    assert space == ["II", "A", "D", "AA", "AD", "DA", "DD"]  # the space's 7 networks, shallowest first
+    runs = {p.name for p in (out / "retrain").iterdir()}
+    assert set(space) <= runs and len(runs) == len({r["layout"] for r in study["rows"]})  # each trained once
+    ranking = study["ranking"]["budget none, seed 0"]
+    assert {"II", "A", "D", "AA", "AD", "DA", "DD"} <= set(ranking["inherited"])  # read off the supernet too
+    lines = study["verdicts"]
+    assert any(line.startswith("budget none: against every network of the space (7 retrained)") for line in lines)
+    assert any(line.startswith("every network of the space (7 retrained") for line in lines)
+    assert any(line.startswith("every network of the space: ") and "of 7 reach Transformer-XL's" in line
+               for line in lines)
