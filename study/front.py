@@ -84,12 +84,28 @@ def _spread(values: Sequence[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else None
 
 
-def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
-    """``name``'s found models (one per search seed) against the front at their mean cost."""
+def combined_spread(*stds: float | None) -> float | None:
+    """The spread of a difference of independent means: the root of the sum of their squared spreads (None: none
+    known)."""
+    parts = [s for s in stds if s is not None]
+    return math.sqrt(sum(s * s for s in parts)) if parts else None
+
+
+def found_point(found: Sequence[Row]) -> tuple[float, float, float | None] | None:
+    """A group's found models as one point: (mean val ppl over every retrain of every search seed, mean cost ratio,
+    the ppl's spread); None when no perplexity is finite."""
     ppls = [p for r in found for p in (r.get("val_ppl_seeds") or [r["val_ppl"]]) if p is not None]
     if not ppls:
+        return None
+    return statistics.fmean(ppls), statistics.fmean(r["latency_ratio"] for r in found), _spread(ppls)
+
+
+def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
+    """``name``'s found models (one per search seed) against the front at their mean cost."""
+    point = found_point(found)
+    if point is None:
         return f"{name}: against the Transformer-XL front: no perplexity (not finite)"
-    ppl, ratio = statistics.fmean(ppls), statistics.fmean(r["latency_ratio"] for r in found)
+    ppl, ratio, ppl_spread = point
     points = front_points(rows)
     front = at_cost(points, ratio)
     if front is None:
@@ -98,16 +114,15 @@ def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
                 f"({costs}); no verdict")
     front_ppl, front_spread = front
     gap = (ppl / front_ppl - 1) * 100
-    parts = [s for s in (_spread(ppls), front_spread) if s is not None]
     scaled = "depth- and width-scaled" if any("-d" in r["layout"] for r in rows if r["role"] == "front") \
         else "depth-scaled"
     costs = found[0].get("costs", "measured")
     cost = "cost" if costs == "measured" else f"cost ({costs})"
     head = (f"{name}: val ppl {ppl:.2f} at {ratio:.2f}x Transformer-XL's {cost} vs {front_ppl:.2f} on the "
             f"{scaled} Transformer-XL front at that cost ({gap:+.1f}%)")
-    if not parts:
+    spread = combined_spread(ppl_spread, front_spread)
+    if spread is None:
         return f"{head}; one retrain of each: no seed spread to judge by (use --retrain-seeds 3)"
-    spread = math.sqrt(sum(s * s for s in parts))
     if abs(ppl - front_ppl) <= spread:
         return f"{head}: on the front, not distinguishable (within the seed spread ±{spread:.2f})"
     return f"{head}: {'below the front (better)' if ppl < front_ppl else 'above the front (worse)'} beyond the seed " \

@@ -19,9 +19,7 @@ low by seed noise (the minimum of noisy values), so its margin is judged against
 from __future__ import annotations
 
 import itertools
-import math
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from parnas.errors import ConfigError
@@ -59,11 +57,6 @@ def _points(rows: Sequence[Row]) -> list[Row]:
     return [r for r in rows if r["role"] == "space" and r["val_ppl"] is not None]
 
 
-def _spread(*stds: float | None) -> float | None:
-    parts = [s for s in stds if s is not None]
-    return math.sqrt(sum(s * s for s in parts)) if parts else None
-
-
 def _judged(gap: float, spread: float | None) -> str:
     if spread is None:
         return "one retrain each: no seed spread to judge by"
@@ -73,19 +66,19 @@ def _judged(gap: float, spread: float | None) -> str:
 def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str | None:
     """Where ``name``'s found models (their mean perplexity at their mean cost) rank among the space's networks no
     costlier, and how far the best of those is from them. None when the study did not retrain the space."""
-    space = _points(rows)
-    ppls = [p for r in found for p in (r.get("val_ppl_seeds") or [r["val_ppl"]]) if p is not None]
-    if not space or not ppls:
+    from study.front import combined_spread, found_point
+
+    space, point = _points(rows), found_point(found)
+    if not space or point is None:
         return None
-    ppl, ratio = statistics.fmean(ppls), statistics.fmean(r["latency_ratio"] for r in found)
+    ppl, ratio, found_std = point
     cheaper = [r for r in space if r["latency_ratio"] <= ratio + 1e-9]
     head = f"{name}: against every network of the space ({len(space)} retrained)"
     if not cheaper:
         return f"{head}: none is as cheap as the found models ({ratio:.2f}x)"
     best = min(cheaper, key=lambda r: r["val_ppl"])
     rank = 1 + sum(r["val_ppl"] < ppl for r in cheaper)
-    found_std = statistics.stdev(ppls) if len(ppls) > 1 else None
-    spread = _spread(found_std, best.get("val_ppl_std"))
+    spread = combined_spread(found_std, best.get("val_ppl_std"))
     gap = ppl - best["val_ppl"]
     return (f"{head}: the found models (val ppl {ppl:.2f} at {ratio:.2f}x) rank {rank} of the {len(cheaper)} "
             f"networks no costlier; the best of those is {best['layout']} at {best['latency_ratio']:.2f}x, val ppl "
@@ -96,7 +89,7 @@ def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row])
 def space_front_verdict(rows: Sequence[Row]) -> str | None:
     """The network of the space furthest below the Transformer-XL front at its own cost, and how many lie below it
     beyond the seed spread: whether the space holds a model that beats the front by a given margin at all."""
-    from study.front import at_cost, front_points
+    from study.front import at_cost, combined_spread, front_points
 
     space, points = _points(rows), front_points(rows)
     judged = []
@@ -108,9 +101,9 @@ def space_front_verdict(rows: Sequence[Row]) -> str | None:
         return None if not space else (f"every network of the space ({len(space)} retrained): none is as costly as "
                                        "the front's cheapest point; no verdict")
     gap, best, (front_ppl, front_std) = min(judged, key=lambda j: j[0])
-    below = sum(r["val_ppl"] < f_ppl - (_spread(r.get("val_ppl_std"), f_std) or 0.0)
+    below = sum(r["val_ppl"] < f_ppl - (combined_spread(r.get("val_ppl_std"), f_std) or 0.0)
                 for _, r, (f_ppl, f_std) in judged)
-    spread = _spread(best.get("val_ppl_std"), front_std)
+    spread = combined_spread(best.get("val_ppl_std"), front_std)
     margin = "beyond the seed spread" if spread is not None else "(one retrain each)"
     return (f"every network of the space ({len(space)} retrained, {len(judged)} within the front's costs): the "
             f"furthest below the Transformer-XL front is {best['layout']}, val ppl {best['val_ppl']:.2f} at "
@@ -119,20 +112,21 @@ def space_front_verdict(rows: Sequence[Row]) -> str | None:
             "(the best of many noisy retrains is biased low)")
 
 
-def space_claim_verdict(rows: Sequence[Row], tolerance: float, speedup: float, what: str) -> str | None:
-    """The networks of the space that reach Transformer-XL's perplexity within ``tolerance`` at a cost at least
-    ``speedup`` shorter (the study's claim, ``what`` naming the cost): the claim's ceiling in this space."""
+def space_claim_verdict(rows: Sequence[Row], reaches: Callable[[float, float], tuple[bool, bool]], tolerance: float,
+                        faster: str) -> str | None:
+    """The networks of the space that meet the study's claim: ``reaches(val ppl, cost ratio)`` -> (Transformer-XL's
+    perplexity within ``tolerance``, the cost ``faster`` as the claim asks). The claim's ceiling in this space, and
+    where no network meets it, the cheapest whose perplexity does."""
     space = _points(rows)
     txl = next((r for r in rows if r["role"] == "transformer-xl"), None)
     if not space or txl is None or txl["val_ppl"] is None:
         return None
-    hits = sorted((r for r in space if r["val_ppl"] <= txl["val_ppl"] * (1 + tolerance)
-                   and r["latency_ratio"] <= 1 - speedup + 1e-9), key=lambda r: r["latency_ratio"])
+    met = [(r, reaches(r["val_ppl"], r["latency_ratio"])) for r in space]
+    hits = sorted((r for r, (same, fast) in met if same and fast), key=lambda r: r["latency_ratio"])
     head = (f"every network of the space: {len(hits)} of {len(space)} reach Transformer-XL's val ppl "
-            f"({txl['val_ppl']:.2f}) within {tolerance:.0%} at a {what} >= {speedup:.0%} shorter")
+            f"({txl['val_ppl']:.2f}) within {tolerance:.0%} {faster}")
     if not hits:
-        near = min((r for r in space if r["val_ppl"] <= txl["val_ppl"] * (1 + tolerance)),
-                   key=lambda r: r["latency_ratio"], default=None)
+        near = min((r for r, (same, _) in met if same), key=lambda r: r["latency_ratio"], default=None)
         return head + ("" if near is None else
                        f"; the cheapest within {tolerance:.0%} is {near['layout']} at {near['latency_ratio']:.2f}x")
     shown = ", ".join(f"{r['layout']} ({r['val_ppl']:.2f} at {r['latency_ratio']:.2f}x)" for r in hits[:5])

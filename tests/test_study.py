@@ -480,6 +480,7 @@ def space_rows(found_ppls, space):
 
 
 def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_below_the_front():
+    from study.report import _reaches
     from study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
 
     space = [("AD", 0.4, 55.0), ("ADD", 0.5, 49.0), ("AAD", 0.6, 43.0), ("ADAD", 0.6, 46.0), ("AADD", 0.7, 43.5),
@@ -495,13 +496,16 @@ def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_
     assert "(-6.5%, beyond the seed spread" in line
     assert "3 of 6 lie below the front beyond the seed spread" in line  # ADD, AAD, AADD
     # the claim (TXL's 40.0 within 1% at a step >= 30% shorter): ADADADAD itself is the only one within 1%
-    line = space_claim_verdict(rows, 0.01, 0.30, "train step")
+    def reaches(ppl, ratio):
+        return _reaches(ppl, ratio, 40.0, 0.30)
+
+    line = space_claim_verdict(rows, reaches, 0.01, "at a train step >= 30% shorter")
     assert "0 of 7 reach Transformer-XL's val ppl (40.00) within 1%" in line
     assert line.endswith("the cheapest within 1% is ADADADAD at 1.00x")
     rows.append({"role": "space", "layout": "AADDD", "latency_ratio": 0.65, "val_ppl": 40.3, "val_ppl_std": 0.2})
-    assert space_claim_verdict(rows, 0.01, 0.30, "train step").endswith("1 of 8 reach Transformer-XL's val ppl "
-                                                                        "(40.00) within 1% at a train step >= 30% "
-                                                                        "shorter: AADDD (40.30 at 0.65x)")
+    line = space_claim_verdict(rows, reaches, 0.01, "at a train step >= 30% shorter")
+    assert line.endswith("1 of 8 reach Transformer-XL's val ppl (40.00) within 1% at a train step >= 30% shorter: "
+                         "AADDD (40.30 at 0.65x)")
     assert found_in_space_verdict("budget 0.7", found, front_rows([[44.0]])[0]) is None  # no space retrained
     assert space_front_verdict(front_rows([[44.0]])[0]) is None
     rows, found = space_rows([[44.0]], [("D", 0.9, 90.0)])
