@@ -23,6 +23,13 @@ def test_parameters_are_counted_exactly_without_allocating_them(layout):
     assert estimate.parameters == params(build_fixed_model(cfg.model, VOCAB, layout))
 
 
+def test_reversible_pairs_are_estimated_as_the_model_they_build():
+    # the estimate once built a one-block body with the pairing flag still set, refusing every reversible run
+    cfg = load_config("tiny", ["model.reversible=true", "model.n_blocks=16"])
+    estimate = memory.estimate_memory(cfg, VOCAB, [[kind] for kind in cfg.model.layout])
+    assert estimate.parameters == params(build_fixed_model(cfg.model, VOCAB))
+
+
 def test_a_supernet_counts_every_candidate():
     cfg = load_config("tiny")
     candidates = cfg.search.candidates
