@@ -85,7 +85,8 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
     from parnas.nn.model import build_fixed_model
 
     m, d = cfg.model, cfg.data
-    body = _numel(lambda: build_fixed_model(replace(m, blocks=(), reversible=False), vocab_size, ["identity"]))  # no pairs in one block
+    body_cfg = replace(m, blocks=(), reversible=False)  # one block: no pairs to make
+    body = _numel(lambda: build_fixed_model(body_cfg, vocab_size, ["identity"]))
     per_kind = {kind: _numel(lambda kind=kind: make_block(kind, m)) for kind in {k for b in blocks for k in b}}
     seen: set[str] = set()
     weights = 0.0
