@@ -2,8 +2,8 @@
 
 A :class:`parnas.nn.model.TransformerXL` whose block at depth i is an NNI
 ``LayerChoice`` labelled ``block_<i>`` over the configured candidates. Under
-``nni.nas.space.model_context(sample)`` the same constructor returns each
-chosen block itself, so the fixed model *is* this class with no choice left:
+``nni.nas.space.model_context(sample)`` the same constructor builds each chosen
+block and nothing else, so the fixed model *is* this class with no choice left:
 search and retrain cannot disagree about what a block is.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from nni.mutable import Categorical
 from nni.nas.nn.pytorch import LayerChoice, ModelSpace
-from nni.nas.space import model_context
+from nni.nas.space import current_model, model_context
 from torch import nn
 
 from parnas import kinds
@@ -32,14 +33,26 @@ class PARTransformerXLSpace(TransformerXL, ModelSpace):
         super().__init__(cfg, vocab_size)
 
     def build_block(self, index: int) -> nn.Module:
-        return LayerChoice({kind: self.block_for(kind, index) for kind in self.candidates}, label=f"block_{index}")
+        """A ``LayerChoice`` over every candidate; under ``model_context`` only the chosen block.
+
+        ``LayerChoice`` would build every candidate and keep the chosen one, so a fixed model's initial
+        weights would depend on the candidates offered and on where its identity blocks stand. Building
+        the chosen kind alone (checked against the candidates as ``LayerChoice`` checks it) draws a
+        network's weights from the network and the seed only: ``AAD`` and ``IIAAID`` start alike.
+        """
+        label = f"block_{index}"
+        sample = current_model()
+        if sample is not None:
+            return self.block_for(Categorical(list(self.candidates), label=label).freeze(sample), index)
+        return LayerChoice({kind: self.block_for(kind, index) for kind in self.candidates}, label=label)
 
 
 def fixed_model(cfg: ModelConfig, vocab_size: int, architecture: Mapping[str, str],
                 candidates: Sequence[str] | None = None) -> PARTransformerXLSpace:
     """The space with every choice made: ``architecture`` maps ``block_<i>`` to a candidate name.
 
-    By default the candidates are PAR's three plus whatever else ``architecture`` chooses.
+    Only the chosen blocks are built. ``candidates`` (by default PAR's three plus whatever else
+    ``architecture`` chooses) only checks the choices.
     """
     if candidates is None:
         candidates = tuple(dict.fromkeys([*BLOCK_KINDS, *architecture.values()]))
