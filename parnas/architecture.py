@@ -10,7 +10,6 @@ retrain rebuilds the searched model exactly unless told otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ def make_record(architecture: Mapping[str, str], model: ModelConfig, vocab_size:
                 probabilities: Mapping[str, Mapping[str, float]] | None = None,
                 tokenizer: Mapping[str, Any] | None = None, search: Mapping[str, Any] | None = None) -> dict:
     """A record in this module's format (validated before it is returned)."""
-    model_fields = {k: v for k, v in dataclasses.asdict(model).items() if k != "blocks"}
+    model_fields = {k: v for k, v in model.to_dict().items() if k != "blocks"}
     record = {
         "format": FORMAT, "version": VERSION,
         "architecture": {label(i): architecture[label(i)] for i in range(model.n_blocks)},

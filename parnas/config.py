@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,8 +24,12 @@ from parnas.arguments import presets  # the preset names, as --help lists them (
 from parnas.errors import ConfigError
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 
-BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds.py)
-COMPRESS_FNS = ("mean", "max", "conv")
+BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds)
+# search.candidates by name: PAR's three, or PLANER's space (Latifi et al. 2022): PAR's three with fewer heads,
+# other feed-forward widths and a mixture of experts
+CANDIDATE_PRESETS = {"par": BLOCK_KINDS,
+                     "planer": (*BLOCK_KINDS, "attention_half", "attention_quarter", "dense_half", "dense_double",
+                                "moe")}
 # What Lightning accepts that makes sense here (its deprecated aliases "16"/"bf16" and TPUs left out).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # torch.compile's modes for the fixed model ("none": eager; "reduce-overhead": CUDA graphs, on a GPU only)
@@ -49,13 +54,14 @@ def cluster_widths(d_model: int, n_clusters: int, div_value: float) -> list[int]
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Transformer-XL body. ``blocks`` is the fixed layout; empty means the
-    standard Transformer-XL (attention, dense, attention, dense, ...).
+    """Transformer-XL body: what every model has. ``blocks`` is the fixed layout; empty means the
+    standard Transformer-XL (attention, dense, attention, dense, ...). ``share_weights``: kinds whose
+    blocks share one module across depth (the ``shared`` kind always does).
 
-    Settings of the other block kinds (parnas.nn.variants, parnas.nn.compressive): ``conv_kernel``
-    (the ``conv`` block's causal kernel), ``compress_rate`` (c), ``compress_len`` (n_cm) and
-    ``compress_fn`` of the ``compressive`` memory, and ``share_weights``: kinds whose blocks
-    share one module across depth (the ``shared`` kind always does).
+    A kind's own settings are its own (:mod:`parnas.kinds`): a config gives them as
+    ``model.<kind>.<setting>`` (``model.lsh.chunk_len: 8``); ``kind_settings`` holds those given, and
+    :meth:`settings_of` a kind's, its defaults where none were given. The flat keys of earlier versions
+    (``model.chunk_len``) still load, with a one-line note.
     """
 
     n_blocks: int = 6
@@ -73,18 +79,10 @@ class ModelConfig:
     tie_projs: tuple[bool, ...] = ()  # per cluster: share the output projection with the embedding's (Dai et al.)
     share_position_bias: bool = False  # one content and one position bias (u, v) for all attention blocks
     blocks: tuple[str, ...] = ()
-    conv_kernel: int = 7
-    compress_rate: int = 3
-    compress_len: int = 16
-    compress_fn: str = "conv"
     share_weights: tuple[str, ...] = ()
-    n_buckets: int = 4  # lsh: hash buckets per round (even)
-    n_hashes: int = 2  # lsh: hash rounds
-    chunk_len: int = 16  # lsh: positions per chunk (divides the segment and the memory)
-    act_max_steps: int = 4  # ut: most steps a position takes
-    act_tau: float = 0.01  # ut: weight of the ponder cost in the loss
     reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
     attention_kernel: str = "sdpa"  # off the CPU: one of ATTENTION_KERNELS (the same weights and function)
+    kind_settings: dict[str, Any] = field(default_factory=dict)  # kind -> its settings, as given (model.<kind>.*)
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -122,15 +120,10 @@ class ModelConfig:
                      f"clusters {narrowest} wide at d_model {self.d_model}: lower it or use fewer cutoffs")
         for kind in self.blocks:
             _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
-        for key in ("conv_kernel", "compress_rate", "compress_len", "chunk_len"):
-            _require(getattr(self, key) > 0, f"model.{key} must be > 0")
-        _require(self.n_hashes >= 1, f"model.n_hashes must be >= 1, got {self.n_hashes}")
-        _require(self.act_max_steps >= 1, f"model.act_max_steps must be >= 1, got {self.act_max_steps}")
-        _require(self.act_tau >= 0, f"model.act_tau must be >= 0, got {self.act_tau}")
-        _require(self.n_buckets >= 2 and self.n_buckets % 2 == 0,
-                 f"model.n_buckets must be even and >= 2 (random rotations hash into [xR; -xR]), got {self.n_buckets}")
-        _require(self.compress_fn in COMPRESS_FNS,
-                 f"model.compress_fn must be {', '.join(COMPRESS_FNS)}, not {self.compress_fn!r}")
+        for kind, settings in self.kind_settings.items():
+            declared = kinds.get(kind).settings
+            _require(declared is not None and isinstance(settings, declared),
+                     f"model.{kind}: settings must be {getattr(declared, '__name__', 'none (the kind has none)')}")
         if self.share_weights:
             kinds.check(self.share_weights, "model.share_weights")
             _require("identity" not in self.share_weights, "model.share_weights: identity has no weights to share")
@@ -139,9 +132,48 @@ class ModelConfig:
         if self.reversible:  # parnas.nn.reversible
             _require(self.n_blocks % 2 == 0,
                      f"model.reversible pairs the blocks (F, G): model.n_blocks must be even, not {self.n_blocks}")
-            bad = sorted(set(self.layout) & {"compressive", "ut"})
+            bad = sorted(kind for kind in set(self.layout) if not kinds.get(kind).reversible)
             _require(not bad, f"model.reversible cannot recompute {', '.join(bad)} blocks in the backward pass "
                      "(they keep their own memory or loss): use other kinds or model.reversible=false")
+
+    @classmethod
+    def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """For :func:`parnas.overrides.from_dict`: ``model.<kind>`` sections built into that kind's settings
+        (``kind_settings``), the flat keys of earlier versions moved there with a one-line note."""
+        if "kind_settings" in values:
+            raise ConfigError(f"unknown config key {prefix}kind_settings; give a kind's settings as "
+                              f"{prefix}<kind>.<setting>")
+        values, given = upgrade_flat_settings(values, prefix), {}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"kind_settings"}
+        for key in [k for k in values if k not in fields and kinds.is_known(k)]:
+            section = values.pop(key)
+            if not isinstance(section, Mapping):
+                raise ConfigError(f"{prefix}{key} must be a mapping of the {key} kind's settings, got {section!r}")
+            given[key] = {**given.get(key, {}), **section}
+        built = {}
+        for kind, section in given.items():
+            settings = kinds.get(kind).settings
+            if settings is None:
+                raise ConfigError(f"{prefix}{kind}: the {kind} kind has no settings")
+            try:
+                made = from_dict(settings, section, f"{prefix}{kind}.")
+            except ConfigError as e:
+                message = str(e)
+                raise ConfigError(message if f"{prefix}{kind}." in message else f"{prefix}{kind}.{message}") from None
+            if made != settings():  # only what differs from the defaults: one config, one value
+                built[kind] = made
+        return values, {"kind_settings": built} if built else {}
+
+    def settings_of(self, kind: str) -> Any:
+        """Kind ``kind``'s settings: those given, else its defaults (None for a kind without settings)."""
+        given = self.kind_settings.get(kind)
+        return given if given is not None else kinds.default_settings(kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a config gives it: each built-in kind's settings (and any given) as a ``<kind>`` section."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kind_settings"}
+        named = dict.fromkeys([*kinds.with_settings(), *self.kind_settings])
+        return out | {kind: dataclasses.asdict(self.settings_of(kind)) for kind in named}
 
     @property
     def layout(self) -> tuple[str, ...]:
@@ -284,6 +316,18 @@ class SearchConfig:
     log_every: int = 10
     out_dir: str = "runs/search"
 
+    @classmethod
+    def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """For :func:`parnas.overrides.from_dict`: ``candidates`` may name a preset (CANDIDATE_PRESETS)."""
+        values = dict(values)
+        named = values.get("candidates")
+        if isinstance(named, str):
+            if named not in CANDIDATE_PRESETS:
+                raise ConfigError(f"{prefix}candidates: no preset named {named!r}; presets: "
+                                  f"{', '.join(CANDIDATE_PRESETS)}, or give a list of kinds")
+            values["candidates"] = list(CANDIDATE_PRESETS[named])
+        return values, {}
+
     def __post_init__(self) -> None:
         kinds.check(self.candidates, "search.candidates")
         _require(len(self.candidates) >= 2,
@@ -347,15 +391,34 @@ class Config:
         _require(self.search.forward == "mixed" or processes == 1,
                  f"search.forward=sampled runs in one process, not {processes} (train.devices x train.num_nodes): DDP "
                  "would wait for the gradients of candidates a rank did not run")
-        if "lsh" in (*self.model.layout, *self.search.candidates):  # the chunks must tile [memory; segment]
-            m, L = self.model, self.data.seg_len
-            _require(L % m.chunk_len == 0 and m.mem_len % m.chunk_len == 0,
-                     f"model.chunk_len ({m.chunk_len}) must divide data.seg_len ({L}) and model.mem_len "
-                     f"({m.mem_len}) for lsh blocks")
-            _require(m.n_buckets <= L, f"model.n_buckets ({m.n_buckets}) must not exceed data.seg_len ({L})")
+        offered = [*self.model.layout, *self.search.candidates, *self.model.kind_settings]
+        for kind in dict.fromkeys(offered):  # each kind a run may build, or was given settings for, against the shapes
+            check = kinds.get(kind).check
+            if check is not None:
+                check(self, self.model.settings_of(kind))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"model": self.model.to_dict()}
+
+
+# the flat keys of the kinds' settings before each kind owned its own: read, with a note, as model.<kind>.<setting>
+FLAT_KIND_SETTINGS = {"conv_kernel": ("conv", "kernel"), "compress_rate": ("compressive", "rate"),
+                      "compress_len": ("compressive", "length"), "compress_fn": ("compressive", "fn"),
+                      "n_buckets": ("lsh", "n_buckets"), "n_hashes": ("lsh", "n_hashes"),
+                      "chunk_len": ("lsh", "chunk_len"), "act_max_steps": ("ut", "max_steps"),
+                      "act_tau": ("ut", "tau")}
+
+
+def upgrade_flat_settings(model: Mapping[str, Any], prefix: str = "model.") -> dict[str, Any]:
+    """A model section with the flat keys of earlier versions moved to their kinds' sections, a one-line note on
+    stderr for each (a setting given both ways keeps the kind's section's value)."""
+    model = dict(model)
+    for old, (kind, key) in FLAT_KIND_SETTINGS.items():
+        if old in model:
+            print(f"parnas: {prefix}{old} is deprecated: use {prefix}{kind}.{key}", file=sys.stderr)
+            value, section = model.pop(old), model.get(kind)
+            model[kind] = {key: value, **section} if isinstance(section, Mapping) else section or {key: value}
+    return model
 
 
 def transformer_xl_layout(n_blocks: int) -> tuple[str, ...]:

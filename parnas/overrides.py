@@ -27,8 +27,11 @@ def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
     """
     if not isinstance(values, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(values).__name__}")
+    built: dict[str, Any] = {}
+    if hasattr(cls, "regroup"):  # sections named at run time (a kind's settings): the class builds them
+        values, built = cls.regroup(values, prefix)
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)} - set(built)
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}; known keys: {', '.join(sorted(names))}")
@@ -39,7 +42,7 @@ def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
             kwargs[key] = from_dict(hint, value or {}, f"{prefix}{key}.")
         else:
             kwargs[key] = _coerce(value, hint, f"{prefix}{key}")
-    return cls(**kwargs)
+    return cls(**kwargs, **built)
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

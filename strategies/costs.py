@@ -22,30 +22,9 @@ from parnas.training.latency import LatencyTable
 
 
 def flops_per_token(kind: str, cfg: ModelConfig, seg_len: int, batch_size: int) -> float:
-    """Forward FLOPs per predicted token of one block (multiply-add = 2 FLOPs).
-
-    Built-in kinds are counted from their shapes; a registered kind uses its own ``flops``
-    formula, or else 2 FLOPs per parameter (the position-wise estimate of Kaplan et al. 2020).
-    """
-    D, L = cfg.d_model, seg_len
-    if kind in ("attention", "compressive", "shared"):
-        K = cfg.mem_len + seg_len + (cfg.compress_len if kind == "compressive" else 0)  # keys attended
-        projections = 2 * D * D * (1 + 2 * K / L + 1)  # q on L positions, k and v on K, output
-        positions = 2 * D * D * K / (L * batch_size)  # W_r on the K distances, shared by the batch
-        scores = 3 * 2 * K * D  # content, position, weighted sum of values
-        if kind == "compressive":  # f_c on the L states a segment evicts, in groups of c
-            projections += 2 * D * D if cfg.compress_fn == "conv" else D
-        if kind == "shared":  # a whole layer: attention then the transition feed-forward
-            projections += 2 * 2 * D * cfg.d_ff
-        return projections + positions + scores
-    if kind in ("dense", "sqrelu"):
-        return 2 * 2 * D * cfg.d_ff
-    if kind == "glu":
-        return 2 * 3 * D * (2 * cfg.d_ff // 3)
-    if kind == "conv":  # D->2D, GLU (recomputed on k-1 past states per segment), depthwise k, D->D
-        return 2 * 2 * D * D * (L + cfg.conv_kernel - 1) / L + 2 * cfg.conv_kernel * D + 2 * D * D
-    if kind == "identity":
-        return 0.0
+    """Forward FLOPs per predicted token of one block (multiply-add = 2 FLOPs): the kind's own ``flops``
+    formula (every built-in kind counts its shapes), or else 2 FLOPs per parameter (the position-wise
+    estimate of Kaplan et al. 2020)."""
     registered = kinds.get(kind)
     if registered.flops is not None:
         return float(registered.flops(cfg, seg_len, batch_size))

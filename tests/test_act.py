@@ -15,7 +15,7 @@ B, L = 2, 8
 
 def block(max_steps: int, halt_bias: float, tau: float = 0.1) -> ACTBlock:
     torch.manual_seed(0)
-    cfg = load_config("tiny", [f"model.act_max_steps={max_steps}", f"model.act_tau={tau}", "model.dropout=0.0"])
+    cfg = load_config("tiny", [f"model.ut.max_steps={max_steps}", f"model.ut.tau={tau}", "model.dropout=0.0"])
     b = ACTBlock(cfg.model)
     torch.nn.init.zeros_(b.halt.weight)
     torch.nn.init.constant_(b.halt.bias, halt_bias)
@@ -58,7 +58,7 @@ def test_the_output_is_the_halting_weighted_mean_of_the_states_and_the_ponder_co
 
 
 def test_a_model_with_ut_blocks_adds_the_ponder_cost_keeps_memory_and_generates(run_layout):
-    model, h, mems = run_layout("[ut, dense, attention, ut]", "model.act_max_steps=3")
+    model, h, mems = run_layout("[ut, dense, attention, ut]", "model.ut.max_steps=3")
     model(torch.randint(0, 500, (4, 16)))
     assert isinstance(model.aux_loss, torch.Tensor) and model.aux_loss.item() > 0
     assert 1.0 <= model.block_metrics["act/steps"].item() <= 3.0
@@ -77,18 +77,18 @@ def test_training_logs_the_mean_steps(tmp_path):
     task.set_model(build_fixed_model(cfg.model, 500))
     trainer = build_trainer(cfg.train, tmp_path, enable_progress_bar=False)
     trainer.fit(task, datamodule=SegmentData({"train": ids, "valid": ids[:256], "test": ids[:256]}, 8, 8, 16))
-    assert 1.0 <= float(trainer.callback_metrics["act/steps"]) <= cfg.model.act_max_steps
+    assert 1.0 <= float(trainer.callback_metrics["act/steps"]) <= cfg.model.settings_of("ut").max_steps
 
 
-@pytest.mark.parametrize("settings, needle", [(["model.act_max_steps=0"], "model.act_max_steps must be >= 1"),
-                                              (["model.act_tau=-0.1"], "model.act_tau must be >= 0")])
+@pytest.mark.parametrize("settings, needle", [(["model.ut.max_steps=0"], "model.ut.max_steps must be >= 1"),
+                                              (["model.ut.tau=-0.1"], "model.ut.tau must be >= 0")])
 def test_act_settings_that_cannot_work_are_refused(settings, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config("tiny", settings)
 
 
 def test_each_ut_block_reports_its_own_steps(run_layout):
-    model, _, _ = run_layout("[ut, dense, attention, ut]", "model.act_max_steps=3")
+    model, _, _ = run_layout("[ut, dense, attention, ut]", "model.ut.max_steps=3")
     per_block = {k: v.item() for k, v in model.block_metrics.items() if k.startswith("act/steps/")}
     assert set(per_block) == {"act/steps/block_0", "act/steps/block_3"}
     assert model.block_metrics["act/steps"].item() == pytest.approx(sum(per_block.values()) / 2, rel=1e-6)
@@ -100,7 +100,7 @@ def test_a_search_with_ut_logs_its_steps_per_block_and_the_figure_shows_them(tmp
     from tests.test_search import run
 
     run(tmp_path, "search.candidates=[ut, dense]", "train.max_steps=4", "search.log_every=2",
-        "model.act_max_steps=3")
+        "model.ut.max_steps=3")
     history = load_history(tmp_path)
     assert set(history.act_steps) == {"block_0", "block_1"}
     assert all(1.0 <= s <= 3.0 for s in history.act_steps.values())

@@ -444,7 +444,7 @@ def test_reversible_pairs_and_lsh_recompute_the_same_gradients_on_cuda():
     from parnas.nn import model as model_module
 
     cfg = load_config("tiny", ["model.reversible=true", "model.blocks=[attention, dense, identity, lsh]",
-                               "model.chunk_len=8", "model.dropout=0.2"])
+                               "model.lsh.chunk_len=8", "model.dropout=0.2"])
     torch.manual_seed(0)
     model = build_fixed_model(cfg.model, 1000).cuda().train()
     x = torch.randint(0, 1000, (4, 16), device="cuda")

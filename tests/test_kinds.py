@@ -8,17 +8,24 @@ import torch
 import torch.nn.functional as F
 
 from parnas.config import ModelConfig
+from parnas.kinds.builtin import CompressiveSettings, ConvSettings, MoESettings
 from parnas.nn.blocks import sinusoid
 from parnas.nn.model import build_fixed_model
 from search_spaces import PARTransformerXLSpace, fixed_model
 
 VOCAB = 97
-NEW_KINDS = ("conv", "glu", "sqrelu", "compressive", "shared")
+NEW_KINDS = ("conv", "glu", "sqrelu", "compressive", "shared", "attention_half", "attention_quarter", "dense_half",
+             "dense_double", "moe")
 
 
-def tiny(**kw) -> ModelConfig:
+TOP_2 = MoESettings(top_k=2)
+
+
+def tiny(conv_kernel=5, compress_rate=2, compress_len=4, compress_fn="conv", moe=TOP_2, **kw) -> ModelConfig:
+    settings = {"conv": ConvSettings(conv_kernel), "compressive": CompressiveSettings(compress_rate, compress_len,
+                                                                                      compress_fn), "moe": moe}
     values = dict(n_blocks=4, d_model=32, n_heads=4, d_ff=48, mem_len=8, dropout=0.0, cutoffs=(20, 60),
-                  conv_kernel=5, compress_rate=2, compress_len=4) | kw
+                  kind_settings=settings) | kw
     return ModelConfig(**values)
 
 
@@ -56,11 +63,12 @@ def test_causality_changing_token_t_never_changes_earlier_outputs(kind, pre_norm
         assert not torch.allclose(out[:, t:], base[:, t:])
 
 
-@pytest.mark.parametrize("kind", ["conv", "glu", "sqrelu", "shared"])
+@pytest.mark.parametrize("kind", ["conv", "glu", "sqrelu", "shared", "attention_half", "dense_double", "moe"])
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_memory_equivalence_segment_pair_equals_one_long_pass(kind, pre_norm):
     L = 6  # conv: mem_len >= kernel - 1 carries the whole left context
-    model = make((kind, "attention", kind, "dense"), mem_len=L, pre_norm=pre_norm)
+    ample = MoESettings(capacity_factor=4.0)  # no routing dropped, whatever the segment's length
+    model = make((kind, "attention", kind, "dense"), mem_len=L, pre_norm=pre_norm, moe=ample)
     x = torch.randint(0, VOCAB, (3, 2 * L))
     whole, _ = log_probs(model, x)
     first, mems = log_probs(model, x[:, :L])
@@ -166,8 +174,8 @@ def synthetic_run(*overrides):
     from parnas.config import load_config
 
     cfg = load_config("tiny", ["model.n_blocks=2", "model.cutoffs=[]", "model.mem_len=8", "data.seg_len=8",
-                               "train.max_steps=6", "train.eval_every=10000", "model.compress_fn=conv",
-                               "model.compress_rate=4", *overrides])
+                               "train.max_steps=6", "train.eval_every=10000", "model.compressive.fn=conv",
+                               "model.compressive.rate=4", *overrides])
     tokens = np.random.default_rng(0).integers(0, VOCAB, 4000).astype(np.int32)
     return cfg, {"train": tokens, "valid": tokens[:400], "test": tokens[:400]}
 
@@ -249,10 +257,10 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
     cfg = Config()
     record = architecture.make_record({"block_0": "attention"}, tiny(n_blocks=1), VOCAB)
     old = cfg.to_dict()
-    for key in ("conv_kernel", "compress_rate", "compress_len", "compress_fn", "share_weights"):
+    for key in ("conv", "compressive", "share_weights"):
         del old["model"][key]  # what a checkpoint written before these settings holds
     checkpoint = {"parnas": {"architecture": record, "tokenizer": {"sha256": "x"}, "config": old}}
     check_resumable(checkpoint, cfg, record, SimpleNamespace(sha256="x"), "last.ckpt")
-    changed = Config(model=ModelConfig(compress_rate=5))
-    with pytest.raises(ConfigError, match="model.compress_rate=3"):
+    changed = Config(model=ModelConfig(kind_settings={"compressive": CompressiveSettings(rate=5)}))
+    with pytest.raises(ConfigError, match="model.compressive.rate=3"):
         check_resumable(checkpoint, changed, record, SimpleNamespace(sha256="x"), "last.ckpt")

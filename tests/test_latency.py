@@ -75,7 +75,7 @@ def test_a_generation_round_decodes_a_segment_of_tokens_per_step_and_reports_ms_
 
 def test_timing_starts_with_every_memory_full_compressed_memory_included(monkeypatch):
     """Steps are timed at steady state: a compressive block's compressed memory is full before the first round."""
-    cfg = tiny_config("data.seg_len=4", "model.mem_len=16", "model.compress_rate=2", "model.compress_len=8")
+    cfg = tiny_config("data.seg_len=4", "model.mem_len=16", "model.compressive.rate=2", "model.compressive.length=8")
     warm = latency.full_memory_steps(cfg)
     assert warm == (16 + 2 * 8) // 4 + 1
     stepped = []

@@ -64,17 +64,17 @@ def test_evaluation_is_deterministic_and_training_draws_new_rotations():
 
 def test_a_model_with_lsh_blocks_keeps_memory_trains_and_decodes_one_token_at_a_time(run_layout):
     """Decoding runs 1-token segments against a memory the chunks do not divide (padded)."""
-    model, h, mems = run_layout("[lsh, dense, attention, lsh]", "model.chunk_len=8")
+    model, h, mems = run_layout("[lsh, dense, attention, lsh]", "model.lsh.chunk_len=8")
     h.sum().backward()
     assert all(p.grad is not None for p in model.blocks[0].parameters())
     assert mems[0].shape == (4, 16, 32) and mems[3].shape == (4, 16, 32)
 
 
 @pytest.mark.parametrize("settings, needle", [
-    (["model.n_buckets=3"], "model.n_buckets must be even"),
-    (["model.n_buckets=32"], "must not exceed data.seg_len"),
-    (["model.chunk_len=5"], "model.chunk_len (5) must divide data.seg_len"),
-    (["model.n_hashes=0"], "model.n_hashes must be >= 1"),
+    (["model.lsh.n_buckets=3"], "model.lsh.n_buckets must be even"),
+    (["model.lsh.n_buckets=32"], "must not exceed data.seg_len"),
+    (["model.lsh.chunk_len=5"], "model.lsh.chunk_len (5) must divide data.seg_len"),
+    (["model.lsh.n_hashes=0"], "model.lsh.n_hashes must be >= 1"),
 ])
 def test_lsh_settings_that_cannot_work_are_refused(settings, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -84,7 +84,7 @@ def test_lsh_settings_that_cannot_work_are_refused(settings, needle):
 def test_lsh_is_a_search_candidate_and_has_a_latency():
     from parnas.training.latency import measure_table
 
-    cfg = load_config("tiny", ["search.candidates=[attention, lsh, dense, identity]", "model.chunk_len=8"])
+    cfg = load_config("tiny", ["search.candidates=[attention, lsh, dense, identity]", "model.lsh.chunk_len=8"])
     table = measure_table(cfg, 500, ["attention", "lsh", "dense", "identity"], rounds=2, steps=1)
     assert set(table.kinds_ms) == {"attention", "lsh", "dense", "identity"}
     assert all(v >= 0 for v in table.kinds_ms["lsh"].values())

@@ -60,7 +60,7 @@ def test_builtins_are_registered_in_order_with_unique_letters():
 def test_printed_layouts_say_what_each_of_their_letters_means():
     assert architecture.legend("ACAAACGGGDDG") == "A attention, C conv, G glu, D dense"
     assert architecture.legend(["attention", "dense", "identity"]) == "A attention, D dense, I identity"
-    assert architecture.legend("AQ") == "A attention, Q unknown kind"
+    assert architecture.legend("AZ") == "A attention, Z unknown kind"
 
 
 def test_every_kind_is_built_from_the_config_alone_and_keeps_the_block_call():

@@ -13,7 +13,7 @@ VOCAB = 500
 
 
 def reversible(*settings):
-    cfg = load_config("tiny", ["model.reversible=true", "model.chunk_len=8", *settings])
+    cfg = load_config("tiny", ["model.reversible=true", "model.lsh.chunk_len=8", *settings])
     torch.manual_seed(0)
     return build_fixed_model(cfg.model, VOCAB).double()
 

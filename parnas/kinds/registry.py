@@ -10,6 +10,11 @@ This module imports no torch: configs are validated before torch is loaded.
 Built-in factories are ``"module:attribute"`` strings, so nothing is built or
 imported until :func:`make_block` runs, and the registry never imports the blocks.
 
+A kind owns its settings: ``BlockKind.settings`` is a frozen dataclass (defaults and checks in
+``__post_init__``) that a config fills under ``model.<kind>.<setting>``, e.g. ``model.lsh.chunk_len``;
+``BlockKind.check`` tests them against the run's shapes (``data.seg_len``, ``model.n_heads``). The core
+model config holds only what every model has.
+
 User kinds come from Python entry points in group ``parnas.blocks``: a plugin
 package declares ``[project.entry-points."parnas.blocks"] mykind =
 "mypkg.blocks:KIND"`` with ``KIND`` a :class:`BlockKind` named ``mykind``. The
@@ -20,6 +25,7 @@ plugin module is imported the first time the kind is needed. Code can also
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import sys
@@ -41,6 +47,7 @@ HOW_TO_REGISTER = (f"a plugin registers one with an entry point in group {GROUP!
 
 Factory = Union[str, Callable[["ModelConfig"], "nn.Module"]]
 Flops = Callable[["ModelConfig", int, int], float]  # (cfg, seg_len, batch_size) -> forward FLOPs per token
+Check = Callable[[Any, Any], None]  # (the run's Config, the kind's settings) -> None, or raises ConfigError
 
 
 class KindError(ParnasError):
@@ -58,6 +65,11 @@ class BlockKind:
     ``flops(cfg, seg_len, batch_size)``: forward FLOPs per token (optional; without it the
     cost tables count 2 FLOPs per parameter). ``shared``: all blocks of this kind in one
     model reuse one module (depth recurrence; ``model.share_weights`` adds kinds).
+    ``settings``: a frozen dataclass of the kind's own settings, every field defaulted
+    (``model.<name>.<field>`` in a config; the factory reads ``cfg.settings_of(name)``).
+    ``check(config, settings)``: raises ConfigError where the settings do not fit the run's
+    shapes; it runs for every kind a run may build (its layout and search candidates).
+    ``reversible``: its block can be recomputed in a reversible pair's backward pass.
     """
 
     name: str
@@ -67,6 +79,9 @@ class BlockKind:
     flops: Flops | None = None
     shared: bool = False
     source: str = ""  # the paper or code it follows, for the docs
+    settings: type | None = None
+    check: Check | None = None
+    reversible: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -81,6 +96,12 @@ class BlockKind:
             raise KindError(f"block kind {self.name!r}: uses_memory and shared must be True or False")
         if self.flops is not None and not callable(self.flops):
             raise KindError(f"block kind {self.name!r}: flops must be a callable (cfg, seg_len, batch_size) -> float")
+        settings = self.settings
+        if settings is not None and not (isinstance(settings, type) and dataclasses.is_dataclass(settings)
+                                         and settings.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+            raise KindError(f"block kind {self.name!r}: settings must be a frozen dataclass, got {self.settings!r}")
+        if self.check is not None and not callable(self.check):
+            raise KindError(f"block kind {self.name!r}: check must be a callable (config, settings) -> None")
 
     def build(self, cfg: ModelConfig) -> nn.Module:
         """A fresh block; ``kind`` and ``uses_memory`` are set on it from this record."""
@@ -114,11 +135,12 @@ def _resolve(target: str, name: str) -> Any:
 # --- the registry -------------------------------------------------------------------------------
 
 _REGISTRY: dict[str, BlockKind] = {}
-_BUILTIN: tuple[str, ...] = ()
+_BUILTIN: set[str] = set()
 
 
-def register(kind: BlockKind) -> BlockKind:
-    """Add ``kind``; a name or letter already taken is an error (registering the same record again is not)."""
+def register(kind: BlockKind, *, builtin: bool = False) -> BlockKind:
+    """Add ``kind``; a name or letter already taken is an error (registering the same record again is not).
+    ``builtin``: parnas's own kinds, which :func:`unregister` keeps."""
     if not isinstance(kind, BlockKind):
         raise KindError(f"register expects a parnas.kinds.BlockKind, got {type(kind).__name__}")
     old = _REGISTRY.get(kind.name)
@@ -132,6 +154,8 @@ def register(kind: BlockKind) -> BlockKind:
         raise KindError(f"block kind {kind.name!r}: letter {kind.letter!r} is taken by {taken[kind.letter]!r}; "
                         f"letters in use: {''.join(sorted(taken))}")
     _REGISTRY[kind.name] = kind
+    if builtin:
+        _BUILTIN.add(kind.name)
     return kind
 
 
@@ -202,34 +226,17 @@ def letter(name: str) -> str:
         return "?"
 
 
+def default_settings(name: str) -> Any:
+    """The settings of kind ``name`` at their defaults (None for a kind without settings)."""
+    settings = get(name).settings
+    return None if settings is None else settings()
+
+
+def with_settings() -> tuple[str, ...]:
+    """The registered kinds that declare settings (plugins not loaded yet left out)."""
+    return tuple(name for name, kind in _REGISTRY.items() if kind.settings is not None)
+
+
 def make_block(name: str, cfg: ModelConfig) -> nn.Module:
     """A fresh block of kind ``name`` built from ``cfg`` alone (what the cost tables time)."""
     return get(name).build(cfg)
-
-
-# --- built-in kinds ----------------------------------------------------------------------------
-
-for _kind in (
-    BlockKind("attention", "parnas.nn.blocks:build_attention", True, "A",
-              source="Dai et al. 2019, Transformer-XL relative attention"),
-    BlockKind("dense", "parnas.nn.blocks:build_dense", False, "D",
-              source="Vaswani et al. 2017, position-wise feed-forward (ReLU)"),
-    BlockKind("identity", "parnas.nn.blocks:build_identity", False, "I",
-              source="Mandava et al. 2020, PAR: skip the depth"),
-    BlockKind("conv", "parnas.nn.variants:ConvBlock", True, "C",
-              source="So et al. 2019 (Evolved Transformer): GLU + causal depthwise-separable convolution"),
-    BlockKind("glu", "parnas.nn.variants:GLUBlock", False, "G", source="Shazeer 2020, SwiGLU feed-forward"),
-    BlockKind("sqrelu", "parnas.nn.variants:SquaredReLUBlock", False, "S",
-              source="So et al. 2021 (Primer): squared-ReLU feed-forward"),
-    BlockKind("compressive", "parnas.nn.compressive:CompressiveBlock", True, "M",
-              source="Rae et al. 2019, Compressive Transformer memory"),
-    BlockKind("shared", "parnas.nn.variants:UniversalBlock", True, "U", shared=True,
-              source="Dehghani et al. 2019, Universal Transformer: one layer reused across depth"),
-    BlockKind("ut", "parnas.nn.act:build_ut", True, "H",
-              source="Dehghani et al. 2019 with Graves 2016: one layer repeated under adaptive computation time"),
-    BlockKind("lsh", "parnas.nn.lsh:build_lsh", True, "L",
-              source="Kitaev et al. 2020, Reformer: LSH attention with shared QK, chunked"),
-):
-    register(_kind)
-_BUILTIN = tuple(_REGISTRY)
-del _kind

@@ -39,8 +39,9 @@ class ACTBlock(nn.Module):
         self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
         self.halt = nn.Linear(cfg.d_model, 1)
         nn.init.constant_(self.halt.bias, 1.0)  # Graves: a positive bias, so early on a position ponders little
-        self.max_steps, self.tau = cfg.act_max_steps, cfg.act_tau
-        self.register_buffer("signals", sinusoid(cfg.act_max_steps + 1, cfg.d_model)[:-1].flip(0),
+        s = cfg.settings_of("ut")
+        self.max_steps, self.tau = s.max_steps, s.tau
+        self.register_buffer("signals", sinusoid(s.max_steps + 1, cfg.d_model)[:-1].flip(0),
                              persistent=False)  # (steps, D): row t is the sinusoid of timestep t + 1
         self.memory: list[Tensor] | None = None
         self.aux_loss: Tensor | None = None

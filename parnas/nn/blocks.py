@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from parnas.config import ModelConfig
+from parnas.kinds.builtin import heads, width
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> Tensor:
@@ -177,18 +178,19 @@ class AttentionBlock(nn.Module):
     head_multiple = SDPA_HEAD_MULTIPLE  # off the CPU, heads padded to this multiple for SDPA (1: unpadded)
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool,
-                 kernel: str = "sdpa") -> None:
+                 kernel: str = "sdpa", d_head: int | None = None) -> None:
         super().__init__()
         if kernel == "flex" and dropatt:
             raise ValueError(f"the flex attention kernel has no attention dropout (dropatt {dropatt})")
         self.kernel = kernel
-        self.n_heads, self.d_head = n_heads, d_model // n_heads
-        self.q = nn.Linear(d_model, d_model, bias=False)
-        self.kv = nn.Linear(d_model, 2 * d_model, bias=False)
-        self.r = nn.Linear(d_model, d_model, bias=False)  # W_r: positions -> keys
+        self.n_heads, self.d_head = n_heads, d_head or d_model // n_heads  # fewer heads keep the config's width
+        inner = n_heads * self.d_head
+        self.q = nn.Linear(d_model, inner, bias=False)
+        self.kv = nn.Linear(d_model, 2 * inner, bias=False)
+        self.r = nn.Linear(d_model, inner, bias=False)  # W_r: positions -> keys
         self.u = nn.Parameter(torch.zeros(n_heads, self.d_head))  # content bias
         self.v = nn.Parameter(torch.zeros(n_heads, self.d_head))  # position bias
-        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.out = nn.Linear(inner, d_model, bias=False)
         self.norm = nn.LayerNorm(d_model)
         self.drop = Dropout(dropout)
         self.dropatt, self.pre_norm = dropatt, pre_norm
@@ -217,7 +219,7 @@ class AttentionBlock(nn.Module):
                 a = self._attend(q, k, v, bias, scale)
             else:
                 a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, self.head_multiple)
-        a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, D))  # (B, L, D)
+        a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, H * Dh))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
@@ -270,6 +272,28 @@ def build_attention(cfg: ModelConfig) -> AttentionBlock:
 
 def build_dense(cfg: ModelConfig) -> DenseBlock:
     return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+
+
+def fewer_heads(cfg: ModelConfig, kind: str) -> AttentionBlock:
+    """Attention with the ``kind``'s fraction of the config's heads, each of the config's head width."""
+    return AttentionBlock(cfg.d_model, heads(cfg.n_heads, cfg.settings_of(kind)), cfg.dropout, cfg.dropatt,
+                          cfg.pre_norm, cfg.attention_kernel, d_head=cfg.d_model // cfg.n_heads)
+
+
+def build_attention_half(cfg: ModelConfig) -> AttentionBlock:
+    return fewer_heads(cfg, "attention_half")
+
+
+def build_attention_quarter(cfg: ModelConfig) -> AttentionBlock:
+    return fewer_heads(cfg, "attention_quarter")
+
+
+def build_dense_half(cfg: ModelConfig) -> DenseBlock:
+    return DenseBlock(cfg.d_model, width(cfg.d_ff, cfg.settings_of("dense_half")), cfg.dropout, cfg.pre_norm)
+
+
+def build_dense_double(cfg: ModelConfig) -> DenseBlock:
+    return DenseBlock(cfg.d_model, width(cfg.d_ff, cfg.settings_of("dense_double")), cfg.dropout, cfg.pre_norm)
 
 
 def build_identity(cfg: ModelConfig) -> IdentityBlock:

@@ -36,7 +36,8 @@ class CompressiveBlock(AttentionBlock):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, cfg.attention_kernel)
-        self.rate, self.compress_len, self.compress_fn = cfg.compress_rate, cfg.compress_len, cfg.compress_fn
+        s = cfg.settings_of("compressive")
+        self.rate, self.compress_len, self.compress_fn = s.rate, s.length, s.fn
         self.compressor = nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate) \
             if self.compress_fn == "conv" else None
         self.pos_drop = nn.Dropout(cfg.dropout)

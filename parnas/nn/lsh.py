@@ -124,5 +124,6 @@ class LSHAttentionBlock(nn.Module):
 
 
 def build_lsh(cfg: ModelConfig) -> LSHAttentionBlock:
-    return LSHAttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, cfg.n_buckets,
-                             cfg.n_hashes, cfg.chunk_len)
+    s = cfg.settings_of("lsh")
+    return LSHAttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, s.n_buckets,
+                             s.n_hashes, s.chunk_len)

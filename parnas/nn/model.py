@@ -251,10 +251,12 @@ class TransformerXL(nn.Module):
 
 def share_position_bias(model: nn.Module) -> None:
     """One content bias u and one position bias v for every attention block (and every attention candidate of a
-    supernet), as Dai et al.'s Transformer-XL keeps them; their count then matches its parameter count."""
-    blocks = [m for m in model.modules() if isinstance(m, AttentionBlock)]
-    for block in blocks[1:]:
-        block.u, block.v = blocks[0].u, blocks[0].v
+    supernet), as Dai et al.'s Transformer-XL keeps them; their count then matches its parameter count. Blocks
+    with fewer heads share the first heads' biases' shape among themselves."""
+    first: dict[tuple[int, int], AttentionBlock] = {}
+    for block in (m for m in model.modules() if isinstance(m, AttentionBlock)):
+        shared = first.setdefault((block.n_heads, block.d_head), block)
+        block.u, block.v = shared.u, shared.v
 
 
 def _init_weights(module: nn.Module) -> None:

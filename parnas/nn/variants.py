@@ -45,7 +45,7 @@ class ConvBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        D, self.k = cfg.d_model, cfg.conv_kernel
+        D, self.k = cfg.d_model, cfg.settings_of("conv").kernel
         self.gate = nn.Linear(D, 2 * D)  # pointwise, split into value and gate by the GLU
         self.depthwise = nn.Conv1d(D, D, self.k, groups=D)  # no padding: the left context is prepended
         self.pointwise = nn.Linear(D, D)

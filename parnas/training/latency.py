@@ -192,8 +192,8 @@ def tokens_per_round(cfg: Config, steps: int) -> int:
 def full_memory_steps(cfg: Config) -> int:
     """Steps after which every memory is full: the memory's ``mem_len`` states, and a compressive block's
     ``compress_len`` compressed ones (``compress_rate`` evicted states each), so steps are timed at steady state."""
-    m = cfg.model
-    return math.ceil((m.mem_len + m.compress_rate * m.compress_len) / cfg.data.seg_len) + 1
+    s = cfg.model.settings_of("compressive")
+    return math.ceil((cfg.model.mem_len + s.rate * s.length) / cfg.data.seg_len) + 1
 
 
 def _rotated(n: int, r: int) -> Iterator[int]:

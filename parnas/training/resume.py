@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from parnas import architecture
-from parnas.config import Config
+from parnas.config import Config, upgrade_flat_settings
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.training import checkpoint as ckpt
@@ -46,7 +46,8 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
         raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
     may_change = RESUMABLE_CHANGES if record is not None else SEARCH_RESUMABLE_CHANGES
     # a setting newer than the checkpoint counts as its default (what the code that wrote it did)
-    old, new = _flatten(Config().to_dict()) | _flatten(meta["config"]), _flatten(cfg.to_dict())
+    written = meta["config"] | {"model": upgrade_flat_settings(meta["config"].get("model", {}))}
+    old, new = _flatten(Config().to_dict()) | _flatten(written), _flatten(cfg.to_dict())
     for key in sorted((set(old) | set(new)) - may_change):
         if (record is None or not key.startswith("search.")) and _plain(old.get(key)) != _plain(new.get(key)):
             raise ConfigError(f"{source} was trained with {key}={old.get(key)!r}, now {new.get(key)!r}; resume with "

@@ -1,0 +1,119 @@
+"""A switch-style mixture of feed-forward experts (Fedus et al. 2021), kind ``moe``: PLANER's way to buy
+parameters without paying their latency.
+
+A linear router scores each token against ``n_experts`` experts (softmax in float32); the token goes to
+its ``top_k`` best (Switch: 1) and the block returns sum_i p_i E_i(x) over them, p_i the router's
+probability, so the router learns through the gates. Each expert is a position-wise feed-forward of
+``model.d_ff`` with ReLU. Settings: ``model.moe.*`` (:class:`parnas.kinds.builtin.MoESettings`).
+
+Dispatch is all tensor work, with no Python loop over tokens or experts and no read-back:
+- many tokens (training, evaluation): each expert takes at most C = ceil(capacity_factor x top_k x N / E)
+  routings, queued position by position (all of a batch's first positions, their first choices then their
+  second ones, then the next positions), so a routing is never pushed out by a later position's: the model
+  stays causal. A routing past its expert's capacity is dropped (the token keeps its residual). The kept
+  ones are placed into an (E, C, D) buffer by a cumulative count, the experts run as two batched matrix
+  products, and the outputs are added back by token.
+- few tokens (N x top_k <= E, as when generating at batch 1): each routing multiplies its expert's weights
+  gathered for it, so a generated token pays top_k experts, not E.
+
+The load-balancing loss E x sum_e f_e P_e (f_e the fraction of tokens whose first choice is e, P_e the
+mean router probability of e; 1 when balanced) joins the loss x ``aux_weight`` through the body's
+auxiliary-loss contract, and the task logs ``moe/balance_loss``, ``moe/max_load`` (the busiest expert's
+share x E) and ``moe/dropped`` (routings over capacity) per step, for TensorBoard.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from parnas.config import ModelConfig
+from parnas.kinds.builtin import capacity
+from parnas.nn.blocks import Dropout, dropout
+
+
+class MoEBlock(nn.Module):
+    """The ``moe`` block: router, experts, residual and LayerNorm placed as the dense block's."""
+
+    kind = "moe"
+    uses_memory = False
+    n_memories = 0  # it keeps no memory of its own; it takes part in the body's auxiliary-loss contract
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.settings = s = cfg.settings_of("moe")
+        D, Fw, E = cfg.d_model, cfg.d_ff, s.n_experts
+        self.router = nn.Linear(D, E, bias=False)
+        self.w_in = nn.Parameter(torch.randn(E, D, Fw) * 0.02)  # Transformer-XL's N(0, 0.02), expert by expert
+        self.b_in = nn.Parameter(torch.zeros(E, Fw))
+        self.w_out = nn.Parameter(torch.randn(E, Fw, D) * 0.02)
+        self.b_out = nn.Parameter(torch.zeros(E, D))
+        self.norm = nn.LayerNorm(D)
+        self.drop, self.p, self.pre_norm = Dropout(cfg.dropout), cfg.dropout, cfg.pre_norm
+        self.memory: list[Tensor] | None = None
+        self.aux_loss: Tensor | None = None
+        self.metrics: dict[str, Tensor] = {}
+
+    def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
+        return []
+
+    def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+        x = (self.norm(h) if self.pre_norm else h).transpose(0, 1)  # (L, B, D): position-major, for the queue
+        y = self.drop(self.experts(x).transpose(0, 1))  # (B, L, D)
+        return h + y if self.pre_norm else self.norm(h + y)
+
+    def experts(self, x: Tensor) -> Tensor:
+        """Route, dispatch, run and combine. x (L, B, D) -> (L, B, D)"""
+        s, (L, B, D) = self.settings, x.shape
+        E, k, N = s.n_experts, s.top_k, L * B
+        x = x.reshape(N, D)
+        probs = self.router(x).float().softmax(-1)  # (N, E)
+        gate, expert = probs.topk(k, dim=-1)  # (N, k) each
+        if N * k <= E:
+            y, dropped = self._gathered(x, gate, expert), None
+        else:
+            y, dropped = self._dispatched(x, gate, expert, B, capacity(N, s))
+        if self.training:
+            first = F.one_hot(expert[:, 0], E).float().mean(0)  # (E,) share of first choices
+            balance = E * (first * probs.mean(0)).sum()
+            self.aux_loss = s.aux_weight * balance if s.aux_weight else None
+            self.metrics = {"moe/balance_loss": balance.detach(), "moe/max_load": first.max() * E}
+            if dropped is not None:
+                self.metrics["moe/dropped"] = dropped
+        else:
+            self.aux_loss, self.metrics = None, {}
+        return y.view(L, B, D)
+
+    def _gathered(self, x: Tensor, gate: Tensor, expert: Tensor) -> Tensor:
+        """Few tokens: each routing through its own expert's weights. (N, D), (N, k), (N, k) -> (N, D)"""
+        N, k = expert.shape
+        e = expert.reshape(-1)  # (N*k,) token-major
+        rows = x.repeat_interleave(k, 0)[:, None]  # (N*k, 1, D)
+        hidden = torch.baddbmm(self.b_in[e][:, None], rows, self.w_in[e])  # (N*k, 1, F)
+        hidden = dropout(F.relu(hidden), self.p, self.training)
+        out = torch.baddbmm(self.b_out[e][:, None], hidden, self.w_out[e]).view(N, k, -1)  # (N, k, D)
+        return (out * gate[..., None].to(out.dtype)).sum(1)
+
+    def _dispatched(self, x: Tensor, gate: Tensor, expert: Tensor, B: int, C: int) -> tuple[Tensor, Tensor]:
+        """Many tokens, position-major (B a position): at most C routings an expert, the rest dropped. Returns the
+        output (N, D) and the share of routings dropped. x (N, D), gate and expert (N, k)"""
+        N, k = expert.shape
+        E, D = self.settings.n_experts, x.size(1)
+
+        def queue(t: Tensor) -> Tensor:  # (N, k) -> (k*N,) in queue order: position, then choice, then row
+            return t.view(N // B, B, k).transpose(1, 2).reshape(-1)
+
+        e = queue(expert)  # (k*N,)
+        token = queue(torch.arange(N, device=x.device)[:, None].expand(N, k))  # (k*N,)
+        chosen = F.one_hot(e, E)  # (k*N, E)
+        place = (chosen.cumsum(0) * chosen).sum(1) - 1  # (k*N,) its place in its expert's queue
+        kept = place < C
+        slot = torch.where(kept, e * C + place, E * C)  # (k*N,) the last slot takes what is dropped
+        buffer = x.new_zeros(E * C + 1, D).index_add(0, slot, x[token])[:-1].view(E, C, D)  # (E, C, D)
+        hidden = dropout(F.relu(torch.baddbmm(self.b_in[:, None], buffer, self.w_in)), self.p, self.training)
+        out = torch.baddbmm(self.b_out[:, None], hidden, self.w_out).view(E * C, D)  # (E*C, D)
+        out = torch.cat([out, out.new_zeros(1, D)])  # a dropped routing adds nothing
+        weight = (queue(gate) * kept).to(out.dtype)  # (k*N,)
+        y = x.new_zeros(N, D).index_add(0, token, out[slot] * weight[:, None])  # (N, D)
+        return y, 1.0 - kept.float().mean()
