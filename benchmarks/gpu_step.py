@@ -10,6 +10,8 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --unpadded-heads    # + heads of 41 as they are
     python benchmarks/gpu_step.py --shape wt103-base --flex              # + attention by FlexAttention
     python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
+    python benchmarks/gpu_step.py --shape wt103-base --tf32              # + the Transformer-XL in TF32, beside bf16
+    python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --twin  # + AAADDD: its identities dropped
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
 backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
@@ -18,15 +20,18 @@ and moved with it, as the data module does (``--groups-on-device`` adds a Transf
 them on the device and reads their sizes back, the one host sync a step this replaced; ``--unpadded-heads``
 one whose heads reach SDPA unpadded, where their size is not a multiple of 8, as before they were padded for
 its fused kernels; ``--flex`` one with ``model.attention_kernel=flex``, the position scores added inside a
-FlexAttention kernel instead of passed to SDPA as a bias, eager and, with ``--compile``, compiled). The
-supernet's step is
-the search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax weights, and the
-weights' and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled as
-``train.compile=MODE`` compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention,
-dense, identity). Lightning's bookkeeping (logging, progress) is left out. The models of a shape take
-``--steps`` steps each per round, in alternating order, over ``--rounds`` rounds (benchmarks/train_step.py's
-rounds), after a warm-up that fills the memory; figures are medians over rounds. Peak memory is what a model's
-steps allocated above what was allocated before it was built.
+FlexAttention kernel instead of passed to SDPA as a bias, eager and, with ``--compile``, compiled; ``--tf32``
+one in fp32 with TF32 matmuls, eager, beside the bf16 ones in the same rounds, its MFU against the TF32 peak).
+The supernet's step is the search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax
+weights, and the weights' and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled
+as ``train.compile=MODE`` compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention,
+dense, identity); with ``--twin``, also its shallower twin, the same layout with the identity blocks dropped
+(an identity block should cost nothing: the two should step alike). Lightning's bookkeeping (logging,
+progress) is left out. The models of a shape take ``--steps`` steps each per round, in alternating order, over
+``--rounds`` rounds (benchmarks/train_step.py's rounds), after a warm-up that fills the memory; figures are
+medians over rounds. A line as each model is built and warmed up says how long that took (a compile's time),
+so a run stopped early still shows how far it got. Peak memory is what a model's steps allocated above what
+was allocated before it was built.
 
 FLOPs (MFU = FLOPs per trained token x tokens/s / the GPU's dense peak). Matrix products only, a
 multiply-add = 2 FLOPs, training = forward + backward; a product whose operands both need gradients costs
@@ -64,7 +69,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -227,6 +232,7 @@ ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
 UNPADDED = "txl, unpadded"  # --unpadded-heads's model
 FLEX = "txl, flex"  # --flex's model
 SAMPLED = "supernet, sampled"  # --sampled's model
+TF32 = "txl, tf32"  # --tf32's model
 
 
 def _shape(name: str) -> str:
@@ -240,6 +246,12 @@ def _layout(text: str) -> str:
         raise argparse.ArgumentTypeError(f"layout {text!r} is not a string of {', '.join(LAYOUT_LETTERS)} "
                                          "(attention, dense, identity)")
     return text
+
+
+def twins(layouts: Sequence[str]) -> dict[str, str]:
+    """Each layout that has identity blocks and another kind, and its shallower twin: the layout without its
+    identity blocks (AIAIIIAIIDDD: AAADDD), which it should step like if an identity block costs nothing."""
+    return {layout: layout.replace("I", "") for layout in layouts if layout.replace("I", "") not in ("", layout)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
@@ -269,16 +281,76 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--flex", action="store_true",
                         help="add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it "
                              "compiled too)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="add the Transformer-XL in fp32 with TF32 matmuls, eager, timed beside --precision's "
+                             "models (bf16's speed-up over TF32 in the same rounds); its MFU against the data "
+                             "sheet's TF32 peak")
+    parser.add_argument("--twin", action="store_true",
+                        help="add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD:"
+                             " AAADDD), and the layout's step time over the twin's")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
     for name in ("steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
+    if args.tf32 and args.precision == "tf32":
+        parser.error("--tf32 adds a TF32 Transformer-XL beside --precision's models; with --precision tf32 it is the "
+                     "Transformer-XL itself: drop one")
+    if args.twin and not twins(args.layout):
+        parser.error("--twin adds each --layout's twin without identity blocks: give a --layout with an I and "
+                     "another block, e.g. --layout AIAIIIAIIDDD")
     return args
 
 
-def bench_shape(name: str, args: Any, peak: float | None) -> None:
+class Timed(NamedTuple):
+    """A model a shape times: its blocks (for the FLOP count), ``build(cfg, vocab) -> (model, step)``, and the
+    precision its step runs in."""
+
+    kinds: list[str]
+    build: Callable[[Config, int], tuple[torch.nn.Module, Callable[..., None]]]
+    precision: str
+
+
+def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
+    """The models ``args`` times at ``shape``, by name, in the order they are built: the Transformer-XL and the
+    supernet first (the ratio lines divide by the Transformer-XL), then what each flag adds."""
+    n, precision = 2 * shape.n_layers, args.precision
+    standard = list(transformer_xl_layout(n))
+
+    def fixed(layout: str | None = None, precision: str = precision, **options: Any) -> Timed:
+        kinds = [LAYOUT_LETTERS[c] for c in layout] if layout else standard
+        return Timed(kinds, lambda cfg, vocab: fixed_step(cfg, vocab, precision, kinds, **options), precision)
+
+    def supernet(sampled: bool) -> Timed:
+        return Timed(["sampled" if sampled else "choice"] * n,
+                     lambda cfg, vocab: supernet_step(cfg, vocab, precision, sampled), precision)
+
+    models = {"transformer-xl": fixed(), "supernet": supernet(False)}
+    if args.groups_on_device and shape.cutoffs:
+        models[ONE_SYNC] = fixed()  # its loss groups the targets: bench_shape hands it none
+    if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
+        models[UNPADDED] = fixed(head_multiple=1)
+    if args.sampled:
+        models[SAMPLED] = supernet(True)
+    if args.flex:
+        models[FLEX] = fixed(attention_kernel="flex")
+    if args.tf32:
+        models[TF32] = fixed(precision="tf32")
+    if args.compile != "none":
+        models[f"compiled ({args.compile})"] = fixed(compile_mode=args.compile)
+        if args.flex:
+            models[f"{FLEX}, compiled"] = fixed(compile_mode=args.compile, attention_kernel="flex")
+    for layout in args.layout:
+        models[layout] = fixed(layout)
+    for twin in twins(args.layout).values() if args.twin else ():
+        models.setdefault(twin, fixed(twin))
+    return models
+
+
+def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
+    """Times ``args``'s models at shape ``name`` and prints a line each and their ratios; ``peaks``: the GPU's
+    dense peak TFLOP/s for each precision a model runs in."""
     shape = SHAPES[name]
     cfg = shape.config(args.precision)
     B, L = shape.batch, shape.seg_len
@@ -287,30 +359,8 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     host = zipf_ids(n_tokens, shape.vocab).view(B, -1)  # B streams, read segment by segment
     stream = host.cuda()
     fractions = cluster_fractions(stream, shape.vocab, shape.cutoffs) if shape.cutoffs else []
-    standard = list(transformer_xl_layout(cfg.model.n_blocks))
-    kinds = {"transformer-xl": standard, "supernet": ["choice"] * cfg.model.n_blocks}
-    builds: dict[str, Callable[..., Any]] = {"transformer-xl": fixed_step, "supernet": supernet_step}
-    device_groups = ONE_SYNC if args.groups_on_device and shape.cutoffs else None
-    if device_groups:
-        kinds[device_groups], builds[device_groups] = standard, fixed_step
-    if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
-        kinds[UNPADDED] = standard
-        builds[UNPADDED] = lambda *a: fixed_step(*a, head_multiple=1)
-    if args.sampled:
-        kinds[SAMPLED] = ["sampled"] * cfg.model.n_blocks
-        builds[SAMPLED] = lambda *a: supernet_step(*a, sampled=True)
-    if args.flex:
-        kinds[FLEX] = standard
-        builds[FLEX] = lambda *a: fixed_step(*a, attention_kernel="flex")
-    if args.compile != "none":
-        kinds[f"compiled ({args.compile})"] = standard
-        builds[f"compiled ({args.compile})"] = lambda *a: fixed_step(*a, compile_mode=args.compile)
-        if args.flex:
-            kinds[f"{FLEX}, compiled"] = standard
-            builds[f"{FLEX}, compiled"] = lambda *a: fixed_step(*a, compile_mode=args.compile, attention_kernel="flex")
-    for layout in args.layout:
-        kinds[layout] = [LAYOUT_LETTERS[c] for c in layout]
-        builds[layout] = lambda *a, k=kinds[layout]: fixed_step(*a, kinds=k)
+    models = timed_models(shape, args)
+    kinds = {model: timed.kinds for model, timed in models.items()}
     flops = {k: train_flops_per_token(cfg.model, v, B, L, shape.vocab, fractions) for k, v in kinds.items()}
     steps: dict[str, Callable[..., None]] = {}
     group: dict[str, Callable[[Tensor], Any]] = {}  # each model's target grouping, on the host
@@ -329,22 +379,26 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
         torch.cuda.synchronize()
         return n * B * L / (time.perf_counter() - start)
 
-    for model, build in builds.items():
+    print(f"\n{name}: building and warming up {len(models)} models", flush=True)
+    for model, timed in models.items():
+        start = time.perf_counter()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(0)
-        net, steps[model] = build(cfg, shape.vocab, args.precision)
-        group[model] = (lambda y: None) if model == device_groups else net.group_targets
+        net, steps[model] = timed.build(cfg, shape.vocab)
+        group[model] = (lambda y: None) if model == ONE_SYNC else net.group_targets
         run(model, warmup)  # the memory fills; the peak of a full step is reached
         peak_bytes[model] = torch.cuda.max_memory_allocated() - before
+        print(f"  {model}: ready in {time.perf_counter() - start:.1f} s", flush=True)
     tps = alternating_rounds(run, list(kinds), args.rounds, args.steps, 0)
 
-    print(f"\n{name}: {shape.what}; {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, "
+    print(f"{name}: {shape.what}; {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, "
           f"d_ff {shape.d_ff}, batch {B} x segment {L}, memory {shape.mem_len}, vocab {shape.vocab:,}, "
           f"cutoffs {list(shape.cutoffs) or 'none (full softmax)'}, {args.precision}")
     for model in kinds:
         median = statistics.median(tps[model])
         achieved = flops[model] * median / 1e12
+        peak = peaks[models[model].precision]
         mfu = f"MFU {100 * achieved / peak:.1f}%" if peak else "MFU - (unknown peak: --peak-tflops)"
         rounds = ", ".join(f"{t:,.0f}" for t in tps[model])
         print(f"  {model:20s} {median:10,.0f} tokens/s  {B * L / median * 1e3:8.1f} ms/step  "
@@ -354,6 +408,11 @@ def bench_shape(name: str, args: Any, peak: float | None) -> None:
     print("  " + ratio_line("transformer-xl", "supernet", tps, label="step time supernet / transformer-xl"))
     for model in list(kinds)[2:]:
         print("  " + ratio_line("transformer-xl", model, tps, label=f"step time {model} / transformer-xl"))
+    if TF32 in models and args.compile != "none":
+        compiled = f"compiled ({args.compile})"
+        print("  " + ratio_line(compiled, TF32, tps, label=f"step time {TF32} / {compiled}"))
+    for layout, twin in twins(args.layout).items() if args.twin else ():
+        print("  " + ratio_line(twin, layout, tps, label=f"step time {layout} / {twin}, its twin without identity"))
     steps.clear()  # the models go; their memory with them
     torch.cuda.empty_cache()
 
@@ -367,12 +426,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     device = torch.cuda.get_device_name()
     peak = args.peak_tflops or peak_tflops(device, args.precision)
+    peaks = {"tf32": peak_tflops(device, "tf32"), args.precision: peak}  # --tf32's model's, then --peak-tflops
     source = "--peak-tflops" if args.peak_tflops else "data sheet" if peak else "not in the table"
     print(f"{device}; torch {torch.__version__}, CUDA {torch.version.cuda}; {args.precision}; peak "
           f"{f'{peak:g} TFLOP/s' if peak else '-'} ({source}); {args.rounds} rounds x {args.steps} steps per "
           "model, order alternating")
     for name in args.shape or SHAPES:
-        bench_shape(name, args, peak)
+        bench_shape(name, args, peaks)
     return 0
 
 

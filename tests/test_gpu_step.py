@@ -1,5 +1,6 @@
 """benchmarks/gpu_step.py without a GPU: its FLOP count against a hand count and torch's own counter, its
-shapes as valid models (on the meta device: no memory), its peak table, and its one-line refusals."""
+shapes as valid models (on the meta device: no memory), the models its flags add (built and stepped on the
+CPU), its peak table, and its one-line refusals."""
 
 import subprocess
 import sys
@@ -89,6 +90,46 @@ def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_step):
     assert (wt2.data.vocab_size, wt2.data.batch_size, wt2.data.seg_len) == (12000, 32, 128)
 
 
+def test_the_flags_add_their_models_in_order_each_in_its_precision(gpu_step):
+    """--tf32 adds the Transformer-XL in TF32 beside the bf16 ones, before the compiled one; --twin adds each
+    identity-bearing layout's twin without the identity blocks, of the same FLOPs (identity costs none)."""
+    args = gpu_step.parse_args(["--shape", "wt103-base", "--compile", "default", "--tf32"])
+    models = gpu_step.timed_models(gpu_step.SHAPES["wt103-base"], args)
+    bf16 = "bf16-mixed"
+    assert {name: m.precision for name, m in models.items()} == {
+        "transformer-xl": bf16, "supernet": bf16, "txl, tf32": "tf32", "compiled (default)": bf16}
+    assert models["txl, tf32"].kinds == models["transformer-xl"].kinds == ["attention", "dense"] * 16
+
+    args = gpu_step.parse_args(["--shape", "wt2-par", "--sampled", "--layout", "AIAIIIAIIDDD", "--layout", "ADI",
+                                "--layout", "ADAD", "--twin"])
+    models = gpu_step.timed_models(gpu_step.SHAPES["wt2-par"], args)
+    assert list(models) == ["transformer-xl", "supernet", "supernet, sampled", "AIAIIIAIIDDD", "ADI", "ADAD",
+                            "AAADDD", "AD"]
+    assert gpu_step.twins(args.layout) == {"AIAIIIAIIDDD": "AAADDD", "ADI": "AD"}
+    assert models["AAADDD"].kinds == ["attention"] * 3 + ["dense"] * 3
+    model = gpu_step.SHAPES["wt2-par"].config().model
+    flops = {name: gpu_step.train_flops_per_token(model, models[name].kinds, 32, 128, 12000, [0.2, 0.1])
+             for name in ("AIAIIIAIIDDD", "AAADDD")}
+    assert flops["AIAIIIAIIDDD"] == flops["AAADDD"] > 0
+
+
+def test_a_layout_and_its_twin_build_the_models_they_name_and_step(gpu_step, monkeypatch):
+    """What --layout LAYOUT --twin times, built on the CPU (``.cuda()`` made a no-op): the layout's blocks, the
+    twin's without identity; one fp32 step of each trains its weights."""
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    args = gpu_step.parse_args(["--shape", "wt2-par", "--precision", "32-true", "--layout", "AIDI", "--twin"])
+    shape = gpu_step.SHAPES["wt2-par"]
+    cfg = shape.config("32-true")
+    tokens = torch.randint(0, shape.vocab, (2, 9))
+    for name, kinds in (("AIDI", ["attention", "identity", "dense", "identity"]), ("AD", ["attention", "dense"])):
+        torch.manual_seed(0)
+        net, step = gpu_step.timed_models(shape, args)[name].build(cfg, shape.vocab)
+        assert net.block_kinds == kinds
+        before = [p.detach().clone() for p in net.parameters()]
+        step(tokens)
+        assert any(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
+
+
 def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_step):
     peak = gpu_step.peak_tflops
     assert peak("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.4 and peak("NVIDIA H100 PCIe", "bf16-mixed") == 756.5
@@ -108,7 +149,9 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(gpu_step, monkeypatch, 
 @pytest.mark.parametrize("args, needle", [(["--shape", "wt104"], "known: wt2-par, wt103-base, nvidia-base, long"),
                                           (["--precision", "fp8"], "--precision"), (["--steps", "0"], "--steps"),
                                           (["--compile", "cudagraphs"], "--compile"),
-                                          (["--layout", "ADX"], "layout 'ADX' is not a string of A, D, I")])
+                                          (["--layout", "ADX"], "layout 'ADX' is not a string of A, D, I"),
+                                          (["--tf32", "--precision", "tf32"], "--tf32"),
+                                          (["--twin", "--layout", "ADAD"], "--twin")])
 @pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2(args, needle):
     run = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), *args], capture_output=True, text=True,

@@ -1,42 +1,109 @@
 #!/usr/bin/env bash
-# Every check and figure the GPU work needs, in about 20 minutes on one GPU, each step under a time limit so that
-# what finished is kept. Logs (one per step) and the generation latency table go to $OUT, or to runs/gpu where OUT
-# is not set. Run from the repository root on a machine with CUDA:
+# The GPU checks and figures, each step under a time limit so that what finished is kept. Run from the
+# repository root on a machine with CUDA (on a lent one with .gpu/ beside the project, through .gpu/run.sh,
+# which installs the project first):
 #
-#   bash tools/gpu_checks.sh                       # everything, in the order below
-#   bash tools/gpu_checks.sh tests syncs latency   # named steps only: a device call of at most 10 minutes
-#   bash tools/gpu_checks.sh steps                 #   takes each of these three parts
+#   bash .gpu/run.sh bash tools/gpu_checks.sh quick   # the most valuable checks in at most 7 minutes, install included
+#   bash tools/gpu_checks.sh                          # everything but quick, in the order below: about 20 minutes
+#   bash tools/gpu_checks.sh tests syncs latency      # named steps only: a device call of at most 10 minutes
+#   bash tools/gpu_checks.sh steps                    #   takes each of these three parts
 #   bash tools/gpu_checks.sh flex
 #
-# Steps: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
+# quick, in order of value: the CUDA tests (pytest -m gpu, each test under a minute where pytest-timeout is
+# installed); gpu_step.py at WT103 base, bf16 eager and compiled beside TF32 eager (tokens/s, MFU, peak memory);
+# gpu_step.py at wt2-par, the supernet's step (mixed and sampled) against the Transformer-XL's, and an
+# identity-heavy layout against its twin without the identity blocks; a version-2 latency table of the train,
+# inference and generate targets at wt2-par's GPU shapes.
+#
+# The rest: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
-# compiled, the loss's own grouping against the host's, the sampled supernet, heads of 41 padded or not, CUDA graphs, identity blocks
-# against a shallower model), flex (gpu_step.py --flex: attention by FlexAttention against SDPA, eager and
-# compiled, at WT103 base and the long shape), latency (a version-2 latency table of the train, inference and generate targets at
-# wt2-par's GPU shapes, for a study priced by it on any machine).
+# compiled, the loss's own grouping against the host's, the sampled supernet, heads of 41 padded or not, CUDA
+# graphs, identity blocks against a shallower model), flex (gpu_step.py --flex: attention by FlexAttention
+# against SDPA, eager and compiled, at WT103 base and the long shape), latency (quick's latency table).
+#
+# Each step's output goes to $OUT/NAME.log as it runs (runs/gpu where OUT is not set), and a line to
+# $OUT/summary.tsv as it ends (step, result: passed, failed or cut at its limit, exit status, seconds, limit);
+# the GPU and torch to $OUT/device.txt. Exit status 0 when every step passed, 1 otherwise, 2 without a GPU.
+# GPU_CHECKS_SCALE multiplies every limit (tests run the plan with stand-in commands and tiny limits).
 set -u
+export PYTHONUNBUFFERED=1  # logs line by line: a step cut at its limit keeps what it printed
 out=${OUT:-runs/gpu}
-mkdir -p "$out"
+scale=${GPU_CHECKS_SCALE:-1}
+known="quick tests syncs steps flex latency"
 wanted=${*:-tests syncs steps flex latency}
-failed=0
 
-step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a limit, its output in $out/NAME.log
-    local name=$1 limit=$2
+for name in $wanted; do
+    case " $known " in *" $name "*) ;; *)
+        echo "gpu_checks: unknown step '$name' (known: ${known// /, })" >&2; exit 2 ;; esac
+done
+[[ $scale =~ ^[0-9]*\.?[0-9]+$ && $scale =~ [1-9] ]] ||
+    { echo "gpu_checks: GPU_CHECKS_SCALE=$scale is not a positive number (it multiplies every limit)" >&2; exit 2; }
+command -v nvidia-smi >/dev/null || { echo "gpu_checks: no NVIDIA GPU here (nvidia-smi not found); run it on a GPU" \
+    "machine: bash .gpu/run.sh bash tools/gpu_checks.sh quick" >&2; exit 2; }
+
+mkdir -p "$out"
+summary=$out/summary.tsv
+printf 'step\tresult\texit\tseconds\tlimit\n' >"$summary"
+failed=0 ran=0
+begin=${EPOCHREALTIME//[.,]/}
+
+wants() { case " $wanted " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+step() {  # step NAME SECONDS COMMAND...: COMMAND under SECONDS x GPU_CHECKS_SCALE, if NAME's part is wanted
+    local name=$1 limit_ms start ms rc result
+    limit_ms=$(awk -v s="$2" -v k="$scale" 'BEGIN { printf "%d", s * k * 1000 }')
+    local limit=$((limit_ms / 1000)).$(printf %03d $((limit_ms % 1000)))
     shift 2
-    case " $wanted " in *" ${name%%-*} "*) ;; *) return 0 ;; esac
-    echo "== $name ($(date +%T)): $*"
-    local start=$SECONDS rc
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    wants "${name%%-*}" || return 0
+    echo "== $name (limit $limit s, $(date +%T)): $*"
+    start=${EPOCHREALTIME//[.,]/}
+    timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1  # TERM at the limit, KILL 10 s later if still there
     rc=$?
-    echo "   exit $rc after $((SECONDS - start)) s"
+    ms=$(( (${EPOCHREALTIME//[.,]/} - start) / 1000 ))
+    case $rc in
+        0) result=passed ;;
+        124) result=cut ;;
+        137) [ "$ms" -ge "$limit_ms" ] && result=cut || result=failed ;;  # KILLed after the limit, or by the kernel
+        *) result=failed ;;
+    esac
+    printf '%s\t%s\t%s\t%d.%03d\t%s\n' "$name" "$result" "$rc" $((ms / 1000)) $((ms % 1000)) "$limit" >>"$summary"
+    echo "   $result (exit $rc) after $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
     tail -n 20 "$out/$name.log" | sed 's/^/   /'
-    [ "$rc" -eq 0 ] || failed=1
+    ran=$((ran + 1))
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
 }
 
-command -v nvidia-smi >/dev/null || { echo "gpu_checks: no NVIDIA GPU here (nvidia-smi not found)" >&2; exit 2; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-step tests 360 python3 -m pytest -v --tb=short -m gpu -p no:cacheprovider --timeout 150 --durations=10
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"; } 2>&1 | tee "$out/device.txt"
+
+pytest_gpu=(python3 -m pytest -v --tb=short -m gpu -p no:cacheprovider --durations=10)
+per_test=
+if wants quick || wants tests; then
+    if python3 -c "import pytest_timeout" 2>/dev/null; then
+        per_test=--timeout
+    else  # the step's limit still stops the tests; -v has named each one that ended before it
+        echo "pytest-timeout is not installed: no per-test limit, only the tests step's own"
+    fi
+fi
+latency=(python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128
+         --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json")
+
+# quick's limits: 370 s, which with the install before it (.gpu/run.sh's pip install --no-deps -e .: 9 s on the
+# 2-core development CPU) and the lines above makes about 6.5 minutes, so the one command ends within 7 even
+# when every step is cut (a step that ignores TERM is KILLed 10 s later). Estimates, not yet timed on a GPU:
+# the tests get most, being worth most (collecting the suite took 34 s on the loaded 2-core CPU, far less on a
+# GPU machine's 16 cores; each test's own limit keeps one hung test from taking the rest's time). The WT103
+# step compiles a 32-block model twice (the empty memory, then the full one), most of its time; the rest is
+# 4 models' builds and 53 steps each of tens of ms. The wt2-par step is 5 small launch-bound models: imports,
+# CUDA's start and NNI's supernet take most of it. The latency table trains the 12,000-word tokenizer on a bare
+# machine (8 s on that CPU) and decodes some 8,000 tokens one at a time, each read back by the host.
+step quick-tests 165 "${pytest_gpu[@]}" ${per_test:+"$per_test=60"}
+step quick-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --tf32 --rounds 5
+step quick-wt2par 40 python3 benchmarks/gpu_step.py --shape wt2-par --sampled --layout AIAIIIAIIDDD --twin \
+    --rounds 5
+step quick-latency 55 "${latency[@]}"
+
+step tests 360 "${pytest_gpu[@]}" ${per_test:+"$per_test=150"}
 step syncs 40 python3 benchmarks/host_syncs.py
 step steps-wt103-bf16 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
     --unpadded-heads --rounds 5
@@ -48,6 +115,8 @@ step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
 step flex-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --flex --compile default --rounds 5
 step flex-long 60 python3 benchmarks/gpu_step.py --shape long --flex --rounds 5
-step latency 80 python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128 \
-    --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json"
-exit "$failed"
+step latency 80 "${latency[@]}"
+
+ms=$(( (${EPOCHREALTIME//[.,]/} - begin) / 1000 ))
+echo "gpu_checks: $ran steps, $((ran - failed)) passed, $failed failed or cut, in $((ms / 1000)) s; logs in $out"
+[ "$failed" -eq 0 ]
