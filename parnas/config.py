@@ -62,6 +62,14 @@ class ModelConfig:
     ``model.<kind>.<setting>`` (``model.lsh.chunk_len: 8``); ``kind_settings`` holds those given, and
     :meth:`settings_of` a kind's, its defaults where none were given. The flat keys of earlier versions
     (``model.chunk_len``) still load, with a one-line note.
+
+    ``eval_mem_len``: the memory (states per block) every evaluation keeps: validation, ``parnas evaluate`` and
+    ``generate``, the ``inference`` and ``generate`` latency targets. Dai et al. evaluate with a longer memory
+    than they train with, as users generate. None: each reader's default, ``mem_len`` (``mem_len + seg_len``
+    to generate, :func:`generation_memory`); 0 is no memory, as ``--mem-len 0`` is. ``clamp_len`` (Dai et
+    al.'s, 0: none): distances beyond it read its sinusoid, wherever the model runs. Model settings, because
+    the model keeps its memory: every model built from a config evaluates at them, and a latency table's key,
+    an architecture file and its retrain carry them as they carry ``mem_len``.
     """
 
     n_blocks: int = 6
@@ -80,6 +88,8 @@ class ModelConfig:
     share_position_bias: bool = False  # one content and one position bias (u, v) for all attention blocks
     blocks: tuple[str, ...] = ()
     share_weights: tuple[str, ...] = ()
+    eval_mem_len: int | None = None  # the memory at evaluation and generation (None: the training one)
+    clamp_len: int = 0  # relative distances beyond this read its position (0: none)
     reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
     attention_kernel: str = "sdpa"  # off the CPU: one of ATTENTION_KERNELS (the same weights and function)
     kind_settings: dict[str, Any] = field(default_factory=dict)  # kind -> its settings, as given (model.<kind>.*)
@@ -88,6 +98,9 @@ class ModelConfig:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
             _require(getattr(self, key) > 0, f"model.{key} must be > 0")
         _require(self.mem_len >= 0, "model.mem_len must be >= 0")
+        _require(self.eval_mem_len is None or self.eval_mem_len >= 0,
+                 f"model.eval_mem_len must be >= 0 (or null: the training memory), got {self.eval_mem_len}")
+        _require(self.clamp_len >= 0, f"model.clamp_len must be >= 0 (0: no clamp), got {self.clamp_len}")
         _require(self.d_model % self.n_heads == 0,
                  f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         _require(self.d_model % 2 == 0, f"model.d_model ({self.d_model}) must be even (sinusoid positions)")
@@ -174,6 +187,11 @@ class ModelConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kind_settings"}
         named = dict.fromkeys([*kinds.with_settings(), *self.kind_settings])
         return out | {kind: dataclasses.asdict(self.settings_of(kind)) for kind in named}
+
+    @property
+    def evaluation_memory(self) -> int:
+        """States the memory keeps in evaluation: ``eval_mem_len``, else the training ``mem_len``."""
+        return self.mem_len if self.eval_mem_len is None else self.eval_mem_len
 
     @property
     def layout(self) -> tuple[str, ...]:
@@ -419,6 +437,12 @@ def upgrade_flat_settings(model: Mapping[str, Any], prefix: str = "model.") -> d
             value, section = model.pop(old), model.get(kind)
             model[kind] = {key: value, **section} if isinstance(section, Mapping) else section or {key: value}
     return model
+
+
+def generation_memory(model: ModelConfig, seg_len: int) -> int:
+    """States the memory keeps while ``parnas generate`` decodes: ``model.eval_mem_len``, else ``mem_len + seg_len``,
+    the longest context a training step showed the model."""
+    return model.mem_len + seg_len if model.eval_mem_len is None else model.eval_mem_len
 
 
 def transformer_xl_layout(n_blocks: int) -> tuple[str, ...]:

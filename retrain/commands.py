@@ -56,13 +56,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
-        result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path)
+        result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path, args.clamp_len)
     result["checkpoint"] = str(args.checkpoint)
     out = out or default_output(args.checkpoint, args.split, result["mem_len"])
     write_json_atomic(out, result)
     speed = result["eval_tokens_per_s"]
     timing = f"{speed:,.0f} tokens/s over {result['eval_seconds']:.1f} s" if speed else "too quick to time"
-    print(f"{args.split} perplexity {result['ppl']:.3f} at step {result['step']:,} (memory {result['mem_len']}, "
+    clamp = f", positions clamped at {result['clamp_len']}" if result["clamp_len"] else ""
+    print(f"{args.split} perplexity {result['ppl']:.3f} at step {result['step']:,} (memory {result['mem_len']}{clamp}, "
           f"{result['tokens']:,} tokens, {timing}); written to {out}")
     return 0
 
@@ -75,7 +76,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from retrain.load import device_for, load_trained, scratch_dir
 
     opts = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                    mem_len=args.mem_len)
+                    mem_len=args.mem_len, clamp_len=args.clamp_len)
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
@@ -126,6 +127,12 @@ def _device(text: str) -> str:
     return text
 
 
+def add_clamp_len(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clamp-len", type=_number(int, 0, "must be an integer >= 0"), default=None, metavar="C",
+                   help="relative distances beyond C read C's position, as Dai et al.'s clamp_len (0: none; "
+                        "default: the checkpoint's model.clamp_len)")
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas.arguments import add_command, add_config_args, add_dry_run
 
@@ -146,7 +153,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by parnas, e.g. RUN/checkpoints/last.ckpt")
     p.add_argument("--split", default="valid", choices=["valid", "test"], help="which split (default valid)")
     p.add_argument("--mem-len", type=_number(int, 0, "must be an integer >= 0"), default=None, metavar="M",
-                   help="memory length at evaluation (default: the training one; longer is allowed)")
+                   help="memory length at evaluation (default: the checkpoint's model.eval_mem_len, else its "
+                        "training one; longer is allowed)")
+    add_clamp_len(p)
     p.add_argument("--data-path", default=None, help="corpus directory, if it moved since training")
     p.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--out", default=None, help="result JSON (default: beside the checkpoint)")
@@ -164,7 +173,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="sample among the K most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=0, help="same seed, checkpoint and device: same text")
     p.add_argument("--mem-len", type=_number(int, 0, "must be an integer >= 0"), default=None,
-                   help="memory length (default: mem_len + seg_len)")
+                   help="memory length (default: the checkpoint's model.eval_mem_len, else mem_len + seg_len)")
+    add_clamp_len(p)
     p.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda, cuda:N or mps")
 
     p = add_command(sub, "compare", cmd_compare)

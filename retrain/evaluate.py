@@ -3,11 +3,13 @@
 Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the
 perplexity at the end of training, on the corpus the checkpoint's config names,
 encoded with the tokenizer the checkpoint carries: the same checkpoint gives
-the same figure. ``mem_len`` may be longer than in training, as Transformer-XL
-allows (relative positions extend to any distance).
+the same figure. Both keep the memory the checkpoint's ``model.eval_mem_len`` says
+(``--mem-len`` overrides it), which may be longer than in training, as Transformer-XL
+allows (relative positions extend to any distance; ``model.clamp_len``, or ``--clamp-len``,
+caps the distances read).
 
 Sampling feeds the prompt in segments of the training length, then one token
-at a time, carrying the memory throughout; by default the memory holds
+at a time, carrying the memory throughout; without ``model.eval_mem_len`` the memory holds
 ``mem_len + seg_len`` states, the longest context a training step showed the model.
 A prompt that ends with a whole word keeps it: the first token drawn is one that
 starts a new word (or punctuation, or a line's end), never one that would extend
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 
+from parnas.config import generation_memory
 from parnas.data.corpora import default_cache_dir, resolve_corpus
 from parnas.data.tokenizer import build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
@@ -34,17 +37,18 @@ from retrain.load import TrainedModel
 
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
-                        data_path: str | None = None) -> dict[str, Any]:
+                        data_path: str | None = None, clamp_len: int | None = None) -> dict[str, Any]:
     """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried), and
     tokens/s when the split takes long enough to time (see :func:`parnas.training.evaluation.split_metrics`), on the
-    device the model's weights are on."""
+    device the model's weights are on. ``mem_len`` and ``clamp_len``: None keeps the checkpoint's evaluation
+    memory and position clamp (``model.eval_mem_len``, ``model.clamp_len``)."""
     if split not in ("valid", "test"):
         raise ConfigError(f"--split must be valid or test, not {split!r}")
     cfg = trained.config
-    if mem_len is not None:
-        if mem_len < 0:
-            raise ConfigError("--mem-len must be >= 0")
-        trained.model.mem_len = mem_len
+    for flag, value in (("--mem-len", mem_len), ("--clamp-len", clamp_len)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} must be >= 0")
+    trained.model.evaluate_with(mem_len, clamp_len)
     corpus = resolve_corpus(cfg.data.dataset, data_path or cfg.data.path)
     check_corpus(trained, corpus)
     ids = trained.tokenizer.encode_file(corpus / f"{split}.txt")
@@ -53,7 +57,7 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None =
     name = "val" if split == "valid" else split
     return {"split": split, "ppl": out[f"{name}_ppl"], "loss": out[f"{name}_loss"], "tokens": out[f"{name}_tokens"],
             "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "eval_seconds": out[f"{name}_eval_seconds"],
-            "mem_len": trained.model.mem_len,
+            "mem_len": trained.model.eval_mem_len, "clamp_len": trained.model.clamp_len,
             "step": trained.step, "corpus": str(corpus), "device": str(model_device(trained.model))}
 
 
@@ -83,7 +87,8 @@ class Sampling:
     temperature: float = 1.0  # 0: always the most likely token
     top_k: int = 0  # 0: the whole vocabulary
     seed: int = 0
-    mem_len: int | None = None
+    mem_len: int | None = None  # None: the checkpoint's (parnas.config.generation_memory)
+    clamp_len: int | None = None  # None: the checkpoint's model.clamp_len
 
     def __post_init__(self) -> None:
         if self.tokens <= 0:
@@ -92,8 +97,9 @@ class Sampling:
             raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
         if self.top_k < 0:
             raise ConfigError("--top-k must be >= 0 (0 keeps the whole vocabulary)")
-        if self.mem_len is not None and self.mem_len < 0:
-            raise ConfigError("--mem-len must be >= 0")
+        for flag, value in (("--mem-len", self.mem_len), ("--clamp-len", self.clamp_len)):
+            if value is not None and value < 0:
+                raise ConfigError(f"{flag} must be >= 0")
 
 
 def prompt_ids(trained: TrainedModel, prompt: str) -> list[int]:
@@ -120,7 +126,8 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, l
     Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
     model, cfg = trained.model.eval(), trained.config
     device = model_device(model)
-    model.mem_len = opts.mem_len if opts.mem_len is not None else cfg.model.mem_len + cfg.data.seg_len
+    model.evaluate_with(opts.mem_len if opts.mem_len is not None else generation_memory(cfg.model, cfg.data.seg_len),
+                        opts.clamp_len)
     generator = torch.Generator(device=device).manual_seed(opts.seed) if opts.temperature else None  # greedy: none
     context = torch.tensor([prompt_ids(trained, prompt)], device=device)  # (1, P)
     mems, L = None, cfg.data.seg_len

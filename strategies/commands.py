@@ -102,9 +102,10 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
     table = time_latency_table(cfg, refresh=args.refresh)
     write_json_atomic(out, table.to_dict())
-    key = table.key
+    key, evaluated = table.key, table.key["model"].get("eval_mem_len")
+    memory = "" if evaluated is None else f" (inference and generation at M{evaluated})"
     print(f"wrote {out}: {key['device']} ({key['precision']}), B{key['batch_size']} L{key['seg_len']} "
-          f"M{key['model']['mem_len']}, vocabulary {key['vocab_size']}")
+          f"M{key['model']['mem_len']}{memory}, vocabulary {key['vocab_size']}")
     for target in table.modes:
         costs = ", ".join(f"{k} {table.block_ms(k, target):.3f}" for k in key["kinds"] if k != "identity")
         print(f"  {TARGET_LABELS[target]}: {table.constant_ms[target]:.3f} ms constant + per block {costs} ms")

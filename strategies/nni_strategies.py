@@ -187,6 +187,7 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
                 "val_ppl": round(val_ppl, 4) if math.isfinite(val_ppl) else None,
                 "supernet_val_ppl": None if supernet is None else round(supernet, 4),
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
+                "val_mem_len": cfg.model.evaluation_memory,
                 "candidates": list(cfg.search.candidates), "latency": summary,
                 "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
                 "architecture_cost": round(costs.total(kinds), 4), "cost_ratio": round(costs.ratio(kinds), 4),

@@ -46,7 +46,14 @@ from parnas.training.fit import (
     position_restored_by_task,
     tokenizer_meta,
 )
-from parnas.training.latency import LatencyTable, latency_table, load_table_for, read_table, table_key
+from parnas.training.latency import (
+    LatencyTable,
+    latency_table,
+    load_table_for,
+    read_table,
+    table_key,
+    target_memories,
+)
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable
 from parnas.training.task import LanguageModelTask
@@ -135,8 +142,8 @@ def cost_model(cfg: Config, vocab_size: int, device: torch.device,
     else:
         table, cached = latency_table(cfg, vocab_size, kinds, device)
     return latency_costs(table, cfg.model.n_blocks, cfg.search.latency_target), {
-        "table": table, "cached": cached, "path": given,
-                                                      "timed_here": given is None}
+        "table": table, "cached": cached, "path": given, "timed_here": given is None,
+        "memory": target_memories(cfg)}
 
 
 def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
@@ -157,7 +164,7 @@ def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: lis
             "inference_step_ms": round(table.predict(kinds, "inference"), 3), **generate,
             "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds), target), 3), "ratio": round(ratio, 4),
             "budget": budget, "within_budget": None if budget is None else ratio <= budget + 1e-9,
-            "constant_ms": table.constant_ms, "block_ms": table.kinds_ms}
+            "constant_ms": table.constant_ms, "block_ms": table.kinds_ms, "memory": latency.get("memory")}
 
 
 def check_budget(cfg: Config, costs: CostModel) -> None:
@@ -343,7 +350,8 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
                 "val_ppl": round(result.val_ppl, 4), "supernet_val_ppl": round(result.supernet_val_ppl, 4),
                 "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
-                "seed": cfg.train.seed, "candidates": list(cfg.search.candidates),
+                "val_mem_len": cfg.model.evaluation_memory, "seed": cfg.train.seed,
+                "candidates": list(cfg.search.candidates),
                 "penalty_weight": cfg.search.penalty_weight, "latency_budget": cfg.search.latency_budget,
                 "budget_hinge": cfg.search.budget_hinge if cfg.search.latency_budget is not None else None,
                 "lambda_final": None if cfg.search.latency_budget is None else

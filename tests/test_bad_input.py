@@ -66,6 +66,8 @@ def finished(micro, tmp_path_factory):
     ("train.devices=3", "divisible by the 3 processes"),
     ("train.compile=cudagraphs", "train.compile must be one of none, default, reduce-overhead, max-autotune"),
     ("model.attention_kernel=flash", "model.attention_kernel must be one of sdpa, flex, not 'flash'"),
+    ("model.eval_mem_len=-1", "model.eval_mem_len must be >= 0"),
+    ("model.clamp_len=-4", "model.clamp_len must be >= 0"),
 ])
 @pytest.mark.parametrize("command", ["train", "search", "retrain"])
 def test_settings_that_cannot_be_honoured_are_refused(capsys, tmp_path, setting, needle, command):
@@ -96,6 +98,8 @@ def test_config_mistakes_are_reported_before_torch_is_imported():
     (["generate", "--checkpoint", "x", "--device", "foo"], "--device"),
     (["evaluate", "--checkpoint", "x", "--device", "cuda:x"], "--device"),
     (["evaluate", "--checkpoint", "x", "--mem-len", "-1"], "--mem-len"),
+    (["evaluate", "--checkpoint", "x", "--clamp-len", "-1"], "--clamp-len"),
+    (["generate", "--checkpoint", "x", "--clamp-len", "-2"], "--clamp-len"),
 ])
 def test_argument_mistakes_are_one_line_pointing_at_help(capsys, args, needle):
     code, _, err = cli(capsys, *args)

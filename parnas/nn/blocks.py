@@ -73,9 +73,13 @@ class ReLUDropout(nn.Dropout):
 
 
 def sinusoid(klen: int, d_model: int, device: torch.device | None = None,
-             dtype: torch.dtype = torch.float32) -> Tensor:
-    """Relative-position table for distances klen-1, ..., 1, 0 (Dai et al., eq. 2). (K, D)"""
+             dtype: torch.dtype = torch.float32, clamp_len: int = 0) -> Tensor:
+    """Relative-position table for distances klen-1, ..., 1, 0 (Dai et al., eq. 2). (K, D)
+
+    ``clamp_len`` > 0: a distance beyond it reads ``clamp_len``'s row, as Dai et al.'s ``clamp_len`` does."""
     distance = torch.arange(klen - 1, -1, -1.0, device=device)
+    if clamp_len:
+        distance = distance.clamp_(max=clamp_len)
     inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device) / d_model))
     angle = distance[:, None] * inv_freq[None, :]  # (K, D/2)
     return torch.cat([angle.sin(), angle.cos()], dim=-1).to(dtype)  # (K, D)

@@ -40,14 +40,15 @@ class CompressiveBlock(AttentionBlock):
         self.rate, self.compress_len, self.compress_fn = s.rate, s.length, s.fn
         self.compressor = nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate) \
             if self.compress_fn == "conv" else None
-        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.pos_drop, self.clamp_len = nn.Dropout(cfg.dropout), cfg.clamp_len
         self.memory: list[Tensor] | None = None  # set by the body before each call; None: no compressed memory
         self.aux_loss: Tensor | None = None
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         compressed, pending = self.memory if self.memory is not None else (mem[:, :0], mem[:, :0])
         past = torch.cat([compressed, pending, mem], dim=1)  # (B, Nc+R+M, D)
-        pos = self.pos_drop(sinusoid(past.size(1) + h.size(1), h.size(-1), h.device, h.dtype))  # (Nc+R+M+L, D)
+        table = sinusoid(past.size(1) + h.size(1), h.size(-1), h.device, h.dtype, self.clamp_len)  # (Nc+R+M+L, D)
+        pos = self.pos_drop(table)
         return super().forward(h, past, pos)
 
     def compress(self, x: Tensor) -> Tensor:

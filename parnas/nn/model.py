@@ -7,7 +7,8 @@ together and owns the memory. Which block stands at depth i is decided by
 block, so search and retrain share every line here.
 
 Memory contract: ``mems[i]`` holds, detached, the last ``mem_len`` hidden
-states that entered block i on earlier segments, (B, M, D); a block whose
+states that entered block i on earlier segments, (B, M, D) (``eval_mem_len`` of them in evaluation,
+:attr:`TransformerXL.memory_len`); a block whose
 ``uses_memory`` is False keeps ``None``. A choice (supernet) keeps one, since
 any of its candidates may attend. A module inside a block that keeps more than its
 input states (the compressive memory, parnas.nn.compressive) declares ``n_memories``:
@@ -145,6 +146,7 @@ class TransformerXL(nn.Module):
         super().__init__()
         cfg.check_vocab(vocab_size)
         self.cfg, self.vocab_size, self.mem_len = cfg, vocab_size, cfg.mem_len
+        self.eval_mem_len, self.clamp_len = cfg.evaluation_memory, cfg.clamp_len
         self.embed = (AdaptiveEmbedding(vocab_size, cfg.d_model, cfg.cutoffs, cfg.div_value) if cfg.adaptive_input
                       else nn.Embedding(vocab_size, cfg.d_model))
         self.drop = Dropout(cfg.dropout)
@@ -176,6 +178,21 @@ class TransformerXL(nn.Module):
         return DepthStep(self._shared[kind], index, self.cfg.d_model)
 
     @property
+    def memory_len(self) -> int:
+        """States the memory keeps: ``mem_len`` in training, ``eval_mem_len`` in evaluation (``model.eval()``)."""
+        return self.mem_len if self.training else self.eval_mem_len
+
+    def evaluate_with(self, mem_len: int | None = None, clamp_len: int | None = None) -> None:
+        """Evaluate from now on with a memory of ``mem_len`` states and positions clamped at ``clamp_len`` (0: not
+        clamped), in every block that reads positions; None keeps the one the config gave."""
+        if mem_len is not None:
+            self.eval_mem_len = mem_len
+        if clamp_len is not None:
+            for module in self.modules():
+                if hasattr(module, "clamp_len"):
+                    module.clamp_len = clamp_len
+
+    @property
     def block_kinds(self) -> list[str]:
         """Kind of each block, or 'choice' where it is still undecided."""
         return [getattr(b, "kind", "choice") for b in self.blocks]
@@ -193,7 +210,7 @@ class TransformerXL(nn.Module):
             mems = self.init_memory(B, x.device)
         h = self.drop(self.embed(x) * math.sqrt(self.cfg.d_model))  # (B, L, D)
         M = next((m.size(1) for m in mems if m is not None), 0)
-        pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype))  # (M+L, D)
+        pos = self.drop(sinusoid(M + L, self.cfg.d_model, h.device, h.dtype, self.clamp_len))  # (M+L, D)
         if self.cfg.reversible:
             return self._reversible(h, mems, pos)
         new_mems: Memory = []
@@ -206,7 +223,8 @@ class TransformerXL(nn.Module):
                 continue
             for keeper in keepers:  # memories a block keeps itself (compressive)
                 keeper.memory, keeper.metrics = [next(kept) for _ in range(keeper.n_memories)], {}
-                new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h, self.mem_len)
+                new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h,
+                                                 self.memory_len)
             new_mems.append(None if mem is None else self._update(mem, h))
             h = block(h, h[:, :0] if mem is None else mem, pos)
             for keeper in keepers:
@@ -227,10 +245,10 @@ class TransformerXL(nn.Module):
         return self.final_norm(h), [None if mem is None else self._update(mem, e) for mem, e in zip(mems, entered)]
 
     def _update(self, mem: Tensor, h: Tensor) -> Tensor:
-        """The last ``mem_len`` states of [mem; h], detached: the next segment's memory.
+        """The last :attr:`memory_len` states of [mem; h], detached: the next segment's memory.
         A slice of h when the segment alone is long enough (no concatenation)."""
         M, L = mem.size(1), h.size(1)
-        keep = min(self.mem_len, M + L)
+        keep = min(self.memory_len, M + L)
         if keep <= L:
             return h[:, L - keep:].detach()  # (B, keep, D)
         return torch.cat([mem[:, M + L - keep:], h], dim=1).detach()  # (B, keep, D)

@@ -120,8 +120,10 @@ def split_metrics(model: TransformerXL, data: SegmentData, split: str,
 
 def final_metrics(model: TransformerXL, data: SegmentData, precision: str = "32-true") -> dict[str, Any]:
     """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
-    on the device the model's weights are on."""
+    on the device the model's weights are on, at the model's evaluation memory and position clamp (recorded
+    beside them: ``eval_mem_len``, ``eval_clamp_len``)."""
     out = {**split_metrics(model, data, "valid", precision), **split_metrics(model, data, "test", precision)}
     seconds = out["val_eval_seconds"] + out["test_eval_seconds"]
     out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out["test_tokens"], seconds)
+    out["eval_mem_len"], out["eval_clamp_len"] = model.eval_mem_len, model.clamp_len
     return out

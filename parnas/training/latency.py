@@ -9,7 +9,9 @@ the optimiser. So the cost the search pays is timed, at the run's shapes:
   *targets*: ``train`` (forward, backward, clipping, Adam on a batch of
   segments), ``inference`` (forward alone, in evaluation, on the same batch) and
   ``generate`` (batch 1, one token sampled from the whole vocabulary and fed back,
-  as ``parnas generate`` decodes, with its memory of ``mem_len + seg_len`` states);
+  as ``parnas generate`` decodes, with its memory: ``model.eval_mem_len`` states, by default
+  ``mem_len + seg_len``); inference keeps the evaluation memory too (``model.eval_mem_len``, by default
+  ``mem_len``);
 - the same model with every block of kind k gives, minus the constant, k's cost
   per block. The prediction for a layout is ``constant + sum of its blocks' costs``.
 
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
+from parnas.config import LATENCY_TARGETS, Config, ModelConfig, generation_memory, transformer_xl_layout
 from parnas.errors import ConfigError
 from parnas.files import write_json_atomic
 from parnas.nn.model import build_fixed_model
@@ -87,8 +89,9 @@ class _Stepper:
         model_cfg = replace(model or cfg.model, n_blocks=len(layout), blocks=tuple(layout))
         self.model = build_fixed_model(model_cfg, vocab_size).to(device).train(mode == "train")
         self.mode, self.device, self.cfg = mode, device, cfg
-        if mode == "generate":  # parnas generate's memory: mem_len + seg_len states
-            self.model.mem_len = cfg.model.mem_len + cfg.data.seg_len
+        if mode == "generate":  # parnas generate's memory (in evaluation, inference keeps model.eval_mem_len)
+            self.model.evaluate_with(generation_memory(cfg.model, cfg.data.seg_len))
+        self.memory = self.model.memory_len  # the states this target's memory keeps
         # the optimiser training builds (fused where it may run), so the constant part is what a step pays
         self.optimizer = adam(self.model.parameters(), lr=cfg.train.lr,
                               precision=cfg.train.precision) if mode == "train" else None
@@ -129,7 +132,7 @@ class _Stepper:
         L = self.cfg.data.seg_len
         with _autocast(self.device, self.cfg.train.precision):
             if self.mems is None:
-                for t in range(full_memory_steps(self.cfg) + 1):  # (1, L) segments until the memory is full
+                for t in range(full_memory_steps(self.cfg, self.memory)):  # (1, L) segments until the memory is full
                     self.h, self.mems = self.model(self.stream[t % 8 * L:(t % 8 + 1) * L][None], self.mems)
             for _ in range(n):
                 logp = self.model.log_probs(self.h[:, -1]).float()  # (1, V)
@@ -168,7 +171,7 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
     steppers = [_Stepper(layout, cfg, vocab_size, mode, device, model)
                 for layout, model in zip(layouts, models or [None] * len(layouts))]
     for s in steppers:
-        s.steps(max(warmup, full_memory_steps(cfg)))
+        s.steps(max(warmup, full_memory_steps(cfg, s.memory)))
     times: list[list[float]] = [[] for _ in steppers]
     n = tokens_per_round(cfg, steps) if mode == "generate" else steps
     for r in range(rounds):
@@ -181,6 +184,13 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
     return times
 
 
+def target_memories(cfg: Config) -> dict[str, int]:
+    """States the memory keeps while each target is timed: ``mem_len`` in a train step, the evaluation memory
+    (``model.eval_mem_len``) in an inference segment, :func:`parnas.config.generation_memory` generating."""
+    return {"train": cfg.model.mem_len, "inference": cfg.model.evaluation_memory,
+            "generate": generation_memory(cfg.model, cfg.data.seg_len)}
+
+
 def tokens_per_round(cfg: Config, steps: int) -> int:
     """Tokens a generation round decodes per layout: a segment's worth (``seg_len``) for each of ``steps``.
     A generated token costs about what one position of a batch costs, so ``steps`` tokens would make a round of
@@ -189,11 +199,13 @@ def tokens_per_round(cfg: Config, steps: int) -> int:
     return steps * cfg.data.seg_len
 
 
-def full_memory_steps(cfg: Config) -> int:
-    """Steps after which every memory is full: the memory's ``mem_len`` states, and a compressive block's
-    ``compress_len`` compressed ones (``compress_rate`` evicted states each), so steps are timed at steady state."""
+def full_memory_steps(cfg: Config, memory: int | None = None) -> int:
+    """Steps after which every memory is full: the memory's ``memory`` states (default ``mem_len``), and a
+    compressive block's ``length`` compressed ones (``rate`` evicted states each), so steps are timed at steady
+    state."""
     s = cfg.model.settings_of("compressive")
-    return math.ceil((cfg.model.mem_len + s.rate * s.length) / cfg.data.seg_len) + 1
+    memory = cfg.model.mem_len if memory is None else memory
+    return math.ceil((memory + s.rate * s.length) / cfg.data.seg_len) + 1
 
 
 def _rotated(n: int, r: int) -> Iterator[int]:
@@ -247,8 +259,9 @@ class LatencyTable:
 
 
 def table_key(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device) -> dict[str, Any]:
-    """Everything a block's measured cost depends on."""
-    model = {k: v for k, v in asdict(cfg.model).items() if k not in ("n_blocks", "blocks")}
+    """Everything a block's measured cost depends on (the memories ``model.mem_len`` and ``model.eval_mem_len``
+    among the model's settings; the position clamp changes no cost)."""
+    model = {k: v for k, v in asdict(cfg.model).items() if k not in ("n_blocks", "blocks", "clamp_len")}
     key = {"device": device_name(device), "device_type": device.type, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "precision": cfg.train.precision,
            "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len, "vocab_size": vocab_size,
