@@ -16,9 +16,10 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         from parnas.errors import ConfigError
 
-        if args.every_network:
-            raise ConfigError("--every-network retrains the space of a PAR search; it cannot be combined with "
-                              "--strategies")
+        for flag, given in (("--every-network", args.every_network), ("--census", args.census)):
+            if given:
+                raise ConfigError(f"{flag} retrains the space of a PAR search; it cannot be combined with "
+                                  "--strategies")
 
         from study.strategies import parse_strategies, run_strategy_study
 
@@ -35,7 +36,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
                      candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths,
-                     every_network=args.every_network)
+                     every_network=args.every_network, census=args.census)
     study = run_study(plan, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:
@@ -74,6 +75,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="also retrain every distinct network the searched space holds (at most 1,000): where the "
                         "found models rank among the networks no costlier, and the network furthest below the "
                         "Transformer-XL front, i.e. the most any search of this space could find")
+    p.add_argument("--census", type=int, default=None, metavar="N",
+                   help="for a space too large for --every-network: also retrain N distinct networks of it drawn at "
+                        "random (train.seed), stratified by predicted cost; the same verdicts, on the sample")
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")

@@ -32,14 +32,15 @@ def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str],
 
     from parnas.config import TARGET_LABELS
     from parnas.training.devices import training_device
-    from parnas.training.latency import MODES, device_name, time_layouts
+    from parnas.training.latency import MODES, device_name, target_memories, time_layouts
     from study.front import width_model
 
     device = training_device(cfg.train)  # where the retrains ran
     timing: dict[str, Any] = {"device": device_name(device),
                               "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": rounds,
                               "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
-                              "mem_len": cfg.model.mem_len, "target": cfg.search.latency_target}
+                              "mem_len": cfg.model.mem_len, "memory": target_memories(cfg),
+                              "target": cfg.search.latency_target}
     for i, mode in enumerate(MODES):
         progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} "
                  f"alternating rounds on {timing['device']} ...")

@@ -245,24 +245,25 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
 
 
 def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
-             ranking: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+             ranking: Mapping[str, Mapping[str, Any]] | None = None, space: str | None = None) -> list[str]:
     """Plain-language answers to the study's questions, per group, from the numbers: the claim, the orderings,
     the depths, the found model against the depth-scaled Transformer-XL front and, where the study retrained every
-    network of the space, against those; then the space's best against the front, and each search's ranking
-    fidelity."""
+    network of the space or a census of them (``space`` names which, :func:`study.space.space_name`), against
+    those; then the space's best against the front, and each search's ranking fidelity."""
     from study.front import front_verdict
     from study.ranking import ranking_verdict
-    from study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
+    from study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict
 
+    space = space or EVERY
     lines = []
     for s in summary:
         found = _of(rows, "found", (s["candidates"], s["budget"]))
         lines += [claim_verdict(s, found), orderings_verdict(rows, s, found), depth_verdict(s, found),
-                  front_verdict(group_name(s), found, rows), found_in_space_verdict(group_name(s), found, rows)]
+                  front_verdict(group_name(s), found, rows), found_in_space_verdict(group_name(s), found, rows, space)]
     txl, speedup = next(r["val_ppl"] for r in rows if r["role"] == "transformer-xl"), SPEEDUP[target(rows)]
-    lines += [space_front_verdict(rows), space_claim_verdict(
+    lines += [space_front_verdict(rows, space), space_claim_verdict(
         rows, lambda ppl, ratio: _reaches(ppl, ratio, txl, speedup), PPL_TOLERANCE,
-        f"at a {costs_label(rows)} {target_label(rows)} >= {speedup:.0%} shorter")]
+        f"at a {costs_label(rows)} {target_label(rows)} >= {speedup:.0%} shorter", space)]
     return [line for line in lines if line] + [ranking_verdict(name, r) for name, r in (ranking or {}).items()]
 
 
@@ -279,6 +280,7 @@ def _pm(mean: float | None, std: float | None, fmt: str) -> str:
 def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
              lines: Sequence[str], timing: Mapping[str, Any]) -> str:
     steps = f"search {plan.search_steps or 'config'} steps, retrain {plan.retrain_steps or 'config'} steps"
+    memory, model = timing["memory"], plan.base.model
     sets = [c for c in dict.fromkeys(r.get("candidates") for r in rows) if c is not None]
     columns = [c for c in COLUMNS if sets or c[0] != "candidates"]
     out = [f"# parnas study: {plan.config or 'defaults'}", "",
@@ -287,8 +289,10 @@ def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Map
            f"orderings; settings: {' '.join(plan.overrides) or '(config as is)'}.",
            f"Timing: {timing['device']}, {timing['threads']} threads, torch {timing['torch']}, median of "
            f"{timing['rounds']} alternating rounds, batch {timing['batch_size']} x {timing['seg_len']} tokens "
-           f"(train and inference; generation at batch 1, memory {timing['mem_len']} + {timing['seg_len']}), memory "
-           f"{timing['mem_len']}; ratios are {TARGET_LABELS[timing.get('target', 'train')]} times.",
+           f"(train and inference; generation at batch 1), memory {memory['train']} training, {memory['inference']} "
+           f"in inference, {memory['generate']} generating; ratios are {TARGET_LABELS[timing.get('target', 'train')]} "
+           f"times. Val and test ppl at memory {model.evaluation_memory}"
+           f"{f', positions clamped at {model.clamp_len}' if model.clamp_len else ''}.",
            *([f"Costs: {', '.join(TARGET_LABELS[t] + 's' for t in timing['priced_by']['targets'])} priced by the "
               f"latency table {timing['priced_by']['table']}, timed on {timing['priced_by']['device']} (the times "
               "above are kept under timing.measured in study.json)."] if timing.get("priced_by") else []), "",
@@ -378,19 +382,23 @@ def _label_groups(points: Mapping[str, tuple[float, float]], near: float = 0.015
 
 
 def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any],
-                 ranking: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """``study.md``, ``study.csv``, ``study.png`` and ``study.json`` in ``plan.out``; returns the JSON's content."""
+                 ranking: Mapping[str, Mapping[str, Any]] | None = None,
+                 census: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``study.md``, ``study.csv``, ``study.png`` and ``study.json`` in ``plan.out``; returns the JSON's content.
+    ``census``: the sample of the space retrained (``networks`` of ``of``, drawn with ``seed``), if any."""
     from parnas.report.plots import save_figure
+    from study.space import space_name
 
     summary = summarise(rows)
-    lines = verdicts(rows, summary, ranking)
+    lines = verdicts(rows, summary, ranking, census and space_name(census["networks"], census["of"]))
     out = Path(plan.out)
     study = {"format": "parnas.study", "version": 1, "config": plan.config, "overrides": list(plan.overrides),
              "seeds": plan.seeds, "budgets": budgets(rows), "search_steps": plan.search_steps,
              "candidate_sets": [list(c) for c in getattr(plan, "candidate_sets", ())],
              "retrain_steps": plan.retrain_steps, "random_orderings": plan.random_orderings, "timing": dict(timing),
-             "retrain_seeds": getattr(plan, "retrain_seeds", 1), "rows": rows, "summary": summary,
-             "ranking": dict(ranking or {}), "verdicts": lines}
+             "retrain_seeds": getattr(plan, "retrain_seeds", 1), "val_mem_len": plan.base.model.evaluation_memory,
+             "clamp_len": plan.base.model.clamp_len, "rows": rows, "summary": summary,
+             "ranking": dict(ranking or {}), **({"census": dict(census)} if census else {}), "verdicts": lines}
     write_text_atomic(out / "study.md", markdown(plan, rows, summary, lines, timing))
     write_text_atomic(out / "study.csv", to_csv(rows))
     costs_from = (timing.get("priced_by") or {}).get("device") or timing["device"]

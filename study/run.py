@@ -7,7 +7,8 @@ study needs is then retrained from scratch at equal steps and settings, with the
 ``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
 at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
 dense, then identity; Press et al. 2020) and R random orderings of the same kinds; with
-``--every-network``, every distinct network of the searched space (:mod:`study.space`). A layout is
+``--every-network``, every distinct network of the searched space, with ``--census N`` a sample of N of them
+stratified by predicted cost (:mod:`study.space`). A layout is
 trained once however many roles it plays. All distinct layouts are then timed side by side in this
 one process (:func:`parnas.training.latency.time_layouts`, alternating rounds), and :mod:`study.report`
 writes ``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
@@ -68,6 +69,7 @@ class Plan:
     retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
     widths: tuple[int, ...] = ()  # d_model of the full-depth Transformer-XLs added to the front
     every_network: bool = False  # retrain every distinct network of the searched spaces (study.space)
+    census: int = 0  # retrain a sample of this many networks of the searched space (study.space)
 
     @property
     def searches(self) -> list[Search]:
@@ -149,11 +151,11 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
               rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None, every_network: bool = False) -> Plan:
+              widths: str | None = None, every_network: bool = False, census: int | None = None) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
     for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
                                ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
-                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1)):
+                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1), ("--census", census, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
@@ -163,7 +165,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     base = load_config(config, [*overrides, *a_budget(budget_list)])
     plan = Plan(config, tuple(overrides), base, seeds, budget_list, Path(out), search_steps, retrain_steps,
                 random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model),
-                every_network)
+                every_network, census or 0)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     check_devices(plan.base.train)
@@ -174,7 +176,9 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
                           "study on its device instead")
     for search in plan.searches:
         search_config(plan, search)
-    space_layouts(plan)  # refuses a space too large to retrain whole
+    from study.space import check_space
+
+    check_space(plan)  # a space too large to retrain whole, a census it cannot give
     retrain_config(plan)
     check_same_settings(plan)
     return plan
@@ -242,7 +246,8 @@ def check_same_settings(plan: Plan) -> None:
         if old.get(key) != new[key]:
             raise ParnasError(f"{plan.out} was studied with --{key.replace('_', '-')} {old.get(key)}, now "
                               f"{new[key]}; use another --out")
-    was, now = old.get("settings", {}), new["settings"]
+    # a setting newer than the first run counts as its default (what the code that ran it did)
+    was, now = _flatten(Config().to_dict()) | old.get("settings", {}), new["settings"]
     for key in sorted((set(was) | set(now)) - IGNORED_SETTINGS):
         if was.get(key) != now.get(key):
             raise ParnasError(f"{plan.out} was studied with {key}={was.get(key)!r}, now {now.get(key)!r}; "
@@ -257,29 +262,18 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def space_layouts(plan: Plan) -> list[tuple[str, ...]]:
-    """With ``--every-network``, each distinct network of the searched candidate sets once (:mod:`study.space`);
-    else none."""
-    from study.space import space_networks
-
-    if not plan.every_network:
-        return []
-    sets = plan.candidate_sets or (tuple(plan.base.search.candidates),)
-    model = plan.base.model
-    return list(dict.fromkeys(kinds for candidates in sets
-                              for kinds in space_networks(candidates, model.n_blocks, model.reversible)))
-
-
 def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
     """Every row of the study: Transformer-XL and its shallower front once, with ``--every-network`` every network
     of the space, then per search its found, sandwich and random layouts."""
     from study.front import front_layouts
+    from study.space import space_layouts
 
     n_blocks = len(next(iter(found.values()))["architecture"])
     entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks))]
     entries += [Entry("front", kinds) for kinds in front_layouts(n_blocks)]
     entries += [Entry("front", transformer_xl_layout(n_blocks), d_model=width) for width in plan.widths]
-    entries += [Entry("space", kinds) for kinds in space_layouts(plan)]
+    costs = (next(iter(found.values())).get("search") or {}).get("block_costs")
+    entries += [Entry("space", kinds) for kinds in space_layouts(plan, costs)]
     for search, record in found.items():
         kinds = tuple(architecture.layout(record))
         ordered = sandwich(kinds)
@@ -376,6 +370,7 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     from study.measure import measure, priced_by_table
     from study.ranking import measure_ranking
     from study.report import build_rows, write_report
+    from study.space import census_record
 
     progress = Progress(log)
     plan.out.mkdir(parents=True, exist_ok=True)
@@ -395,6 +390,6 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
                                 shared + [e for e in entries if (e.budget, e.seed, e.candidates)
                                           == (s.budget, s.seed, s.label) and e.role != "transformer-xl"])
                                for s in found], metrics, progress)
-    study = write_report(plan, rows, timing, ranking)
+    study = write_report(plan, rows, timing, ranking, census_record(plan))
     log(f"written {plan.out / 'study.md'}, study.csv, study.png and study.json")
     return study

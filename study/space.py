@@ -11,31 +11,47 @@ models rank among the networks no costlier than they are, and once, which networ
 Transformer-XL front.
 
 The space grows as k^n (k kinds that run, n blocks), so this is for small spaces: more than
-:data:`MAX_NETWORKS` are refused before anything runs. The best of many retrained perplexities is biased
-low by seed noise (the minimum of noisy values), so its margin is judged against its own seed spread: use
-``--retrain-seeds`` 2 or more.
+:data:`MAX_NETWORKS` are refused before anything runs. A larger space is judged by a census, ``--census N``
+(:func:`census_networks`): N distinct networks drawn at random, stratified by predicted cost so that the
+sample spans the cheap and the costly ends of the space alike, retrained and judged by the same verdicts,
+which then say it is a sample of N of the space's networks. The best of many retrained perplexities is
+biased low by seed noise (the minimum of noisy values), so its margin is judged against its own seed
+spread: use ``--retrain-seeds`` 2 or more.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import math
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from parnas.errors import ConfigError
-from parnas.nn.model import NOT_RUN
+from parnas.nn.model import NOT_RUN, blocks_run
 
 MAX_NETWORKS = 1000
+MAX_COUNTS = 1_000_000  # a census prices each way to count the kinds of a network; at most this many
+EVERY = "every network of the space"  # how the verdicts name the networks retrained, without a census
 Row = Mapping[str, Any]
+
+if TYPE_CHECKING:
+    from study.run import Plan
+
+
+def _orders(candidates: Sequence[str], n_blocks: int, reversible: bool) -> tuple[list[str], range]:
+    """The kinds whose order makes a network, and the depths a network may have: with an identity candidate (not
+    under reversible pairs), sequences of up to ``n_blocks`` running kinds, the empty one included."""
+    if reversible or NOT_RUN not in candidates:
+        return list(candidates), range(n_blocks, n_blocks + 1)
+    return [k for k in candidates if k != NOT_RUN], range(n_blocks + 1)
 
 
 def count_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = False) -> int:
-    """How many distinct networks ``n_blocks`` blocks over ``candidates`` make: with an identity candidate (not
-    under reversible pairs), every sequence of up to ``n_blocks`` running kinds, the empty one included."""
-    if reversible or NOT_RUN not in candidates:
-        return len(candidates) ** n_blocks
-    running = len(candidates) - 1
-    return sum(running ** depth for depth in range(n_blocks + 1))
+    """How many distinct networks ``n_blocks`` blocks over ``candidates`` make."""
+    kinds, depths = _orders(candidates, n_blocks, reversible)
+    return sum(len(kinds) ** depth for depth in depths)
 
 
 def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = False) -> list[tuple[str, ...]]:
@@ -53,6 +69,155 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
                                       for kinds in itertools.product(running, repeat=depth)]
 
 
+def check_space(plan: Plan) -> None:
+    """Refuses a space too large to retrain whole (``--every-network``) or a census it cannot give."""
+    if plan.every_network and plan.census:
+        raise ConfigError("--census samples the space that --every-network retrains whole: give one of them")
+    if plan.census and len(plan.candidate_sets) > 1:
+        raise ConfigError("--census samples one search space: give at most one --candidates set")
+    if plan.census:
+        check_census(plan.census, _searched(plan)[0], plan.base.model.n_blocks, plan.base.model.reversible)
+    else:
+        space_layouts(plan)
+
+
+def space_layouts(plan: Plan, costs: Mapping[str, float] | None = None) -> list[tuple[str, ...]]:
+    """With ``--every-network``, each distinct network of the searched candidate sets once; with ``--census N``,
+    N of them drawn with ``train.seed``, stratified by ``costs`` (the searches' block costs, needed then); else
+    none."""
+    model = plan.base.model
+    if plan.census:
+        if costs is None:
+            raise ValueError("a census is stratified by the searches' block costs: give them")
+        return census_networks(_searched(plan)[0], model.n_blocks, plan.census, costs, plan.base.train.seed,
+                               model.reversible)
+    if not plan.every_network:
+        return []
+    return list(dict.fromkeys(kinds for candidates in _searched(plan)
+                              for kinds in space_networks(candidates, model.n_blocks, model.reversible)))
+
+
+def census_record(plan: Plan) -> dict[str, Any] | None:
+    """What study.json says of the census: ``networks`` of the space's ``of``, drawn with ``seed``; None without one."""
+    if not plan.census:
+        return None
+    model = plan.base.model
+    return {"networks": plan.census, "of": count_networks(_searched(plan)[0], model.n_blocks, model.reversible),
+            "seed": plan.base.train.seed, "stratified_by": "the searches' predicted block costs"}
+
+
+def _searched(plan: Plan) -> tuple[tuple[str, ...], ...]:
+    """The candidate sets the study searches."""
+    return plan.candidate_sets or (tuple(plan.base.search.candidates),)
+
+
+def space_name(census: int, total: int) -> str:
+    """How the verdicts name the networks of the space the study retrained: all of them, or a census of them."""
+    return EVERY if not census else f"a sample of {census:,} of the space's {total:,} networks"
+
+
+def check_census(census: int, candidates: Sequence[str], n_blocks: int, reversible: bool = False) -> None:
+    """Raises ConfigError for a census the space cannot give: more networks than it holds, or more ways to count a
+    network's kinds than :data:`MAX_COUNTS` (each is priced to stratify the sample)."""
+    total = count_networks(candidates, n_blocks, reversible)
+    if census > total:
+        raise ConfigError(f"--census {census:,}: {n_blocks} blocks over {', '.join(candidates)} make only {total:,} "
+                          f"networks; give at most {total:,}, or --every-network")
+    kinds, depths = _orders(candidates, n_blocks, reversible)
+    counts = sum(math.comb(depth + len(kinds) - 1, depth) for depth in depths)
+    if counts > MAX_COUNTS:
+        raise ConfigError(f"--census: {n_blocks} blocks over {', '.join(candidates)} are too many to stratify by "
+                          f"cost ({counts:,} ways to count a network's kinds, at most {MAX_COUNTS:,}); use fewer "
+                          "blocks or candidates")
+
+
+def census_networks(candidates: Sequence[str], n_blocks: int, size: int, costs: Mapping[str, float], seed: int,
+                    reversible: bool = False) -> list[tuple[str, ...]]:
+    """``size`` distinct networks of the space drawn at random with ``seed``, stratified by predicted cost, listed
+    as :func:`space_networks` lists them (and in its order); the space is never enumerated.
+
+    A network's predicted cost is the sum of its blocks' ``costs`` (the searches' block costs: the constant part
+    is the same for all), so it depends only on how many blocks of each kind it runs: the space is priced one
+    such count at a time, each standing for the orderings of its blocks. The cost range is cut into ``size``
+    equal strata; each stratum that holds networks gets an equal share of the sample (one each when they all
+    do), never more than it holds, the rest going to the others; a stratum's share is drawn uniformly among its
+    networks, without replacement. The sample then spans the cheap and the costly ends of the space, which a
+    uniform draw, crowded into the middle costs where most networks lie, would leave out."""
+    check_census(size, candidates, n_blocks, reversible)
+    kinds, depths = _orders(candidates, n_blocks, reversible)
+    price = {NOT_RUN: 0.0, **costs}
+    groups = [(counts, sum(c * price[k] for c, k in zip(counts, kinds))) for depth in depths
+              for counts in _counts(len(kinds), depth)]
+    low, high = min(cost for _, cost in groups), max(cost for _, cost in groups)
+    strata: list[list[tuple[int, ...]]] = [[] for _ in range(size)]
+    for counts, cost in groups:
+        strata[0 if high == low else min(size - 1, int((cost - low) / (high - low) * size))].append(counts)
+    rng = random.Random(seed)
+    ends = [list(itertools.accumulate(_orderings(counts) for counts in stratum)) for stratum in strata]
+    sizes = [end[-1] if end else 0 for end in ends]  # networks in each stratum
+    drawn = []
+    for stratum, end, held, share in zip(strata, ends, sizes, _shares(sizes, size, rng)):
+        for index in _distinct(held, share, rng):
+            g = bisect.bisect_right(end, index)  # the count whose orderings hold the index-th network
+            network = _ordering(kinds, stratum[g], index - (end[g - 1] if g else 0))
+            drawn.append(network if network else (NOT_RUN,) * n_blocks)
+    order = {k: i for i, k in enumerate(candidates)}
+    return sorted(drawn, key=lambda net: (len(blocks_run(net, reversible)), [order[k] for k in net]))
+
+
+def _counts(n_kinds: int, depth: int) -> Iterator[tuple[int, ...]]:
+    """Every way to share ``depth`` blocks among ``n_kinds`` kinds."""
+    if n_kinds == 1:
+        yield (depth,)
+        return
+    for first in range(depth, -1, -1):
+        for rest in _counts(n_kinds - 1, depth - first):
+            yield (first, *rest)
+
+
+def _orderings(counts: Sequence[int]) -> int:
+    """The distinct orderings of blocks with these counts of each kind: the networks that count."""
+    return math.factorial(sum(counts)) // math.prod(math.factorial(c) for c in counts)
+
+
+def _ordering(kinds: Sequence[str], counts: Sequence[int], index: int) -> tuple[str, ...]:
+    """The ``index``-th of the orderings of ``counts`` blocks of ``kinds``, in lexicographic order."""
+    left, out = list(counts), []
+    for _ in range(sum(counts)):
+        for i, kind in enumerate(kinds):
+            if not left[i]:
+                continue
+            left[i] -= 1
+            after = _orderings(left)  # the orderings that put ``kind`` here
+            if index < after:
+                out.append(kind)
+                break
+            index -= after
+            left[i] += 1
+    return tuple(out)
+
+
+def _shares(sizes: Sequence[int], total: int, rng: random.Random) -> list[int]:
+    """``total`` draws shared equally among strata of these sizes, none getting more than it holds; where a round
+    cannot give every open stratum one more, which do is drawn at random."""
+    shares, left = [0] * len(sizes), total
+    while left:
+        open_ = [i for i, size in enumerate(sizes) if shares[i] < size]
+        for i in open_ if len(open_) <= left else rng.sample(open_, left):
+            shares[i] += 1
+        left -= min(left, len(open_))
+    return shares
+
+
+def _distinct(n: int, k: int, rng: random.Random) -> list[int]:
+    """``k`` distinct integers of ``range(n)``, uniformly (Floyd's algorithm: ``n`` may be far too large to list)."""
+    chosen: set[int] = set()
+    for j in range(n - k, n):
+        t = rng.randrange(j + 1)
+        chosen.add(j if t in chosen else t)
+    return sorted(chosen)
+
+
 def _points(rows: Sequence[Row]) -> list[Row]:
     return [r for r in rows if r["role"] == "space" and r["val_ppl"] is not None]
 
@@ -63,17 +228,18 @@ def _judged(gap: float, spread: float | None) -> str:
     return f"{'within' if abs(gap) <= spread else 'beyond'} the seed spread ±{spread:.2f}"
 
 
-def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str | None:
+def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row], space: str = EVERY) -> str | None:
     """Where ``name``'s found models (their mean perplexity at their mean cost) rank among the space's networks no
-    costlier, and how far the best of those is from them. None when the study did not retrain the space."""
+    costlier, and how far the best of those is from them; ``space`` (:func:`space_name`) names the networks
+    retrained, all or a sample. None when the study did not retrain the space."""
     from study.front import combined_spread, found_point
 
-    space, point = _points(rows), found_point(found)
-    if not space or point is None:
+    points, point = _points(rows), found_point(found)
+    if not points or point is None:
         return None
     ppl, ratio, found_std = point
-    cheaper = [r for r in space if r["latency_ratio"] <= ratio + 1e-9]
-    head = f"{name}: against every network of the space ({len(space)} retrained)"
+    cheaper = [r for r in points if r["latency_ratio"] <= ratio + 1e-9]
+    head = f"{name}: against {space} ({len(points)} retrained)"
     if not cheaper:
         return f"{head}: none is as cheap as the found models ({ratio:.2f}x)"
     best = min(cheaper, key=lambda r: r["val_ppl"])
@@ -86,26 +252,27 @@ def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row])
             f"{_judged(gap, spread)})")
 
 
-def space_front_verdict(rows: Sequence[Row]) -> str | None:
-    """The network of the space furthest below the Transformer-XL front at its own cost, and how many lie below it
-    beyond the seed spread: whether the space holds a model that beats the front by a given margin at all."""
+def space_front_verdict(rows: Sequence[Row], space: str = EVERY) -> str | None:
+    """The network of the space (of ``space``, all or a sample) furthest below the Transformer-XL front at its own
+    cost, and how many lie below it beyond the seed spread: whether the space holds a model that beats the front
+    by a given margin at all."""
     from study.front import at_cost, combined_spread, front_points
 
-    space, points = _points(rows), front_points(rows)
+    networks, points = _points(rows), front_points(rows)
     judged = []
-    for r in space:
+    for r in networks:
         front = at_cost(points, r["latency_ratio"])
         if front is not None:
             judged.append((r["val_ppl"] / front[0] - 1, r, front))
     if not judged:
-        return None if not space else (f"every network of the space ({len(space)} retrained): none is as costly as "
-                                       "the front's cheapest point; no verdict")
+        return None if not networks else (f"{space} ({len(networks)} retrained): none is as costly as the front's "
+                                          "cheapest point; no verdict")
     gap, best, (front_ppl, front_std) = min(judged, key=lambda j: j[0])
     below = sum(r["val_ppl"] < f_ppl - (combined_spread(r.get("val_ppl_std"), f_std) or 0.0)
                 for _, r, (f_ppl, f_std) in judged)
     spread = combined_spread(best.get("val_ppl_std"), front_std)
     margin = "beyond the seed spread" if spread is not None else "(one retrain each)"
-    return (f"every network of the space ({len(space)} retrained, {len(judged)} within the front's costs): the "
+    return (f"{space} ({len(networks)} retrained, {len(judged)} within the front's costs): the "
             f"furthest below the Transformer-XL front is {best['layout']}, val ppl {best['val_ppl']:.2f} at "
             f"{best['latency_ratio']:.2f}x vs {front_ppl:.2f} on the front ({gap * 100:+.1f}%, "
             f"{_judged(best['val_ppl'] - front_ppl, spread)}); {below} of {len(judged)} lie below the front {margin} "
@@ -113,17 +280,17 @@ def space_front_verdict(rows: Sequence[Row]) -> str | None:
 
 
 def space_claim_verdict(rows: Sequence[Row], reaches: Callable[[float, float], tuple[bool, bool]], tolerance: float,
-                        faster: str) -> str | None:
+                        faster: str, space: str = EVERY) -> str | None:
     """The networks of the space that meet the study's claim: ``reaches(val ppl, cost ratio)`` -> (Transformer-XL's
     perplexity within ``tolerance``, the cost ``faster`` as the claim asks). The claim's ceiling in this space, and
-    where no network meets it, the cheapest whose perplexity does."""
-    space = _points(rows)
+    where no network meets it, the cheapest whose perplexity does; ``space`` names the networks retrained."""
+    networks = _points(rows)
     txl = next((r for r in rows if r["role"] == "transformer-xl"), None)
-    if not space or txl is None or txl["val_ppl"] is None:
+    if not networks or txl is None or txl["val_ppl"] is None:
         return None
-    met = [(r, reaches(r["val_ppl"], r["latency_ratio"])) for r in space]
+    met = [(r, reaches(r["val_ppl"], r["latency_ratio"])) for r in networks]
     hits = sorted((r for r, (same, fast) in met if same and fast), key=lambda r: r["latency_ratio"])
-    head = (f"every network of the space: {len(hits)} of {len(space)} reach Transformer-XL's val ppl "
+    head = (f"{space}: {len(hits)} of {len(networks)} reach Transformer-XL's val ppl "
             f"({txl['val_ppl']:.2f}) within {tolerance:.0%} {faster}")
     if not hits:
         near = min((r for r, (same, _) in met if same), key=lambda r: r["latency_ratio"], default=None)

@@ -4,6 +4,7 @@ import csv
 import json
 import math
 from collections import Counter
+from itertools import combinations_with_replacement
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,12 @@ def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tm
     (["--budgets", "0.6,none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
     (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
     (["--every-network", "--strategies", "par-gumbel-darts,darts"], "cannot be combined with --strategies"),
+    (["--census", "200", "--set", "model.n_blocks=6"], "--census 200: 6 blocks over attention, dense, identity make "
+                                                        "only 127 networks"),
+    (["--census", "5", "--every-network"], "give one of them"), (["--census", "0"], "--census must be >= 1"),
+    (["--census", "5", "--strategies", "par-gumbel-darts,darts"], "cannot be combined with --strategies"),
+    (["--census", "5", "--candidates", "attention,dense", "--candidates", "attention,identity"], "one search space"),
+    (["--set", "model.eval_mem_len=-8"], "model.eval_mem_len must be >= 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "study"
@@ -530,3 +537,78 @@ def test_a_study_of_every_network_retrains_each_once_and_ranks_them_on_each_supe
     assert any(line.startswith("every network of the space (7 retrained") for line in lines)
     assert any(line.startswith("every network of the space: ") and "of 7 reach Transformer-XL's" in line
                for line in lines)
+
+
+# --- a census of a space too large for every network ------------------------------------------------------------
+
+COSTS = {"attention": 1.0, "dense": 0.3, "conv": 0.5, "identity": 0.0}
+
+
+def cost_of(kinds):
+    return sum(COSTS[k] for k in kinds)
+
+
+@pytest.mark.parametrize("candidates, n_blocks, reversible", [
+    (("attention", "dense", "identity"), 12, False), (("attention", "conv", "dense", "identity"), 10, False),
+    (("attention", "dense"), 11, False), (("attention", "dense", "identity"), 9, True)])
+def test_a_census_is_seeded_draws_each_network_once_and_spans_the_cost_range(candidates, n_blocks, reversible):
+    from study.space import census_networks, count_networks
+
+    size = 40
+    sample = census_networks(candidates, n_blocks, size, COSTS, seed=0, reversible=reversible)
+    assert len(sample) == size and len({network(k, reversible) for k in sample}) == size  # distinct networks
+    assert all(set(k) <= set(candidates) and len(k) <= n_blocks for k in sample)
+    assert not reversible or all(len(k) == n_blocks for k in sample)
+    assert census_networks(candidates, n_blocks, size, COSTS, seed=0, reversible=reversible) == sample
+    assert census_networks(candidates, n_blocks, size, COSTS, seed=1, reversible=reversible) != sample
+    assert count_networks(candidates, n_blocks, reversible) > 1000  # too large for --every-network
+    # the space's cost range cut into 40 strata, each that holds networks drawn from: every cost the space holds
+    # has a sampled network within a stratum's width (a uniform draw would crowd into the middle costs)
+    running = [k for k in candidates if k != "identity" or reversible]
+    depths = range(n_blocks + 1) if len(running) < len(candidates) else [n_blocks]
+    space = {round(cost_of(c), 9) for d in depths for c in combinations_with_replacement(running, d)}
+    width = (max(space) - min(space)) / size
+    drawn = [cost_of(k) for k in sample]
+    assert all(min(abs(c - d) for d in drawn) <= width + 1e-9 for c in space)
+
+
+def test_a_census_of_the_whole_space_is_every_network_and_strata_share_the_sample_equally():
+    from study.space import _shares, census_networks, space_networks
+
+    candidates = ("attention", "dense", "identity")
+    every = space_networks(candidates, 4)
+    assert census_networks(candidates, 4, len(every), COSTS, seed=5) == every  # listed as --every-network lists
+    import random
+
+    assert _shares([5, 0, 1, 9], 7, random.Random(0)) == [3, 0, 1, 3]  # equal, none over what it holds
+    assert sum(_shares([2, 2, 2], 4, random.Random(0))) == 4
+
+
+def test_the_space_verdicts_say_they_judge_a_sample():
+    from study.report import _reaches
+    from study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict, space_name
+
+    assert space_name(0, 127) == EVERY
+    name = space_name(40, 8191)
+    assert name == "a sample of 40 of the space's 8,191 networks"
+    rows, found = space_rows([[44.0, 44.4]], [("AD", 0.4, 55.0), ("AAD", 0.6, 43.0), ("AADD", 0.7, 43.5)])
+    assert found_in_space_verdict("budget 0.7", found, rows, name).startswith(
+        f"budget 0.7: against {name} (3 retrained): the found models (val ppl 44.20 at 0.70x) rank 3 of the 3 ")
+    assert space_front_verdict(rows, name).startswith(f"{name} (3 retrained, 3 within the front's costs)")
+    line = space_claim_verdict(rows, lambda p, r: _reaches(p, r, 40.0, 0.3), 0.01, "faster", name)
+    assert line.startswith(f"{name}: 0 of 3 reach Transformer-XL's val ppl")
+
+
+@pytest.mark.slow
+def test_a_study_with_a_census_retrains_a_sample_and_says_so(small_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    args = [a if a != str(SEEDS) else "1" for a in study_args(small_corpus, out)]  # one search
+    assert main([*args, "--set", "model.n_blocks=2", "--census", "3"]) == 0
+    capsys.readouterr()
+    study = json.loads((out / "study.json").read_text())
+    space = [r["layout"] for r in study["rows"] if r["role"] == "space"]
+    assert len(space) == 3 and set(space) <= {"II", "A", "D", "AA", "AD", "DA", "DD"}
+    assert {k: study["census"][k] for k in ("networks", "of", "seed")} == {"networks": 3, "of": 7, "seed": 0}
+    name = "a sample of 3 of the space's 7 networks"
+    assert any(line.startswith(f"budget none: against {name} (3 retrained)") for line in study["verdicts"])
+    assert study["val_mem_len"] == 16 and "Val and test ppl at memory 16" in (out / "study.md").read_text()
