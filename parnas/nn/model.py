@@ -184,7 +184,7 @@ class TransformerXL(nn.Module):
 
     def evaluate_with(self, mem_len: int | None = None, clamp_len: int | None = None) -> None:
         """Evaluate from now on with a memory of ``mem_len`` states and positions clamped at ``clamp_len`` (0: not
-        clamped), in every block that reads positions; None keeps the one the config gave."""
+        clamped), in every block that reads positions; None keeps the current one (at first, the config's)."""
         if mem_len is not None:
             self.eval_mem_len = mem_len
         if clamp_len is not None:
