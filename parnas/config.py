@@ -427,13 +427,14 @@ FLAT_KIND_SETTINGS = {"conv_kernel": ("conv", "kernel"), "compress_rate": ("comp
                       "act_tau": ("ut", "tau")}
 
 
-def upgrade_flat_settings(model: Mapping[str, Any], prefix: str = "model.") -> dict[str, Any]:
-    """A model section with the flat keys of earlier versions moved to their kinds' sections, a one-line note on
-    stderr for each (a setting given both ways keeps the kind's section's value)."""
+def upgrade_flat_settings(model: Mapping[str, Any], prefix: str = "model.", note: bool = True) -> dict[str, Any]:
+    """A model section with the flat keys of earlier versions moved to their kinds' sections, with a one-line
+    ``note`` on stderr for each (a setting given both ways keeps the kind's section's value)."""
     model = dict(model)
     for old, (kind, key) in FLAT_KIND_SETTINGS.items():
         if old in model:
-            print(f"parnas: {prefix}{old} is deprecated: use {prefix}{kind}.{key}", file=sys.stderr)
+            if note:
+                print(f"parnas: {prefix}{old} is deprecated: use {prefix}{kind}.{key}", file=sys.stderr)
             value, section = model.pop(old), model.get(kind)
             model[kind] = {key: value, **section} if isinstance(section, Mapping) else section or {key: value}
     return model

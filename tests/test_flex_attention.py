@@ -39,7 +39,13 @@ def cpu_path(q, k, v, position, scale):
     return block._attend(q, k, v, bias, scale)
 
 
-@pytest.mark.parametrize("M, Dh", [(12, 16), (0, 16), (20, 41)])
+# Inductor's CPU FlexAttention kernel (torch 2.13) at 8 keys and no memory gave wrong or NaN rows on an AMD EPYC
+# CPU, depending on the thread count and on what was compiled before it in the process, while the eager reference
+# agreed; the flex path runs off the CPU only, where the GPU test checks it at every memory length
+CPU_KERNEL_FLAKY = pytest.mark.xfail(reason="Inductor's CPU flex kernel at 8 keys, no memory", strict=False)
+
+
+@pytest.mark.parametrize("M, Dh", [(12, 16), pytest.param(0, 16, marks=CPU_KERNEL_FLAKY), (20, 41)])
 def test_the_compiled_flex_kernel_computes_what_the_cpu_path_does(M, Dh):
     """The kernel a compiled model gets: each query sees exactly the keys up to its own position, each score
     offset by the position score at its distance (no memory, a memory longer than the segment, heads of 41)."""
@@ -63,12 +69,13 @@ def test_the_flex_kernel_is_compiled_once_per_shape():
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def test_flex_gradients_reach_the_position_scores_as_the_cpu_path_sends_them(monkeypatch):
+@pytest.mark.parametrize("M", [12, 0])
+def test_flex_gradients_reach_the_position_scores_as_the_cpu_path_sends_them(monkeypatch, M):
     """The relative-position scores are a captured tensor of the kernel, not an input: their gradient (and so
     W_r's and the position bias v's) must still come back, equal to the CPU path's, and so must q's, k's and v's."""
     monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)  # torch's reference backward
     monkeypatch.setattr(blocks, "compiled_flex_attention", lambda: flex_module.flex_attention)  # run it eagerly
-    q, k, v, position = attention_inputs(grad=True)
+    q, k, v, position = attention_inputs(M=M, grad=True)
     scale = 0.25
     out = flex(q, k, v, position, scale)
     grad = torch.randn_like(out)

@@ -40,7 +40,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from parnas.config import LATENCY_TARGETS, Config, ModelConfig, generation_memory, transformer_xl_layout
+from parnas.config import (
+    LATENCY_TARGETS,
+    Config,
+    ModelConfig,
+    generation_memory,
+    transformer_xl_layout,
+    upgrade_flat_settings,
+)
 from parnas.errors import ConfigError
 from parnas.files import write_json_atomic
 from parnas.nn.model import build_fixed_model
@@ -261,12 +268,19 @@ class LatencyTable:
 def table_key(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device) -> dict[str, Any]:
     """Everything a block's measured cost depends on (the memories ``model.mem_len`` and ``model.eval_mem_len``
     among the model's settings; the position clamp changes no cost)."""
-    model = {k: v for k, v in asdict(cfg.model).items() if k not in ("n_blocks", "blocks", "clamp_len")}
     key = {"device": device_name(device), "device_type": device.type, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "precision": cfg.train.precision,
            "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len, "vocab_size": vocab_size,
-           "clip": bool(cfg.train.clip), "model": model, "kinds": sorted(kinds)}
+           "clip": bool(cfg.train.clip), "model": model_key(cfg.model, kinds), "kinds": sorted(kinds)}
     return json.loads(json.dumps(key))  # as it reads back from the cache (tuples become lists)
+
+
+def model_key(model: ModelConfig, kinds: Sequence[str]) -> dict[str, Any]:
+    """The model settings a table's costs depend on: the body's, and the timed kinds' own (a ``<kind>`` section
+    each; another kind's settings change no cost here)."""
+    timed = set(kinds)
+    return {k: v for k, v in model.to_dict().items()
+            if k not in ("n_blocks", "blocks", "clamp_len") and (not isinstance(v, dict) or k in timed)}
 
 
 def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
@@ -318,7 +332,10 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
 def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
     """The newest readable table in ``folder`` with ``key``'s shapes and device and at least its kinds,
     restricted to them; None if there is none (unreadable or stale files are skipped)."""
-    shapes = {k: v for k, v in key.items() if k != "kinds"}
+    def shapes(of: dict[str, Any]) -> dict[str, Any]:  # the model's and the requested kinds' settings
+        model = {k: v for k, v in of["model"].items() if not isinstance(v, dict) or k in key["kinds"]}
+        return {k: v for k, v in of.items() if k != "kinds"} | {"model": model}
+
     dated = []
     for file in folder.glob("*.json"):
         try:
@@ -328,8 +345,7 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
     for _, file in sorted(dated, reverse=True):
         try:
             table = LatencyTable.from_dict(json.loads(file.read_text()))
-            covers = ({k: v for k, v in table.key.items() if k != "kinds"} == shapes
-                      and set(key["kinds"]) <= set(table.key["kinds"]))
+            covers = shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if covers and table.modes == MODES:  # a table cached before generation was timed is timed again
@@ -351,10 +367,16 @@ def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> lis
     A model setting newer than the table counts as its default there (what the code that timed it built)."""
     def flat(key: dict[str, Any], model_defaults: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
-        out.update({f"model.{k}": v for k, v in {**model_defaults, **(key.get("model") or {})}.items()})
+        model = {**model_defaults, **upgrade_flat_settings(key.get("model") or {}, note=False)}  # earlier versions
+        for name, value in model.items():
+            if isinstance(value, dict):  # a kind's settings: only the run's kinds' count
+                out.update({f"model.{name}.{k}": v for k, v in value.items()} if name in run_key["kinds"] else {})
+            else:
+                out[f"model.{name}"] = value
         return out
 
-    defaults = json.loads(json.dumps(asdict(ModelConfig())))  # as a key reads back (tuples become lists)
+    # as a key reads back (tuples become lists)
+    defaults = json.loads(json.dumps(model_key(ModelConfig(), run_key.get("kinds", ()))))
     table, run = flat(table_key, {k: defaults[k] for k in defaults if k in run_key.get("model", {})}), flat(run_key, {})
     return [f"{k} {json.dumps(table.get(k, 'absent'))} (table) vs {json.dumps(run.get(k, 'absent'))} (run)"
             for k in sorted(set(table) | set(run)) if table.get(k, "absent") != run.get(k, "absent")]
