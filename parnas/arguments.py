@@ -39,6 +39,13 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
                         "device), then exit: no data read, nothing allocated or written")
 
 
+def add_resume(p: argparse.ArgumentParser, what: str = "<out_dir>") -> None:
+    """``--resume`` (from ``last.ckpt``) or ``--resume=PATH`` (from another checkpoint, e.g. an older one kept
+    beside a damaged ``last.ckpt``): ``args.resume`` is False, True or the path."""
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="CKPT",
+                   help=f"continue from {what}/checkpoints/last.ckpt, or from the checkpoint CKPT (--resume=CKPT)")
+
+
 def add_verbose(p: argparse.ArgumentParser, default: Any) -> None:
     p.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="show Lightning's and NNI's info messages")

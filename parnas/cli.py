@@ -14,12 +14,16 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
-from parnas.arguments import ArgumentParser, add_command, add_config_args, add_dry_run, add_verbose
+from parnas.arguments import ArgumentParser, add_command, add_config_args, add_dry_run, add_resume, add_verbose
 from parnas.errors import Interrupted, ParnasError
+from parnas.files import out_of_space
 
 
 def _quiet_imports() -> None:
@@ -38,7 +42,7 @@ def set_verbosity(verbose: bool) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a fixed Transformer-XL (``model.blocks``, default the standard layout) and print perplexity."""
     from parnas.config import load_config
-    from parnas.files import check_run_dir
+    from parnas.files import check_run_dir, hold_run_dir
 
     cfg = load_config(args.config, args.set)  # before torch is imported: a mistake fails at once
     if args.dry_run:
@@ -47,9 +51,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(dry_run(cfg, [[kind] for kind in cfg.model.layout], "train"))
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
-    from parnas.training.fit import summary, train
+    with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+        from parnas.training.fit import summary, train
 
-    metrics = train(cfg, resume=args.resume)
+        metrics = train(cfg, resume=args.resume)
     if metrics:
         print(summary(metrics, cfg.train.out_dir))
     return 0
@@ -68,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_command(sub, "train", cmd_train)
     add_config_args(p)
     add_dry_run(p)
-    p.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt")
+    add_resume(p)
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)
     return parser
@@ -89,8 +94,49 @@ def resume_command(argv: Sequence[str] | None, takes_resume: bool, sets: Sequenc
     else:  # main([...]) from Python
         program = ["parnas"]
     extra = [a for s in sets for a in ("--set", s)]
-    resume = ["--resume"] if takes_resume and "--resume" not in argv else []
-    return shlex.join([*program, *argv, *extra, *resume])
+    if takes_resume:  # from last.ckpt now, whichever checkpoint the run started from (--resume=PATH)
+        argv = [a for i, a in enumerate(argv) if not a.startswith("--resume")
+                and not (argv[i - 1:i] == ["--resume"] and not a.startswith("-"))]
+    return shlex.join([*program, *argv, *extra, *(["--resume"] if takes_resume else [])])
+
+
+def stopped(command: str, e: Interrupted, again: str, takes_resume: bool) -> str:
+    """The line a run stopped by a signal leaves: what was saved, and the command that goes on."""
+    name = signal.Signals(e.signum).name
+    if e.checkpoint is None and takes_resume:
+        return f"parnas {command}: stopped by {name} before the first step, nothing new saved; run it again: {again}"
+    if e.checkpoint is None:  # a study: its finished runs are kept, and a rerun skips them
+        return f"parnas {command}: stopped by {name}; run it again to go on: {again}"
+    if e.during:
+        return (f"parnas {command}: stopped by {name} during {e.during}, after training to step {e.step:,} "
+                f"(saved in {e.checkpoint}); {'--resume' if takes_resume else 'running it again'} finishes it: "
+                f"{again}")
+    return f"parnas {command}: stopped by {name} after step {e.step:,}, saved in {e.checkpoint}; resume with: {again}"
+
+
+@contextmanager
+def signals_stop() -> Iterator[None]:
+    """While a command runs, SIGINT and SIGTERM raise :class:`Interrupted` with nothing saved, so a signal before
+    the first step ends in one line and 130 / 143 (Lightning would turn Ctrl-C into exit status 1, and SIGTERM
+    would end the process silently). The training loop and the work after it take the signals over with what
+    they have saved (:mod:`parnas.training.interrupt`). The handlers in place before are put back."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for other in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
+            signal.signal(other, signal.SIG_DFL)
+        raise Interrupted(signum)
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for s in saved:
+            signal.signal(s, handler)
+        yield
+    finally:
+        for s, old in saved.items():
+            signal.signal(s, old)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,19 +148,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     set_verbosity(args.verbose)
     try:
-        return args.fn(args)
+        with signals_stop():
+            return args.fn(args)
     except ParnasError as e:
         print(f"parnas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `parnas ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
-    except Interrupted as e:  # the checkpoint is written (parnas.training.interrupt)
+    except Interrupted as e:  # what was saved, if anything (parnas.training.interrupt)
         if e.rank == 0:
-            again = resume_command(argv, getattr(args, "resume", None) is not None, getattr(args, "resume_sets", ()))
-            print(f"parnas {args.command}: stopped by {signal.Signals(e.signum).name} after step {e.step:,}, "
-                  f"saved in {e.checkpoint}; resume with: {again}", file=sys.stderr)
+            takes_resume = getattr(args, "resume", None) is not None
+            again = resume_command(argv, takes_resume and e.checkpoint is not None, getattr(args, "resume_sets", ()))
+            print(stopped(args.command, e, again, takes_resume), file=sys.stderr)
         return 128 + e.signum
+    except Exception as e:  # a full disk anywhere (logs, plots, TensorBoard): one line too
+        full = out_of_space(e)
+        if full is None:
+            raise
+        print(f"parnas {args.command}: error: {full}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"parnas {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -22,13 +22,17 @@ class TokenizerError(ParnasError):
 
 
 class Interrupted(BaseException):
-    """A run stopped by SIGINT or SIGTERM once its checkpoint was written (:mod:`parnas.training.interrupt`).
+    """A run stopped by SIGINT or SIGTERM (:mod:`parnas.training.interrupt`).
 
     Not an error: the CLI exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)
-    and, on rank 0, one line naming the step saved and the command that resumes it. A
-    ``BaseException``, like ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows it.
+    and, on rank 0, one line saying what was saved and the command that goes on. ``checkpoint``:
+    the file saved at ``step``, None when the signal came before training (nothing saved).
+    ``during``: the work after the last step that the signal cut (e.g. "the final evaluation"),
+    which ``--resume`` finishes. A ``BaseException``, like ``KeyboardInterrupt``, so no
+    ``except Exception`` on the way swallows it.
     """
 
-    def __init__(self, signum: int, step: int, checkpoint: str, rank: int = 0) -> None:
+    def __init__(self, signum: int, step: int | None = None, checkpoint: str | None = None, rank: int = 0,
+                 during: str | None = None) -> None:
         super().__init__(f"stopped by signal {signum} after step {step}; checkpoint {checkpoint}")
-        self.signum, self.step, self.checkpoint, self.rank = signum, step, checkpoint, rank
+        self.signum, self.step, self.checkpoint, self.rank, self.during = signum, step, checkpoint, rank, during

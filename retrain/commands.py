@@ -17,7 +17,7 @@ import re
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the fixed model of an architecture JSON (or a named layout) from scratch, then evaluate it."""
     from parnas.config import load_config
-    from parnas.files import check_run_dir
+    from parnas.files import check_run_dir, hold_run_dir
 
     overrides = list(args.set)
     for key in ("accelerator", "devices", "precision", "out_dir"):
@@ -30,10 +30,11 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         print(dry_run_retrain(args.arch, args.config, overrides))
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
-    from parnas.training.fit import summary
-    from retrain.run import retrain
+    with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+        from parnas.training.fit import summary
+        from retrain.run import retrain
 
-    metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
+        metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
         print(summary(metrics, metrics["config"]["train"]["out_dir"]))
     return 0
@@ -134,7 +135,7 @@ def add_clamp_len(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.arguments import add_command, add_config_args, add_dry_run
+    from parnas.arguments import add_command, add_config_args, add_dry_run, add_resume
 
     p = add_command(sub, "retrain", cmd_retrain)
     p.add_argument("--arch", required=True, metavar="JSON|LAYOUT",
@@ -142,7 +143,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "transformer-xl (attention and dense blocks alternating, so 6 blocks = 3 Transformer-XL "
                         "layers) or all-attention")
     add_config_args(p)
-    p.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/last.ckpt")
+    add_resume(p)
     p.add_argument("--accelerator", default=None, help="auto (CUDA when present), gpu or cpu (train.accelerator)")
     p.add_argument("--devices", type=int, default=None, help="processes; > 1 trains with DDP (train.devices)")
     p.add_argument("--precision", default=None, help="e.g. bf16-mixed on a GPU, 32-true (train.precision)")

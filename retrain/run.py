@@ -96,9 +96,10 @@ def check_vocabulary(record: dict[str, Any], tokenizer: Tokenizer, source: str) 
               file=sys.stderr)
 
 
-def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (), *, resume: bool = False,
-            callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
-    """Validate everything, build the fixed model, train it from scratch (or resume) and evaluate it.
+def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (), *,
+            resume: bool | str | Path = False, callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+    """Validate everything, build the fixed model, train it from scratch (or resume: from ``last.ckpt``, or from
+    the checkpoint ``resume`` names) and evaluate it.
 
     Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0).
     """

@@ -11,7 +11,7 @@ import sys
 def cmd_search(args: argparse.Namespace) -> int:
     """Search a PAR architecture with Gumbel-DARTS and write architecture.json (inside nnictl: a trial)."""
     from parnas.config import load_config
-    from parnas.files import check_writable_dir
+    from parnas.files import check_not_held, check_writable_dir, hold_run_dir
 
     if args.strategy:
         args.set = [*args.set, f"search.strategy={args.strategy}"]
@@ -27,6 +27,15 @@ def cmd_search(args: argparse.Namespace) -> int:
         early = load_config(args.config, args.set)
         check_strategy(early, args.resume)
         check_writable_dir(early.search.out_dir)
+        check_not_held(early.search.out_dir)
+    # the run directory (strategies.search.run_dir_of): an nnictl trial's own, else search.out_dir
+    trial_dir = os.environ.get("NNI_OUTPUT_DIR") if "NNI_PLATFORM" in os.environ else None
+    with hold_run_dir(trial_dir or load_config(args.config, args.set).search.out_dir):  # for the search's life
+        return _search(args)
+
+
+def _search(args: argparse.Namespace) -> int:
+    from parnas.config import load_config
     from strategies.search import in_nni_trial, run_search, trial_parameters
 
     params = trial_parameters()
@@ -149,7 +158,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from parnas.arguments import add_command, add_config_args, add_dry_run
+    from parnas.arguments import add_command, add_config_args, add_dry_run, add_resume
 
     p = add_command(sub, "search", cmd_search)
     add_config_args(p)
@@ -157,7 +166,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default=None, metavar="NAME",
                    help="par-gumbel-darts (default: parnas's own), or NNI's darts, gumbel-darts, random-oneshot, "
                         "proxyless (same as --set search.strategy=NAME)")
-    p.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last.ckpt")
+    add_resume(p, "<run dir>")
     p = add_command(sub, "latency", cmd_latency)
     add_config_args(p)
     p.add_argument("--out", required=True, help="the table's JSON file (for --set search.latency_table=...)")

@@ -32,8 +32,17 @@ from parnas import architecture
 from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data.corpora import load_splits
+from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ParnasError
-from parnas.files import check_writable_dir, ensure_writable_dir, write_json_atomic, write_text_atomic
+from parnas.files import (
+    check_not_held,
+    check_writable_dir,
+    ensure_writable_dir,
+    hold_run_dir,
+    resume_source,
+    write_json_atomic,
+    write_text_atomic,
+)
 from parnas.report.plots import plot_run
 from parnas.training import checkpoint
 from parnas.training.devices import check_devices, training_device
@@ -46,6 +55,7 @@ from parnas.training.fit import (
     position_restored_by_task,
     tokenizer_meta,
 )
+from parnas.training.interrupt import finishing
 from parnas.training.latency import (
     LatencyTable,
     latency_table,
@@ -55,7 +65,7 @@ from parnas.training.latency import (
     target_memories,
 )
 from parnas.training.memory import check_memory
-from parnas.training.resume import check_resumable
+from parnas.training.resume import check_resumable, load_to_resume, take_over
 from parnas.training.task import LanguageModelTask
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
@@ -76,13 +86,20 @@ def trial_parameters() -> dict[str, Any]:
     return dict(nni.get_next_parameter() or {})
 
 
-def check_run_dir(run_dir: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from, if any; touches nothing. A fresh search refuses a directory holding one."""
-    last = run_dir / "checkpoints" / "last.ckpt"
-    if resume:
-        if not last.is_file():
-            raise ParnasError(f"nothing to resume: {last} does not exist")
-        return last
+def run_dir_of(cfg: Config) -> Path:
+    """Where a search writes: ``$NNI_OUTPUT_DIR`` in an nnictl trial (each trial its own), else ``search.out_dir``."""
+    return Path(os.environ["NNI_OUTPUT_DIR"]) if in_nni_trial() else Path(cfg.search.out_dir)
+
+
+def check_run_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
+    """The checkpoint to resume from (``last.ckpt``, or the one ``--resume=PATH`` names), if any; touches nothing.
+    A fresh search refuses a directory holding one, and any search a directory another process holds."""
+    check_not_held(run_dir)
+    last, source = run_dir / "checkpoints" / "last.ckpt", resume_source(run_dir, resume)
+    if source is not None:
+        if not source.is_file():
+            raise ParnasError(f"nothing to resume: {source} does not exist")
+        return source
     if (run_dir / "architecture.json").exists() or last.exists():
         raise ParnasError(f"{run_dir} already holds a search: pass --resume to continue it, "
                           "or set search.out_dir to a new directory")
@@ -91,11 +108,14 @@ def check_run_dir(run_dir: Path, resume: bool) -> Path | None:
     return None
 
 
-def prepare_run_dir(run_dir: Path, resumed_step: int | None) -> None:
+def prepare_run_dir(run_dir: Path, resumed_step: int | None, source: Path | None = None) -> None:
     """Once every check has passed: a fresh search (``resumed_step`` None) clears stale logs; a resumed one
-    drops the history written after its checkpoint's step (about to be redone). Lines at that step were
-    written before the checkpoint."""
+    drops the history written after its checkpoint's step (about to be redone), and continues from a copy of
+    its checkpoint in ``last.ckpt`` if it was another (``source``). Lines at that step were written before the
+    checkpoint."""
     ensure_writable_dir(run_dir)
+    if source is not None:
+        take_over(source, run_dir / "checkpoints" / "last.ckpt")
     history = run_dir / "history.jsonl"
     if resumed_step is None:
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
@@ -289,12 +309,18 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, A
             "latency_device": latency["device"] if latency else None}
 
 
-def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
+def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
-    Everything is checked (run directory, checkpoint, corpus, tokenizer) before a file is touched.
-    PAR's strategy only: ``parnas search`` runs another ``search.strategy`` with
+    The search holds its run directory (:func:`parnas.files.hold_run_dir`), and everything is checked (run
+    directory, checkpoint, corpus, tokenizer) before a file is touched. ``resume``: from ``last.ckpt``, or from
+    the checkpoint it names. PAR's strategy only: ``parnas search`` runs another ``search.strategy`` with
     :func:`strategies.nni_strategies.run_nni_search`."""
+    with hold_run_dir(run_dir_of(cfg)):
+        return _run_search(cfg, resume)
+
+
+def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
     if cfg.search.strategy != "par-gumbel-darts":
         raise ParnasError(f"run_search runs par-gumbel-darts, not search.strategy={cfg.search.strategy}")
     check_devices(cfg.train)
@@ -304,17 +330,17 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     if cfg.train.compile != "none":
         raise ParnasError(f"train.compile={cfg.train.compile} compiles the fixed model of train and retrain; a "
                           "search's supernet runs eager: leave train.compile=none for search")
-    trial = in_nni_trial()
-    run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
-    check_writable_dir(run_dir)  # creates nothing: a search refused below leaves no empty folder
-    ckpt = check_run_dir(run_dir, resume)
+    trial, run_dir = in_nni_trial(), run_dir_of(cfg)
+    check_writable_dir(run_dir)
+    source = check_run_dir(run_dir, resume)
     # read once: a truncated or edited file is refused here, before anything is touched
-    saved = checkpoint.load(ckpt) if ckpt is not None else None
+    saved = load_to_resume(source) if source is not None else None
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
     if saved is not None:  # the same search: the settings, the tokenizer and the space it was started with
-        check_resumable(saved, cfg, None, tokenizer, str(ckpt))
+        check_resumable(saved, cfg, None, tokenizer, str(source))
+    ckpt = run_dir / "checkpoints" / "last.ckpt" if source is not None else None  # the source, copied there
     check_segments(cfg, splits)  # a segment longer than a split fails here, before tensorboard/ exists
     check_memory(cfg, tokenizer.vocab_size, [cfg.search.candidates] * cfg.model.n_blocks)  # a supernet runs them all
 
@@ -329,14 +355,21 @@ def run_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
     # everything checked (latency budget included): now files may be touched
-    prepare_run_dir(run_dir, saved["global_step"] if saved else None)
+    prepare_run_dir(run_dir, saved["global_step"] if saved else None, source)
     if search.latency and search.trainer.is_global_zero:
         write_json_atomic(run_dir / PINNED_TABLE, search.latency["table"].to_dict())
     seconds = search.run()
     end_process_group()
     if not search.trainer.is_global_zero:
         return {}
+    with finishing(search.trainer, "the export"):
+        return export(search, cfg, tokenizer, seconds, trial, run_dir)
 
+
+def export(search: Search, cfg: Config, tokenizer: Tokenizer, seconds: float, trial: bool,
+           run_dir: Path) -> dict[str, Any]:
+    """After the last step: the final evaluation, the best of the sampled layouts, ``architecture.json``, the
+    plots, and NNI's final result; returns the record."""
     result = final_evaluation(search)
     result, sampled = best_of_samples(search, result, cfg) if cfg.search.export_samples else (result, None)
     module, steps, costs, kinds = search.module, search.trainer.global_step, search.costs, result.kinds

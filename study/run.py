@@ -35,7 +35,7 @@ from typing import Any
 from parnas import architecture
 from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
-from parnas.files import write_json_atomic
+from parnas.files import hold_run_dir, write_json_atomic
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 from parnas.training.devices import check_devices
 from study.front import parse_widths, width_model
@@ -366,7 +366,13 @@ def _ppl(metrics: Mapping[str, Any]) -> str:
 
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
-    """Search, retrain, time and report; returns what ``<out>/study.json`` holds."""
+    """Search, retrain, time and report; returns what ``<out>/study.json`` holds. The study holds its folder
+    (:func:`parnas.files.hold_run_dir`), and each search and retrain the sub-folder it writes."""
+    with hold_run_dir(plan.out):
+        return _run_study(plan, log)
+
+
+def _run_study(plan: Plan, log: Log) -> dict[str, Any]:
     from study.measure import measure, priced_by_table
     from study.ranking import measure_ranking
     from study.report import build_rows, write_report

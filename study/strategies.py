@@ -27,7 +27,7 @@ from typing import Any
 from parnas import architecture
 from parnas.config import SEARCH_STRATEGIES, Config, load_config
 from parnas.errors import ConfigError, ParnasError
-from parnas.files import write_json_atomic, write_text_atomic
+from parnas.files import hold_run_dir, write_json_atomic, write_text_atomic
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
@@ -66,15 +66,24 @@ def run_search_with(config: str | None, sets: Sequence[str], cfg: Config) -> dic
 def run_strategy_study(config: str | None, overrides: Sequence[str], strategies: Sequence[str], seeds: int,
                        out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int = 1,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Search with every strategy and seed, retrain what they found, and write the comparison."""
-    from retrain.run import retrain
-
+    """Search with every strategy and seed, retrain what they found, and write the comparison. The study holds
+    ``out`` (:func:`parnas.files.hold_run_dir`), and each search and retrain the sub-folder it writes."""
     for name, value in (("--seeds", seeds), ("--search-steps", search_steps), ("--retrain-steps", retrain_steps),
                         ("--trials", trials), ("--retrain-seeds", retrain_seeds)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     for strategy in strategies:  # every config checked before anything runs
         load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
+    with hold_run_dir(out):
+        return _run_strategy_study(config, overrides, strategies, seeds, out, search_steps=search_steps,
+                                   retrain_steps=retrain_steps, trials=trials, retrain_seeds=retrain_seeds, log=log)
+
+
+def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies: Sequence[str], seeds: int,
+                        out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int,
+                        log: Callable[[str], None]) -> dict[str, Any]:
+    from retrain.run import retrain
+
     runs: list[dict[str, Any]] = []
     for strategy in strategies:
         for seed in range(seeds):

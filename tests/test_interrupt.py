@@ -268,3 +268,110 @@ def test_under_ddp_a_signal_to_rank_0_alone_stops_both_ranks_at_the_same_step(mi
                                *extra, *stop], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     same_weights(tmp_path / "straight" / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
+
+
+# --- every stage: a real signal, sent by the process to itself where a hook puts it ---------------------------
+
+# ``python -c`` with one function wrapped so that the process signals itself on entering it, then ``parnas``.
+AT_STAGE = '''
+import os, signal, sys
+import {module} as where
+from parnas.cli import main
+
+owner = {owner}
+real = getattr(owner, "{name}")
+def hooked(*args, **kwargs):
+    if not getattr(hooked, "sent", False):
+        hooked.sent = True
+        os.kill(os.getpid(), signal.{signal})
+    return real(*args, **kwargs)
+setattr(owner, "{name}", hooked)
+sys.exit(main(sys.argv[1:]))
+'''
+STAGES = {  # where: (module, the object that owns the function, its name)
+    "loading the data": ("retrain.run", "where", "load_splits"),
+    "setting up the trainer": ("parnas.training.task", "where.LanguageModelTask", "configure_optimizers"),
+    "validation": ("parnas.training.task", "where.LanguageModelTask", "validation_step"),
+    "the final evaluation": ("parnas.training.fit", "where", "final_metrics"),
+    "the export": ("strategies.search", "where", "final_evaluation"),
+}
+
+
+def signalled_at(stage: str, signum: int, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    module, owner, name = STAGES[stage]
+    code = AT_STAGE.format(module=module, owner=owner, name=name, signal=signal.Signals(signum).name)
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def retrain_args(corpus: Path, run: Path, *extra: str) -> list[str]:
+    return ["retrain", "--arch", "transformer-xl", "--config", "tiny",
+            *micro_sets(corpus, "train.max_steps=8", "train.eval_every=4", "train.log_every=1", *extra,
+                        f"train.out_dir={run}")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, signum", [("loading the data", signal.SIGTERM),
+                                           ("setting up the trainer", signal.SIGINT),
+                                           ("setting up the trainer", signal.SIGTERM)])
+def test_a_signal_before_the_first_step_says_nothing_was_saved_and_how_to_start_again(micro, tmp_path, env, stage,
+                                                                                       signum):
+    """Not Lightning's exit status 1 for Ctrl-C, nor a silent death for SIGTERM: one line, 130 / 143."""
+    args = retrain_args(micro, tmp_path / "run")
+    done = signalled_at(stage, signum, args, env)
+    assert done.returncode == 128 + signum, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"parnas retrain: stopped by {signal.Signals(signum).name} before the first step"), line
+    assert shlex.split(line.split("run it again: ")[1]) == ["parnas", *args]  # main(argv) is called by the hook
+    assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_validation_saves_once_it_ends(micro, tmp_path, env):
+    run = tmp_path / "run"
+    done = signalled_at("validation", signal.SIGTERM, retrain_args(micro, run), env)
+    assert done.returncode == 143, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "stopped by SIGTERM after step 4, saved in" in line and line.endswith("--resume"), line
+    saved = ckpt.load(run / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 4 and not (run / "metrics.json").exists()
+
+
+def finishes_on_resume(line: str, stage: str, run: Path, env: dict[str, str]) -> None:
+    """The line names ``stage`` and the checkpoint of the last step, and its command (``--resume``) finishes."""
+    assert f"stopped by SIGTERM during {stage}, after training to step 8 (saved in {run / 'checkpoints'}" in line
+    again = shlex.split(line.split("--resume finishes it: ")[1])
+    assert again[0] == "parnas" and again[-1] == "--resume"  # main(argv) is called by the hook
+    done = subprocess.run([sys.executable, "-m", "parnas.cli", *again[1:]], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_evaluation_says_resume_finishes_it_and_it_does(micro, tmp_path, env):
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    done = signalled_at("the final evaluation", signal.SIGTERM, retrain_args(micro, run), env)
+    assert done.returncode == 143, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert not (run / "metrics.json").exists()
+    finishes_on_resume(line, "the final evaluation", run, env)
+    assert main(retrain_args(micro, straight)) == 0
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (straight, run))
+    assert (a["val_ppl"], a["test_ppl"], a["history"]) == (b["val_ppl"], b["test_ppl"], b["history"])
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_search_exports_says_resume_finishes_it_and_it_does(micro, tmp_path, env):
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    args = ["search", "--config", "tiny", *micro_sets(micro, "train.max_steps=8", "train.eval_every=100",
+                                                      "search.penalty_cost=flops")]
+    done = signalled_at("the export", signal.SIGTERM, [*args, *sets(f"search.out_dir={run}")], env)
+    assert done.returncode == 143, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert not (run / "architecture.json").exists()
+    finishes_on_resume(line, "the export", run, env)
+    assert main([*args, *sets(f"search.out_dir={straight}")]) == 0
+    a, b = (json.loads((d / "architecture.json").read_text()) for d in (straight, run))
+    assert (a["architecture"], a["probabilities"], a["search"]["val_ppl"]) == \
+        (b["architecture"], b["probabilities"], b["search"]["val_ppl"])
+    assert (run / "history.jsonl").read_text() == (straight / "history.jsonl").read_text()

@@ -90,8 +90,19 @@ def save(checkpoint: Mapping[str, Any], path: str | Path) -> Path:
         checkpoint["parnas"] = meta = dict(checkpoint["parnas"])
         meta.pop("content_sha256", None)
         meta["content_sha256"] = content_digest(checkpoint)
-    # one writer per run (a fresh run refuses a folder holding one), so any temp file beside it is stale
-    return write_atomic(path, lambda f: torch.save(checkpoint, f), "wb", stale_after=0)
+    # one writer per run (the run holds its folder), so any temp file beside it is stale
+    return write_atomic(path, lambda f: torch.save(checkpoint, f), "wb", stale_after=0, size=tensor_bytes(checkpoint))
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of every tensor in ``value`` (mappings and sequences walked): about a checkpoint's size on disk."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -45,14 +45,14 @@ from parnas.architecture import legend
 from parnas.config import Config, TrainConfig
 from parnas.data.corpora import ContextBatches, load_splits
 from parnas.data.tokenizer import Tokenizer
-from parnas.files import check_run_dir, write_json_atomic
+from parnas.files import check_run_dir, hold_run_dir, resume_source, write_json_atomic
 from parnas.nn.model import TransformerXL, build_fixed_model
 from parnas.training import checkpoint as ckpt
 from parnas.training.devices import check_devices, pinned
 from parnas.training.evaluation import final_metrics, peak_memory_mb
-from parnas.training.interrupt import StopOnSignal
+from parnas.training.interrupt import StopOnSignal, finishing
 from parnas.training.memory import check_memory
-from parnas.training.resume import check_resumable
+from parnas.training.resume import check_resumable, load_to_resume, take_over
 from parnas.training.task import LanguageModelTask, compile_model, with_target_groups
 
 
@@ -320,7 +320,7 @@ def end_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def train(cfg: Config, resume: bool = False) -> dict[str, Any]:
+def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics."""
     check_devices(cfg.train)
     check_run_dir(cfg.train.out_dir, resume)
@@ -346,18 +346,26 @@ def check_segments(cfg: Config, splits: dict[str, np.ndarray]) -> SegmentData:
 
 
 def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
-        record: dict[str, Any], *, resume: bool = False, callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+        record: dict[str, Any], *, resume: bool | str | Path = False,
+        callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
 
     ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
-    continues from ``<out_dir>/checkpoints/last.ckpt``, which must exist and match ``cfg``;
-    without it ``out_dir`` must hold no run. Everything is checked before a file is written.
+    continues from ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must
+    exist and match ``cfg``; without it ``out_dir`` must hold no run. The run holds ``out_dir``
+    (:func:`parnas.files.hold_run_dir`) and checks everything before a file is written.
     Returns the metrics on rank 0, ``{}`` on other ranks.
     """
+    with hold_run_dir(cfg.train.out_dir):
+        return _fit(cfg, model, tokenizer, splits, record, resume, callbacks)
+
+
+def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
+         record: dict[str, Any], resume: bool | str | Path, callbacks: Sequence[pl.Callback]) -> dict[str, Any]:
     out_dir = check_run_dir(cfg.train.out_dir, resume)
-    last = out_dir / "checkpoints" / "last.ckpt"
-    if resume:
-        check_resumable(ckpt.load(last), cfg, record, tokenizer, str(last))
+    last, source = out_dir / "checkpoints" / "last.ckpt", resume_source(out_dir, resume)
+    if source:
+        check_resumable(load_to_resume(source), cfg, record, tokenizer, str(source))
     data = check_segments(cfg, splits)  # before tensorboard/ exists
     meta = {"config": cfg.to_dict(), "architecture": record, "tokenizer": tokenizer_meta(tokenizer)}
     task = LanguageModelTask(cfg.train, meta)
@@ -366,29 +374,32 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     trainer = build_trainer(cfg.train, out_dir)
     trainer.callbacks = [*trainer.callbacks, *callbacks]
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
+    if source:
+        take_over(source, last)
     start = time.perf_counter()
     with position_restored_by_task():
-        trainer.fit(task, datamodule=data, ckpt_path=str(last) if resume else None, weights_only=True)
+        trainer.fit(task, datamodule=data, ckpt_path=str(last) if source else None, weights_only=True)
     seconds = time.perf_counter() - start
     end_process_group()
     if not trainer.is_global_zero:
         return {}
-    device = trainer.strategy.root_device
-    model.to(device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
-    metrics = final_metrics(model, data, cfg.train.precision)
-    kinds = model.block_kinds
-    metrics.update(
-        steps=trainer.global_step, train_seconds=round(seconds, 2),
-        train_tokens_per_s=round(throughput.tokens_per_s, 1) if throughput.tokens else None,  # None: no step timed
-        peak_memory_mb=round(peak_memory_mb(device), 1),
-        peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
-        parameters=sum(p.numel() for p in model.parameters()), attention_blocks=kinds.count("attention"),
-        architecture=architecture.layout_string(kinds), blocks=kinds, vocab_size=tokenizer.vocab_size,
-        tokenizer=tokenizer.kind, device=str(device), world_size=trainer.world_size,
-        precision=cfg.train.precision, history=task.val_history, config=cfg.to_dict(),
-    )
-    architecture.write(out_dir / "architecture.json", record)
-    write_json_atomic(out_dir / "metrics.json", metrics)
+    with finishing(trainer, "the final evaluation"):
+        device = trainer.strategy.root_device
+        model.to(device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
+        metrics = final_metrics(model, data, cfg.train.precision)
+        kinds = model.block_kinds
+        metrics.update(
+            steps=trainer.global_step, train_seconds=round(seconds, 2),
+            train_tokens_per_s=round(throughput.tokens_per_s, 1) if throughput.tokens else None,  # None: none timed
+            peak_memory_mb=round(peak_memory_mb(device), 1),
+            peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
+            parameters=sum(p.numel() for p in model.parameters()), attention_blocks=kinds.count("attention"),
+            architecture=architecture.layout_string(kinds), blocks=kinds, vocab_size=tokenizer.vocab_size,
+            tokenizer=tokenizer.kind, device=str(device), world_size=trainer.world_size,
+            precision=cfg.train.precision, history=task.val_history, config=cfg.to_dict(),
+        )
+        architecture.write(out_dir / "architecture.json", record)
+        write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
 
 

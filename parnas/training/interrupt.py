@@ -18,6 +18,11 @@ run had finished. ``Trainer.should_stop`` is not used: Lightning 2.6 runs a vali
 set (as for early stopping), which would cost a whole pass and log an evaluation the uninterrupted
 run never made.
 
+After the last step, :func:`finishing` covers the work that ends a run (a fixed model's final evaluation,
+a search's export): a signal there stops it at once with :class:`Interrupted` naming what was cut, and
+``--resume`` finishes it from the checkpoint of the last step. Before the first step the CLI's own
+handler (:func:`parnas.cli.main`) raises :class:`Interrupted` with nothing saved.
+
 After the first signal both are back to their default action, so a second Ctrl-C ends the process
 at once. Under DDP every rank records its own signals and the ranks agree (a max over ranks, one
 scalar per optimiser step, only when there is more than one process) before any of them saves,
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
@@ -101,3 +108,30 @@ class StopOnSignal(pl.Callback):
         if self.checkpoint.saved_at != trainer.global_step:
             self.checkpoint.save(trainer)
         raise Interrupted(signum, trainer.global_step, str(self.checkpoint.path), trainer.global_rank)
+
+
+@contextmanager
+def finishing(trainer: pl.Trainer, what: str) -> Iterator[None]:
+    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: SIGINT or SIGTERM, or one
+    that came after the loop last looked (the run's :class:`StopOnSignal` recorded it), raises
+    :class:`Interrupted` naming ``what`` and the checkpoint of the last step, from which ``--resume`` finishes it.
+    The handlers in place before are put back on leaving."""
+    stop = next(c for c in trainer.callbacks if isinstance(c, StopOnSignal))
+    step, path, rank = trainer.global_step, str(stop.checkpoint.path), trainer.global_rank
+    if stop.signum:
+        raise Interrupted(stop.signum, step, path, rank, during=what)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for other in SIGNALS:  # a second signal ends the process at once
+            signal.signal(other, signal.SIG_DFL)
+        raise Interrupted(signum, step, path, rank, during=what)
+
+    main = threading.current_thread() is threading.main_thread()  # the only thread Python lets set handlers
+    saved = [signal.getsignal(s) for s in SIGNALS] if main else []
+    try:
+        for signum in SIGNALS if main else ():
+            signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in zip(SIGNALS, saved):
+            signal.signal(signum, old)

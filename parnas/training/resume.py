@@ -9,12 +9,16 @@ one line naming the setting, its old and new value, and what a resume may change
 
 from __future__ import annotations
 
+import shlex
+import shutil
+from pathlib import Path
 from typing import Any
 
 from parnas import architecture
 from parnas.config import Config, upgrade_flat_settings
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
+from parnas.files import write_atomic
 from parnas.training import checkpoint as ckpt
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
@@ -52,6 +56,45 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
         if (record is None or not key.startswith("search.")) and _plain(old.get(key)) != _plain(new.get(key)):
             raise ConfigError(f"{source} was trained with {key}={old.get(key)!r}, now {new.get(key)!r}; resume with "
                               f"the settings it was trained with (a resume may change {', '.join(sorted(may_change))})")
+
+
+def load_to_resume(source: Path) -> dict[str, Any]:
+    """The checkpoint a run resumes from, read and checked (:func:`parnas.training.checkpoint.load`). If it is
+    damaged and an intact checkpoint lies beside it, the one-line refusal names the latest of those (by step)
+    and the ``--resume=PATH`` that continues from it."""
+    try:
+        return ckpt.load(source)
+    except ckpt.CheckpointError as e:
+        older = latest_intact(Path(source).parent, but=Path(source))
+        if older is None:
+            raise
+        path, step = older
+        raise ckpt.CheckpointError(f"{e}; {path} (step {step:,}) is intact: resume from it with "
+                                   f"--resume={shlex.quote(str(path))}") from None
+
+
+def latest_intact(folder: Path, but: Path) -> tuple[Path, int] | None:
+    """The ``*.ckpt`` in ``folder`` other than ``but`` that loads and checks, with the most steps, and its step."""
+    best: tuple[Path, int] | None = None
+    for path in sorted(folder.glob("*.ckpt")):
+        if path.resolve() == but.resolve():
+            continue
+        try:
+            step = int(ckpt.load(path).get("global_step", 0))
+        except ckpt.CheckpointError:
+            continue
+        if best is None or step > best[1]:
+            best = (path, step)
+    return best
+
+
+def take_over(source: Path, last: Path) -> None:
+    """Once every check has passed, a run resumed from a checkpoint other than its ``last.ckpt`` (``--resume=PATH``)
+    puts a copy of it there: the run saves over it from then on, and a later plain ``--resume`` follows on."""
+    if source.resolve() == last.resolve():
+        return
+    with open(source, "rb") as src:
+        write_atomic(last, lambda f: shutil.copyfileobj(src, f), "wb", stale_after=0, size=source.stat().st_size)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
