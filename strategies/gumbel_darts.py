@@ -366,6 +366,10 @@ class PARDartsModule(DartsLightningModule):
         self._baseline = None if baseline is None else torch.tensor(baseline, dtype=torch.float32)
         last = state.get("last_evaluation")
         self.last_evaluation = Evaluated(**last) if last else None
+        # the temperature of the last step taken, as the run that saved held it: a search resumed after its last
+        # step (to finish its export) takes no step that would set it
+        self.tau = tau_at(max(0, int(checkpoint["global_step"]) - 1), self.max_steps, self.search.tau_start,
+                          self.search.tau_end, self.search.tau_schedule)
         if state.get("arch_memory") is not None:
             self.training_module._restored_streams["arch"] = state["arch_memory"]
 
