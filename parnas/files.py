@@ -125,7 +125,9 @@ def out_of_space(e: BaseException, path: str | Path | None = None, size: int | N
 
 
 def _size(n: int) -> str:
-    return f"{n:,} bytes" if n < 10_000 else f"{n / 1e6:,.1f} MB" if n < 10**10 else f"{n / 1e9:,.1f} GB"
+    if n < 10_000:
+        return f"{n:,} bytes"
+    return f"{n / 1e3:,.0f} kB" if n < 10**7 else f"{n / 1e6:,.1f} MB" if n < 10**10 else f"{n / 1e9:,.1f} GB"
 
 
 def write_atomic(path: str | Path, write: Callable[[IO[Any]], None], mode: str = "w", *,

@@ -143,6 +143,8 @@ def test_the_resume_command_is_the_users_own_plus_resume():
     argv = ["retrain", "--arch", "my arch.json", "--set", "model.cutoffs=[20, 40]"]
     assert resume_command(argv, True) == "parnas retrain --arch 'my arch.json' --set 'model.cutoffs=[20, 40]' --resume"
     assert resume_command([*argv, "--resume"], True).count("--resume") == 1
+    for given in (["--resume=old.ckpt"], ["--resume", "old.ckpt"]):  # began from another checkpoint: now last.ckpt
+        assert resume_command([*argv, *given], True) == resume_command(argv, True)
     assert resume_command(["study", "--out", "s"], False) == "parnas study --out s"  # a rerun resumes a study
     # inside an nnictl trial: what the trial got from NNI, and its directory
     assert resume_command(["search"], True, ["search.tau_end=0.2", "search.out_dir=/t/x"]) == \

@@ -190,6 +190,32 @@ def test_resume_refuses_a_different_run(trained, tmp_path, capsys):
     assert code == 2 and "nothing to resume" in capsys.readouterr().err
 
 
+def test_a_damaged_last_checkpoint_names_the_intact_one_beside_it_and_resume_from_it_continues_exactly(
+        micro, tmp_path, capsys):
+    """``--resume`` refuses a damaged last.ckpt in one line naming the latest intact checkpoint beside it and the
+    ``--resume=PATH`` that takes it; that run continues exactly (the same weights as the undamaged run's)."""
+    run = tmp_path / "run"
+    args = ["retrain", "--arch", "transformer-xl", "--config", "tiny", "--out", str(run),
+            *[a for p in (f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=6",
+                          "train.eval_every=100", "train.stop_at=3") for a in ("--set", p)]]
+    assert main(args) == 0
+    last = run / "checkpoints" / "last.ckpt"
+    kept = last.with_name("step-3.ckpt")
+    kept.write_bytes(last.read_bytes())  # e.g. a copy the user kept
+    assert main([*args, "--resume", "--set", "train.stop_at=6"]) == 0
+    good = ckpt.load(last)
+    last.write_bytes(last.read_bytes()[:1000])  # damaged
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "truncated" in line and f"{kept} (step 3) is intact: resume from it with --resume={kept}" in line, line
+    assert main([*args, f"--resume={kept}", "--set", "train.stop_at=6"]) == 0
+    again = ckpt.load(last)  # written over the damaged file
+    assert again["global_step"] == 6 and again["state_dict"].keys() == good["state_dict"].keys()
+    assert all(torch.equal(v, good["state_dict"][k]) for k, v in again["state_dict"].items())
+    assert ckpt.load(kept)["global_step"] == 3  # the kept checkpoint is left as it was
+
+
 # --- checkpoints: plain data only, damage refused ----------------------------------------------------
 
 def test_checkpoint_loads_with_weights_only(trained):
