@@ -111,6 +111,17 @@ def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_blo
 
 
 @pytest.mark.slow
+def test_a_sampled_search_over_kinds_with_a_loss_of_their_own_steps(tmp_path):
+    """A moe or ut candidate left out of a step keeps no loss from its last run: the step would otherwise
+    backpropagate through a graph already freed."""
+    cfg = search_config("train.max_steps=6", "search.forward=sampled", "model.n_heads=2",
+                        "search.candidates=[attention, moe, ut, identity]")
+    search = build_search(cfg, SPLITS, VOCAB, tmp_path)
+    before = alphas(search)
+    search.run()
+    assert all(not torch.equal(before[k], a) for k, a in alphas(search).items())
+
+
 def test_a_sampled_search_chooses_attention_where_the_task_needs_it(tmp_path):
     search = build_search(search_config("train.max_steps=600", "search.arch_warmup_steps=200",
                                         "search.forward=sampled"), SPLITS, VOCAB, tmp_path)

@@ -221,8 +221,9 @@ class TransformerXL(nn.Module):
             if skipped:
                 new_mems.append(None)
                 continue
-            for keeper in keepers:  # memories a block keeps itself (compressive)
-                keeper.memory, keeper.metrics = [next(kept) for _ in range(keeper.n_memories)], {}
+            for keeper in keepers:  # memories a block keeps itself (compressive); a candidate a sampling search
+                keeper.memory = [next(kept) for _ in range(keeper.n_memories)]  # skips leaves no loss or metrics
+                keeper.metrics, keeper.aux_loss = {}, None
                 new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h,
                                                  self.memory_len)
             new_mems.append(None if mem is None else self._update(mem, h))
