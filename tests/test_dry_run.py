@@ -89,7 +89,8 @@ def test_every_registered_kind_dry_runs_as_a_fixed_model_and_as_a_candidate(caps
     """A block whose work depends on its values (ut halts when its positions do) is counted at its bound."""
     blocks = ",".join([kind] * load_config("tiny").model.n_blocks)
     candidates = ",".join(dict.fromkeys([kind, "identity", "dense"]))
-    for args in (["train", "--set", f"model.blocks=[{blocks}]"], ["search", "--set", f"search.candidates=[{candidates}]"]):
+    for args in (["train", "--set", f"model.blocks=[{blocks}]"],
+                 ["search", "--set", f"search.candidates=[{candidates}]"]):
         code, out, err = cli(capsys, monkeypatch, tmp_path, *args, "--config", "tiny", "--dry-run")
         assert code == 0, err
         assert "training FLOPs per token" in out and "nothing read" in out, out
