@@ -99,8 +99,8 @@ class Sampling:
         if self.tokens <= 0:
             raise ConfigError("--tokens must be > 0")
         if self.tokens > MAX_TOKENS:
-            raise ConfigError(f"--tokens {self.tokens:,} is above the {MAX_TOKENS:,} one run samples: ask for fewer "
-                              "(the memory carries the context, so runs one after another continue no text)")
+            raise ConfigError(f"--tokens {self.tokens:,} is above the {MAX_TOKENS:,} one run samples at most: "
+                              "ask for fewer")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
         if self.top_k < 0:
