@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parnas import kinds
+from parnas import kinds, reading
 from parnas.config import ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic
@@ -122,14 +122,14 @@ def legend(layout: Sequence[str] | str) -> str:
 def read(path: str | Path) -> dict:
     """Load and validate an architecture file."""
     try:
-        text = Path(path).read_text()
+        text = reading.read_text(path)
     except OSError as e:
         raise ArchitectureError(f"cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ArchitectureError(f"{path} is not JSON (not UTF-8 text: give the architecture.json a search wrote, "
                                 "or a named layout)") from None
     try:
-        record = json.loads(text)
+        record = reading.parse_json(text, str(path))
     except json.JSONDecodeError as e:
         raise ArchitectureError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
     return validate(record, str(path))

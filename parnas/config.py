@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from parnas import kinds
+from parnas import kinds, reading
 from parnas.arguments import presets  # the preset names, as --help lists them (re-exported here)
 from parnas.errors import ConfigError
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
@@ -466,13 +466,13 @@ def read_yaml(source: str | Path) -> dict[str, Any]:
         text = preset.read_text()
     else:
         try:
-            text = path.read_text()
+            text = reading.read_text(path)
         except OSError as e:
             raise ConfigError(f"cannot read config {source}: {e.strerror}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{source} is not a YAML config (not UTF-8 text)") from None
     try:
-        values = yaml.safe_load(text)
+        values = reading.parse_yaml(text, str(source))
     except yaml.YAMLError as e:
         raise ConfigError(f"{source} is not valid YAML: {str(e).splitlines()[0]}") from None
     if values is None:  # nothing but blanks and comments: almost surely not the file meant

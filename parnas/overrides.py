@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from parnas import reading
 from parnas.errors import ConfigError
 
 
@@ -91,7 +92,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got {pair!r}")
         try:
-            flat[key] = yaml.safe_load(raw)
+            flat[key] = reading.parse_yaml(raw, f"--set {key}")
         except yaml.YAMLError:
             raise ConfigError(f"--set {key}: cannot parse {raw!r} as a value") from None
     return unflatten(flat)

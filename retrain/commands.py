@@ -70,19 +70,35 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Sample text from a checkpoint after a prompt, carrying the Transformer-XL memory."""
+    """Sample text from a checkpoint after a prompt, carrying the Transformer-XL memory, printed as it comes.
+    Ctrl-C stops it: the text so far stays on stdout, one line on stderr says how far it got (exit 130)."""
+    import sys
     from pathlib import Path
 
-    from retrain.evaluate import Sampling, generate
+    from retrain.evaluate import Sampling, TextStream, generate
     from retrain.load import device_for, load_trained, scratch_dir
 
     opts = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                     mem_len=args.mem_len, clamp_len=args.clamp_len)
     device = device_for(args.device)
-    with scratch_dir() as tmp:
-        trained = load_trained(args.checkpoint, device, Path(tmp))
-        text, _ = generate(trained, args.prompt, opts)
-    print(text)
+
+    def write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    stream = None
+    try:
+        with scratch_dir() as tmp:
+            trained = load_trained(args.checkpoint, device, Path(tmp))
+            stream = TextStream(trained.tokenizer, write)
+            generate(trained, args.prompt, opts, stream)
+    except KeyboardInterrupt:
+        done = stream.generated if stream is not None else 0
+        print(flush=True)  # ends the text's line
+        print(f"parnas generate: stopped by Ctrl-C after {done:,} of {opts.tokens:,} tokens (the text so far is "
+              "above)", file=sys.stderr)
+        return 130
+    print()
     return 0
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from parnas import reading
 from parnas.errors import ParnasError
 
 COLUMNS = [  # (header, metrics key, format)
@@ -32,7 +33,7 @@ COLUMNS = [  # (header, metrics key, format)
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "metrics.json"
     try:
-        metrics = json.loads(path.read_text())
+        metrics = reading.read_json(path)
     except FileNotFoundError:
         raise ParnasError(f"{run_dir} has no metrics.json: give directories of finished runs") from None
     except (OSError, json.JSONDecodeError) as e:

@@ -15,12 +15,14 @@ A prompt that ends with a whole word keeps it: the first token drawn is one that
 starts a new word (or punctuation, or a line's end), never one that would extend
 the prompt's last word ("The album was" + "th" would print "The album wasth").
 Prompt and continuation are decoded together, so the tokenizer's own word
-boundaries hold between them.
+boundaries hold between them. A :class:`TextStream` hands the text out as it is
+generated (``parnas generate`` prints it token by token).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ import torch
 
 from parnas.config import generation_memory
 from parnas.data.corpora import default_cache_dir, resolve_corpus
-from parnas.data.tokenizer import build_tokenizer, file_digest
+from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
 from parnas.training.evaluation import model_device, split_metrics
 from parnas.training.fit import SegmentData
@@ -81,6 +83,9 @@ def check_corpus(trained: TrainedModel, corpus: Path) -> None:
                         f"corpus it was trained on ({trained_on}), wherever it is now")
 
 
+MAX_TOKENS = 100_000  # tokens one `parnas generate` samples at most: each is a forward pass; more is a typo
+
+
 @dataclass(frozen=True)
 class Sampling:
     tokens: int = 200
@@ -93,6 +98,9 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.tokens <= 0:
             raise ConfigError("--tokens must be > 0")
+        if self.tokens > MAX_TOKENS:
+            raise ConfigError(f"--tokens {self.tokens:,} is above the {MAX_TOKENS:,} one run samples at most: "
+                              "ask for fewer")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
         if self.top_k < 0:
@@ -120,9 +128,42 @@ def ends_a_word(trained: TrainedModel, prompt: str) -> bool:
     return text[-1:].isalnum()
 
 
+class TextStream:
+    """The text of ids as they come, handed to ``write`` piece by piece: the concatenated pieces are the text
+    ``tokenizer.decode`` gives for all the ids. Only the current line (the ids since the last eos, which
+    decodes as a line break) is decoded again as it grows, so a token costs a decode of its line. A token
+    whose text would change what was already written (pieces that join into one character) waits until
+    the line's text extends what was written again. ``generated`` counts the ids added with ``generated=True``."""
+
+    def __init__(self, tokenizer: Tokenizer, write: Callable[[str], None]) -> None:
+        self.tokenizer, self.write = tokenizer, write
+        self.line: list[int] = []
+        self.shown = ""  # of the current line
+        self.generated = 0
+
+    def add(self, ids: Sequence[int], generated: bool = False) -> None:
+        for i in ids:
+            if i == self.tokenizer.eos_id:
+                self._show()
+                self.write("\n")
+                self.line, self.shown = [], ""
+            else:
+                self.line.append(int(i))
+        self._show()
+        self.generated += len(ids) if generated else 0
+
+    def _show(self) -> None:
+        text = self.tokenizer.decode(self.line)
+        if text.startswith(self.shown) and len(text) > len(self.shown):
+            self.write(text[len(self.shown):])
+            self.shown = text
+
+
 @torch.no_grad()
-def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, list[int]]:
-    """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids.
+def generate(trained: TrainedModel, prompt: str, opts: Sampling,
+             stream: TextStream | None = None) -> tuple[str, list[int]]:
+    """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids,
+    and hands ``stream`` the prompt, then each token as it is drawn.
     Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
     model, cfg = trained.model.eval(), trained.config
     device = model_device(model)
@@ -130,6 +171,8 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, l
                         opts.clamp_len)
     generator = torch.Generator(device=device).manual_seed(opts.seed) if opts.temperature else None  # greedy: none
     context = torch.tensor([prompt_ids(trained, prompt)], device=device)  # (1, P)
+    if stream is not None:
+        stream.add(context[0, 1:].tolist())  # the prompt, without the line start before it
     mems, L = None, cfg.data.seg_len
     for t in range(0, context.size(1), L):  # the prompt in training-length segments
         h, mems = model(context[:, t:t + L], mems)  # (1, <=L, D)
@@ -148,6 +191,8 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling) -> tuple[str, l
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             token = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # (1, 1)
         new.append(int(token))
+        if stream is not None:
+            stream.add(new[-1:], generated=True)
         h, mems = model(token, mems)  # (1, 1, D)
     text = trained.tokenizer.decode(context[0, 1:].tolist() + new)
     return text, new

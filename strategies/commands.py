@@ -13,8 +13,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     from parnas.config import load_config
     from parnas.files import check_not_held, check_writable_dir, hold_run_dir
 
-    if args.strategy:
-        args.set = [*args.set, f"search.strategy={args.strategy}"]
+    if args.strategy is not None:
+        if not args.strategy.strip():  # never read as "no --strategy", the default search
+            from parnas.errors import ParnasError
+
+            raise ParnasError(f"--strategy {args.strategy!r} names no strategy: leave it out for par-gumbel-darts, "
+                              "or name one (parnas search --help lists them)")
+        args.set = [*args.set, f"search.strategy={json.dumps(args.strategy)}"]  # the name as given, as a string
     if args.dry_run:
         from parnas.training.dry_run import dry_run
 
@@ -148,10 +153,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    """Start the NNI experiment (nnictl create) after checking the port and the set-up."""
+    """Start the NNI experiment (nnictl create) after checking the port and the set-up; its web UI and REST API
+    listen on 127.0.0.1 only unless --listen-all."""
     from parnas.report.experiments import launch
 
-    experiment = launch(args.config, args.port)
+    if args.listen_all:
+        print(f"parnas launch: --listen-all: anyone who reaches port {args.port} of this machine can read and stop "
+              "the experiment (NNI's web UI and REST API have no login)", file=sys.stderr)
+    experiment = launch(args.config, args.port, listen_all=args.listen_all)
     print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
           f"gather its architectures with `parnas export --experiment {experiment}`")
     return 0
@@ -174,6 +183,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "launch", cmd_launch)
     p.add_argument("--config", default="search.yaml", help="NNI experiment config (default search.yaml)")
     p.add_argument("--port", type=int, default=8080, help="web UI port (default 8080)")
+    p.add_argument("--listen-all", action="store_true",
+                   help="serve NNI's web UI and REST API on every interface, not 127.0.0.1 only: anyone who reaches "
+                        "the port can read and stop the experiment (needed for trials on other machines)")
     p = add_command(sub, "export", cmd_export)
     p.add_argument("--experiment", required=True, help="nnictl experiment id")
     p.add_argument("--out", default=None, help="folder to copy each trial's architecture.json and a summary into")

@@ -17,11 +17,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -210,19 +212,38 @@ def stop_within(experiment: Any, timeout_s: float = 60.0) -> None:
     stopper.join(timeout_s)
 
 
+def remove_experiment(folder: Path, experiment_id: str, run_dir: Path | None) -> None:
+    """Remove what NNI wrote of one experiment under its working directory ``folder`` (its folder, the
+    ``_latest`` link to it), then ``folder`` and ``run_dir`` where nothing else is left in them."""
+    import shutil
+
+    shutil.rmtree(folder / experiment_id, ignore_errors=True)
+    latest = folder / "_latest"
+    if latest.is_symlink() and os.readlink(latest) == experiment_id:
+        latest.unlink()
+    for empty in (folder, run_dir):
+        try:
+            if empty is not None:
+                empty.rmdir()
+        except OSError:
+            pass  # holds something else, or is gone
+
+
 def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dict[str, Any]:
     """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` trials, one at a time, each
-    training one sampled fixed model from scratch for ``train.max_steps``; returns the best one's record."""
+    training one sampled fixed model from scratch for ``train.max_steps``; returns the best one's record.
+
+    NNI's manager listens on 127.0.0.1 only, at ``port`` (a free one if None). A port in use, or NNI failing to
+    create or run its experiment, is one line naming the port, and the run directory is left as it was found."""
     import atexit
-    import os
     import socket
-    from pathlib import Path
 
     from nni.nas.experiment import NasExperiment
 
     from parnas import architecture
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir, ensure_writable_dir
+    from parnas.report.experiments import nni_on_loopback, port_in_use
     from parnas.training.devices import check_devices, training_device
     from search_spaces import PARTransformerXLSpace
     from strategies.search import check_run_dir, cost_model, latency_summary
@@ -231,6 +252,9 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
     run_dir = Path(cfg.search.out_dir)
     check_writable_dir(run_dir)
     check_run_dir(run_dir, False)
+    if port is not None and port_in_use(port):
+        raise ParnasError(f"port {port} is already in use: NNI's manager for the {cfg.search.strategy} search needs "
+                          "a free one")
     tokenizer, _ = load_splits(cfg.data)  # built here once: the trials read it from the cache
     cfg.model.check_vocab(tokenizer.vocab_size)
     costs, latency = cost_model(cfg, tokenizer.vocab_size, training_device(cfg.train))
@@ -239,19 +263,30 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
                                evaluator(cfg, prices), make_strategy(cfg.search.strategy))
     experiment.config.max_trial_number = trials
     experiment.config.trial_concurrency = 1
+    made_run_dir = not run_dir.exists()
     ensure_writable_dir(run_dir)
     experiment.config.experiment_working_directory = str((run_dir / "nni").absolute())
     if port is None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    with commands_read_as_plain_json():
+    failure: Exception | None = None
+    with nni_on_loopback(), commands_read_as_plain_json():
         try:
             cut_short = run_until_trials_end(experiment, port, trials)
             models = [m for m in experiment.strategy.list_models() if isinstance(m.metric, (int, float))]
+        except Exception as error:  # noqa: BLE001 - NNI's own failure: told in one line below
+            failure = error
+            quiet_nni()
         finally:
             stop_within(experiment)
             atexit.unregister(experiment.stop)
+    if failure is not None:
+        remove_experiment(run_dir / "nni", experiment.id, run_dir if made_run_dir else None)
+        reason = (str(failure).strip().splitlines() or [""])[0]
+        raise ParnasError(f"NNI could not run the {cfg.search.strategy} search's experiment on port {port} "
+                          f"({type(failure).__name__}{': ' + reason if reason else ''}); nothing was kept: "
+                          "stop other NNI experiments on it (nnictl experiment list) or try again") from None
     if cut_short:
         print(f"parnas search: {cut_short}", flush=True)
     if not models:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parnas import architecture
+from parnas import architecture, reading
 from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import hold_run_dir, write_json_atomic
@@ -238,7 +238,7 @@ def check_same_settings(plan: Plan) -> None:
     if not path.is_file():
         return
     try:
-        old = json.loads(path.read_text())
+        old = reading.read_json(path)
     except (OSError, json.JSONDecodeError) as e:
         raise ParnasError(f"cannot read {path}: {e}") from None
     new = settings_record(plan)

@@ -305,3 +305,13 @@ def test_a_corpus_found_through_the_data_dir_is_found_again_without_it(tmp_path,
     shutil.rmtree(data_dir)
     with pytest.raises(DataError, match="remembered"):
         resolve_corpus("wikitext-2", registry={})
+
+
+def test_a_data_dir_that_is_not_a_folder_is_refused_not_replaced_by_the_remembered_corpus(tmp_path, monkeypatch):
+    data_dir = tmp_path / "data"
+    write_corpus(data_dir / "wikitext-2", *(TEXTS[s] for s in ("train", "valid", "test")))
+    monkeypatch.setenv("PARNAS_DATA_DIR", str(data_dir))
+    assert resolve_corpus("wikitext-2") == data_dir / "wikitext-2"  # remembered from now on
+    monkeypatch.setenv("PARNAS_DATA_DIR", str(tmp_path / "dta"))  # a typo
+    with pytest.raises(DataError, match=r"PARNAS_DATA_DIR=.*dta is not a folder"):
+        resolve_corpus("wikitext-2", registry={})

@@ -4,6 +4,7 @@ device, nothing read or written; and the paper presets it checks."""
 import pytest
 import torch
 
+from parnas import kinds
 from parnas.arguments import presets
 from parnas.cli import main
 from parnas.config import load_config
@@ -81,3 +82,16 @@ def test_training_flops_are_the_gpu_benchmarks_hand_count(benchmark, cutoffs):
 def test_an_unknown_preset_lists_the_presets(capsys, monkeypatch, tmp_path):
     code, _, err = cli(capsys, monkeypatch, tmp_path, "train", "--config", "wt104-base", "--dry-run")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "wt103-base" in err and "enwik8-base" in err
+
+
+@pytest.mark.parametrize("kind", kinds.names())
+def test_every_registered_kind_dry_runs_as_a_fixed_model_and_as_a_candidate(capsys, monkeypatch, tmp_path, kind):
+    """A block whose work depends on its values (ut halts when its positions do) is counted at its bound."""
+    blocks = ",".join([kind] * load_config("tiny").model.n_blocks)
+    candidates = ",".join(dict.fromkeys([kind, "identity", "dense"]))
+    for args in (["train", "--set", f"model.blocks=[{blocks}]"],
+                 ["search", "--set", f"search.candidates=[{candidates}]"]):
+        code, out, err = cli(capsys, monkeypatch, tmp_path, *args, "--config", "tiny", "--set", "model.n_heads=4",
+                             "--dry-run")  # 4 heads: a quarter of them is a whole head
+        assert code == 0, err
+        assert "training FLOPs per token" in out and "nothing read" in out, out

@@ -1,10 +1,14 @@
 """What a newcomer's first hour relies on: search.yaml sized for a laptop and the README's figures read
-from it, every option explained in --help, and a trial that shows in NNI's web UI what it has found."""
+from it, every option explained in --help, a trial that shows in NNI's web UI what it has found, and every
+command the README and docs show running (at tiny scale), or skipped with its reason."""
 
 import argparse
 import json
+import os
 import re
 import shlex
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -136,3 +140,195 @@ def test_a_trial_reports_what_it_found_at_every_evaluation_and_prints_progress_f
     record = json.loads((tmp_path / "trial" / "architecture.json").read_text())["search"]
     assert final["latency_ratio"] == record["latency"]["ratio"] and final["architecture"] == record["argmax"]
     assert record["tau_final"] == pytest.approx(0.3) and record["nni_trial"] == "Abc12"  # the tuner's parameter
+
+
+# --- every command the README's and docs' code blocks show ---------------------------------------------------
+
+def documented_commands() -> list[tuple[str, str]]:
+    """``(page, command)`` for each ``parnas ...`` or ``make ...`` line of the bash blocks of README.md and
+    docs/*.md: continuation lines joined, comments and ``VAR=value`` or ``srun`` prefixes kept as written."""
+    found = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), flags=re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                program = next((w for w in words if not re.match(r"\w+=", w) and w != "srun"), None)
+                if program in ("parnas", "make"):
+                    found.append((page.name, shlex.join(words)))
+    return found
+
+
+@dataclass(frozen=True)
+class Skip:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run the command in a fresh folder holding ``needs`` (see :class:`Workspace`), with settings appended
+    after its own (so they win): ``scale`` "tiny" appends ``--config tiny`` and small settings on the micro
+    corpus, "data" only the micro corpus (a command that trains nothing), "none" nothing; then ``extra``."""
+    needs: tuple[str, ...] = ()
+    scale: str = "tiny"
+    extra: tuple[str, ...] = ()
+    gpu: bool = False
+
+
+GPU = "needs a CUDA GPU"
+# the documented latency table's shapes and precision (an H100's, bf16), shrunk for the CPU
+TABLE_SHAPES = ("--set", "data.batch_size=4", "--set", "data.seg_len=16", "--set", "model.mem_len=16",
+                "--set", "train.precision=32-true")
+HOURS = "takes an hour or more at its size; the documented tiny study runs the same code"
+# first match wins; every documented command must match one, and every entry some command
+PLANS: list[tuple[str, Skip | Run]] = [
+    (r"^make install$", Skip("creates .venv and downloads packages")),
+    (r"^make search$", Skip("starts nnictl on port 8080 (test_nnictl runs search.yaml's experiment, shrunk, "
+                            "on a free port, and `parnas launch` on a free port)")),
+    (r"^make test", Skip("runs the test suite itself (test-gpu: the CUDA tests; VENV=: installs another torch)")),
+    (r"^parnas launch ", Skip("starts nnictl on port 8080 (test_nnictl launches on a free port)")),
+    (r"^srun ", Skip("needs SLURM and GPUs on two nodes")),
+    (r"--accelerator gpu", Run(needs=("found", "arch"), gpu=True, extra=("--set", "train.precision=32-true"))),
+    (r"^parnas study \.\.\. ", Skip("elides its arguments (the line above, with another target)")),
+    (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
+    (r"^parnas study ", Skip(HOURS)),
+    (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "
+                                                 "every multi-trial strategy, 3 tiny trials each)")),
+    (r"search\.candidates=\[attention,shift", Skip("needs the plugin package the section writes (parnas-shift)")),
+    (r"--dry-run", Run(scale="none")),
+    (r"^parnas latency ", Run(extra=TABLE_SHAPES)),
+    (r"search\.latency_table=h100", Run(needs=("table",), extra=TABLE_SHAPES)),
+    (r"^parnas (export|plot) --experiment", Run(needs=("experiment",), scale="none")),
+    (r"^parnas plot runs/search", Run(needs=("search",), scale="none")),
+    (r"^parnas retrain --arch '?found/", Run(needs=("found",))),
+    (r"^parnas retrain .*--resume", Run(needs=("arch", "runs"))),
+    (r"^parnas retrain --arch architecture\.json", Run(needs=("arch",))),
+    (r"^parnas retrain ", Run()),
+    (r"^parnas train .*--resume", Run(needs=("train",))),
+    (r"^parnas train --config wt2-seed --set '?model\.blocks=", Run(extra=("--set", "model.n_blocks=6"))),
+    (r"^parnas train ", Run()),
+    (r"^parnas search ", Run()),
+    (r"^parnas (evaluate|generate|compare) ", Run(needs=("runs",), scale="none")),
+    (r"^parnas cutoffs .*spm\.model", Run(needs=("spm",), scale="data")),
+    (r"^parnas cutoffs ", Run(scale="data")),
+]
+
+
+def plan(command: str) -> Skip | Run | None:
+    return next((p for pattern, p in PLANS if re.search(pattern, command)), None)
+
+
+def test_every_documented_command_is_run_or_skipped_with_its_reason():
+    commands = [c for _, c in documented_commands()]
+    assert len(commands) > 40
+    assert [c for c in commands if plan(c) is None] == []
+    assert [p for p, _ in PLANS if not any(re.search(p, c) for c in commands)] == []  # no stale entry
+
+
+EXPERIMENT, TRIAL = "Ab12Cd34", "T0001"
+
+
+class Workspace:
+    """What documented commands start from, each made once (tiny, on the micro corpus) and copied into a
+    command's folder: ``arch`` (architecture.json, a search's), ``found`` (found/<trial>.json), ``runs``
+    (runs/found, runs/txl and runs/aaa: finished retrains), ``train`` (runs/tiny, a finished train run),
+    ``search`` (runs/search, a search's run folder), ``experiment`` (an nnictl experiment's folder holding one
+    finished trial, under $NNI_EXPERIMENTS_DIR), ``table`` (h100-wt2-par.json, timed at the documented
+    search's shapes here) and ``spm`` (a cached SentencePiece tokenizer of the corpus)."""
+
+    def __init__(self, root: Path, micro: Path) -> None:
+        self.root, self.micro, self.made = root, micro, set()
+
+    def tiny(self) -> list[str]:
+        sets = [f"data.path={self.micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=2",
+                "train.eval_every=2", "train.log_every=1", "search.log_every=1"]
+        return ["--config", "tiny", *[a for s in sets for a in ("--set", s)]]
+
+    def settings(self, scale: str) -> list[str]:
+        data = ["--set", f"data.path={self.micro}", "--set", "data.vocab_size=100"]
+        return {"tiny": self.tiny(), "data": data, "none": []}[scale]
+
+    def run(self, *args: str) -> None:
+        assert main([*args]) == 0, args
+
+    def make(self, name: str) -> None:
+        if name in self.made:
+            return
+        r = self.root
+        if name == "arch":
+            self.run("search", *self.tiny(), "--set", f"search.out_dir={r / 'search'}")
+            shutil.copy(r / "search" / "architecture.json", r / "architecture.json")
+        elif name == "found":
+            self.make("arch")
+            (r / "found").mkdir()
+            shutil.copy(r / "architecture.json", r / "found" / f"{TRIAL}.json")
+        elif name == "runs":
+            self.make("arch")
+            for arch, out in ((str(r / "architecture.json"), "found"), ("transformer-xl", "txl"),
+                              ("all-attention", "aaa")):
+                self.run("retrain", "--arch", arch, *self.tiny(), "--out", str(r / "runs" / out))
+        elif name == "train":
+            self.run("train", *self.tiny(), "--set", f"train.out_dir={r / 'runs' / 'tiny'}")
+        elif name == "search":
+            self.make("arch")
+            shutil.copytree(r / "search", r / "runs" / "search")
+        elif name == "experiment":
+            self.make("arch")
+            shutil.copytree(r / "search", r / "experiments" / EXPERIMENT / "trials" / TRIAL)
+        elif name == "table":
+            self.run("latency", *self.tiny(), *TABLE_SHAPES, "--out", str(r / "h100-wt2-par.json"))
+        elif name == "spm":
+            self.run("cutoffs", "--config", "tiny", "--set", f"data.path={self.micro}", "--set", "data.vocab_size=100",
+                     "--clusters", "2")
+        self.made.add(name)
+
+    def enter(self, folder: Path, needs: tuple[str, ...]) -> None:
+        """Copy what ``needs`` names into ``folder`` (made once, here)."""
+        for name in needs:
+            self.make(name)
+        copies = {"arch": ["architecture.json"], "found": ["found"], "runs": ["runs/found", "runs/txl", "runs/aaa"],
+                  "train": ["runs/tiny"], "search": ["runs/search"], "table": ["h100-wt2-par.json"]}
+        for name in needs:
+            for rel in copies.get(name, []):
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                copy = shutil.copytree if (self.root / rel).is_dir() else shutil.copy
+                copy(self.root / rel, folder / rel)
+
+    def localise(self, command: str) -> list[str]:
+        """The documented command's words with its placeholders filled in: an optional ``[--flag value]``
+        given, an experiment id, a trial, ``/data/nni`` and ``~/.cache/parnas`` as this test's folders."""
+        command = re.sub(r"'?\[(--[\w-]+)'? '?([^\]\s']+)\]'?", r"\1 \2", command)
+        spm = sorted(Path(os.environ["PARNAS_CACHE_DIR"]).glob("tokenizers/*/spm.model"))
+        out = []
+        for w in shlex.split(command):
+            w = w.replace("<id>", EXPERIMENT).replace("<trial>", TRIAL)
+            w = w.replace("/data/nni", str(self.root / "experiments"))
+            out.append(str(spm[0]) if "<dir>/spm.model" in w else w)
+        return out
+
+
+@pytest.fixture(scope="module")
+def workspace(micro, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:  # module scope: set the private cache ourselves
+        mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
+        mp.setenv("NNI_EXPERIMENTS_DIR", str(tmp_path_factory.getbasetemp() / "documented" / "experiments"))
+        yield Workspace(tmp_path_factory.mktemp("documented", numbered=False), micro)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page, command", documented_commands(),
+                         ids=[f"{page}:{command[:60]}" for page, command in documented_commands()])
+def test_every_documented_command_runs(workspace, tmp_path, monkeypatch, page, command):
+    """Each command as documented, in a folder of its own, at tiny scale (``--config tiny`` and small settings
+    appended) or as it is (a dry run); ``--out`` and relative paths land in that folder."""
+    how = plan(command)
+    if isinstance(how, Skip):
+        pytest.skip(how.reason)
+    if how.gpu and not __import__("torch").cuda.is_available():
+        pytest.skip(GPU)
+    monkeypatch.setenv("NNI_EXPERIMENTS_DIR", str(workspace.root / "experiments"))
+    workspace.enter(tmp_path, how.needs)
+    monkeypatch.chdir(tmp_path)
+    words = workspace.localise(command)
+    assert words[0] == "parnas"
+    args = [*words[1:], *workspace.settings(how.scale), *how.extra]
+    assert main(args) == 0, shlex.join(args)

@@ -89,3 +89,50 @@ def test_generation_needs_no_corpus(checkpoint, capsys, monkeypatch, tmp_path):
     assert text.startswith(PROMPT)
     meta = torch.load(checkpoint, weights_only=True)["parnas"]["tokenizer"]
     assert json.dumps({k: v for k, v in meta.items() if k != "file"})  # plain data beside the file's bytes
+
+
+def test_the_printed_text_is_the_generated_text(checkpoint, capsys, tmp_path):
+    """Printed token by token as it comes, the output is still exactly the decoded prompt and continuation."""
+    trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
+    for prompt in (PROMPT, "two lines\nand a second", ""):
+        text, _ = generate(trained, prompt, Sampling(tokens=60, seed=2))
+        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--tokens", "60",
+                     "--seed", "2"]) == 0
+        assert capsys.readouterr().out == text + "\n"
+
+
+def test_a_token_count_above_the_maximum_is_one_line(checkpoint, capsys):
+    from retrain.evaluate import MAX_TOKENS
+
+    assert main(["generate", "--checkpoint", str(checkpoint), "--tokens", str(MAX_TOKENS + 1)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{MAX_TOKENS:,}" in err and "--tokens" in err, err
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_text_so_far_and_exits_130(checkpoint):
+    """Text shows as it is generated (flushed), and Ctrl-C ends the run at once: what was printed stays."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from retrain.evaluate import MAX_TOKENS
+
+    proc = subprocess.Popen([sys.executable, "-m", "parnas.cli", "generate", "--checkpoint", str(checkpoint),
+                             "--prompt", PROMPT, "--tokens", str(MAX_TOKENS)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        shown = proc.stdout.read(len(PROMPT) + 20)  # returns once that much was flushed, long before the end
+        assert shown.startswith(PROMPT), shown
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "stopped by Ctrl-C after" in err and f"of {MAX_TOKENS:,} tokens" in err, err
+    done = int(err.split("after ")[1].split(" of")[0].replace(",", ""))
+    assert 20 <= done < MAX_TOKENS and len(shown + out) > len(PROMPT) + 20 and out.endswith("\n")

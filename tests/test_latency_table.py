@@ -213,3 +213,39 @@ def test_the_h100_table_prices_a_wt2_par_run_at_its_shapes_and_names_the_others(
         default = latency.table_key(load_config("wt2-par"), 12000, key["kinds"], torch.device("cpu"))
         latency.load_table_for(H100, default)
     assert "seg_len 128 (table) vs 64 (run)" in str(e.value) and "model.mem_len" in str(e.value)
+
+
+@pytest.mark.parametrize("where, cost, needle", [
+    (("kinds_ms", "dense", "train"), -1.0, "block kind 'dense' a train cost of -1.0 ms"),
+    (("kinds_ms", "attention", "generate"), 0.0, "block kind 'attention' a generate cost of 0.0 ms"),
+    (("kinds_ms", "dense", "inference"), float("nan"), "block kind 'dense' a inference cost of nan ms"),
+    (("kinds_ms", "identity", "train"), float("inf"), "block kind 'identity' a train cost of inf ms"),
+    (("constant_ms", "train"), 0.0, "a train constant of 0.0 ms"),
+])
+def test_a_table_whose_costs_are_not_finite_and_positive_is_refused(micro, timed, tmp_path, capsys, where, cost,
+                                                                     needle):
+    table = json.loads(timed.read_text())
+    node = table
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = cost
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(table))  # NaN and Infinity, as Python's json writes them
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, "search", *micro_sets(micro, f"search.latency_table={edited}",
+                                                       f"search.out_dir={run}"))
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err and "search.latency_table" in err and "parnas latency" in err, err
+    assert not run.exists()
+
+
+def test_a_kind_timed_no_slower_than_identity_is_not_free(monkeypatch):
+    """Noise can time a cheap kind at or below identity: the table then prices it at its resolution, never 0, so
+    the tables `parnas latency` writes pass the check above."""
+    def round_times(layouts, *args):
+        return [[10.0, 10.2, 9.9]] + [[9.8, 10.0, 9.9] for _ in layouts[1:]]  # each kind no slower than identity
+
+    monkeypatch.setattr(latency, "_round_times", round_times)
+    table = latency.measure_table(load_config("tiny"), 100, ["attention", "dense", "identity"])
+    assert table.costs("train") == {"attention": latency.MIN_BLOCK_MS, "dense": latency.MIN_BLOCK_MS, "identity": 0.0}
+    assert latency.MIN_BLOCK_MS > 0 and latency.cost_problem(table) is None

@@ -83,3 +83,74 @@ def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path,
         assert [r["val_ppl"] for r in rows] == sorted(r["val_ppl"] for r in rows)
     finally:
         nnictl("stop", experiment, env=env)
+
+
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine that another machine could connect to, if it has one."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+PROBE = {"experimentName": "parnas-loopback-probe", "trialConcurrency": 1, "maxTrialNumber": 1,
+         "trialCommand": "python -c \"import nni; nni.get_next_parameter(); nni.report_final_result(1.0)\"",
+         "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}}, "tuner": {"name": "Random"},
+         "trainingService": {"platform": "local"}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listen_all", [False, True])
+def test_launch_serves_the_web_ui_on_loopback_unless_asked(tmp_path, capsys, listen_all):
+    """From another address the port is refused; on 127.0.0.1 the web UI answers and a trial runs and reports
+    (NNI's tuner and trials reach the manager through loopback). --listen-all opens it, saying so."""
+    import errno
+
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    config = tmp_path / "probe.yaml"
+    config.write_text(yaml.safe_dump({**PROBE, "trialCodeDirectory": str(tmp_path),
+                                      "experimentWorkingDirectory": str(tmp_path / "experiments")}))
+    port = free_port()
+    code = main(["launch", "--config", str(config), "--port", str(port), *(["--listen-all"] * listen_all)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    experiment = re.search(r"experiment (\w+): web UI http://127\.0\.0\.1:(\d+)", out)[1]
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and [j["status"] for j in trial_jobs(port)] != ["SUCCEEDED"]:
+            time.sleep(2)
+        assert [j["status"] for j in trial_jobs(port)] == ["SUCCEEDED"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
+            assert b"<html" in page.read().lower()
+        with socket.socket() as s:
+            s.settimeout(10)
+            outside = s.connect_ex((address, port))
+        if listen_all:
+            assert outside == 0 and f"anyone who reaches port {port}" in err and len(err.splitlines()) == 1, err
+        else:
+            assert outside == errno.ECONNREFUSED, f"{address}:{port} answered ({os.strerror(outside)})"
+            assert err == ""
+    finally:
+        nnictl("stop", experiment)
+
+
+def test_launch_refuses_trials_on_other_machines_without_listen_all(tmp_path, capsys):
+    """Remote workers report to the manager's port over the network: loopback would cut them off."""
+    config = tmp_path / "remote.yaml"
+    config.write_text(yaml.safe_dump({**PROBE, "trainingService": {"platform": "remote", "machineList": []}}))
+    assert main(["launch", "--config", str(config), "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(remote)" in err and "--listen-all" in err, err
+
+
+def test_the_preload_keeps_the_users_node_options():
+    from parnas.report.experiments import LOOPBACK_JS, loopback_env
+
+    env = loopback_env({"NODE_OPTIONS": "--max-old-space-size=512", "PATH": "/bin"})
+    assert env["NODE_OPTIONS"] == f'--max-old-space-size=512 --require "{LOOPBACK_JS}"' and env["PATH"] == "/bin"
+    assert LOOPBACK_JS.is_file()

@@ -118,7 +118,8 @@ def resolve_corpus(dataset: str, path: str | Path | None = None, *, cache_dir: P
     """The directory holding ``dataset``'s train.txt, valid.txt and test.txt.
 
     An explicit ``path`` wins (any text corpus; ``dataset`` then only labels it), then
-    ``$PARNAS_DATA_DIR/<dataset>/`` (remembered in the cache when found there), then
+    ``$PARNAS_DATA_DIR/<dataset>/`` (remembered in the cache when found there; a ``$PARNAS_DATA_DIR`` that is not
+    a folder is an error, not a reason to look elsewhere), then
     ``<cache_dir>/<dataset>/``, then the folder remembered from an earlier ``$PARNAS_DATA_DIR``,
     and last a download into ``<cache_dir>/<dataset>/`` from ``registry`` (default ``DATASETS``).
     """
@@ -131,7 +132,11 @@ def resolve_corpus(dataset: str, path: str | Path | None = None, *, cache_dir: P
     looked = []
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if os.environ.get("PARNAS_DATA_DIR"):
-        folder = Path(os.environ["PARNAS_DATA_DIR"]).expanduser().absolute() / dataset
+        data_dir = Path(os.environ["PARNAS_DATA_DIR"]).expanduser().absolute()
+        if not data_dir.is_dir():  # a typo: never replaced by another corpus found elsewhere
+            raise DataError(f"PARNAS_DATA_DIR={os.environ['PARNAS_DATA_DIR']} is not a folder: point it at the folder "
+                            f"that holds {dataset}/, or unset it")
+        folder = data_dir / dataset
         if _is_corpus(folder):
             _remember(cache, dataset, folder)
             return folder

@@ -58,7 +58,9 @@ class ACTBlock(nn.Module):
         for t in range(self.max_steps):
             signal = self.signals[t].to(h.dtype)
             running = halted < 1.0 - EPS  # (B, L)
-            if t and not bool(running.any()):  # every position halted: no step is left to pay
+            # every position halted: no step is left to pay (on the meta device, as --dry-run counts, no value is
+            # known and every step is counted: the block's bound)
+            if t and h.device.type != "meta" and not bool(running.any()):
                 break
             p = torch.sigmoid(self.halt(state + signal)).squeeze(-1)  # (B, L)
             last = t == self.max_steps - 1

@@ -30,11 +30,13 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parnas import reading
 from parnas.errors import ParnasError
 
 
@@ -165,17 +167,65 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def launch(config: str | Path, port: int) -> str:
+LOOPBACK_JS = Path(__file__).with_name("loopback.js")
+
+
+def loopback_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with ``NODE_OPTIONS`` preloading :data:`LOOPBACK_JS` into every Node process started with it.
+
+    NNI 3.0 starts its manager (web UI and REST API, no authentication) as ``node main.js`` with the caller's
+    environment, and the manager calls ``app.listen(port)``: every interface. NNI has no setting for the address,
+    so the preload, which Node reads from ``NODE_OPTIONS``, makes a listen without an address bind 127.0.0.1.
+    An address NNI passes itself is left alone, and neither NNI nor its package is changed. Options already in
+    ``NODE_OPTIONS`` are kept."""
+    preload = f"--require {json.dumps(str(LOOPBACK_JS))}"  # quoted: Node reads the path as one word
+    return {**env, "NODE_OPTIONS": f"{env.get('NODE_OPTIONS', '')} {preload}".strip()}
+
+
+@contextmanager
+def nni_on_loopback() -> Iterator[None]:
+    """While inside, an NNI manager this process starts (``NasExperiment`` of a multi-trial strategy) listens
+    on 127.0.0.1 only (:func:`loopback_env`); ``NODE_OPTIONS`` is restored after."""
+    before = os.environ.get("NODE_OPTIONS")
+    os.environ["NODE_OPTIONS"] = loopback_env(os.environ)["NODE_OPTIONS"]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("NODE_OPTIONS", None)
+        else:
+            os.environ["NODE_OPTIONS"] = before
+
+
+def training_platforms(config: Path) -> list[str]:
+    """The ``trainingService`` platforms an NNI experiment config names (``[]`` if it names none or cannot be
+    read: nnictl then says what is wrong with it)."""
+    try:
+        service = reading.parse_yaml(reading.read_text(config), str(config)).get("trainingService")
+    except Exception:  # noqa: BLE001 - any unreadable config is nnictl's to report, in its own words
+        return []
+    services = service if isinstance(service, list) else [service]
+    return [s["platform"] for s in services if isinstance(s, dict) and isinstance(s.get("platform"), str)]
+
+
+def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
     """``nnictl create --config config --port port``, checked first; returns the experiment id.
 
-    Trials run ``parnas``, so the folder of this Python's executables goes first on
-    their PATH (what activating the environment would do).
+    NNI's web UI and REST API serve 127.0.0.1 only (:func:`loopback_env`) unless ``listen_all``: they have no
+    login, so anyone who reaches the port could read and stop the experiment. A config whose trials run on
+    other machines (a platform other than ``local``) needs ``listen_all``, since the workers report to the
+    manager's port over the network. Trials run ``parnas``, so the folder of this Python's executables goes
+    first on their PATH (what activating the environment would do).
     """
     config = Path(config)
     if not config.is_file():
         raise ParnasError(f"no experiment config at {config}")
     if not 0 < port < 65536:
         raise ParnasError(f"port {port} is not a TCP port")
+    remote = [p for p in training_platforms(config) if p != "local"]
+    if remote and not listen_all:
+        raise ParnasError(f"{config} runs trials on other machines ({', '.join(remote)}), which report to NNI's port "
+                          "over the network: pass --listen-all (NNI then serves every interface)")
     if port_in_use(port):
         raise ParnasError(f"port {port} is already in use: pass --port with a free one "
                           "(nnictl serves its web UI there)")
@@ -185,7 +235,7 @@ def launch(config: str | Path, port: int) -> str:
         raise ParnasError("nnictl not found: install parnas's dependencies (make install)")
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
     done = subprocess.run([nnictl, "create", "--config", str(config), "--port", str(port)],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env if listen_all else loopback_env(env))
     output = re.sub(r"\x1b\[\d+m", "", done.stdout + done.stderr)
     match = re.search(r"Experiment ID: (\w+)", output)
     if done.returncode != 0 or match is None:

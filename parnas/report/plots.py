@@ -15,7 +15,6 @@ is written to a temp file in the same folder and renamed, so a reader never sees
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from parnas import reading
 from parnas.config import TARGET_LABELS
 from parnas.files import current_umask
 from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
@@ -94,7 +94,7 @@ def read_architecture(run_dir: Path, note: Note) -> dict | None:
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text())
+        record = reading.read_json(path)
         if not isinstance(record, dict) or not isinstance(record.get("architecture"), dict):
             raise ValueError("no 'architecture' mapping")
         return record

@@ -3,7 +3,8 @@
 The model is built on PyTorch's ``meta`` device (shapes, no storage): its parameters are counted
 exactly, tied tensors once. Training FLOPs per token are counted by torch's ``FlopCounterMode`` over a
 forward and backward of one block of each kind, on meta tensors at the run's batch, segment and full
-memory (the matrix products torch counts; a supernet runs every candidate of every block), plus the
+memory (the matrix products torch counts; a supernet runs every candidate of every block; a ``ut`` block all
+its ``model.act_max_steps`` steps, its bound, since when it halts depends on the data), plus the
 embedding projections and output head counted from their shapes, the adaptive softmax's tail
 clusters weighted by the fraction of targets a Zipf (1/rank) law puts in them (the real fraction
 depends on the corpus, which a dry run does not read). Memory is :func:`parnas.training.memory.estimate_memory`'s

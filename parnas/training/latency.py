@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from parnas import reading
 from parnas.config import (
     LATENCY_TARGETS,
     Config,
@@ -55,6 +56,7 @@ from parnas.training.task import adam
 
 MODES = LATENCY_TARGETS  # the latency targets a table prices
 FORMAT, VERSION = "parnas.latency", 2
+MIN_BLOCK_MS = 1e-3  # what a kind costs that timed no slower than identity (identity alone costs 0)
 VERSION_MODES = {1: ("train", "inference"), 2: MODES}  # what each format version holds (version 1 stays readable)
 
 
@@ -296,7 +298,7 @@ def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
         times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, 3, device)
         constant[mode] = statistics.median(times[0])
         for k, t in zip(kinds, times[1:]):  # differences within a round: a load that drifts cancels out
-            per_kind[k][mode] = max(0.0, statistics.median(a - b for a, b in zip(t, times[0])) / n)
+            per_kind[k][mode] = max(MIN_BLOCK_MS, statistics.median(a - b for a, b in zip(t, times[0])) / n)
     per_kind["identity"] = {mode: 0.0 for mode in MODES}  # what the constant model already is
     return LatencyTable(table_key(cfg, vocab_size, [*kinds, "identity"], device), constant, per_kind, n)
 
@@ -344,7 +346,7 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
             continue  # removed meanwhile
     for _, file in sorted(dated, reverse=True):
         try:
-            table = LatencyTable.from_dict(json.loads(file.read_text()))
+            table = LatencyTable.from_dict(reading.read_json(file))
             covers = shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
@@ -355,7 +357,7 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
 
 def read_table(path: Path) -> LatencyTable:
     """A table written by :meth:`LatencyTable.to_dict` (a search pins its own in its run directory)."""
-    return LatencyTable.from_dict(json.loads(path.read_text()))
+    return LatencyTable.from_dict(reading.read_json(path))
 
 
 # Where and how a table was timed rather than what was timed: a table from another machine may differ in these.
@@ -392,7 +394,7 @@ def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "se
     needs, or one without the run's latency ``target`` (a version-1 table has no ``generate``)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_bytes())
+        data = reading.read_json(path, f"{setting}: {path}")
     except OSError as e:
         raise ConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
     except ValueError:  # not UTF-8 or not JSON: a log, a binary file
@@ -401,6 +403,9 @@ def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "se
     if table is None:
         raise ConfigError(f"{setting}: {path} is not a parnas latency table (format {FORMAT!r} version "
                           f"{' or '.join(map(str, VERSION_MODES))}, as `parnas latency` writes)")
+    problem = cost_problem(table)
+    if problem:
+        raise ConfigError(f"{setting}: {path} gives {problem}; time the table again with `parnas latency`")
     if target not in table.modes:
         raise ConfigError(f"{setting}: {path} has no {target} costs (it prices {', '.join(table.modes)}: format "
                           f"version {data.get('version')}); time it again with `parnas latency` on its device")
@@ -415,10 +420,25 @@ def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "se
     return table.for_run({**run_key, **{k: table.key[k] for k in DEVICE_FIELDS if k in table.key}})
 
 
+def cost_problem(table: LatencyTable) -> str | None:
+    """What makes the table's costs unusable, or None: a constant that is not finite and positive, or a block
+    cost that is not finite, negative, or zero for a kind other than ``identity`` (a search would take that kind
+    for free). ``measure_table`` never writes one."""
+    for mode in table.modes:
+        if not (math.isfinite(table.constant_ms[mode]) and table.constant_ms[mode] > 0):
+            return f"a {mode} constant of {table.constant_ms[mode]} ms (it must be finite and positive)"
+        for kind, costs in table.kinds_ms.items():
+            cost = costs[mode]
+            if not math.isfinite(cost) or cost < 0 or (cost == 0 and kind != "identity"):
+                return (f"block kind {kind!r} a {mode} cost of {cost} ms (costs are finite and positive; only "
+                        "identity may cost 0)")
+    return None
+
+
 def _valid_table(data: Any) -> LatencyTable | None:
     """``data`` as a table if it is a whole, well-typed table of a version this parnas reads, else None."""
     def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return isinstance(v, (int, float)) and not isinstance(v, bool)  # finite and positive: cost_problem
 
     try:
         table = LatencyTable.from_dict(data)
