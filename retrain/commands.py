@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:
@@ -31,9 +32,12 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+        from parnas.threads import use_threads
         from parnas.training.fit import summary
-        from retrain.run import retrain
+        from retrain.run import read_architecture, resolve_config, retrain
 
+        cfg = resolve_config(read_architecture(args.arch), args.config, overrides)  # the architecture's own width
+        use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
         metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
         print(summary(metrics, metrics["config"]["train"]["out_dir"]))
@@ -51,12 +55,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
     check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
+    from parnas.threads import use_threads
     from retrain.evaluate import default_output, evaluate_checkpoint
     from retrain.load import device_for, load_trained, scratch_dir
 
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
+        use_threads(trained.config.model.d_model)  # its tokens/s are timed with them
         result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path, args.clamp_len)
     result["checkpoint"] = str(args.checkpoint)
     out = out or default_output(args.checkpoint, args.split, result["mem_len"])
@@ -75,6 +81,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from parnas.threads import use_threads
     from retrain.evaluate import Sampling, TextStream, generate
     from retrain.load import device_for, load_trained, scratch_dir
 
@@ -90,6 +97,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         with scratch_dir() as tmp:
             trained = load_trained(args.checkpoint, device, Path(tmp))
+            use_threads(trained.config.model.d_model, show=_to_stderr if args.verbose else None)  # stdout: the text
             stream = TextStream(trained.tokenizer, write)
             generate(trained, args.prompt, opts, stream)
     except KeyboardInterrupt:
@@ -123,6 +131,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_text_atomic(f"{args.out}.csv", to_csv(table))
         print(f"written to {args.out}.md and {args.out}.csv")
     return 0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _number(kind: type, least: float, what: str) -> object:

@@ -41,10 +41,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from parnas.config import load_config
+    from parnas.threads import use_threads
     from strategies.search import in_nni_trial, run_search, trial_parameters
 
     params = trial_parameters()
     cfg = load_config(args.config, args.set, extra=params)
+    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
     if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
         args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
                             f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
@@ -112,6 +114,9 @@ def cmd_latency(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise ParnasError(f"--out {out} is a folder: name the table's file, e.g. {out / 'latency.json'}")
     check_writable_dir(out.parent)
+    from parnas.threads import use_threads
+
+    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
     from strategies.search import time_latency_table
 
     table = time_latency_table(cfg, refresh=args.refresh)
