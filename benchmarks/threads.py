@@ -50,33 +50,37 @@ def load() -> str:
 
 def widths(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_step import alternating_rounds, parnas_step, segment_runner, zipf_ids
-
     counts = list(range(1, min(args.max_threads, usable_cores()) + 1))
     print(f"torch {torch.__version__}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {usable_cores()} usable "
           f"cores; {args.rounds} alternating rounds of {', '.join(map(str, counts))} thread(s); {load()}")
     for preset in args.presets.split(","):
         cfg = load_config(preset, args.set)
-        layout = ["attention", "dense"] * (cfg.model.n_blocks // 2)
-        step = parnas_step(cfg, cfg.data.vocab_size, layout, ())
-        B, L = cfg.data.batch_size, cfg.data.seg_len
         names = [f"{n} thread{'s' * (n > 1)}" for n in counts]
-        stream = zipf_ids(B * (L * (args.warmup + args.rounds * args.steps) * len(names) + 1),
-                          cfg.data.vocab_size).view(B, -1)
-        run_step = segment_runner(dict.fromkeys(names, step), stream, L)
-
-        def run(name: str, n: int) -> float:
-            torch.set_num_threads(int(name.split()[0]))
-            return run_step(name, n) / (B * L)  # steps/s
-
-        steps_s = alternating_rounds(run, names, args.rounds, args.steps, args.warmup)
+        steps_s = thread_rounds(cfg, names, args.rounds, args.steps, args.warmup)
         parts = []
         for name in names:
             gain = [x / y for x, y in zip(steps_s[name], steps_s[names[0]])]
             parts.append(f"{name} {statistics.median(steps_s[name]):.1f} steps/s"
                          + (f" ({statistics.median(gain):.2f}x, rounds {min(gain):.2f}-{max(gain):.2f})"
                             if name != names[0] else ""))
-        print(f"{preset} (d_model {cfg.model.d_model}, batch {B} x {L}): {'; '.join(parts)}; {load()}", flush=True)
+        print(f"{preset} (d_model {cfg.model.d_model}, batch {cfg.data.batch_size} x {cfg.data.seg_len}): "
+              f"{'; '.join(parts)}; {load()}", flush=True)
+
+
+def thread_rounds(cfg, names: list[str], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Steps/s per round of one standard Transformer-XL at each thread count (``names``: "N thread(s)")."""
+    from train_step import alternating_rounds, parnas_step, segment_runner, zipf_ids
+
+    step = parnas_step(cfg, cfg.data.vocab_size, ["attention", "dense"] * (cfg.model.n_blocks // 2), ())
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    stream = zipf_ids(B * (L * (warmup + rounds * steps) + 1), cfg.data.vocab_size).view(B, -1)
+    run_step = segment_runner(dict.fromkeys(names, step), stream, L)
+
+    def run(name: str, n: int) -> float:
+        torch.set_num_threads(int(name.split()[0]))
+        return run_step(name, n) / (B * L)
+
+    return alternating_rounds(run, names, rounds, steps, warmup)
 
 
 PROGRESS = re.compile(r"^step ([\d,]+)/([\d,]+)")
@@ -92,7 +96,8 @@ def timed_retrain(policy: str, steps: int, limit: float, out: Path) -> tuple[flo
         command = [sys.executable, "-m", "parnas.cli", "retrain", "--arch", "transformer-xl", "--config", "wt2-cpu",
                    *[a for s in sets for a in ("--set", s)]]
     else:  # the library as the CLI called it before: torch's own threads and wait policy
-        command = [sys.executable, "-c", f"from retrain.run import retrain; retrain('transformer-xl', 'wt2-cpu', {sets!r})"]
+        call = f"retrain('transformer-xl', 'wt2-cpu', {sets!r})"
+        command = [sys.executable, "-c", f"from retrain.run import retrain; {call}"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
     marks: list[tuple[int, float]] = []
     threads_line = ""
@@ -158,7 +163,8 @@ def retrain_beside(args: argparse.Namespace) -> None:
 
     def ratio(a: tuple[str, str], b: tuple[str, str]) -> str:
         same = [x / y for x, y in zip(speed[a], speed[b])]
-        return f"{statistics.median(same):.2f}" + (f" (rounds {min(same):.2f}-{max(same):.2f})" if len(same) > 1 else "")
+        spread = f" (rounds {min(same):.2f}-{max(same):.2f})" if len(same) > 1 else ""
+        return f"{statistics.median(same):.2f}{spread}"
 
     for policy, label in (("old", "torch's defaults"), ("new", "parnas's policy")):
         print(f"{label:17s}: {statistics.median(speed[policy, 'alone']):6.1f} steps/s alone, "
