@@ -99,6 +99,23 @@ def machine_load() -> float:
     return load * usable_cores() / (os.cpu_count() or 1)
 
 
+def runnable_elsewhere() -> float | None:
+    """Threads of other processes running or waiting for a core at this moment: the machine's runnable count
+    (``/proc/loadavg``) less this process's own runnable threads. None where the system does not say (not
+    Linux). Sampled while this process times something, it is the load that timing competed with."""
+    try:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        own = 0
+        for stat in Path("/proc/self/task").glob("*/stat"):
+            try:
+                own += stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                continue  # a thread that ended meanwhile
+    except (OSError, ValueError, IndexError):
+        return None
+    return float(max(0, running - own))
+
+
 def _environment_threads(value: str) -> int:
     """``OMP_NUM_THREADS``'s number of threads (its first level, for a nested list such as ``4,2``)."""
     try:

@@ -52,6 +52,7 @@ def test_a_search_priced_by_another_devices_table_records_that_device(micro, tim
                                                        f"search.out_dir={run}"))
     assert code == 0, err
     assert f"on {OTHER}" in out  # the printed prediction names the table's device
+    assert f"latency table: given, {timed}; timed " in out and "spread" in out  # which table, how steady
     record = json.loads((run / "architecture.json").read_text())
     summary = record["search"]["latency"]
     assert summary["device"] == OTHER and summary["precision"] == "bf16-mixed"
