@@ -111,20 +111,41 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """One table of finished runs: architecture, size, speed, memory and perplexity."""
+    """One table of finished runs: architecture, size, speed timed side by side here, memory and perplexity, then
+    each run's own throughput (timed separately, in its own process)."""
     from pathlib import Path
 
     from parnas.errors import ParnasError
     from parnas.files import check_writable_dir, write_text_atomic
-    from retrain.compare import markdown, rows, to_csv
+    from retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
 
-    table = rows(args.runs)
+    runs = [read_run(run) for run in args.runs]
+    if args.rounds < 1:
+        raise ParnasError(f"--rounds must be >= 1, got {args.rounds}")
     if args.out:  # checked before anything is printed or written
         for target in (Path(f"{args.out}.md"), Path(f"{args.out}.csv")):
             if target.is_dir():
                 raise ParnasError(f"{target} is a folder; give --out a file prefix")
         check_writable_dir(Path(f"{args.out}.md").parent)
-    text = markdown(table)
+    timing, not_timed = None, ""
+    if should_time(runs, args.time):
+        from parnas.threads import use_threads
+
+        widths = [m["config"]["model"]["d_model"] for m in runs if isinstance(m.get("config"), dict)]
+        use_threads(max(widths, default=0), show=None)
+        def progress(stage: str, i: int, n: int, what: str) -> None:
+            print(f"parnas compare: timing {what}", file=sys.stderr, flush=True)
+
+        try:
+            timing = time_runs(runs, args.rounds, progress)
+        except ParnasError as e:
+            if args.time:
+                raise
+            not_timed = str(e)
+    elif args.time is None:
+        not_timed = f"a run is over {AUTO_TIME_PARAMETERS:,} parameters, or does not say (--time times them)"
+    table = rows(runs, timing)
+    text = markdown(table, timing, not_timed)
     print(text, end="")
     if args.out:
         write_text_atomic(f"{args.out}.md", text)
@@ -210,3 +231,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.json")
     p.add_argument("--out", default="compare", metavar="PREFIX",
                    help="write PREFIX.md and PREFIX.csv (default: compare); '' writes nothing")
+    p.add_argument("--time", action=argparse.BooleanOptionalAction, default=None,
+                   help="time the runs' models side by side here, in alternating rounds, for the speed columns "
+                        "(default: when every run has at most 20M parameters)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (default 5)")
