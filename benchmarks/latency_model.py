@@ -19,7 +19,8 @@ import torch
 
 from parnas.architecture import layout_string
 from parnas.config import load_config, transformer_xl_layout
-from parnas.training.latency import latency_table, time_layouts
+from parnas.training.latency import time_layouts
+from parnas.training.latency_cache import latency_table
 
 
 def main() -> None:

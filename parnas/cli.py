@@ -2,7 +2,9 @@
 
 Every command reads and checks its config and arguments before it imports torch,
 Lightning or NNI (seconds to import), so a typo fails at once. Output is quiet by
-default: Lightning's and NNI's info messages only with ``--verbose``.
+default: Lightning's and NNI's info messages only with ``--verbose``. Before any of
+them loads, OpenMP is told to wait passively, and each command that computes
+chooses its threads (:mod:`parnas.threads`) and says so in its first line.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from types import FrameType
 from parnas.arguments import ArgumentParser, add_command, add_config_args, add_dry_run, add_resume, add_verbose
 from parnas.errors import Interrupted, ParnasError
 from parnas.files import out_of_space
+from parnas.threads import use_threads, wait_passively
 
 
 def _quiet_imports() -> None:
@@ -51,6 +54,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(dry_run(cfg, [[kind] for kind in cfg.model.layout], "train"))
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
+    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
         from parnas.training.fit import summary, train
 
@@ -142,6 +146,7 @@ def signals_stop() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (2 for any user mistake, argument errors included)."""
     _quiet_imports()
+    wait_passively()  # before torch loads its OpenMP runtime, which reads it once
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or an argument error (2, its line already printed)

@@ -248,6 +248,7 @@ class TrainConfig:
     accelerator: str = "auto"
     devices: int = 1  # processes per machine
     num_nodes: int = 1  # machines (DDP across them; launched by torchrun or SLURM)
+    threads: int = 0  # torch's threads per process (0: parnas.threads chooses, or OMP_NUM_THREADS if set)
     precision: str = "32-true"
     compile: str = "none"  # torch.compile the fixed model: one of COMPILE_MODES
     out_dir: str = "runs/train"
@@ -255,6 +256,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
             _require(getattr(self, key) > 0, f"train.{key} must be > 0")
+        _require(self.threads >= 0, f"train.threads must be >= 0 (0: chosen per run), got {self.threads}")
         _require(0 <= self.stop_at <= self.max_steps,
                  "train.stop_at must be in [0, train.max_steps] (0: run to the end)")
         _require(self.lr > 0, "train.lr must be > 0")

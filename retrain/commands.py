@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:
@@ -31,9 +32,12 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+        from parnas.threads import use_threads
         from parnas.training.fit import summary
-        from retrain.run import retrain
+        from retrain.run import read_architecture, resolve_config, retrain
 
+        cfg = resolve_config(read_architecture(args.arch), args.config, overrides)  # the architecture's own width
+        use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
         metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
         print(summary(metrics, metrics["config"]["train"]["out_dir"]))
@@ -51,12 +55,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
     check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
+    from parnas.threads import use_threads
     from retrain.evaluate import default_output, evaluate_checkpoint
     from retrain.load import device_for, load_trained, scratch_dir
 
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
+        use_threads(trained.config.model.d_model)  # its tokens/s are timed with them
         result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path, args.clamp_len)
     result["checkpoint"] = str(args.checkpoint)
     out = out or default_output(args.checkpoint, args.split, result["mem_len"])
@@ -75,6 +81,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from parnas.threads import use_threads
     from retrain.evaluate import Sampling, TextStream, generate
     from retrain.load import device_for, load_trained, scratch_dir
 
@@ -90,6 +97,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         with scratch_dir() as tmp:
             trained = load_trained(args.checkpoint, device, Path(tmp))
+            use_threads(trained.config.model.d_model, show=_to_stderr if args.verbose else None)  # stdout: the text
             stream = TextStream(trained.tokenizer, write)
             generate(trained, args.prompt, opts, stream)
     except KeyboardInterrupt:
@@ -103,26 +111,51 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """One table of finished runs: architecture, size, speed, memory and perplexity."""
+    """One table of finished runs: architecture, size, speed timed side by side here, memory and perplexity, then
+    each run's own throughput (timed separately, in its own process)."""
     from pathlib import Path
 
     from parnas.errors import ParnasError
     from parnas.files import check_writable_dir, write_text_atomic
-    from retrain.compare import markdown, rows, to_csv
+    from retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
 
-    table = rows(args.runs)
+    runs = [read_run(run) for run in args.runs]
+    if args.rounds < 1:
+        raise ParnasError(f"--rounds must be >= 1, got {args.rounds}")
     if args.out:  # checked before anything is printed or written
         for target in (Path(f"{args.out}.md"), Path(f"{args.out}.csv")):
             if target.is_dir():
                 raise ParnasError(f"{target} is a folder; give --out a file prefix")
         check_writable_dir(Path(f"{args.out}.md").parent)
-    text = markdown(table)
+    timing, not_timed = None, ""
+    if should_time(runs, args.time):
+        from parnas.threads import use_threads
+
+        widths = [m["config"]["model"]["d_model"] for m in runs if isinstance(m.get("config"), dict)]
+        use_threads(max(widths, default=0), show=None)
+        def progress(stage: str, i: int, n: int, what: str) -> None:
+            print(f"parnas compare: timing {what}", file=sys.stderr, flush=True)
+
+        try:
+            timing = time_runs(runs, args.rounds, progress)
+        except ParnasError as e:
+            if args.time:
+                raise
+            not_timed = str(e)
+    elif args.time is None:
+        not_timed = f"a run is over {AUTO_TIME_PARAMETERS:,} parameters, or does not say (--time times them)"
+    table = rows(runs, timing)
+    text = markdown(table, timing, not_timed)
     print(text, end="")
     if args.out:
         write_text_atomic(f"{args.out}.md", text)
         write_text_atomic(f"{args.out}.csv", to_csv(table))
         print(f"written to {args.out}.md and {args.out}.csv")
     return 0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _number(kind: type, least: float, what: str) -> object:
@@ -198,3 +231,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.json")
     p.add_argument("--out", default="compare", metavar="PREFIX",
                    help="write PREFIX.md and PREFIX.csv (default: compare); '' writes nothing")
+    p.add_argument("--time", action=argparse.BooleanOptionalAction, default=None,
+                   help="time the runs' models side by side here, in alternating rounds, for the speed columns "
+                        "(default: when every run has at most 20M parameters)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (default 5)")

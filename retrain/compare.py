@@ -1,33 +1,54 @@
-"""``parnas compare``: one table of finished runs, from their ``metrics.json``.
+"""``parnas compare``: one table of finished runs, from their ``metrics.json``, their speed timed side by side.
 
-Rows are in the order given; every figure is the run's own record, nothing is
-recomputed. Written as Markdown (for notes) and CSV (for plotting).
+A run's own throughput was timed in its own process at its own moment: on a shared machine the load at that
+moment decides it as much as the model does (a found model once read 2.5x slower than Transformer-XL beside
+it, the opposite of what a side-by-side timing said). So the table's speed columns come from timing the runs'
+models here, in one process, in alternating rounds (:mod:`parnas.training.side_by_side`), as ``parnas study``
+does: by default when every model is small enough (``AUTO_TIME_PARAMETERS``; ``--time``/``--no-time``
+decide), with fresh weights (speed does not depend on them) at the first run's data shapes. The runs' own
+figures follow under a heading that says they were timed separately. Every other figure is the run's record.
+Written as Markdown (for notes) and CSV (for plotting).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from parnas import reading
 from parnas.errors import ParnasError
 
-COLUMNS = [  # (header, metrics key, format)
+AUTO_TIME_PARAMETERS = 20_000_000  # every run at most this many parameters: timed side by side unless --no-time
+
+SPEED = [  # (header, row key, target): timed side by side
+    ("train tokens/s", "side_train_tokens_per_s", "train"),
+    ("inference tokens/s", "side_inference_tokens_per_s", "inference"),
+    ("generated tokens/s", "side_generate_tokens_per_s", "generate"),
+]
+COLUMNS = [  # (header, row key, format)
     ("run", "run", "{}"),
     ("architecture", "architecture", "{}"),
     ("steps", "steps", "{:,}"),
     ("parameters", "parameters", "{:,}"),
-    ("attention blocks", "attention_blocks", "{}"),
-    ("train tokens/s", "train_tokens_per_s", "{:,.0f}"),
-    ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"),
+    ("attention blocks", "attention_blocks", "{:,}"),
+    *[(header, key, "{:,.0f}") for header, key, _ in SPEED],
     ("peak memory (MB)", "peak_memory_mb", "{:,.0f}"),
     ("val ppl", "val_ppl", "{:.2f}"),
     ("test ppl", "test_ppl", "{:.2f}"),
 ]
+OWN = [  # each run's own record, timed in its own process
+    ("run", "run", "{}"),
+    ("train tokens/s", "train_tokens_per_s", "{:,.0f}"),
+    ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"),
+    ("device", "device", "{}"),
+]
+CSV_KEYS = [key for _, key, _ in COLUMNS[:-2]] + ["train_tokens_per_s", "eval_tokens_per_s", "device", "val_ppl",
+                                                  "test_ppl"]
 
 
 def read_run(run_dir: str | Path) -> dict[str, Any]:
@@ -43,9 +64,60 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     return {"run": str(run_dir), **metrics}
 
 
-def rows(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """One dict per run with the table's keys (None where a run lacks a figure)."""
-    return [{key: m.get(key) for _, key, _ in COLUMNS} for m in map(read_run, run_dirs)]
+def rows(runs: Sequence[dict[str, Any]], timing: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One dict per run (its ``metrics.json`` as :func:`read_run` reads it) with every column's key, the speed
+    columns from ``timing`` (:func:`time_runs`) where given, None where a run lacks a figure."""
+    out = []
+    for i, m in enumerate(runs):
+        row = {key: m.get(key) for key in CSV_KEYS}
+        if timing is not None:
+            from parnas.training.side_by_side import tokens_per_s
+
+            row.update({key: round(tokens_per_s(timing, str(i), mode), 1) for _, key, mode in SPEED})
+        out.append(row)
+    return out
+
+
+def should_time(runs: Sequence[dict[str, Any]], asked: bool | None) -> bool:
+    """``--time``/``--no-time`` when given, else whether every run is small enough to time in seconds."""
+    if asked is not None:
+        return asked
+    return all(isinstance(m.get("parameters"), int) and m["parameters"] <= AUTO_TIME_PARAMETERS for m in runs)
+
+
+def timing_plan(runs: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, tuple[list[str], Any]], int]:
+    """The first run's config (its data shapes), each run's layout and model settings, and the vocabulary, for
+    :func:`time_runs`; ParnasError naming what is missing or what differs between the runs otherwise."""
+    from parnas.config import Config
+    from parnas.overrides import from_dict
+
+    configs = []
+    for m in runs:
+        if not isinstance(m.get("config"), dict) or not m.get("blocks") or not m.get("vocab_size"):
+            raise ParnasError(f"{m['run']}/metrics.json has no config, blocks or vocab_size")
+        with contextlib.redirect_stderr(io.StringIO()):  # a record's keys of earlier versions: notes for a config's
+            configs.append(from_dict(Config, m["config"]))  # author, not for the reader of a finished run
+    shared = {"data.batch_size": [c.data.batch_size for c in configs],
+              "data.seg_len": [c.data.seg_len for c in configs],
+              "train.precision": [c.train.precision for c in configs], "vocabulary": [m["vocab_size"] for m in runs]}
+    for what, values in shared.items():
+        if len(set(values)) > 1:
+            raise ParnasError(f"the runs differ in {what} ({', '.join(map(str, values))})")
+    layouts = {str(i): (list(m["blocks"]), c.model) for i, (c, m) in enumerate(zip(configs, runs))}
+    return configs[0], layouts, int(runs[0]["vocab_size"])
+
+
+def time_runs(runs: Sequence[dict[str, Any]], rounds: int, progress: Callable[[str, int, int, str], None] | None = None
+              ) -> dict[str, Any]:
+    """Every run's model timed side by side here (layouts keyed by the run's position, ``"0"``, ``"1"`` ...), on
+    CUDA if the runs trained there and this machine has it, else on the CPU."""
+    import torch
+
+    from parnas.training.side_by_side import time_side_by_side
+
+    cfg, layouts, vocab_size = timing_plan(runs)
+    on_cuda = torch.cuda.is_available() and all(str(m.get("device", "")).startswith("cuda") for m in runs)
+    return time_side_by_side(cfg, rounds, layouts, vocab_size, torch.device("cuda" if on_cuda else "cpu"), progress)
 
 
 def cell(value: Any, fmt: str) -> str:
@@ -58,18 +130,34 @@ def cell(value: Any, fmt: str) -> str:
         return str(value)
 
 
-def markdown(table: list[dict[str, Any]]) -> str:
-    head = [h for h, _, _ in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
-    for row in table:
-        lines.append("| " + " | ".join(cell(row[key], fmt) for _, key, fmt in COLUMNS) + " |")
+def _table(table: list[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> list[str]:
+    head = [h for h, _, _ in columns]
+    align = "|".join("---" if fmt == "{}" else "---:" for _, _, fmt in columns)  # text left, figures right
+    lines = ["| " + " | ".join(head) + " |", f"|{align}|"]
+    return lines + ["| " + " | ".join(cell(row[key], fmt) for _, key, fmt in columns) + " |" for row in table]
+
+
+def markdown(table: list[dict[str, Any]], timing: dict[str, Any] | None = None, not_timed: str = "") -> str:
+    """The runs' table, speed from ``timing`` (without one, no speed columns and ``not_timed`` says why), then
+    the runs' own throughputs under a heading that says they were timed separately."""
+    columns = COLUMNS if timing else [c for c in COLUMNS if c[1] not in {key for _, key, _ in SPEED}]
+    lines = _table(table, columns)
+    if timing:
+        threads = f"{timing['threads']} thread{'s' * (timing['threads'] != 1)}"
+        lines += ["", f"Speed timed side by side in this process: {timing['rounds']} alternating rounds of every "
+                      f"model on {timing['device']} ({threads}), batch {timing['batch_size']} x {timing['seg_len']}; "
+                      "generated tokens one at a time at batch 1."]
+    elif not_timed:
+        lines += ["", f"Not timed side by side: {not_timed}."]
+    lines += ["", "Timed separately, each run in its own process at its own moment (the machine's load then "
+                  "differs: do not rank runs by these):", "", *_table(table, OWN)]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(table: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([key for _, key, _ in COLUMNS])
+    writer.writerow(CSV_KEYS)
     for row in table:
-        writer.writerow(["" if row[key] is None else row[key] for _, key, _ in COLUMNS])
+        writer.writerow(["" if row[key] is None else row[key] for key in CSV_KEYS])
     return out.getvalue()

@@ -41,10 +41,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from parnas.config import load_config
+    from parnas.threads import use_threads
     from strategies.search import in_nni_trial, run_search, trial_parameters
 
     params = trial_parameters()
     cfg = load_config(args.config, args.set, extra=params)
+    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
     if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
         args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
                             f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
@@ -98,7 +100,9 @@ def cmd_latency(args: argparse.Namespace) -> int:
     segment and per generated token (the three values of search.latency_target).
 
     The table is the one a search with the same --config/--set would time (its shapes and candidates; the
-    cache's, unless --refresh). Pass it to a search on any machine with --set search.latency_table=PATH: the
+    cache's, unless --refresh). Only a table timed steadily on a machine that left it its cores is cached; each
+    says when, where, how steadily and under what load it was timed. --check times it again and says how far the
+    cache is off. Pass it to a search on any machine with --set search.latency_table=PATH: the
     search is then priced on this machine's device (e.g. time on the GPU, search on a laptop).
     """
     from pathlib import Path
@@ -108,10 +112,26 @@ def cmd_latency(args: argparse.Namespace) -> int:
     from parnas.files import check_writable_dir, write_json_atomic
 
     cfg = load_config(args.config, args.set)
-    out = Path(args.out)
-    if out.is_dir():
+    out = Path(args.out) if args.out else None
+    if args.check and (out or args.refresh):
+        raise ParnasError("--check compares the cache with a timing taken now and writes nothing: drop --out and "
+                          "--refresh (or --check)")
+    if not args.check and out is None:
+        raise ParnasError("give --out FILE, the table's JSON file (or --check to compare the cache with a timing now)")
+    if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder: name the table's file, e.g. {out / 'latency.json'}")
-    check_writable_dir(out.parent)
+    if out is not None:
+        check_writable_dir(out.parent)
+    from parnas.threads import use_threads
+
+    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
+    if args.check:
+        from strategies.search import check_latency_table
+
+        for line in check_latency_table(cfg):
+            print(line)
+        return 0
+    from parnas.training.latency_cache import describe
     from strategies.search import time_latency_table
 
     table = time_latency_table(cfg, refresh=args.refresh)
@@ -119,7 +139,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     key, evaluated = table.key, table.key["model"].get("eval_mem_len")
     memory = "" if evaluated is None else f" (inference and generation at M{evaluated})"
     print(f"wrote {out}: {key['device']} ({key['precision']}), B{key['batch_size']} L{key['seg_len']} "
-          f"M{key['model']['mem_len']}{memory}, vocabulary {key['vocab_size']}")
+          f"M{key['model']['mem_len']}{memory}, vocabulary {key['vocab_size']}; {describe(table)}")
     for target in table.modes:
         costs = ", ".join(f"{k} {table.block_ms(k, target):.3f}" for k in key["kinds"] if k != "identity")
         print(f"  {TARGET_LABELS[target]}: {table.constant_ms[target]:.3f} ms constant + per block {costs} ms")
@@ -178,8 +198,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_resume(p, "<run dir>")
     p = add_command(sub, "latency", cmd_latency)
     add_config_args(p)
-    p.add_argument("--out", required=True, help="the table's JSON file (for --set search.latency_table=...)")
-    p.add_argument("--refresh", action="store_true", help="time again even if this machine's cache has the table")
+    p.add_argument("--out", default=None, help="the table's JSON file (for --set search.latency_table=...)")
+    p.add_argument("--refresh", action="store_true", help="time again even if this machine's cache has the table, "
+                   "and replace it there (when timed steadily)")
+    p.add_argument("--check", action="store_true", help="time the table again and say how far this machine's "
+                   "cached one is off (writes nothing)")
     p = add_command(sub, "launch", cmd_launch)
     p.add_argument("--config", default="search.yaml", help="NNI experiment config (default search.yaml)")
     p.add_argument("--port", type=int, default=8080, help="web UI port (default 8080)")

@@ -246,7 +246,7 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
     from parnas.report.experiments import nni_on_loopback, port_in_use
     from parnas.training.devices import check_devices, training_device
     from search_spaces import PARTransformerXLSpace
-    from strategies.search import check_run_dir, cost_model, latency_summary
+    from strategies.search import check_run_dir, cost_model, latency_summary, table_line
 
     check_devices(cfg.train)
     run_dir = Path(cfg.search.out_dir)
@@ -258,6 +258,8 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
     tokenizer, _ = load_splits(cfg.data)  # built here once: the trials read it from the cache
     cfg.model.check_vocab(tokenizer.vocab_size)
     costs, latency = cost_model(cfg, tokenizer.vocab_size, training_device(cfg.train))
+    if latency:
+        print(table_line(latency), flush=True)
     prices = {"per_kind": costs.per_kind, "constant": costs.constant, "reference": costs.reference}
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
                                evaluator(cfg, prices), make_strategy(cfg.search.strategy))

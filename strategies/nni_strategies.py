@@ -140,7 +140,7 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
     from parnas.training.memory import check_memory
     from parnas.training.task import LanguageModelTask
     from search_spaces import PARTransformerXLSpace, fixed_model
-    from strategies.search import check_run_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir
+    from strategies.search import check_run_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir, table_line
 
     check_devices(cfg.train)
     name, trial = cfg.search.strategy, in_nni_trial()
@@ -156,7 +156,10 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
                             log_every_n_steps=cfg.search.log_every)
     history = LogitsHistory(run_dir / "history.jsonl", cfg.search.log_every)
     trainer.callbacks = [*trainer.callbacks, history.callback]
-    costs, latency = cost_model(cfg, tokenizer.vocab_size, trainer.strategy.root_device)
+    costs, latency = cost_model(cfg, tokenizer.vocab_size, trainer.strategy.root_device,
+                                warn=None if trainer.is_global_zero else lambda line: None)
+    if latency and trainer.is_global_zero:
+        print(table_line(latency), flush=True)
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     task = LanguageModelTask(cfg.train, meta)

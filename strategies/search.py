@@ -56,14 +56,8 @@ from parnas.training.fit import (
     tokenizer_meta,
 )
 from parnas.training.interrupt import finishing
-from parnas.training.latency import (
-    LatencyTable,
-    latency_table,
-    load_table_for,
-    read_table,
-    table_key,
-    target_memories,
-)
+from parnas.training.latency import LatencyTable, load_table_for, read_table, table_key, target_memories
+from parnas.training.latency_cache import check_cache, describe, latency_table, unsteady
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume, take_over
 from parnas.training.task import LanguageModelTask
@@ -144,26 +138,42 @@ def time_latency_table(cfg: Config, *, refresh: bool = False) -> LatencyTable:
     return latency_table(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train), refresh=refresh)[0]
 
 
-def cost_model(cfg: Config, vocab_size: int, device: torch.device,
-               pinned: Path | None = None) -> tuple[CostModel, dict[str, Any] | None]:
+def check_latency_table(cfg: Config) -> list[str]:
+    """``parnas latency --check``: how far this machine's cached table for ``cfg`` is from a timing taken now."""
+    check_devices(cfg.train)
+    tokenizer, _ = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    return check_cache(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train))
+
+
+def cost_model(cfg: Config, vocab_size: int, device: torch.device, pinned: Path | None = None,
+               warn: Callable[[str], None] | None = None) -> tuple[CostModel, dict[str, Any] | None]:
     """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
-    table's record when costs are measured. ``pinned``: a resumed search's own table, if it wrote one, so
-    its costs do not change with tables timed since it started. ``search.latency_table``: a table timed
-    elsewhere (the target device), checked against this run's shapes; nothing is timed then."""
+    table's record when costs are measured (``source``: which table, for :func:`table_line`). ``pinned``: a
+    resumed search's own table, if it wrote one, so its costs do not change with tables timed since it started.
+    ``search.latency_table``: a table timed elsewhere (the target device), checked against this run's shapes;
+    nothing is timed then. ``warn``: where a table that could not be timed steadily is reported (stderr)."""
     kinds = cost_kinds(cfg)
     if cfg.search.penalty_cost == "flops":
         return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None
     given = cfg.search.latency_table
     if pinned is not None and pinned.is_file():
-        table, cached = read_table(pinned), True
+        table, cached, source = read_table(pinned), True, "the one this run started with"
     elif given is not None:
         key = table_key(cfg, vocab_size, sorted({*kinds, "identity"}), device)
         table, cached = load_table_for(given, key, target=cfg.search.latency_target), True
+        source = f"given, {given}"
     else:
-        table, cached = latency_table(cfg, vocab_size, kinds, device)
+        table, cached = latency_table(cfg, vocab_size, kinds, device, **({"warn": warn} if warn else {}))
+        source = "cached" if cached else "timed now, " + ("cached" if unsteady(table) is None else "not cached")
     return latency_costs(table, cfg.model.n_blocks, cfg.search.latency_target), {
         "table": table, "cached": cached, "path": given, "timed_here": given is None,
-        "memory": target_memories(cfg)}
+        "memory": target_memories(cfg), "source": source}
+
+
+def table_line(latency: dict[str, Any]) -> str:
+    """Which latency table prices the run (cached, given, timed now) and how steadily it was timed."""
+    return f"latency table: {latency['source']}; {describe(latency['table'])}"
 
 
 def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
@@ -246,7 +256,8 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     latency = None
     if costs is None:
         costs, latency = cost_model(cfg, vocab_size, trainer.strategy.root_device,
-                                    pinned=run_dir / PINNED_TABLE if ckpt else None)
+                                    pinned=run_dir / PINNED_TABLE if ckpt else None,
+                                    warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
     strategy = PARGumbelDARTS(cfg.search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
@@ -357,6 +368,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
     # everything checked (latency budget included): now files may be touched
     prepare_run_dir(run_dir, saved["global_step"] if saved else None, source)
     if search.latency and search.trainer.is_global_zero:
+        print(table_line(search.latency), flush=True)
         write_json_atomic(run_dir / PINNED_TABLE, search.latency["table"].to_dict())
     seconds = search.run()
     end_process_group()

@@ -21,8 +21,12 @@ def cmd_study(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{flag} retrains the space of a PAR search; it cannot be combined with "
                                   "--strategies")
 
+        from parnas.config import load_config
+        from parnas.threads import use_threads
         from study.strategies import parse_strategies, run_strategy_study
 
+        cfg = load_config(args.config, args.set)
+        use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)  # its searches inherit it
         study = run_strategy_study(args.config, args.set, parse_strategies(args.strategies), args.seeds,
                                    Path(args.out), search_steps=args.search_steps or 600,
                                    retrain_steps=args.retrain_steps or 600, trials=args.trials,
@@ -31,12 +35,14 @@ def cmd_study(args: argparse.Namespace) -> int:
         for line in study["verdicts"]:
             print(line)
         return 0
+    from parnas.threads import use_threads
     from study.run import make_plan, run_study
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
                      candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths,
                      every_network=args.every_network, census=args.census)
+    use_threads(plan.base.model.d_model, plan.base.train.threads)  # the study's searches inherit it
     study = run_study(plan, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:

@@ -26,28 +26,16 @@ def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], int | None]], vocab_size: int,
             progress: Callable[[str, int, int, str], None]) -> dict[str, Any]:
     """Train step, inference segment and generated-token times of every layout (key -> its kinds and its
-    ``d_model``, None for the config's), side by side in this process; ``target`` names the one the verdicts
-    judge by (``search.latency_target``)."""
-    import torch
-
-    from parnas.config import TARGET_LABELS
+    ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`);
+    ``target`` names the one the verdicts judge by (``search.latency_target``)."""
     from parnas.training.devices import training_device
-    from parnas.training.latency import MODES, device_name, target_memories, time_layouts
+    from parnas.training.side_by_side import time_side_by_side
     from study.front import width_model
 
+    models = {code: (kinds, width_model(cfg.model, d) if d else None) for code, (kinds, d) in layouts.items()}
     device = training_device(cfg.train)  # where the retrains ran
-    timing: dict[str, Any] = {"device": device_name(device),
-                              "threads": torch.get_num_threads(), "torch": torch.__version__, "rounds": rounds,
-                              "batch_size": cfg.data.batch_size, "seg_len": cfg.data.seg_len,
-                              "mem_len": cfg.model.mem_len, "memory": target_memories(cfg),
-                              "target": cfg.search.latency_target}
-    for i, mode in enumerate(MODES):
-        progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} "
-                 f"alternating rounds on {timing['device']} ...")
-        ms = time_layouts([kinds for kinds, _ in layouts.values()], cfg, vocab_size, mode=mode, rounds=rounds,
-                          device=device, models=[width_model(cfg.model, d) if d else None for _, d in layouts.values()])
-        timing[f"{mode}_step_ms"] = dict(zip(layouts, ms))
-    return timing
+    return {**time_side_by_side(cfg, rounds, models, vocab_size, device, progress),
+            "target": cfg.search.latency_target}
 
 
 def priced_by_table(timing: Mapping[str, Any], cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]],

@@ -40,12 +40,16 @@ def micro(wt2_slice, tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     """Tests must pass on a loaded 2-core machine: two threads per process there oversubscribe the cores
-    and can make a tiny step 50x slower. One thread keeps every test's time what it is on an idle machine."""
+    and can make a tiny step 50x slower. One thread keeps every test's time what it is on an idle machine;
+    the commands tests run take it from ``OMP_NUM_THREADS``, as a user's would."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+        yield
     torch.set_num_threads(threads)
 
 
@@ -145,3 +149,29 @@ def run_layout():
         assert out.shape == (1, 1, cfg.model.d_model) and torch.isfinite(out).all()
         return model.train(), h, mems
     return run
+
+
+@pytest.fixture(autouse=True)
+def threads_environment(monkeypatch):
+    """What a command sets for its threads (the environment's OMP_NUM_THREADS, OpenMP's wait policy, torch's
+    threads) undone after each test."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_WAIT_POLICY", os.environ["OMP_WAIT_POLICY"])
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def steady_latency_timing():
+    """A latency table a test times counts as steady, however busy the machine (tests must pass on a loaded
+    one): what a busy machine does to the cache is tested with its load and spread injected
+    (test_latency_cache.py)."""
+    from parnas.training import latency, latency_cache
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(latency_cache, "SPREAD_LIMIT", float("inf"))
+        mp.setattr(latency, "runnable_elsewhere", lambda: 0.0)
+        yield

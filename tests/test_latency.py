@@ -5,7 +5,7 @@ import json
 import pytest
 
 from parnas.config import load_config
-from parnas.training import latency
+from parnas.training import latency, latency_cache
 
 VOCAB = 64
 
@@ -17,7 +17,7 @@ def tiny_config(*overrides: str):
 
 def test_table_round_trips_through_its_cache_and_is_not_timed_again(tmp_path, monkeypatch):
     cfg = tiny_config()
-    table, cached = latency.latency_table(cfg, VOCAB, ["attention", "dense", "identity"], cache_dir=tmp_path)
+    table, cached = latency_cache.latency_table(cfg, VOCAB, ["attention", "dense", "identity"], cache_dir=tmp_path)
     assert not cached
     files = list((tmp_path / "latency").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["format"] == "parnas.latency"
@@ -26,10 +26,11 @@ def test_table_round_trips_through_its_cache_and_is_not_timed_again(tmp_path, mo
         raise AssertionError("a cached table must not be timed again")
 
     monkeypatch.setattr(latency, "measure_table", no_timing)
-    again, cached = latency.latency_table(cfg, VOCAB, ["dense", "attention"], cache_dir=tmp_path)
+    again, cached = latency_cache.latency_table(cfg, VOCAB, ["dense", "attention"], cache_dir=tmp_path)
     assert cached and again == table
     with pytest.raises(AssertionError):  # other shapes are another key: timed, not reused
-        latency.latency_table(tiny_config("data.seg_len=16"), VOCAB, ["attention", "dense"], cache_dir=tmp_path)
+        latency_cache.latency_table(tiny_config("data.seg_len=16"), VOCAB, ["attention", "dense"],
+                                    cache_dir=tmp_path)
 
 
 def test_prediction_is_the_constant_plus_each_blocks_cost():
@@ -98,14 +99,14 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
     import os
 
     cfg = tiny_config()
-    wide, cached = latency.latency_table(cfg, VOCAB, ["attention", "conv", "dense"], cache_dir=tmp_path)
+    wide, cached = latency_cache.latency_table(cfg, VOCAB, ["attention", "conv", "dense"], cache_dir=tmp_path)
     assert not cached
 
     def no_timing(*args, **kwargs):
         raise AssertionError("timed again")
 
     monkeypatch.setattr(latency, "measure_table", no_timing)
-    narrow, cached = latency.latency_table(cfg, VOCAB, ["dense", "attention"], cache_dir=tmp_path)
+    narrow, cached = latency_cache.latency_table(cfg, VOCAB, ["dense", "attention"], cache_dir=tmp_path)
     assert cached and narrow.key["kinds"] == ["attention", "dense", "identity"]
     assert narrow.kinds_ms == {k: wide.kinds_ms[k] for k in ("attention", "dense", "identity")}
     assert narrow.constant_ms == wide.constant_ms
@@ -113,26 +114,29 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
     # an older table for exactly these kinds loses to the newer wide one; once newer, it wins
     modes = latency.MODES
     older = latency.LatencyTable(narrow.key, dict.fromkeys(modes, 1.0),
-                                 {k: dict.fromkeys(modes, 2.0) for k in narrow.kinds_ms}, narrow.n_reference)
-    exact = latency.cache_path(narrow.key, tmp_path)
+                                 {k: dict.fromkeys(modes, 2.0) for k in narrow.kinds_ms}, narrow.n_reference,
+                                 narrow.timing)
+    exact = latency_cache.cache_path(narrow.key, tmp_path)
     exact.write_text(json.dumps(older.to_dict()))
-    wide_file = latency.cache_path(wide.key, tmp_path)
+    wide_file = latency_cache.cache_path(wide.key, tmp_path)
     os.utime(exact, ns=(wide_file.stat().st_mtime_ns - 10**9,) * 2)
-    assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
+    assert latency_cache.latency_table(cfg, VOCAB, ["attention", "dense"],
+                                       cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
     os.utime(exact, ns=(wide_file.stat().st_mtime_ns + 10**9,) * 2)
-    assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0] == older
+    assert latency_cache.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0] == older
 
     # a version-1 table (no generation costs), however new, is not used: the cache times it afresh
     v1 = {**older.to_dict(), "version": 1, "constant_ms": {"train": 1.0, "inference": 1.0},
           "kinds_ms": {k: {"train": 2.0, "inference": 2.0} for k in narrow.kinds_ms}}
     exact.write_text(json.dumps(v1))
     os.utime(exact, ns=(wide_file.stat().st_mtime_ns + 10**9,) * 2)
-    assert latency.latency_table(cfg, VOCAB, ["attention", "dense"], cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
+    assert latency_cache.latency_table(cfg, VOCAB, ["attention", "dense"],
+                                       cache_dir=tmp_path)[0].kinds_ms == narrow.kinds_ms
 
     # other shapes, or a kind the tables lack, are timed afresh
     for args in ((tiny_config("data.seg_len=4"), ["attention", "dense"]), (cfg, ["attention", "glu"])):
         with pytest.raises(AssertionError, match="timed again"):
-            latency.latency_table(args[0], VOCAB, args[1], cache_dir=tmp_path)
+            latency_cache.latency_table(args[0], VOCAB, args[1], cache_dir=tmp_path)
 
 
 def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch):
@@ -141,7 +145,7 @@ def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch)
     from strategies.search import cost_model
 
     cfg = tiny_config()
-    table, _ = latency.latency_table(cfg, VOCAB, ["attention", "dense"])  # the session's private cache
+    table, _ = latency_cache.latency_table(cfg, VOCAB, ["attention", "dense"])  # the session's private cache
     pinned = latency.LatencyTable(table.key, {"train": 5.0, "inference": 1.0},
                                   {"attention": {"train": 3.0, "inference": 1.0},
                                    "dense": {"train": 1.0, "inference": 0.5},

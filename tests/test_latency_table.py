@@ -52,6 +52,7 @@ def test_a_search_priced_by_another_devices_table_records_that_device(micro, tim
                                                        f"search.out_dir={run}"))
     assert code == 0, err
     assert f"on {OTHER}" in out  # the printed prediction names the table's device
+    assert f"latency table: given, {timed}; timed " in out and "spread" in out  # which table, how steady
     record = json.loads((run / "architecture.json").read_text())
     summary = record["search"]["latency"]
     assert summary["device"] == OTHER and summary["precision"] == "bf16-mixed"
@@ -242,7 +243,7 @@ def test_a_table_whose_costs_are_not_finite_and_positive_is_refused(micro, timed
 def test_a_kind_timed_no_slower_than_identity_is_not_free(monkeypatch):
     """Noise can time a cheap kind at or below identity: the table then prices it at its resolution, never 0, so
     the tables `parnas latency` writes pass the check above."""
-    def round_times(layouts, *args):
+    def round_times(layouts, *args, **kwargs):
         return [[10.0, 10.2, 9.9]] + [[9.8, 10.0, 9.9] for _ in layouts[1:]]  # each kind no slower than identity
 
     monkeypatch.setattr(latency, "_round_times", round_times)

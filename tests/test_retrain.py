@@ -327,6 +327,7 @@ def test_compare_prints_and_writes_one_table(trained, tmp_path, capsys):
     assert main(["compare", *runs, "--out", str(prefix)]) == 0
     printed = capsys.readouterr().out
     assert "| AADI |" in printed and "| ADAD |" in printed and "val ppl" in printed
+    assert "Speed timed side by side in this process" in printed and "Timed separately" in printed  # small models
     assert (prefix.with_suffix(".md")).read_text() in printed
     rows = (prefix.with_suffix(".csv")).read_text().splitlines()
     assert rows[0].startswith("run,architecture,steps,parameters,attention_blocks") and len(rows) == 3

@@ -18,22 +18,23 @@ the optimiser. So the cost the search pays is timed, at the run's shapes:
 Models are timed in interleaved rounds (every layout once per round, the order
 rotating), after warm-up, with the memory carried as in training, and the median
 round kept, so a shared or throttling machine biases no kind against another.
-A table is cached as JSON under ``<cache>/latency/`` keyed by device name, torch
-version, thread count and every shape that changes the cost, so a search
-does not time again. ``benchmarks/latency_model.py`` checks predictions against
-measured whole-model steps of random layouts.
+A table records how far its rounds spread, the load they competed with, and when
+and where they were timed; :mod:`parnas.training.latency_cache` caches only the
+steady ones. ``benchmarks/latency_model.py`` checks predictions against measured
+whole-model steps of random layouts.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
+import socket
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,8 @@ from parnas.config import (
     upgrade_flat_settings,
 )
 from parnas.errors import ConfigError
-from parnas.files import write_json_atomic
 from parnas.nn.model import build_fixed_model
+from parnas.threads import machine_load, runnable_elsewhere, usable_cores
 from parnas.training.task import adam
 
 MODES = LATENCY_TARGETS  # the latency targets a table prices
@@ -164,19 +165,20 @@ def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int,
 
 
 def _round_times(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
-                 steps: int, warmup: int, device: torch.device,
-                 models: Sequence[ModelConfig | None] | None = None) -> list[list[float]]:
-    """ms per step of each layout in each round: ``times[layout][round]``."""
+                 steps: int, warmup: int, device: torch.device, models: Sequence[ModelConfig | None] | None = None,
+                 after_round: Callable[[], None] | None = None) -> list[list[float]]:
+    """ms per step of each layout in each round: ``times[layout][round]``; ``after_round`` is called between
+    rounds (untimed)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     # the caller's random state is left as it was: a search seeds its logits after timing (or not, when cached)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        return _timed_rounds(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device, models)
+        return _timed_rounds(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device, models, after_round)
 
 
 def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
-                  steps: int, warmup: int, device: torch.device,
-                  models: Sequence[ModelConfig | None] | None = None) -> list[list[float]]:
+                  steps: int, warmup: int, device: torch.device, models: Sequence[ModelConfig | None] | None = None,
+                  after_round: Callable[[], None] | None = None) -> list[list[float]]:
     steppers = [_Stepper(layout, cfg, vocab_size, mode, device, model)
                 for layout, model in zip(layouts, models or [None] * len(layouts))]
     for s in steppers:
@@ -190,6 +192,8 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
             steppers[i].steps(n)
             _sync(device)
             times[i].append((time.perf_counter() - start) * 1e3 / n)
+        if after_round is not None:
+            after_round()
     return times
 
 
@@ -232,6 +236,7 @@ class LatencyTable:
     constant_ms: dict[str, float]  # mode -> ms
     kinds_ms: dict[str, dict[str, float]]  # kind -> mode -> ms per block
     n_reference: int  # blocks in the uniform models that were timed
+    timing: dict[str, Any] | None = None  # how steady, under what load, when and where (None: an older table)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -255,7 +260,8 @@ class LatencyTable:
 
     def for_run(self, key: dict[str, Any]) -> LatencyTable:
         """This table's costs under a run's ``key``, restricted to the kinds that key lists."""
-        return LatencyTable(key, self.constant_ms, {k: self.kinds_ms[k] for k in key["kinds"]}, self.n_reference)
+        return LatencyTable(key, self.constant_ms, {k: self.kinds_ms[k] for k in key["kinds"]}, self.n_reference,
+                            self.timing)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -264,7 +270,7 @@ class LatencyTable:
     def from_dict(cls, d: dict[str, Any]) -> LatencyTable:
         if d.get("format") != FORMAT or d.get("version") not in VERSION_MODES:
             raise ValueError("not a parnas latency table")
-        return cls(d["key"], d["constant_ms"], d["kinds_ms"], int(d["n_reference"]))
+        return cls(d["key"], d["constant_ms"], d["kinds_ms"], int(d["n_reference"]), d.get("timing"))
 
 
 def table_key(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device) -> dict[str, Any]:
@@ -287,72 +293,53 @@ def model_key(model: ModelConfig, kinds: Sequence[str]) -> dict[str, Any]:
 
 def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
                   rounds: int = 7, steps: int = 3, n_reference: int | None = None) -> LatencyTable:
-    """Time uniform models (all identity, then all of each kind) and derive per-block costs."""
+    """Time uniform models (all identity, then all of each kind) and derive per-block costs, recording each
+    cost's spread over the rounds and the load the rounds competed with (:func:`timing_record`)."""
     device = torch.device(device)
     n = n_reference or cfg.model.n_blocks
     kinds = [k for k in dict.fromkeys(kinds) if k != "identity"]
     layouts = [["identity"] * n] + [[k] * n for k in kinds]
     constant: dict[str, float] = {}
     per_kind: dict[str, dict[str, float]] = {k: {} for k in kinds}
+    spread: dict[str, dict[str, float | None]] = {}
+    load: list[float] = []  # other processes' runnable threads, after every round
+
+    def sample() -> None:
+        others = runnable_elsewhere()
+        if others is not None:
+            load.append(others)
+
     for mode in MODES:
-        times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, 3, device)
+        times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, 3, device, after_round=sample)
         constant[mode] = statistics.median(times[0])
+        spread[mode] = {"constant": relative_spread(times[0], times[0])}
         for k, t in zip(kinds, times[1:]):  # differences within a round: a load that drifts cancels out
-            per_kind[k][mode] = max(MIN_BLOCK_MS, statistics.median(a - b for a, b in zip(t, times[0])) / n)
+            differences = [a - b for a, b in zip(t, times[0])]
+            per_kind[k][mode] = max(MIN_BLOCK_MS, statistics.median(differences) / n)
+            spread[mode][k] = relative_spread(differences, t)
     per_kind["identity"] = {mode: 0.0 for mode in MODES}  # what the constant model already is
-    return LatencyTable(table_key(cfg, vocab_size, [*kinds, "identity"], device), constant, per_kind, n)
+    return LatencyTable(table_key(cfg, vocab_size, [*kinds, "identity"], device), constant, per_kind, n,
+                        timing_record(rounds, spread, load, device))
 
 
-def cache_path(key: dict[str, Any], cache_dir: Path | None = None) -> Path:
-    from parnas.data.corpora import default_cache_dir
-
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
-
-
-def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
-                  cache_dir: Path | None = None, refresh: bool = False) -> tuple[LatencyTable, bool]:
-    """The cached table for these shapes on this device, timed now if absent; returns (table, was_cached).
-
-    A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
-    that cover them the newest is used: searches of different candidate sets started after one timing then
-    price the kinds they share alike (timings of one kind taken at different times differ with the load).
-    """
-    device = torch.device(device)
-    kinds = sorted(set(kinds) | {"identity"})
-    key = table_key(cfg, vocab_size, kinds, device)
-    path = cache_path(key, cache_dir)
-    if not refresh:
-        table = newest_covering(key, path.parent)
-        if table is not None:
-            return table, True
-    table = measure_table(cfg, vocab_size, kinds, device)
-    write_json_atomic(path, table.to_dict())
-    return table, False
+def relative_spread(values: Sequence[float], steps_ms: Sequence[float]) -> float | None:
+    """How far a cost's rounds spread: the interquartile range of its per-round ``values`` over the median step
+    of the model they were read from (a block's cost is a difference of two models' steps: its spread is
+    judged against the step it is part of). None for fewer than two rounds."""
+    if len(values) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return round((q3 - q1) / statistics.median(steps_ms), 4)
 
 
-def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
-    """The newest readable table in ``folder`` with ``key``'s shapes and device and at least its kinds,
-    restricted to them; None if there is none (unreadable or stale files are skipped)."""
-    def shapes(of: dict[str, Any]) -> dict[str, Any]:  # the model's and the requested kinds' settings
-        model = {k: v for k, v in of["model"].items() if not isinstance(v, dict) or k in key["kinds"]}
-        return {k: v for k, v in of.items() if k != "kinds"} | {"model": model}
-
-    dated = []
-    for file in folder.glob("*.json"):
-        try:
-            dated.append((file.stat().st_mtime_ns, file))
-        except OSError:
-            continue  # removed meanwhile
-    for _, file in sorted(dated, reverse=True):
-        try:
-            table = LatencyTable.from_dict(reading.read_json(file))
-            covers = shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if covers and table.modes == MODES:  # a table cached before generation was timed is timed again
-            return table.for_run(key)
-    return None
+def timing_record(rounds: int, spread: dict[str, dict[str, float | None]], load: Sequence[float],
+                  device: torch.device) -> dict[str, Any]:
+    """When, where and how steadily a table was timed: ``load`` is the mean of the other processes' runnable
+    threads sampled between rounds (else the 1-minute load average), against the ``cores`` this process may
+    use and the ``threads`` it timed with."""
+    return {"timed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
+            "device": device_name(device), "threads": torch.get_num_threads(), "cores": usable_cores(),
+            "load": round(statistics.mean(load) if load else machine_load(), 2), "rounds": rounds, "spread": spread}
 
 
 def read_table(path: Path) -> LatencyTable:

@@ -24,7 +24,7 @@ from parnas.training import checkpoint as ckpt
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
 # Anything else must match the checkpoint.
 RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train.accelerator", "train.precision",
-                     "train.compile", "model.attention_kernel",
+                     "train.compile", "train.threads", "model.attention_kernel",
                      "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
                      "data.path"}
 # A search may also move its run directory and log at another interval; its other search.* settings must match.

@@ -1,0 +1,179 @@
+"""The cache of latency tables: only a table timed steadily, on a machine that left the timing its cores, is kept.
+
+A table timed while other processes take the cores prices the kinds as that moment did: on a busy 2-core
+machine one such table had a constant part 8x and attention's price over dense's 2.8x instead of 1.9x, and
+every later search reused it. So a table is cached (under ``<cache>/latency/``, keyed by device name, torch
+version, thread count and every shape that changes the cost) only when
+
+- every cost's rounds spread by at most ``SPREAD_LIMIT`` of the step they were read from
+  (:func:`parnas.training.latency.relative_spread`), and
+- the other processes' runnable threads, sampled between rounds, left the timing its threads: at most
+  ``cores - threads`` of them on average.
+
+Otherwise it is timed again, up to ``TRIES`` times; then the run goes on with the steadiest of them, uncached,
+and one warning that names its spread and load. A cached table written before tables recorded this is timed
+again too. :func:`check` says how far the cache is from a timing taken now (``parnas latency --check``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from parnas import reading
+from parnas.config import Config, transformer_xl_layout
+from parnas.files import write_json_atomic
+from parnas.training import latency
+from parnas.training.latency import MODES, LatencyTable, table_key
+
+SPREAD_LIMIT = 0.10  # the most a cost's rounds may spread, as a fraction of the step it was read from
+TRIES = 3  # timings of a table before a run goes on with the steadiest, uncached
+
+
+def largest_spread(table: LatencyTable) -> tuple[float, str] | None:
+    """The table's largest spread and where (``"dense, train"``); None for a table that records none."""
+    spreads = [(value, f"{entry}, {mode}") for mode, entries in ((table.timing or {}).get("spread") or {}).items()
+               for entry, value in entries.items() if value is not None]
+    return max(spreads) if spreads else None
+
+
+def unsteady(table: LatencyTable) -> str | None:
+    """Why ``table`` may not be cached (its spread, or the load it was timed under), or None if it may."""
+    timing = table.timing
+    if not timing or largest_spread(table) is None:
+        return "no record of its spread (an older table, or a single round)"
+    spread, where = largest_spread(table)
+    if spread > SPREAD_LIMIT:
+        return f"spread {spread:.0%} ({where}) is over {SPREAD_LIMIT:.0%}"
+    room = timing["cores"] - timing["threads"]
+    if timing["load"] > room:
+        return (f"other processes kept {timing['load']:.1f} threads runnable beside its {timing['threads']} on "
+                f"{timing['cores']} cores")
+    return None
+
+
+def describe(table: LatencyTable) -> str:
+    """When, where and how steadily ``table`` was timed, in a few words."""
+    timing = table.timing
+    if not timing:
+        return f"timed on {table.key.get('device', 'an unnamed device')} (no record of when, its spread or load)"
+    spread = largest_spread(table)
+    steadiness = f"spread {spread[0]:.1%} ({spread[1]})" if spread else "spread unknown"
+    threads = f"{timing['threads']} thread{'s' * (timing['threads'] != 1)}"
+    return (f"timed {timing['timed_at']} on {timing['host']} ({timing['device']}, {threads}, load "
+            f"{timing['load']:.1f} beside it on {timing['cores']} cores), {steadiness}")
+
+
+def cache_path(key: dict[str, Any], cache_dir: Path | None = None) -> Path:
+    from parnas.data.corpora import default_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir or default_cache_dir()) / "latency" / f"{digest}.json"
+
+
+def _warn(line: str) -> None:
+    print(f"parnas: warning: {line}", file=sys.stderr, flush=True)
+
+
+def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
+                  cache_dir: Path | None = None, refresh: bool = False,
+                  warn: Callable[[str], None] = _warn) -> tuple[LatencyTable, bool]:
+    """The cached table for these shapes on this device, timed now if absent (or ``refresh``); returns
+    (table, was_cached). A table timed now is cached if steady (:func:`unsteady`), else timed again, up to
+    ``TRIES`` times, and the steadiest returned uncached with one ``warn`` line naming its spread and load.
+
+    A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
+    that cover them the newest is used: searches of different candidate sets started after one timing then
+    price the kinds they share alike (timings of one kind taken at different times differ with the load).
+    """
+    device = torch.device(device)
+    kinds = sorted(set(kinds) | {"identity"})
+    key = table_key(cfg, vocab_size, kinds, device)
+    path = cache_path(key, cache_dir)
+    if not refresh:
+        table = newest_covering(key, path.parent)
+        if table is not None:
+            return table, True
+    timed = []
+    for _ in range(TRIES):
+        table = latency.measure_table(cfg, vocab_size, kinds, device)
+        if unsteady(table) is None:
+            write_json_atomic(path, table.to_dict())
+            return table, False
+        timed.append(table)
+    steadiest = min(timed, key=lambda t: (largest_spread(t) or (float("inf"), ""))[0])
+    warn(f"the latency table was timed {TRIES} times and never steadily ({unsteady(steadiest)}); this run uses the "
+         f"steadiest, not cached: {describe(steadiest)}")
+    return steadiest, False
+
+
+def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
+    """The newest readable, steady table in ``folder`` with ``key``'s shapes and device and at least its kinds,
+    restricted to them; None if there is none (unreadable, stale or unsteady files are skipped)."""
+    def shapes(of: dict[str, Any]) -> dict[str, Any]:  # the model's and the requested kinds' settings
+        model = {k: v for k, v in of["model"].items() if not isinstance(v, dict) or k in key["kinds"]}
+        return {k: v for k, v in of.items() if k != "kinds"} | {"model": model}
+
+    dated = []
+    for file in folder.glob("*.json"):
+        try:
+            dated.append((file.stat().st_mtime_ns, file))
+        except OSError:
+            continue  # removed meanwhile
+    for _, file in sorted(dated, reverse=True):
+        try:
+            table = LatencyTable.from_dict(reading.read_json(file))
+            covers = shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"])
+            # a table cached before generation was timed, or before tables recorded their spread, is timed again
+            usable = covers and table.modes == MODES and unsteady(table) is None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if usable:
+            return table.for_run(key)
+    return None
+
+
+def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
+                cache_dir: Path | None = None) -> list[str]:
+    """``parnas latency --check``: the table a run would take from the cache, against one timed now (written
+    nowhere): when each was timed and how steadily, and how far the cached costs are off (:func:`check`)."""
+    device = torch.device(device)
+    kinds = sorted(set(kinds) | {"identity"})
+    key = table_key(cfg, vocab_size, kinds, device)
+    cached = newest_covering(key, cache_path(key, cache_dir).parent)
+    if cached is None:
+        return [f"no steady table for these shapes in this machine's cache ({key['device']}, {key['threads']} "
+                "thread(s)): a search would time one; `parnas latency --out FILE` times and caches one now"]
+    now = latency.measure_table(cfg, vocab_size, kinds, device)
+    problem = unsteady(now)
+    return [f"cached: {describe(cached)}", f"now:    {describe(now)}", *check(cached, now, cfg.model.n_blocks),
+            f"(the timing now is not steady either: {problem})" if problem else
+            "`parnas latency --refresh --out FILE` replaces the cached table with a new timing"]
+
+
+def check(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
+    """How far ``cached``'s costs are from ``now``'s (the same shapes, timed again): per target, the constant and
+    each kind's cost, then the furthest a whole step's prediction moves (the all-identity model, Transformer-XL,
+    and each kind's uniform model at ``n_blocks``)."""
+    def change(cached: float, now: float) -> str:  # how far the cached figure is off the one timed now
+        return f"{cached:.3f} ms cached, {now:.3f} now" + (f" ({cached / now - 1:+.0%})" if now > 0 else "")
+
+    lines, furthest = [], (0.0, "")
+    kinds = [k for k in now.key["kinds"] if k != "identity" and k in cached.kinds_ms]
+    for mode in (m for m in MODES if m in cached.modes and m in now.modes):
+        costs = [f"constant {change(cached.constant_ms[mode], now.constant_ms[mode])}"]
+        costs += [f"{k} {change(cached.block_ms(k, mode), now.block_ms(k, mode))}" for k in kinds]
+        lines.append(f"  {mode}: " + "; ".join(costs))
+        layouts = {"all identity": ["identity"] * n_blocks, "Transformer-XL": transformer_xl_layout(n_blocks),
+                   **{f"all {k}": [k] * n_blocks for k in kinds}}
+        for name, layout in layouts.items():
+            off = cached.predict(layout, mode) / now.predict(layout, mode) - 1
+            furthest = max(furthest, (abs(off), f"{off:+.0%} on a {mode} step of {name}"))
+    verdict = f"the cached table is off by at most {furthest[1]}" if furthest[1] else "no target to compare"
+    return [*lines, verdict]

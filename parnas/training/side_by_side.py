@@ -1,0 +1,46 @@
+"""Models timed side by side: every target (train step, inference segment, generated token) of several models,
+in one process, in alternating rounds (:func:`parnas.training.latency.time_layouts`).
+
+Runs timed in their own processes at different moments compare the machine's load at those moments as much as
+the models: on a shared machine one run's throughput can be half of another's for no reason in the models. Timed
+side by side, round by round, a load that comes and goes slows every model alike. ``parnas study`` and
+``parnas compare`` judge speed by these timings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from parnas.config import TARGET_LABELS, Config, ModelConfig
+from parnas.training.latency import MODES, device_name, target_memories, time_layouts
+
+
+def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], ModelConfig | None]],
+                      vocab_size: int, device: torch.device,
+                      progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
+    """ms per train step, inference segment and generated token of every layout (name -> its kinds and its model
+    settings, None for ``cfg``'s) at ``cfg``'s data shapes, in ``rounds`` alternating rounds on ``device``:
+    ``{"<target>_step_ms": {name: ms}}``, with what they were timed with (device, threads, torch, shapes, and the
+    memory each target keeps)."""
+    timing: dict[str, Any] = {"device": device_name(device), "threads": torch.get_num_threads(),
+                              "torch": torch.__version__, "rounds": rounds, "batch_size": cfg.data.batch_size,
+                              "seg_len": cfg.data.seg_len, "mem_len": cfg.model.mem_len,
+                              "memory": target_memories(cfg)}
+    for i, mode in enumerate(MODES):
+        if progress is not None:
+            progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} "
+                     f"alternating rounds on {timing['device']} ...")
+        ms = time_layouts([kinds for kinds, _ in layouts.values()], cfg, vocab_size, mode=mode, rounds=rounds,
+                          device=device, models=[model for _, model in layouts.values()])
+        timing[f"{mode}_step_ms"] = dict(zip(layouts, ms))
+    return timing
+
+
+def tokens_per_s(timing: Mapping[str, Any], name: str, mode: str) -> float:
+    """Tokens a second of ``name`` at ``mode``: a train or inference step handles a batch of segments, a
+    generation step one token."""
+    tokens = 1 if mode == "generate" else timing["batch_size"] * timing["seg_len"]
+    return tokens * 1e3 / timing[f"{mode}_step_ms"][name]
