@@ -10,10 +10,9 @@ and why:
 - with ``search.forward: sampled`` a step runs only one sampled candidate per block, not all, and the logits
   learn from the loss by REINFORCE (:mod:`strategies.sampled`);
 - ``joint`` mode (the seed's procedure) steps weights and logits from one batch;
-  ``bilevel`` is first-order DARTS with logits stepping on the validation stream.
-  The task keeps one Transformer-XL memory per stream (``train``, ``arch``), and
-  a stream's memory is reset when that stream starts over (NNI's DARTS module calls the
-  task's ``training_step`` on the validation batch, then on the training batch);
+  ``bilevel`` is first-order DARTS with logits stepping on the validation stream, the architecture stream
+  (:mod:`strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
+  memory and resets it where that stream starts over;
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`).
   A ``latency_budget`` is a constraint: a hinge on the excess over the budget of
   the *exported* architecture's cost, differentiated through the expected cost
@@ -56,15 +55,14 @@ from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as 
 # RandomOneShot, Proxyless and ENAS as placeholders that fail when run (a circular import inside NNI 3.0)
 from nni.nas.strategy import GumbelDARTS
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from parnas.config import SearchConfig
-from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar, step_seed
+from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
+from strategies.arch_stream import ArchStream, PairedStreams
 from strategies.costs import CostModel
 from strategies.exported import Evaluated, exported_nll, fit_budget
-from strategies.sampled import SampledMixedLayer, clear_picks, draw_picks, reinforce
-
-SAMPLE_SEED_OFFSETS = {"train": 104_729, "arch": 130_363}  # sampled forward: each stream's draws their own
+from strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
 
 
 def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
@@ -89,24 +87,6 @@ class GumbelSoftmax(NNIGumbelSoftmax):
         return logits.softmax(self.dim)
 
 
-class PairedStreams(Dataset):
-    """Segment t of the weight stream with segment t (cycled) of the architecture stream.
-
-    ``arch_restart`` marks where the shorter stream starts over, so its memory is reset
-    there, which Lightning's ``CombinedLoader`` would not tell us.
-    """
-
-    def __init__(self, train: Dataset, arch: Dataset) -> None:
-        self.train, self.arch = train, arch
-
-    def __len__(self) -> int:
-        return len(self.train)  # type: ignore[arg-type]
-
-    def __getitem__(self, t: int) -> dict[str, Any]:
-        a = t % len(self.arch)  # type: ignore[arg-type]
-        return {"train": self.train[t], "arch": self.arch[a], "arch_restart": a == 0}
-
-
 class PARDartsModule(DartsLightningModule):
     """The search loop around a :class:`LanguageModelTask` (see module docstring)."""
 
@@ -123,6 +103,7 @@ class PARDartsModule(DartsLightningModule):
         self._softmax_cache: list[NNIGumbelSoftmax] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
         self._baseline: Tensor | None = None  # search.forward=sampled: the loss's moving average (REINFORCE's)
+        self.arch_stream = ArchStream()  # bilevel: the validation stream the logits step on
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
@@ -197,11 +178,6 @@ class PARDartsModule(DartsLightningModule):
             self._softmax_cache = [m for m in self.modules() if isinstance(m, NNIGumbelSoftmax)]
         return self._softmax_cache
 
-    @property
-    def data_position(self) -> int:
-        """Segments done in this pass over the training streams; a resumed search starts there."""
-        return self.training_module.data_position
-
     def _sampled_loss(self, stream: str, batch: tuple[Tensor, Tensor], learns: bool) -> tuple[Tensor, Tensor | float]:
         """The stream's loss, and what the logits learn from besides the penalty. ``mixed``: every candidate
         runs, and the loss's own gradient reaches the logits (0 here). ``sampled``: one candidate a block, drawn
@@ -209,9 +185,8 @@ class PARDartsModule(DartsLightningModule):
         REINFORCE surrogate of :mod:`strategies.sampled` where the logits ``learns`` from this stream."""
         if self.search.forward == "mixed":
             return self._stream_loss(stream, batch), 0.0
-        task, choices = self.training_module, self.choices()
-        seed = step_seed(task.train_cfg.seed + SAMPLE_SEED_OFFSETS[stream], task.global_rank, task.batches_seen)
-        picks = draw_picks(choices, seed)
+        choices = self.choices()
+        picks = draw_picks(choices, self.training_module.seed_for_step(PICK_SEED_OFFSETS[stream]))
         loss = self._stream_loss(stream, batch)
         if not learns:
             return loss, 0.0
@@ -222,7 +197,7 @@ class PARDartsModule(DartsLightningModule):
         task = self.training_module
         if stream == "train":  # the task's own path: memory restore, dropout seed, data position
             return task.train_nll(batch).mean() + task.aux_loss()  # aux: the compressive memory's (task.py)
-        return task.stream_nll(stream, batch).mean()
+        return self.arch_stream.nll(task, batch).mean()
 
     def _penalty(self) -> Tensor | float:
         """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget).
@@ -274,8 +249,7 @@ class PARDartsModule(DartsLightningModule):
 
         if self.search.mode == "bilevel":
             if batch["arch_restart"]:
-                self.training_module.mems.pop("arch", None)
-                self.training_module._restored_streams.pop("arch", None)
+                self.arch_stream.restart()
             if arch_moves:
                 arch_loss, surrogate = self._sampled_loss("arch", batch["arch"], learns=True)
                 arch_loss = arch_loss + self._penalty()
@@ -350,9 +324,7 @@ class PARDartsModule(DartsLightningModule):
     # --- checkpoints: the task adds its section (memory, metadata); the search adds lambda and the arch memory
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.training_module.on_save_checkpoint(checkpoint)
-        task = self.training_module
-        arch_memory = task._restored_streams.get("arch") or (
-            task._gather_memory(task.mems["arch"]) if task.mems.get("arch") is not None else None)
+        arch_memory = self.arch_stream.state(self.training_module)
         checkpoint["parnas"]["search"] = {"lambda": self.dual, "arch_memory": arch_memory,
                                           "baseline": None if self._baseline is None else float(self._baseline),
                                           "last_evaluation": asdict(self.last_evaluation)
@@ -370,8 +342,7 @@ class PARDartsModule(DartsLightningModule):
         # step (to finish its export) takes no step that would set it
         self.tau = tau_at(max(0, int(checkpoint["global_step"]) - 1), self.max_steps, self.search.tau_start,
                           self.search.tau_end, self.search.tau_schedule)
-        if state.get("arch_memory") is not None:
-            self.training_module._restored_streams["arch"] = state["arch_memory"]
+        self.arch_stream.restore(state.get("arch_memory"))
 
     def append_history(self, record: dict[str, Any]) -> None:
         """One line of history.jsonl; a line with a cost says which device's latency priced it, and which latency."""

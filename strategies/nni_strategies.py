@@ -138,8 +138,8 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
     from parnas.training.evaluation import evaluate
     from parnas.training.fit import build_trainer, check_segments, tokenizer_meta
     from parnas.training.memory import check_memory
-    from parnas.training.task import LanguageModelTask
     from search_spaces import PARTransformerXLSpace, fixed_model
+    from strategies.arch_stream import NNIDartsTask
     from strategies.search import check_run_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir, table_line
 
     check_devices(cfg.train)
@@ -162,7 +162,8 @@ def run_nni_search(cfg: Config) -> dict[str, Any]:
         print(table_line(latency), flush=True)
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
-    task = LanguageModelTask(cfg.train, meta)
+    task = NNIDartsTask(cfg.train, meta)
+    data.task = task  # NNI's module wraps it: the data follows the task's model and position
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
                                Lightning(task, trainer, datamodule=data), make_strategy(name, cfg))
     experiment.config.experiment_working_directory = str(run_dir / "nni")  # not ~/nni-experiments

@@ -250,7 +250,7 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
     task = LanguageModelTask(cfg.train, meta)
-    data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len)
+    data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len, task=task)
     trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
                             log_every_n_steps=cfg.search.log_every)
     latency = None

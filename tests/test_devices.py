@@ -30,7 +30,7 @@ def test_restored_memory_goes_to_the_device_of_the_batch():
     task = LanguageModelTask(load_config("tiny").train)
     saved = [torch.arange(4 * 3 * 2.0).view(4, 3, 2), None]  # 4 streams, memory 3, width 2
     x = torch.empty(4, 8, dtype=torch.long, device="meta")
-    local = task._local_memory(saved, x)
+    local = task.local_memory(saved, x)
     assert task.device == torch.device("cpu") and local[0].device == torch.device("meta") and local[1] is None
     assert local[0].shape == (4, 3, 2)
 

@@ -13,8 +13,8 @@ from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
 
 from parnas.architecture import make_record, model_config
 from parnas.training.fit import SegmentData, build_trainer
-from parnas.training.task import LanguageModelTask
 from search_spaces import PARTransformerXLSpace, fixed_model
+from strategies.arch_stream import NNIDartsTask
 from tests.nni_stall import STALLED, rerun_on_stall
 from tests.test_search import SPLITS, VOCAB, search_config
 
@@ -30,8 +30,10 @@ STRATEGIES = {
 
 def search(tmp_path, cfg, strategy, data=None):
     trainer = build_trainer(cfg.train, tmp_path, trainer_cls=Trainer, gradient_clip_val=None)
-    task = LanguageModelTask(cfg.train)
-    evaluator = Lightning(task, trainer, datamodule=data or SegmentData(SPLITS, 8, 4, 16))
+    task = NNIDartsTask(cfg.train)
+    data = data or SegmentData(SPLITS, 8, 4, 16)
+    data.task = task  # NNI's module wraps the task: the batches are grouped for its model
+    evaluator = Lightning(task, trainer, datamodule=data)
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, VOCAB), evaluator, strategy)
     experiment.config.experiment_working_directory = str(tmp_path / "nni")  # not ~/nni-experiments
     experiment.run()
@@ -50,11 +52,11 @@ def test_nni_strategy_searches_the_space_and_exports_a_retrainable_architecture(
     darts = name != "random-oneshot"
     assert task.batches_seen == (3 if darts else 6)
     assert task.mems["train"][0].shape == (8, 8, 32)  # (B, mem_len, d_model): the training streams' memory
-    assert ("arch" in task.mems) == darts
+    assert (task.arch_stream.memory is not None) == darts
     if not darts:  # NNI's sampling module runs the validation loop (without its start and end hooks)
         assert task.mems["val"][0].shape == (4, 8, 32)
     if darts:  # the validation stream's own memory, at its own batch size
-        assert task.mems["arch"][0].shape == (4, 8, 32)
+        assert task.arch_stream.memory[0].shape == (4, 8, 32)
     (best,) = experiment.export_top_models(formatter="dict")
     record = make_record(best, cfg.model, VOCAB, search={"strategy": name})  # validated as retrain validates
     model = fixed_model(model_config(record), VOCAB, record["architecture"])

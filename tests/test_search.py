@@ -13,8 +13,9 @@ from nni.nas.nn.pytorch import LayerChoice
 from parnas.config import BLOCK_KINDS, ModelConfig, load_config
 from parnas.training.evaluation import evaluate
 from search_spaces import PARTransformerXLSpace, fixed_model
+from strategies.arch_stream import PairedStreams
 from strategies.costs import CostModel
-from strategies.gumbel_darts import PairedStreams, tau_at
+from strategies.gumbel_darts import tau_at
 from strategies.search import build_search
 
 logging.getLogger("nni").setLevel(logging.WARNING)
@@ -92,9 +93,8 @@ def test_bilevel_reads_the_other_stream_and_keeps_two_memories(tmp_path):
     search = build_search(search_config("train.max_steps=2", "search.mode=bilevel"), SPLITS, VOCAB, tmp_path)
     before_alpha = alphas(search)
     search.run()
-    mems = search.module.training_module.mems
-    assert set(mems) == {"train", "arch"}
-    assert mems["train"][0].shape[0] == 8 and mems["arch"][0].shape[0] == 4  # batch vs eval batch size
+    train, arch = search.module.training_module.mems["train"], search.module.arch_stream.memory
+    assert train[0].shape[0] == 8 and arch[0].shape[0] == 4  # batch vs eval batch size
     assert all(not torch.equal(before_alpha[k], a) for k, a in alphas(search).items())
 
 

@@ -73,23 +73,35 @@ class ResumableSampler(Sampler[int]):
 
 
 class SegmentData(pl.LightningDataModule):
-    """Contiguous segments of each split; rank and world size are read at ``setup``."""
+    """Contiguous segments of each split; rank and world size are read at ``setup``.
 
-    def __init__(self, splits: dict[str, np.ndarray], batch_size: int, eval_batch_size: int, seg_len: int) -> None:
+    ``task``: the :class:`LanguageModelTask` whose model the batches are for and whose data position a resumed
+    run starts at. Left out, it is the module Lightning trains; a loop that wraps the task (a one-shot search)
+    names it, here or by setting ``task`` before training."""
+
+    def __init__(self, splits: dict[str, np.ndarray], batch_size: int, eval_batch_size: int, seg_len: int,
+                 task: LanguageModelTask | None = None) -> None:
         super().__init__()
         self.splits, self.batch_size, self.eval_batch_size, self.seg_len = splits, batch_size, eval_batch_size, seg_len
+        self.task = task
 
     def batches(self, split: str, rank: int = 0, world_size: int = 1) -> ContextBatches:
         train = split == "train"
         return ContextBatches(self.splits[split], self.batch_size if train else self.eval_batch_size, self.seg_len,
                               rank=rank, world_size=world_size, drop_last=train)
 
+    def trained_task(self) -> Any:
+        """The task being trained: ``task``, or the module Lightning trains (None outside a trainer)."""
+        if self.task is not None:
+            return self.task
+        return self.trainer.lightning_module if self.trainer is not None else None
+
     def _loader(self, split: str) -> DataLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         dataset = self.batches(split, rank, world)
         start = 0
         if split == "train" and self.trainer is not None:  # a resumed task knows where its pass stopped
-            start = getattr(self.trainer.lightning_module, "data_position", 0) % len(dataset)
+            start = getattr(self.trained_task(), "data_position", 0) % len(dataset)
         return DataLoader(dataset, batch_size=None, sampler=ResumableSampler(len(dataset), start))
 
     def train_dataloader(self) -> DataLoader:
@@ -98,13 +110,11 @@ class SegmentData(pl.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Each batch, still on the host: its targets grouped for the model's output head
         (:func:`with_target_groups`), so the step reads no cluster size back from the device, and bound for a GPU,
-        pinned (:func:`pinned`), so that moving it does not wait for the GPU. Whichever module trains the model:
-        the task, or a one-shot strategy's module that wraps it as ``training_module``."""
+        pinned (:func:`pinned`), so that moving it does not wait for the GPU."""
         if self.trainer is None:
             return batch
-        module = self.trainer.lightning_module
-        task = getattr(module, "training_module", module)
-        return pinned(with_target_groups(getattr(task, "model", None), batch), self.trainer.strategy.root_device)
+        model = getattr(self.trained_task(), "model", None)
+        return pinned(with_target_groups(model, batch), self.trainer.strategy.root_device)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")

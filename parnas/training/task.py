@@ -9,11 +9,11 @@ A batch is made on the host as ``(x, y)``; before Lightning moves it to the devi
 ``(x, y, groups)`` (:func:`with_target_groups`): the adaptive softmax's targets grouped by cluster there, so
 that the step reads nothing back from the device.
 
-Memory is kept per stream name: one for training, one for evaluation, so an
+Memory is kept per stream: one for training, one for evaluation, so an
 evaluation in the middle of training neither sees nor disturbs the training
-memory, and one (``arch``) for the validation stream NNI's DARTS modules step the
-logits on: they call ``training_step`` twice per step, on the validation batch
-with ``batch_idx`` 2i, then on the training batch with 2i+1. Perplexity is
+memory. A stream the task does not know (a search's architecture stream,
+:mod:`strategies.arch_stream`) keeps its own memory and steps through
+:meth:`LanguageModelTask.side_stream_nll`. Perplexity is
 ``exp(total NLL / predicted tokens)`` over the whole split, summed across DDP
 ranks, never a mean of per-batch perplexities.
 
@@ -21,7 +21,7 @@ Exact resume: a checkpoint holds what the next step depends on beyond the
 weights and optimiser, i.e. the data position (segments done in this pass over
 the streams) and the training memory of *every* stream (gathered from all DDP
 ranks, so a run may even resume on another number of processes). Dropout is
-reseeded at every training step from (seed, rank, micro-batch index), so the
+reseeded at every training step from (seed, rank, micro-batch index) (:meth:`LanguageModelTask.seed_for_step`), so the
 random numbers a step uses depend on nothing that happened before it, such as
 draws Lightning or a DataLoader made between a checkpoint and the next step.
 """
@@ -164,8 +164,6 @@ class LanguageModelTask(LightningModule):
         self.val_history: list[dict[str, float]] = []
         self._val_sums: Tensor | None = None
         self._restored_memory: list[Tensor | None] | None = None  # all streams, until the first step slices it
-        self._restored_streams: dict[str, Any] = {}  # other streams' saved memories (the search's arch stream)
-        self._arch_position = 0  # segments of the arch stream done in its current pass (under NNI's DARTS)
         self._first_nonfinite: Tensor | None = None  # the first step whose loss was not finite, or -1 (on device)
 
     # --- training -----------------------------------------------------------
@@ -187,9 +185,9 @@ class LanguageModelTask(LightningModule):
         if self.data_position >= self.trainer.num_training_batches:
             self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
         if self._restored_memory is not None:
-            self.mems["train"] = self._local_memory(self._restored_memory, x)
+            self.mems["train"] = self.local_memory(self._restored_memory, x)
             self._restored_memory = None
-        torch.manual_seed(step_seed(self.train_cfg.seed, self.global_rank, self.batches_seen))
+        torch.manual_seed(self.seed_for_step())
         nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"), groups)
         self._note_nonfinite(nll)
         self.batches_seen += 1
@@ -217,42 +215,24 @@ class LanguageModelTask(LightningModule):
     def on_train_end(self) -> None:
         self.check_finite()
 
-    def stream_nll(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
-        """Per-token NLL (B, L) of the next segment of a stream other than ``train`` (the logits' stream in a
-        search), with that stream's own memory (restored from a checkpoint on its first step) and its own
-        dropout and Gumbel seed, a function of the step alone, so a resumed search redraws the same."""
+    def seed_for_step(self, offset: int = 0) -> int:
+        """The torch seed of this micro-batch on this rank: a pure function of (``train.seed`` + ``offset``, rank,
+        micro-batches trained), so a resumed run draws the same. The training stream's dropout takes offset 0;
+        anything else drawn in the same step (another stream's dropout, a sampled search's picks) takes an offset
+        of its own, so its numbers are not the training stream's."""
+        return step_seed(self.train_cfg.seed + offset, self.global_rank, self.batches_seen)
+
+    def side_stream_nll(self, batch: Sequence[Any], memory: Memory | None,
+                        seed_offset: int) -> tuple[Tensor, Memory]:
+        """Per-token NLL (B, L) of the next segment of a stream other than ``train`` and the memory for its next
+        segment: the caller keeps that stream and its ``memory`` (a search's architecture stream); dropout is
+        reseeded with :meth:`seed_for_step` (``seed_offset``), so a resumed run redraws the same. Neither the
+        data position nor the micro-batch count moves: only the training stream advances them."""
         x, y, groups = unpack(batch)
-        if stream in self._restored_streams:
-            self.mems[stream] = self._local_memory(self._restored_streams.pop(stream), x)
-        torch.manual_seed(step_seed(self.train_cfg.seed + 7919, self.global_rank, self.batches_seen))
-        nll, self.mems[stream] = segment_nll(self.model, x, y, self.mems.get(stream), groups)
-        return nll
-
-    def stream_of(self, batch_idx: int) -> str:
-        """Which stream ``training_step`` was handed: ``arch`` for the validation batch NNI's DARTS modules
-        (DARTS, GumbelDARTS, Proxyless) pass with an even ``batch_idx``, else ``train``. Every other wrapper,
-        and plain Lightning, passes training batches only."""
-        from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule  # here: it imports NNI's layers
-
-        darts = isinstance(self.trainer.lightning_module, DartsLightningModule)
-        return "arch" if darts and batch_idx % 2 == 0 else "train"
-
-    def arch_nll(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        """:meth:`stream_nll` on NNI DARTS's validation stream, whose memory is reset where that stream starts
-        over (Lightning's ``CombinedLoader`` cycles the shorter loader without saying so)."""
-        loaders = self.trainer.train_dataloader
-        length = len(loaders["val"]) if isinstance(loaders, dict) and "val" in loaders else 0
-        if length and self._arch_position >= length:
-            self.mems.pop("arch", None)
-            self._arch_position = 0
-        self._arch_position += 1
-        return self.stream_nll("arch", batch)
+        torch.manual_seed(self.seed_for_step(seed_offset))
+        return segment_nll(self.model, x, y, memory, groups)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        if self.stream_of(batch_idx) == "arch":
-            loss = self.arch_nll(batch).mean()
-            self.log("search/arch_loss", loss.detach())
-            return loss + self.aux_loss()
         loss = self.train_nll(batch).mean()
         self.log("train/loss", loss, prog_bar=showing_progress_bar(self.trainer))
         self.log_dict(dict(getattr(self.model, "block_metrics", {})))  # e.g. act/steps of ut blocks
@@ -332,7 +312,7 @@ class LanguageModelTask(LightningModule):
         from parnas.training.checkpoint import FORMAT, VERSION, weights_digest
 
         self.check_finite()  # weights a non-finite loss has reached are not worth resuming from
-        memory = self._restored_memory or self._gather_memory(self.mems.get("train"))
+        memory = self._restored_memory or self.gather_memory(self.mems.get("train"))
         checkpoint["parnas"] = {
             "format": FORMAT, "version": VERSION, **self.meta,
             "data_position": {"batches_seen": self.batches_seen, "in_pass": self.data_position},
@@ -348,8 +328,9 @@ class LanguageModelTask(LightningModule):
         self._restored_memory = meta.get("train_memory")
         self.mems.pop("train", None)
 
-    def _gather_memory(self, mems: Memory | None) -> list[Tensor | None] | None:
-        """Every rank's training memory, rows in stream order: (B, M, D) per attention block."""
+    def gather_memory(self, mems: Memory | None) -> list[Tensor | None] | None:
+        """Every rank's memory of a stream, rows in stream order, on the CPU (what a checkpoint keeps):
+        (B, M, D) per attention block. All ranks must call it (a collective under DDP)."""
         if mems is None:
             return None
         world = self.trainer.world_size
@@ -365,7 +346,7 @@ class LanguageModelTask(LightningModule):
             out.append(m.detach().cpu().clone())  # (B, M, D)
         return out
 
-    def _local_memory(self, memory: list[Tensor | None], x: Tensor) -> Memory:
+    def local_memory(self, memory: list[Tensor | None], x: Tensor) -> Memory:
         """This rank's rows of a gathered memory (saved on the CPU), on the device of the batch ``x`` (B, L)
         they will be attended with: the batch, not a device recorded elsewhere, is where the step runs."""
         rank, local_batch = self.global_rank, x.size(0)
