@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from parnas import kinds, reading
+from parnas import kinds, reading, strategy_registry
 from parnas.arguments import presets  # the preset names, as --help lists them (re-exported here)
 from parnas.errors import ConfigError
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
@@ -36,9 +36,6 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 # what computes attention off the CPU (parnas.nn.blocks): SDPA with the position scores as a bias, or FlexAttention
 ATTENTION_KERNELS = ("sdpa", "flex")
-# parnas search --strategy: PAR's own (strategies.search), NNI's one-shot ones, NNI's multi-trial ones
-SEARCH_STRATEGIES = ("par-gumbel-darts", "darts", "gumbel-darts", "random-oneshot", "proxyless", "enas", "random",
-                     "regularized-evolution", "tpe", "grid")
 SEARCH_FORWARDS = ("mixed", "sampled")  # what a search step runs in each block (strategies.sampled)
 BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (strategies.gumbel_darts)
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
@@ -295,8 +292,8 @@ class SearchConfig:
     device, e.g. a GPU) to price the blocks with instead of timing them here; its
     shapes must be the run's, its device may be any.
 
-    ``strategy``: ``par-gumbel-darts`` (this search) or one of NNI's own
-    (``parnas search --strategy``).
+    ``strategy``: a name in the strategy registry (:mod:`parnas.strategy_registry`): its default,
+    ``par-gumbel-darts``, is this search; NNI's own and plugins' are the others (``parnas search --strategy``).
 
     ``latency_target``: which latency the cost is: ``train`` (a training step),
     ``inference`` (a forward pass over a batch of segments) or ``generate``
@@ -329,7 +326,7 @@ class SearchConfig:
     budget_hinge: str = "exported"
     latency_table: str | None = None
     latency_target: str = "train"
-    strategy: str = "par-gumbel-darts"
+    strategy: str = strategy_registry.DEFAULT
     trials: int = 8  # a multi-trial strategy's trials, each training one architecture for train.max_steps
     export_samples: int = 0
     dual_lr: float = 0.05
@@ -376,15 +373,15 @@ class SearchConfig:
                  f"search.budget_hinge={self.budget_hinge} hinges the cost at search.latency_budget: set one")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
-        _require(self.strategy in SEARCH_STRATEGIES,
-                 f"search.strategy must be one of {', '.join(SEARCH_STRATEGIES)}, not {self.strategy!r}")
+        _require(strategy_registry.is_known(self.strategy),
+                 f"search.strategy: {strategy_registry.unknown_message(self.strategy)}")
         _require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
         _require(self.export_samples >= 0, f"search.export_samples must be >= 0, got {self.export_samples}")
         _require(self.forward in SEARCH_FORWARDS,
                  f"search.forward must be one of {', '.join(SEARCH_FORWARDS)}, not {self.forward!r}")
-        _require(self.forward == "mixed" or self.strategy == "par-gumbel-darts",
-                 f"search.forward={self.forward} is par-gumbel-darts' (search.strategy={self.strategy} runs its "
-                 "own supernet)")
+        _require(self.forward == "mixed" or self.forward in strategy_registry.get(self.strategy).forwards,
+                 f"search.forward={self.forward} is not a mode of search.strategy={self.strategy}, which runs its "
+                 f"own supernet; strategies that run it: {', '.join(strategy_registry.running(self.forward))}")
         _require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
         _require(self.latency_target == "train" or self.penalty_cost == "latency",

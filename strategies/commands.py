@@ -9,7 +9,9 @@ import sys
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    """Search a PAR architecture with Gumbel-DARTS and write architecture.json (inside nnictl: a trial)."""
+    """Search an architecture with ``search.strategy`` (the registry's; PAR's Gumbel-DARTS unless set) and write
+    architecture.json (inside nnictl: a trial)."""
+    from parnas import strategy_registry
     from parnas.config import load_config
     from parnas.files import check_not_held, check_writable_dir, hold_run_dir
 
@@ -27,10 +29,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(dry_run(cfg, [list(cfg.search.candidates)] * cfg.model.n_blocks, "search (the supernet)"))
         return 0
     if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
-        from strategies.nni_strategies import check_strategy
-
         early = load_config(args.config, args.set)
-        check_strategy(early, args.resume)
+        strategy_registry.get(early.search.strategy).check_config(early, args.resume)
         check_writable_dir(early.search.out_dir)
         check_not_held(early.search.out_dir)
     # the run directory (strategies.search.run_dir_of): an nnictl trial's own, else search.out_dir
@@ -40,9 +40,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from parnas import strategy_registry
     from parnas.config import load_config
     from parnas.threads import use_threads
-    from strategies.search import in_nni_trial, run_search, trial_parameters
+    from strategies.search import in_nni_trial, trial_parameters
 
     params = trial_parameters()
     cfg = load_config(args.config, args.set, extra=params)
@@ -50,18 +51,9 @@ def _search(args: argparse.Namespace) -> int:
     if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
         args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
                             f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
-    if cfg.search.strategy == "par-gumbel-darts":
-        record = run_search(cfg, resume=args.resume)
-    else:
-        from strategies.nni_strategies import MULTI_TRIAL, check_strategy, run_nni_search
-
-        check_strategy(cfg, args.resume)
-        if cfg.search.strategy in MULTI_TRIAL:
-            from strategies.multi_trial import run_multi_trial
-
-            record = run_multi_trial(cfg, trials=cfg.search.trials)
-        else:
-            record = run_nni_search(cfg)
+    strategy = strategy_registry.get(cfg.search.strategy)
+    strategy.check_config(cfg, args.resume)
+    record = strategy.runner()(cfg, resume=args.resume)
     if record:
         from parnas.architecture import layout, layout_string, legend
         from parnas.config import TARGET_LABELS
@@ -78,7 +70,10 @@ def _search(args: argparse.Namespace) -> int:
                      f"{search['discretisation_gap']:+.2f})")
         elif search.get("supernet_val_ppl") is not None:
             line += f"; {search['supernet_val_ppl']:.2f} supernet"
-        print(line + ("" if search.get("strategy") == "par-gumbel-darts" else f" -- NNI's {search['strategy']}"))
+        name = search.get("strategy")
+        by = f" -- NNI's {name}" if strategy_registry.is_known(name) and strategy_registry.get(name).source == \
+            strategy_registry.NNI else f" -- {name}" if name != strategy_registry.PAR_GUMBEL_DARTS else ""
+        print(line + by)
         latency = search.get("latency")
         if latency:
             budget = latency["budget"]
@@ -187,14 +182,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args, add_dry_run, add_resume
 
     p = add_command(sub, "search", cmd_search)
     add_config_args(p)
     add_dry_run(p)
     p.add_argument("--strategy", default=None, metavar="NAME",
-                   help="par-gumbel-darts (default: parnas's own), or NNI's darts, gumbel-darts, random-oneshot, "
-                        "proxyless (same as --set search.strategy=NAME)")
+                   help=f"a registered search strategy: {', '.join(strategy_registry.names())} (default "
+                        f"{strategy_registry.DEFAULT}; same as --set search.strategy=NAME)")
     add_resume(p, "<run dir>")
     p = add_command(sub, "latency", cmd_latency)
     add_config_args(p)

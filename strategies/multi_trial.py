@@ -36,8 +36,6 @@ from parnas.errors import ParnasError
 from parnas.overrides import from_dict
 from parnas.training.task import LanguageModelTask
 
-MULTI_TRIAL_STRATEGIES = ("random", "regularized-evolution", "tpe", "grid")
-
 
 @nni.trace
 class CorpusData(pl.LightningDataModule):
@@ -229,9 +227,11 @@ def remove_experiment(folder: Path, experiment_id: str, run_dir: Path | None) ->
             pass  # holds something else, or is gone
 
 
-def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dict[str, Any]:
-    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` trials, one at a time, each
-    training one sampled fixed model from scratch for ``train.max_steps``; returns the best one's record.
+def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = None,
+                    port: int | None = None) -> dict[str, Any]:
+    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` (``search.trials``) trials,
+    one at a time, each training one sampled fixed model from scratch for ``train.max_steps``; returns the best
+    one's record. NNI's experiment cannot resume (the registry's check refuses ``resume``).
 
     NNI's manager listens on 127.0.0.1 only, at ``port`` (a free one if None). A port in use, or NNI failing to
     create or run its experiment, is one line naming the port, and the run directory is left as it was found."""
@@ -248,6 +248,7 @@ def run_multi_trial(cfg: Config, *, trials: int, port: int | None = None) -> dic
     from search_spaces import PARTransformerXLSpace
     from strategies.search import check_run_dir, cost_model, latency_summary, table_line
 
+    trials = cfg.search.trials if trials is None else trials
     check_devices(cfg.train)
     run_dir = Path(cfg.search.out_dir)
     check_writable_dir(run_dir)

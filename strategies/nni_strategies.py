@@ -26,20 +26,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from parnas.config import SEARCH_STRATEGIES, Config
+from parnas import strategy_registry
+from parnas.config import Config
 from parnas.errors import ConfigError
 
-PAR, *_ = SEARCH_STRATEGIES
-ONE_SHOT = ("darts", "gumbel-darts", "random-oneshot", "proxyless", "enas")
-MULTI_TRIAL = ("random", "regularized-evolution", "tpe", "grid")
+PAR = strategy_registry.DEFAULT  # the strategy that honours what NNI's refuse
 
 
-def check_strategy(cfg: Config, resume: bool) -> None:
-    """Refuse, in one line, what a strategy other than PAR's cannot do (before anything is read or written)."""
+def check_nni_strategy(cfg: Config, resume: bool) -> None:
+    """Refuse, in one line, what NNI's strategy ``search.strategy`` cannot do (before anything is read or written):
+    the registry's check for NNI's one-shot and multi-trial strategies. Imports no torch."""
     name, search = cfg.search.strategy, cfg.search
-    if name == PAR:
-        return
-    if name in MULTI_TRIAL and (os.environ.get("NNI_PLATFORM") or resume):
+    multi_trial = strategy_registry.get(name).family == strategy_registry.MULTI_TRIAL
+    if multi_trial and (os.environ.get("NNI_PLATFORM") or resume):
         raise ConfigError(f"search.strategy={name} starts an NNI experiment of its own: run it outside nnictl, "
                           "without --resume")
     if name == "enas":
@@ -52,7 +51,7 @@ def check_strategy(cfg: Config, resume: bool) -> None:
                                 ("search.export_samples", search.export_samples or None, "exports its own choice")):
         if value is not None:
             raise ConfigError(f"{setting} is honoured by search.strategy={PAR} only; NNI's {name} {why}")
-    if search.mode != "joint" and name not in MULTI_TRIAL:
+    if search.mode != "joint" and not multi_trial:
         raise ConfigError(f"search.mode={search.mode} is {PAR}'s setting; NNI's {name} has its own loop")
     if resume:
         raise ConfigError(f"--resume continues a {PAR} search; NNI's {name} cannot resume: start it again")
@@ -125,8 +124,9 @@ def fixed_weights(supernet_state: Mapping[str, Any], architecture: Mapping[str, 
     return out
 
 
-def run_nni_search(cfg: Config) -> dict[str, Any]:
-    """Search with NNI's ``cfg.search.strategy`` and export as PAR's search does; returns the record."""
+def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
+    """Search with NNI's one-shot ``cfg.search.strategy`` and export as PAR's search does; returns the record.
+    NNI's loops cannot resume (:func:`check_nni_strategy` refuses ``resume``)."""
     import pytorch_lightning as pl
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment

@@ -44,6 +44,7 @@ from parnas.files import (
     write_text_atomic,
 )
 from parnas.report.plots import plot_run
+from parnas.strategy_registry import PAR_GUMBEL_DARTS
 from parnas.training import checkpoint
 from parnas.training.devices import check_devices, training_device
 from parnas.training.evaluation import evaluate
@@ -325,15 +326,15 @@ def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, A
 
     The search holds its run directory (:func:`parnas.files.hold_run_dir`), and everything is checked (run
     directory, checkpoint, corpus, tokenizer) before a file is touched. ``resume``: from ``last.ckpt``, or from
-    the checkpoint it names. PAR's strategy only: ``parnas search`` runs another ``search.strategy`` with
-    :func:`strategies.nni_strategies.run_nni_search`."""
+    the checkpoint it names. The registry's ``par-gumbel-darts``: ``parnas search`` runs another
+    ``search.strategy`` with that strategy's own ``run`` (:mod:`parnas.strategy_registry`)."""
     with hold_run_dir(run_dir_of(cfg)):
         return _run_search(cfg, resume)
 
 
 def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
-    if cfg.search.strategy != "par-gumbel-darts":
-        raise ParnasError(f"run_search runs par-gumbel-darts, not search.strategy={cfg.search.strategy}")
+    if cfg.search.strategy != PAR_GUMBEL_DARTS:
+        raise ParnasError(f"run_search runs {PAR_GUMBEL_DARTS}, not search.strategy={cfg.search.strategy}")
     check_devices(cfg.train)
     if cfg.model.reversible:
         raise ParnasError("model.reversible runs a fixed model's blocks in pairs; a search's supernet runs eager: "
@@ -391,7 +392,7 @@ def export(search: Search, cfg: Config, tokenizer: Tokenizer, seconds: float, tr
     record = architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities,
         tokenizer=tokenizer.identity(),
-        search={"strategy": "par-gumbel-darts", "mode": cfg.search.mode, "steps": steps, "tau_final": module.tau,
+        search={"strategy": PAR_GUMBEL_DARTS, "mode": cfg.search.mode, "steps": steps, "tau_final": module.tau,
                 "val_ppl": round(result.val_ppl, 4), "supernet_val_ppl": round(result.supernet_val_ppl, 4),
                 "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",

@@ -23,7 +23,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         from parnas.config import load_config
         from parnas.threads import use_threads
-        from study.strategies import parse_strategies, run_strategy_study
+        from study.strategy_study import parse_strategies, run_strategy_study
 
         cfg = load_config(args.config, args.set)
         use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)  # its searches inherit it
@@ -51,6 +51,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args
 
     p = add_command(sub, "study", cmd_study)
@@ -66,9 +67,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="random orderings of each found architecture's blocks (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
     p.add_argument("--strategies", default=None, metavar="S,S,...",
-                   help="compare search strategies instead (par-gumbel-darts and NNI's: darts, gumbel-darts, "
-                        "random-oneshot, proxyless, random, regularized-evolution, tpe, grid) at an equal budget of "
-                        "--search-steps (default 600) training steps, retrained for --retrain-steps (default 600)")
+                   help=f"compare search strategies instead ({', '.join(strategy_registry.names())}) at an equal "
+                        "budget of --search-steps (default 600) training steps, retrained for --retrain-steps "
+                        "(default 600)")
     p.add_argument("--trials", type=int, default=4, metavar="N",
                    help="with --strategies: trials of a multi-trial strategy, sharing the search steps (default 4)")
     p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",

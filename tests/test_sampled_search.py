@@ -150,7 +150,8 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
 
 @pytest.mark.parametrize("settings, needle", [
     (["search.forward=all"], "search.forward must be one of mixed, sampled, not 'all'"),
-    (["search.forward=sampled", "search.strategy=darts"], "search.forward=sampled is par-gumbel-darts'"),
+    (["search.forward=sampled", "search.strategy=darts"],
+     "search.forward=sampled is not a mode of search.strategy=darts"),
     (["search.forward=sampled", "train.devices=2", "data.batch_size=8", "data.eval_batch_size=8"],
      "search.forward=sampled runs in one process, not 2"),
 ])

@@ -26,20 +26,18 @@ plugin module is imported the first time the kind is needed. Code can also
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Union
 
+from parnas import plugins
 from parnas.errors import ConfigError, ParnasError
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from parnas.config import ModelConfig
+ModelConfig = Any  # a parnas.config.ModelConfig, not imported: the config imports this module to check kinds
 
 GROUP = "parnas.blocks"
 HOW_TO_REGISTER = (f"a plugin registers one with an entry point in group {GROUP!r} "
@@ -86,7 +84,7 @@ class BlockKind:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise KindError(f"block kind name {self.name!r} must be a Python identifier, e.g. 'my_mixer'")
-        if not (callable(self.factory) or isinstance(self.factory, str) and _split_target(self.factory)):
+        if not (callable(self.factory) or isinstance(self.factory, str) and plugins.split_target(self.factory)):
             raise KindError(f"block kind {self.name!r}: factory must be a callable or a 'module:attribute' "
                             f"string, got {self.factory!r}")
         if not (isinstance(self.letter, str) and len(self.letter) == 1 and self.letter.isascii()
@@ -115,21 +113,11 @@ class BlockKind:
         return block
 
 
-def _split_target(target: str) -> tuple[str, str] | None:
-    module, sep, attr = target.partition(":")
-    ok = sep and all(p.isidentifier() for p in module.split(".")) and all(p.isidentifier() for p in attr.split("."))
-    return (module, attr) if ok else None
-
-
 def _resolve(target: str, name: str) -> Any:
-    module, attr = _split_target(target)  # type: ignore[misc]
     try:
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        return plugins.load_target(target)
     except (ImportError, AttributeError) as e:
         raise KindError(f"block kind {name!r}: cannot load its factory {target!r} ({type(e).__name__}: {e})") from None
-    return obj
 
 
 # --- the registry -------------------------------------------------------------------------------
@@ -167,13 +155,8 @@ def unregister(name: str) -> None:
 
 
 def _entry_points() -> dict[str, metadata.EntryPoint]:
-    """Installed plugin kinds by name; reading them imports no plugin (scanned once per sys.path)."""
-    return _scan(tuple(sys.path))
-
-
-@functools.lru_cache(maxsize=8)
-def _scan(path: tuple[str, ...]) -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+    """Installed plugin kinds by name; reading them imports no plugin."""
+    return plugins.entry_points(GROUP)
 
 
 def names() -> tuple[str, ...]:

@@ -24,25 +24,26 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parnas import architecture
-from parnas.config import SEARCH_STRATEGIES, Config, load_config
+from parnas import architecture, strategy_registry
+from parnas.config import Config, load_config
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import hold_run_dir, write_json_atomic, write_text_atomic
+
+PAR = strategy_registry.PAR_GUMBEL_DARTS  # the strategy the study asks about; the others are its baselines
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    unknown = [n for n in names if n not in SEARCH_STRATEGIES]
+    unknown = [n for n in names if not strategy_registry.is_known(n)]
     if unknown or len(names) < 2:
-        raise ConfigError(f"--strategies: give two or more of {', '.join(SEARCH_STRATEGIES)}"
+        raise ConfigError(f"--strategies: give two or more of {', '.join(strategy_registry.names())}"
                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
     return names
 
 
 def search_settings(strategy: str, seed: int, search_steps: int, trials: int, out: Path) -> list[str]:
-    from strategies.nni_strategies import MULTI_TRIAL
-
-    steps = max(1, search_steps // trials) if strategy in MULTI_TRIAL else search_steps
+    multi_trial = strategy_registry.get(strategy).family == strategy_registry.MULTI_TRIAL
+    steps = max(1, search_steps // trials) if multi_trial else search_steps
     return [f"search.strategy={strategy}", f"train.seed={seed}", f"train.max_steps={steps}",
             f"train.eval_every={steps}", f"search.trials={trials}", "search.latency_budget=null",
             f"search.out_dir={json.dumps(str(out / 'search' / f'{strategy}-s{seed}'))}"]
@@ -52,10 +53,8 @@ def run_search_with(config: str | None, sets: Sequence[str], cfg: Config) -> dic
     """One search of ``cfg.search.strategy``; returns its record. PAR's runs here; NNI's each run in a process of
     their own (``parnas search``), since an NNI experiment leaves state in its process that garbles the command
     channel of the next one."""
-    if cfg.search.strategy == "par-gumbel-darts":
-        from strategies.search import run_search
-
-        return run_search(cfg)
+    if cfg.search.strategy == PAR:
+        return strategy_registry.get(PAR).runner()(cfg, resume=False)
     command = [sys.executable, "-m", "parnas.cli", "search", *(["--config", config] if config else []),
                *(a for s in sets for a in ("--set", s))]
     if subprocess.run(command).returncode:
@@ -152,8 +151,8 @@ def verdict(summary: Sequence[Mapping[str, Any]]) -> list[str]:
     if not ranked:
         return ["no strategy's architecture retrained to a finite perplexity"]
     lines = [f"best retrained val ppl: {ranked[0]['strategy']} ({ranked[0]['val_ppl']:.2f})"]
-    par = next((s for s in ranked if s["strategy"] == "par-gumbel-darts"), None)
-    others = [s for s in ranked if s["strategy"] != "par-gumbel-darts"]
+    par = next((s for s in ranked if s["strategy"] == PAR), None)
+    others = [s for s in ranked if s["strategy"] != PAR]
     if par and others:
         best = others[0]
         spread = max((s for s in (par["val_ppl_std"], best["val_ppl_std"]) if s is not None), default=None)
@@ -164,7 +163,7 @@ def verdict(summary: Sequence[Mapping[str, Any]]) -> list[str]:
             judged = f"not distinguishable (within the seed spread ±{spread:.2f})"
         else:
             judged = "better" if gap < 0 else "worse"
-        lines.append(f"par-gumbel-darts {par['val_ppl']:.2f} at {par['cost_ratio'] or float('nan'):.2f}x vs the best "
+        lines.append(f"{PAR} {par['val_ppl']:.2f} at {par['cost_ratio'] or float('nan'):.2f}x vs the best "
                      f"of NNI's, {best['strategy']} {best['val_ppl']:.2f} at {best['cost_ratio'] or float('nan'):.2f}x:"
                      f" {judged}")
     return lines
