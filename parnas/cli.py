@@ -10,7 +10,6 @@ chooses its threads (:mod:`parnas.threads`) and says so in its first line.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import shlex
 import shutil
@@ -64,13 +63,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-# Modules with ``add_commands(sub)``; they import only argparse at module level and load
-# heavy code inside their handlers, so ``parnas --help`` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ("strategies.commands", "parnas.report.commands", "retrain.commands",
-                                    "study.commands")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    # The commands' modules import only argparse (and parnas's torch-free registries) at module level and load
+    # heavy code inside their handlers, so ``parnas --help`` stays fast and a config is checked before torch loads.
+    from parnas.report import commands as report_commands
+    from retrain import commands as retrain_commands
+    from strategies import commands as search_commands
+    from study import commands as study_commands
+
     parser = ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
     add_verbose(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     add_dry_run(p)
     add_resume(p)
-    for module in COMMAND_MODULES:
-        importlib.import_module(module).add_commands(sub)
+    for commands in (search_commands, report_commands, retrain_commands, study_commands):
+        commands.add_commands(sub)
     return parser
 
 

@@ -13,16 +13,20 @@ import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from parnas.data.corpora import ContextBatches
 from parnas.nn.model import TransformerXL
 from parnas.training.task import on_device, segment_nll
 
-if TYPE_CHECKING:
-    from parnas.training.fit import SegmentData
+
+class SplitData(Protocol):
+    """What evaluation reads of a run's data: each split's batches (:class:`parnas.training.fit.SegmentData`)."""
+
+    def batches(self, split: str) -> ContextBatches: ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def tokens_per_s(tokens: int, seconds: float) -> float | None:
     return round(tokens / seconds, 1) if seconds >= MIN_TIMED_SECONDS else None
 
 
-def split_metrics(model: TransformerXL, data: SegmentData, split: str,
+def split_metrics(model: TransformerXL, data: SplitData, split: str,
                   precision: str = "32-true") -> dict[str, Any]:
     """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
     (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS),
@@ -118,7 +122,7 @@ def split_metrics(model: TransformerXL, data: SegmentData, split: str,
             f"{name}_eval_seconds": round(result.seconds, 3)}
 
 
-def final_metrics(model: TransformerXL, data: SegmentData, precision: str = "32-true") -> dict[str, Any]:
+def final_metrics(model: TransformerXL, data: SplitData, precision: str = "32-true") -> dict[str, Any]:
     """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
     on the device the model's weights are on, at the model's evaluation memory and position clamp (recorded
     beside them: ``eval_mem_len``, ``eval_clamp_len``)."""
