@@ -39,7 +39,7 @@ from parnas.training.fit import check_segments, fit
 from parnas.training.memory import check_memory
 
 
-def read_architecture(arch: str) -> dict[str, Any] | str:
+def architecture_source(arch: str) -> dict[str, Any] | str:
     """A validated record for a JSON path, or the name of a baseline layout."""
     if arch in architecture.NAMED_LAYOUTS:
         return arch
@@ -69,7 +69,7 @@ def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> 
     """``parnas retrain --dry-run``: the fixed model of ``arch`` at the config's vocabulary size, nothing read."""
     from parnas.training.dry_run import dry_run
 
-    source = read_architecture(arch)
+    source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)
     if isinstance(source, str):
         kinds = architecture.layout(architecture.named_layout(source, cfg.model, cfg.data.vocab_size))
@@ -105,7 +105,7 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
     """
     from search_spaces import fixed_model
 
-    source = read_architecture(arch)
+    source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)
     check_devices(cfg.train)
     check_run_dir(cfg.train.out_dir, resume)

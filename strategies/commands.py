@@ -150,18 +150,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     margin (top - second probability) and the undecided blocks (margin < 0.1, also warned about on stderr).
     --json prints every field instead; --out copies each trial's architecture.json and a summary.json.
     """
-    from strategies import export
+    from strategies import experiment_export
 
-    rows = export.export_experiment(args.experiment, args.out, root=args.experiments_dir)
-    for line in export.warnings(rows):
+    rows = experiment_export.export_experiment(args.experiment, args.out, root=args.experiments_dir)
+    for line in experiment_export.warnings(rows):
         print(f"parnas export: warning: {line}", file=sys.stderr)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
     elif rows:
-        print(export.table(rows))
+        print(experiment_export.table(rows))
     if not rows:
-        print(export.nothing_finished(args.experiment, args.experiments_dir), file=sys.stderr if args.json else None)
+        print(experiment_export.nothing_finished(args.experiment, args.experiments_dir),
+              file=sys.stderr if args.json else None)
     elif args.out:
         print(f"wrote {len(rows)} architecture file(s) and summary.json to {args.out}", file=sys.stderr)
     return 0

@@ -61,8 +61,8 @@ from parnas.config import SearchConfig
 from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
 from strategies.arch_stream import ArchStream, PairedStreams
 from strategies.costs import CostModel
-from strategies.exported import Evaluated, exported_nll, fit_budget
 from strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from strategies.supernet_export import Evaluated, exported_nll, fit_budget
 
 
 def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:

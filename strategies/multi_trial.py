@@ -113,7 +113,7 @@ def serialized_size(evaluator: Lightning) -> int:
     return len(nni.dump(evaluator, pickle_size_limit=10**9).encode())
 
 
-def make_strategy(name: str) -> Any:
+def nni_multi_trial_strategy(name: str) -> Any:
     from nni.nas import strategy
 
     if name == "random":
@@ -246,13 +246,13 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
     from parnas.report.experiments import nni_on_loopback, port_in_use
     from parnas.training.devices import check_devices, training_device
     from search_spaces import PARTransformerXLSpace
-    from strategies.search import check_run_dir, cost_model, latency_summary, table_line
+    from strategies.search import check_search_dir, cost_model, latency_summary, table_line
 
     trials = cfg.search.trials if trials is None else trials
     check_devices(cfg.train)
     run_dir = Path(cfg.search.out_dir)
     check_writable_dir(run_dir)
-    check_run_dir(run_dir, False)
+    check_search_dir(run_dir, False)
     if port is not None and port_in_use(port):
         raise ParnasError(f"port {port} is already in use: NNI's manager for the {cfg.search.strategy} search needs "
                           "a free one")
@@ -263,7 +263,7 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
         print(table_line(latency), flush=True)
     prices = {"per_kind": costs.per_kind, "constant": costs.constant, "reference": costs.reference}
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
-                               evaluator(cfg, prices), make_strategy(cfg.search.strategy))
+                               evaluator(cfg, prices), nni_multi_trial_strategy(cfg.search.strategy))
     experiment.config.max_trial_number = trials
     experiment.config.trial_concurrency = 1
     made_run_dir = not run_dir.exists()

@@ -93,7 +93,7 @@ class LogitsHistory:
             f.write(json.dumps({"step": step, "tau": tau, "probabilities": probs}) + "\n")
 
 
-def make_strategy(name: str, cfg: Config) -> Any:
+def nni_one_shot_strategy(name: str, cfg: Config) -> Any:
     """NNI's strategy object, with the run's architecture learning rate, clipping and tau range where it takes them."""
     from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
 
@@ -140,13 +140,13 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     from parnas.training.memory import check_memory
     from search_spaces import PARTransformerXLSpace, fixed_model
     from strategies.arch_stream import NNIDartsTask
-    from strategies.search import check_run_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir, table_line
+    from strategies.search import check_search_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir, table_line
 
     check_devices(cfg.train)
     name, trial = cfg.search.strategy, in_nni_trial()
     run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
     check_writable_dir(run_dir)
-    check_run_dir(run_dir, False)
+    check_search_dir(run_dir, False)
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
@@ -165,7 +165,7 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     task = NNIDartsTask(cfg.train, meta)
     data.task = task  # NNI's module wraps it: the data follows the task's model and position
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
-                               Lightning(task, trainer, datamodule=data), make_strategy(name, cfg))
+                               Lightning(task, trainer, datamodule=data), nni_one_shot_strategy(name, cfg))
     experiment.config.experiment_working_directory = str(run_dir / "nni")  # not ~/nni-experiments
     prepare_run_dir(run_dir, None)
     start = time.perf_counter()

@@ -64,8 +64,8 @@ from parnas.training.resume import check_resumable, load_to_resume, take_over
 from parnas.training.task import LanguageModelTask
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel, flops_model, latency_costs
-from strategies.exported import Evaluated, exported_nll, sample_layouts
 from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
+from strategies.supernet_export import Evaluated, exported_nll, sample_layouts
 
 
 def in_nni_trial() -> bool:
@@ -86,7 +86,7 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(os.environ["NNI_OUTPUT_DIR"]) if in_nni_trial() else Path(cfg.search.out_dir)
 
 
-def check_run_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
+def check_search_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
     """The checkpoint to resume from (``last.ckpt``, or the one ``--resume=PATH`` names), if any; touches nothing.
     A fresh search refuses a directory holding one, and any search a directory another process holds."""
     check_not_held(run_dir)
@@ -212,7 +212,7 @@ def check_budget(cfg: Config, costs: CostModel) -> None:
 
 
 @dataclass
-class Search:
+class SupernetSearch:
     """The assembled pieces of one search; ``run()`` trains the supernet."""
 
     supernet: PARTransformerXLSpace
@@ -240,7 +240,7 @@ class Search:
 
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
-                 meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> Search:
+                 meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> SupernetSearch:
     """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
 
     ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
@@ -265,10 +265,10 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     supernet = strategy.mutate_model(space)
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,
                                                     fit_kwargs={"ckpt_path": str(ckpt) if ckpt else None}))
-    return Search(supernet, strategy, evaluator, data, costs, latency)
+    return SupernetSearch(supernet, strategy, evaluator, data, costs, latency)
 
 
-def final_evaluation(search: Search) -> Evaluated:
+def final_evaluation(search: SupernetSearch) -> Evaluated:
     """The last evaluation if it was taken at the final step, else one now (rank 0, whole validation split),
     whose line ends history.jsonl: a search shorter than its log and evaluation intervals has a history too."""
     module, step = search.module, search.trainer.global_step
@@ -283,7 +283,7 @@ def final_evaluation(search: Search) -> Evaluated:
     return result
 
 
-def best_of_samples(search: Search, result: Evaluated, cfg: Config) -> tuple[Evaluated, list[dict[str, Any]]]:
+def best_of_samples(search: SupernetSearch, result: Evaluated, cfg: Config) -> tuple[Evaluated, list[dict[str, Any]]]:
     """``search.export_samples`` layouts drawn from softmax(alpha) beside the exported one (``result``), those over
     the budget dropped, each scored like it (whole validation split, the supernet's weights): the best of them
     all, and what was tried. Drawn with ``train.seed``: the same search samples the same layouts."""
@@ -344,7 +344,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
                           "search's supernet runs eager: leave train.compile=none for search")
     trial, run_dir = in_nni_trial(), run_dir_of(cfg)
     check_writable_dir(run_dir)
-    source = check_run_dir(run_dir, resume)
+    source = check_search_dir(run_dir, resume)
     # read once: a truncated or edited file is refused here, before anything is touched
     saved = load_to_resume(source) if source is not None else None
     pl.seed_everything(cfg.train.seed, verbose=False)
@@ -379,7 +379,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
         return export(search, cfg, tokenizer, seconds, trial, run_dir)
 
 
-def export(search: Search, cfg: Config, tokenizer: Tokenizer, seconds: float, trial: bool,
+def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: float, trial: bool,
            run_dir: Path) -> dict[str, Any]:
     """After the last step: the final evaluation, the best of the sampled layouts, ``architecture.json``, the
     plots, and NNI's final result; returns the record."""

@@ -277,7 +277,7 @@ def _pm(mean: float | None, std: float | None, fmt: str) -> str:
     return _fmt(mean, fmt) + ("" if std is None else " ± " + _fmt(std, fmt))
 
 
-def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
+def study_markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
              lines: Sequence[str], timing: Mapping[str, Any]) -> str:
     steps = f"search {plan.search_steps or 'config'} steps, retrain {plan.retrain_steps or 'config'} steps"
     memory, model = timing["memory"], plan.base.model
@@ -321,7 +321,7 @@ def markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequence[Map
     return "\n".join(out)
 
 
-def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+def study_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_KEYS)
@@ -399,8 +399,8 @@ def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any
              "retrain_seeds": getattr(plan, "retrain_seeds", 1), "val_mem_len": plan.base.model.evaluation_memory,
              "clamp_len": plan.base.model.clamp_len, "rows": rows, "summary": summary,
              "ranking": dict(ranking or {}), **({"census": dict(census)} if census else {}), "verdicts": lines}
-    write_text_atomic(out / "study.md", markdown(plan, rows, summary, lines, timing))
-    write_text_atomic(out / "study.csv", to_csv(rows))
+    write_text_atomic(out / "study.md", study_markdown(plan, rows, summary, lines, timing))
+    write_text_atomic(out / "study.csv", study_csv(rows))
     costs_from = (timing.get("priced_by") or {}).get("device") or timing["device"]
     save_figure(study_figure(rows, f"parnas study ({plan.config or 'defaults'}, costs on {costs_from})"),
                 out / "study.png")

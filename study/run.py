@@ -72,13 +72,13 @@ class Plan:
     census: int = 0  # retrain a sample of this many networks of the searched space (study.space)
 
     @property
-    def searches(self) -> list[Search]:
-        return [Search(c, b, s) for c in (self.candidate_sets or (None,)) for b in self.budgets
+    def searches(self) -> list[PlannedSearch]:
+        return [PlannedSearch(c, b, s) for c in (self.candidate_sets or (None,)) for b in self.budgets
                 for s in range(self.seeds)]
 
 
 @dataclass(frozen=True)
-class Search:
+class PlannedSearch:
     """One search of the study: its candidate set (None: the config's), latency budget and seed."""
 
     candidates: tuple[str, ...] | None
@@ -162,7 +162,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     if candidate_sets and "candidates" in parse_overrides(overrides).get("search", {}):
         raise ConfigError("give the candidate sets with --candidates alone, not also --set search.candidates")
     budget_list = parse_budgets(budgets)
-    base = load_config(config, [*overrides, *a_budget(budget_list)])
+    base = load_config(config, [*overrides, *first_budget_setting(budget_list)])
     plan = Plan(config, tuple(overrides), base, seeds, budget_list, Path(out), search_steps, retrain_steps,
                 random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model),
                 every_network, census or 0)
@@ -189,7 +189,7 @@ def with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
     return from_dict(Config, merge(cfg.to_dict(), unflatten(settings)))
 
 
-def search_config(plan: Plan, search: Search) -> Config:
+def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
         settings["train.max_steps"] = plan.search_steps
@@ -200,7 +200,7 @@ def search_config(plan: Plan, search: Search) -> Config:
     return with_settings(plan.base, settings)
 
 
-def a_budget(budgets: Sequence[float | None]) -> list[str]:
+def first_budget_setting(budgets: Sequence[float | None]) -> list[str]:
     """``--set`` of the first latency budget --budgets gives, if any. The base and retrain configs are checked with it,
     as each search's config is with its own: a budget's hinge on the expected cost is only valid with a budget."""
     return [f"search.latency_budget={budget}" for budget in budgets if budget is not None][:1]
@@ -211,7 +211,8 @@ def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[s
     seed (k > 0) ``train.seed`` + k (the first is the config's own seed). A retrain reads no search setting; the
     first budget keeps the search settings it carries valid. The user's ``model.n_blocks`` is the searches': each
     retrained layout's own depth comes with its architecture file (the front's and the space's are shallower)."""
-    extra = [*a_budget(plan.budgets), *([f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else [])]
+    steps = [f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else []
+    extra = [*first_budget_setting(plan.budgets), *steps]
     if seed_offset:
         extra.append(f"train.seed={plan.base.train.seed + seed_offset}")
     user = [o for o in plan.overrides if o.partition("=")[0].strip() != "model.n_blocks"]
@@ -222,7 +223,7 @@ def retrain_config(plan: Plan) -> Config:
     return load_config(plan.config, retrain_overrides(plan, plan.out / "retrain"))
 
 
-def search_dir(plan: Plan, search: Search) -> Path:
+def search_dir(plan: Plan, search: PlannedSearch) -> Path:
     head = "" if search.label is None else f"{search.label}-"
     return plan.out / "search" / f"{head}b{budget_label(search.budget)}-s{search.seed}"
 
@@ -262,7 +263,7 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def plan_entries(plan: Plan, found: Mapping[Search, Mapping[str, Any]]) -> list[Entry]:
+def plan_entries(plan: Plan, found: Mapping[PlannedSearch, Mapping[str, Any]]) -> list[Entry]:
     """Every row of the study: Transformer-XL and its shallower front once, with ``--every-network`` every network
     of the space, then per search its found, sandwich and random layouts."""
     from study.front import front_layouts
@@ -298,7 +299,7 @@ class Progress:
         self.log(f"[{stage} {index}/{total}] {text}  ({seconds // 60}m{seconds % 60:02d}s)")
 
 
-def run_searches(plan: Plan, progress: Progress) -> dict[Search, dict[str, Any]]:
+def run_searches(plan: Plan, progress: Progress) -> dict[PlannedSearch, dict[str, Any]]:
     """Each search's record: read when finished, resumed from its checkpoint, else run."""
     from strategies.search import run_search
 

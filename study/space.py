@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from parnas.errors import ConfigError
-from parnas.nn.model import NOT_RUN, blocks_run
+from parnas.nn.model import SKIPPED_KIND, blocks_run
 
 MAX_NETWORKS = 1000
 MAX_COUNTS = 1_000_000  # a census prices each way to count the kinds of a network; at most this many
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 def _orders(candidates: Sequence[str], n_blocks: int, reversible: bool) -> tuple[list[str], range]:
     """The kinds whose order makes a network, and the depths a network may have: with an identity candidate (not
     under reversible pairs), sequences of up to ``n_blocks`` running kinds, the empty one included."""
-    if reversible or NOT_RUN not in candidates:
+    if reversible or SKIPPED_KIND not in candidates:
         return list(candidates), range(n_blocks, n_blocks + 1)
-    return [k for k in candidates if k != NOT_RUN], range(n_blocks + 1)
+    return [k for k in candidates if k != SKIPPED_KIND], range(n_blocks + 1)
 
 
 def count_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = False) -> int:
@@ -62,10 +62,10 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
     if count > MAX_NETWORKS:
         raise ConfigError(f"--every-network: {n_blocks} blocks over {', '.join(candidates)} make {count:,} "
                           f"networks; at most {MAX_NETWORKS} are retrained (fewer blocks or candidates)")
-    if reversible or NOT_RUN not in candidates:
+    if reversible or SKIPPED_KIND not in candidates:
         return list(itertools.product(candidates, repeat=n_blocks))
-    running = [k for k in candidates if k != NOT_RUN]
-    return [(NOT_RUN,) * n_blocks] + [kinds for depth in range(1, n_blocks + 1)
+    running = [k for k in candidates if k != SKIPPED_KIND]
+    return [(SKIPPED_KIND,) * n_blocks] + [kinds for depth in range(1, n_blocks + 1)
                                       for kinds in itertools.product(running, repeat=depth)]
 
 
@@ -145,7 +145,7 @@ def census_networks(candidates: Sequence[str], n_blocks: int, size: int, costs: 
     uniform draw, crowded into the middle costs where most networks lie, would leave out."""
     check_census(size, candidates, n_blocks, reversible)
     kinds, depths = _orders(candidates, n_blocks, reversible)
-    price = {NOT_RUN: 0.0, **costs}
+    price = {SKIPPED_KIND: 0.0, **costs}
     groups = [(counts, sum(c * price[k] for c, k in zip(counts, kinds))) for depth in depths
               for counts in _counts(len(kinds), depth)]
     low, high = min(cost for _, cost in groups), max(cost for _, cost in groups)
@@ -160,7 +160,7 @@ def census_networks(candidates: Sequence[str], n_blocks: int, size: int, costs: 
         for index in _distinct(held, share, rng):
             g = bisect.bisect_right(end, index)  # the count whose orderings hold the index-th network
             network = _ordering(kinds, stratum[g], index - (end[g - 1] if g else 0))
-            drawn.append(network if network else (NOT_RUN,) * n_blocks)
+            drawn.append(network if network else (SKIPPED_KIND,) * n_blocks)
     order = {k: i for i, k in enumerate(candidates)}
     return sorted(drawn, key=lambda net: (len(blocks_run(net, reversible)), [order[k] for k in net]))
 

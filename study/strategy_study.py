@@ -117,14 +117,14 @@ def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies
     for run in runs:
         values = [v for v in retrained[run["layout"]] if v is not None]
         run["val_ppl"] = statistics.fmean(values) if values else None
-    summary = summarise(runs, strategies)
+    summary = summarise_strategies(runs, strategies)
     lines = verdict(summary)
     study = {"format": "parnas.strategy-study", "version": 1, "config": config, "overrides": list(overrides),
              "strategies": list(strategies), "seeds": seeds, "search_steps": search_steps, "trials": trials,
              "retrain_steps": retrain_steps, "retrain_seeds": retrain_seeds, "runs": runs, "summary": summary,
              "verdicts": lines}
     write_json_atomic(out / "strategies.json", study)
-    write_text_atomic(out / "strategies.md", markdown(study))
+    write_text_atomic(out / "strategies.md", strategies_markdown(study))
     return study
 
 
@@ -133,7 +133,7 @@ def _mean_std(values: Sequence[float | None]) -> tuple[float | None, float | Non
     return (statistics.fmean(v) if v else None), (statistics.stdev(v) if len(v) > 1 else None)
 
 
-def summarise(runs: Sequence[Mapping[str, Any]], strategies: Sequence[str]) -> list[dict[str, Any]]:
+def summarise_strategies(runs: Sequence[Mapping[str, Any]], strategies: Sequence[str]) -> list[dict[str, Any]]:
     out = []
     for strategy in strategies:
         mine = [r for r in runs if r["strategy"] == strategy]
@@ -169,7 +169,7 @@ def verdict(summary: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def markdown(study: Mapping[str, Any]) -> str:
+def strategies_markdown(study: Mapping[str, Any]) -> str:
     def cell(v: Any, fmt: str) -> str:
         return "-" if v is None else fmt.format(v)
 

@@ -10,8 +10,8 @@ from conftest import needs_wt2
 from parnas.cli import main
 from parnas.data.cutoffs import (
     PAPER_MIN_MACS,
-    CostModel,
     CutoffsError,
+    SoftmaxCost,
     exact_cutoffs,
     load_tokenizer,
     optimal_cutoffs,
@@ -19,8 +19,8 @@ from parnas.data.cutoffs import (
     unigram_counts,
 )
 
-MODELS = [CostModel(), CostModel(min_macs=0), CostModel(projection=False), CostModel(tokens=64, d_model=512),
-          CostModel(div_value=2.0, min_macs=1e5), CostModel(div_value=1.0, min_macs=0)]
+MODELS = [SoftmaxCost(), SoftmaxCost(min_macs=0), SoftmaxCost(projection=False), SoftmaxCost(tokens=64, d_model=512),
+          SoftmaxCost(div_value=2.0, min_macs=1e5), SoftmaxCost(div_value=1.0, min_macs=0)]
 
 
 def zipf(n, rng, noise=0.0, s=1.1):
@@ -35,7 +35,7 @@ def test_exact_dp_is_the_brute_force_optimum():
         n = int(rng.integers(4, 13))
         k = int(rng.integers(1, min(3, n - 1) + 1))
         probs = zipf(n, rng, noise=float(rng.choice([0.0, 1.0])))
-        model = CostModel(tokens=float(rng.choice([32, 1024])), d_model=int(rng.choice([16, 128])),
+        model = SoftmaxCost(tokens=float(rng.choice([32, 1024])), d_model=int(rng.choice([16, 128])),
                           div_value=float(rng.choice([1.0, 2.0, 4.0])), min_macs=float(rng.choice([0, 1e4, 1e6])))
         if model.hidden(k) < 1:
             continue
@@ -63,29 +63,29 @@ def test_fast_method_matches_the_exact_dp(model):
 def test_the_floor_ties_resolve_to_the_largest_cutoffs():
     """Under the floor every product costs the same: the head then keeps every id it can for free."""
     probs = zipf(5000, np.random.default_rng(2))
-    found = optimal_cutoffs(probs, 2, CostModel())
+    found = optimal_cutoffs(probs, 2, SoftmaxCost())
     head_free = PAPER_MIN_MACS // (1024 * 128) - 2  # largest c1 with 1024 x 128 x (c1 + 2) under the floor
     assert found.cutoffs[0] == head_free
-    assert exact_cutoffs(probs, 2, CostModel()).cutoffs == found.cutoffs
+    assert exact_cutoffs(probs, 2, SoftmaxCost()).cutoffs == found.cutoffs
 
 
 def test_fast_on_a_32k_vocabulary():
     probs = zipf(32000, np.random.default_rng(3))
     started = time.perf_counter()
-    found = optimal_cutoffs(probs, 3, CostModel())
+    found = optimal_cutoffs(probs, 3, SoftmaxCost())
     took = time.perf_counter() - started
     print(f"optimal_cutoffs on 32,000 ids, K=3: {list(found.cutoffs)} in {took:.3f} s")
     assert len(found.cutoffs) == 3 and found.cutoffs[-1] < 32000
-    assert found.cost < CostModel().cost(probs, [])
+    assert found.cost < SoftmaxCost().cost(probs, [])
 
 
 def test_cost_model_pieces():
-    model = CostModel(tokens=100, d_model=64, div_value=4, min_macs=0)
+    model = SoftmaxCost(tokens=100, d_model=64, div_value=4, min_macs=0)
     probs = np.full(10, 0.1)
     # head 100x64 by 64x(3+1); tail 1: 70 tokens through 64x16 then 16x7
     assert model.cost(probs, [3]) == pytest.approx(100 * 64 * 4 + 70 * 64 * 16 + 70 * 16 * 7)
     assert model.cost(probs, []) == pytest.approx(100 * 64 * 10)
-    assert CostModel(min_macs=1e9).cost(probs, [3]) == pytest.approx(3e9)  # three products, all on the floor
+    assert SoftmaxCost(min_macs=1e9).cost(probs, [3]) == pytest.approx(3e9)  # three products, all on the floor
     with pytest.raises(CutoffsError):
         model.cost(probs, [5, 3])
 
@@ -98,12 +98,12 @@ def test_counts_and_bad_requests():
         probabilities(np.zeros(5))
     probs = zipf(5, np.random.default_rng(4))
     with pytest.raises(CutoffsError, match="at least 6 ids"):
-        optimal_cutoffs(probs, 5, CostModel())
-    assert optimal_cutoffs(probs, 4, CostModel(min_macs=0, div_value=2)).cutoffs == (1, 2, 3, 4)
+        optimal_cutoffs(probs, 5, SoftmaxCost())
+    assert optimal_cutoffs(probs, 4, SoftmaxCost(min_macs=0, div_value=2)).cutoffs == (1, 2, 3, 4)
     with pytest.raises(CutoffsError, match="no features"):
-        optimal_cutoffs(zipf(100, np.random.default_rng(5)), 4, CostModel(d_model=128, div_value=4))
+        optimal_cutoffs(zipf(100, np.random.default_rng(5)), 4, SoftmaxCost(d_model=128, div_value=4))
     with pytest.raises(CutoffsError, match=">= 1"):
-        exact_cutoffs(probs, 0, CostModel())
+        exact_cutoffs(probs, 0, SoftmaxCost())
 
 
 def test_load_tokenizer_by_path(tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from parnas.cli import main
-from strategies.exported import sample_layouts
+from strategies.supernet_export import sample_layouts
 
 PROBS = [{"attention": 0.5, "dense": 0.3, "identity": 0.2}] * 4
 

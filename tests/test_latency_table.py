@@ -92,8 +92,8 @@ def test_the_pinned_table_carries_the_given_tables_device_and_costs(micro, timed
     assert record["table"].key["device"] == OTHER and costs.device == OTHER
     assert costs.ratio(["dense", "dense"]) == pytest.approx((5 + 2) / (5 + 3 + 1))
     assert costs.per_kind == {"attention": 3.0, "dense": 1.0, "identity": 0.0}
-    from strategies.exported import Evaluated
     from strategies.search import latency_summary
+    from strategies.supernet_export import Evaluated
 
     result = Evaluated(4, 0.5, {}, ["dense", "dense"], 30.0, 29.0, costs.ratio(["dense", "dense"]))
     assert nni_metric(result, latency_summary(costs, record, result.kinds, None))["latency_device"] == OTHER

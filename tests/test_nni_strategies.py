@@ -106,8 +106,8 @@ def test_importing_parnas_leaves_nni_strategies_importable():
 def test_the_fixed_model_with_the_supernets_weights_computes_what_the_supernet_computes_for_that_layout(tmp_path):
     """What ``--strategy`` reports as the exported architecture's val ppl: NNI's mixed layers name each candidate
     by its kind, and dropping that name gives the fixed model the supernet's weights."""
-    from strategies.exported import exported
     from strategies.nni_strategies import fixed_weights
+    from strategies.supernet_export import exported
 
     cfg = search_config("train.max_steps=2", "train.eval_every=2")
     task, experiment = search(tmp_path, cfg, STRATEGIES["darts"]())

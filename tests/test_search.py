@@ -222,7 +222,7 @@ def test_the_budget_hinge_pushes_only_while_its_cost_is_over_the_budget(tmp_path
 
 
 def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
-    from strategies.exported import fit_budget
+    from strategies.supernet_export import fit_budget
 
     probs = [{"attention": 0.6, "dense": 0.3, "identity": 0.1}, {"attention": 0.5, "dense": 0.1, "identity": 0.4}]
     assert fit_budget(probs, FIXED_COSTS, 1.4) == ["attention", "attention"]  # the argmax fits
@@ -242,7 +242,7 @@ def test_without_a_budget_the_same_search_keeps_attention(tmp_path):
 def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weights(tmp_path):
     from nni.nas.space import model_context
 
-    from strategies.exported import exported_nll
+    from strategies.supernet_export import exported_nll
 
     search = run(tmp_path, "train.max_steps=20")
     chosen = search.module.export()

@@ -63,7 +63,7 @@ class CutoffsError(ParnasError):
 
 
 @dataclass(frozen=True)
-class CostModel:
+class SoftmaxCost:
     """Grave et al.'s cost of one training step's adaptive softmax, in multiply-adds."""
 
     tokens: float = 1024.0  # B: target tokens a step (batch_size * seg_len)
@@ -136,7 +136,7 @@ def check_clusters(n_clusters: int, vocab_size: int) -> None:
                            f"use --clusters {max(vocab_size - 1, 1)} or fewer")
 
 
-def check_model(n_clusters: int, model: CostModel) -> None:
+def check_model(n_clusters: int, model: SoftmaxCost) -> None:
     """torch shrinks tail cluster i to ``d_model // div_value**i`` features; zero features is no model."""
     if model.projection and model.hidden(n_clusters) < 1:
         most = next(i - 1 for i in range(1, n_clusters + 1) if model.hidden(i) < 1)
@@ -146,7 +146,7 @@ def check_model(n_clusters: int, model: CostModel) -> None:
                            "a smaller model.div_value")
 
 
-def _checked_prefix(probs: np.ndarray, n_clusters: int, model: CostModel) -> tuple[np.ndarray, int, int]:
+def _checked_prefix(probs: np.ndarray, n_clusters: int, model: SoftmaxCost) -> tuple[np.ndarray, int, int]:
     """Cumulative probabilities, vocabulary size and K, once the request is known to make sense."""
     probs = np.asarray(probs, dtype=np.float64)
     check_clusters(n_clusters, len(probs))
@@ -154,7 +154,7 @@ def _checked_prefix(probs: np.ndarray, n_clusters: int, model: CostModel) -> tup
     return _prefix(probs), len(probs), n_clusters
 
 
-def exact_cutoffs(probs: np.ndarray, n_clusters: int, model: CostModel) -> Cutoffs:
+def exact_cutoffs(probs: np.ndarray, n_clusters: int, model: SoftmaxCost) -> Cutoffs:
     """The seed's O(K N^2) dynamic programme: the reference answer (largest cutoffs among ties)."""
     prefix, n, k = _checked_prefix(probs, n_clusters, model)
     future = np.full(n + 1, np.inf)
@@ -172,7 +172,7 @@ def exact_cutoffs(probs: np.ndarray, n_clusters: int, model: CostModel) -> Cutof
     return _finish(model, future, choices, n, k)
 
 
-def optimal_cutoffs(probs: np.ndarray, n_clusters: int, model: CostModel) -> Cutoffs:
+def optimal_cutoffs(probs: np.ndarray, n_clusters: int, model: SoftmaxCost) -> Cutoffs:
     """The same optimum as :func:`exact_cutoffs` in O(K N log N) (divide and conquer on a Monge matrix)."""
     prefix, n, k = _checked_prefix(probs, n_clusters, model)
     future = np.full(n + 1, np.inf)
@@ -216,7 +216,7 @@ def _monotone_row_minima(cost: Callable[[np.ndarray, np.ndarray], np.ndarray], l
     return values, args
 
 
-def _finish(model: CostModel, future: np.ndarray, choices: dict[int, np.ndarray], n: int, k: int) -> Cutoffs:
+def _finish(model: SoftmaxCost, future: np.ndarray, choices: dict[int, np.ndarray], n: int, k: int) -> Cutoffs:
     starts = np.arange(1, n - k + 1)
     totals = model.head(starts, k) + future[starts]
     j = _last_argmin(totals)

@@ -46,13 +46,13 @@ from parnas.nn.reversible import reversible_stack
 from parnas.nn.variants import DepthStep
 
 Memory = list[Optional[Tensor]]
-NOT_RUN = "identity"  # a fixed model does not call a block of this kind (outside reversible pairs)
+SKIPPED_KIND = "identity"  # the kind a fixed model skips: its blocks are never called (outside reversible pairs)
 
 
 def blocks_run(kinds: Sequence[str], reversible: bool = False) -> tuple[str, ...]:
     """The kinds of the blocks a fixed model of ``kinds`` calls, in order: layouts that differ only in where their
     identity blocks stand are one network. Under reversible pairs a block's place decides its pair: all count."""
-    return tuple(kinds) if reversible else tuple(k for k in kinds if k != NOT_RUN)
+    return tuple(kinds) if reversible else tuple(k for k in kinds if k != SKIPPED_KIND)
 
 
 class _TargetNLL(torch.autograd.Function):
@@ -154,7 +154,7 @@ class TransformerXL(nn.Module):
         self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
         self._keepers = [[m for m in b.modules() if hasattr(m, "n_memories")] for b in self.blocks]
         # a decided identity block is not called at all (it keeps no memory); a choice still may be one
-        self._skipped = [getattr(b, "kind", None) == NOT_RUN for b in self.blocks]
+        self._skipped = [getattr(b, "kind", None) == SKIPPED_KIND for b in self.blocks]
         self.aux_loss: Tensor | float = 0.0
         self.block_metrics: dict[str, Tensor] = {}  # what keepers report of the last forward, e.g. act/steps
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()

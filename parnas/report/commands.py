@@ -55,7 +55,7 @@ def cmd_cutoffs(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"data.tokenizer={tok}"] if tok in TOKENIZER_KINDS else [])
     cfg = load_config(args.config, overrides)
     tokens = float(args.tokens_per_step or cfg.data.batch_size * cfg.data.seg_len)
-    model = cutoffs.CostModel(tokens=tokens, d_model=cfg.model.d_model, div_value=cfg.model.div_value,
+    model = cutoffs.SoftmaxCost(tokens=tokens, d_model=cfg.model.d_model, div_value=cfg.model.div_value,
                               min_macs=float(args.min_macs), projection=not args.no_projection)
     cutoffs.check_model(args.clusters, model)  # before any tokenizer is trained
     if cfg.data.tokenizer == "sentencepiece" and (tok is None or tok in TOKENIZER_KINDS):

@@ -122,10 +122,10 @@ def load(path: str | Path) -> dict[str, Any]:
                               f"so it was refused unread; {fix}") from None
     except (RuntimeError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{path} is truncated or not a torch checkpoint ({_first_line(e)}); {fix}") from None
-    return check(checkpoint, str(path))
+    return check_contents(checkpoint, str(path))
 
 
-def check(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any]:
+def check_contents(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any]:
     """The structure parnas relies on, the weights and then everything else against their digests."""
     def fail(message: str) -> None:
         raise CheckpointError(f"{source}: {message}")
