@@ -34,7 +34,8 @@ class Evaluation:
     nll: float  # total negative log-likelihood, nats
     tokens: int  # predicted tokens
     seconds: float
-    batch_mean_ppl: float = math.nan  # mean over segments of exp(segment mean NLL): the seed's figure, reads higher
+    # mean over segments of exp(segment mean NLL): the TensorFlow PAR project's figure, which reads higher
+    batch_mean_ppl: float = math.nan
 
     @property
     def loss(self) -> float:
