@@ -43,7 +43,7 @@ def _search(args: argparse.Namespace) -> int:
     from parnas import strategy_registry
     from parnas.config import load_config
     from parnas.threads import use_threads
-    from strategies.search import in_nni_trial, trial_parameters
+    from strategies.nni_trial import in_nni_trial, trial_parameters
 
     params = trial_parameters()
     cfg = load_config(args.config, args.set, extra=params)
@@ -55,38 +55,9 @@ def _search(args: argparse.Namespace) -> int:
     strategy.check_config(cfg, args.resume)
     record = strategy.runner()(cfg, resume=args.resume)
     if record:
-        from parnas.architecture import layout, layout_string, legend
-        from parnas.config import TARGET_LABELS
+        from strategies.search_record import search_summary
 
-        search = record["search"]
-        print(f"architecture {layout_string(layout(record))} ({legend(search.get('candidates') or layout(record))}) "
-              f"after {search['steps']} steps")
-        what = ("exported architecture (supernet weights, not retrained)" if "trials" not in search else
-                f"best of {search['trials']} trials (trained from scratch in its trial)")
-        line = f"  val ppl {search['val_ppl']:.2f} {what}" \
-            if search.get("val_ppl") is not None else "  val ppl of the exported architecture: not finite"
-        if search.get("discretisation_gap") is not None:
-            line += (f"; {search['supernet_val_ppl']:.2f} supernet (discretisation gap "
-                     f"{search['discretisation_gap']:+.2f})")
-        elif search.get("supernet_val_ppl") is not None:
-            line += f"; {search['supernet_val_ppl']:.2f} supernet"
-        name = search.get("strategy")
-        by = f" -- NNI's {name}" if strategy_registry.is_known(name) and strategy_registry.get(name).source == \
-            strategy_registry.NNI else f" -- {name}" if name != strategy_registry.PAR_GUMBEL_DARTS else ""
-        print(line + by)
-        latency = search.get("latency")
-        if latency:
-            budget = latency["budget"]
-            verdict = "" if budget is None else (f", budget {budget:.2f}: " +
-                                                 ("met" if latency["within_budget"] else "NOT MET"))
-            source = f" (table {latency['table']})" if latency.get("table") else ""
-            target = latency.get("target", "train")
-            print(f"  predicted {TARGET_LABELS[target]} {latency['target_ms']:.3g} ms = {latency['ratio']:.2f} x "
-                  f"Transformer-XL's {latency['transformer_xl_ms']:.3g} ms on {latency['device']}{source}{verdict}")
-        if search.get("fitted_to_budget"):
-            print(f"  the argmax {search['argmax']} was over the budget: exported the most probable layout within it")
-        for label, probs in record["probabilities"].items():
-            print(f"  {label}: " + "  ".join(f"{k} {p:.3f}" for k, p in probs.items()))
+        print(search_summary(record))
     return 0
 
 
@@ -121,13 +92,13 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
     use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
     if args.check:
-        from strategies.search import check_latency_table
+        from strategies.pricing import check_latency_table
 
         for line in check_latency_table(cfg):
             print(line)
         return 0
     from parnas.training.latency_cache import describe
-    from strategies.search import time_latency_table
+    from strategies.pricing import time_latency_table
 
     table = time_latency_table(cfg, refresh=args.refresh)
     write_json_atomic(out, table.to_dict())

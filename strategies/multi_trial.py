@@ -246,7 +246,8 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
     from parnas.report.experiments import nni_on_loopback, port_in_use
     from parnas.training.devices import check_devices, training_device
     from search_spaces import PARTransformerXLSpace
-    from strategies.search import check_search_dir, cost_model, latency_summary, table_line
+    from strategies.pricing import cost_model, latency_summary, table_line
+    from strategies.run_folder import check_search_dir
 
     trials = cfg.search.trials if trials is None else trials
     check_devices(cfg.train)

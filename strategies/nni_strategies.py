@@ -140,7 +140,9 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     from parnas.training.memory import check_memory
     from search_spaces import PARTransformerXLSpace, fixed_model
     from strategies.arch_stream import NNIDartsTask
-    from strategies.search import check_search_dir, cost_model, in_nni_trial, latency_summary, prepare_run_dir, table_line
+    from strategies.nni_trial import in_nni_trial
+    from strategies.pricing import cost_model, latency_summary, table_line
+    from strategies.run_folder import check_search_dir, prepare_run_dir
 
     check_devices(cfg.train)
     name, trial = cfg.search.strategy, in_nni_trial()

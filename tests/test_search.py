@@ -153,7 +153,7 @@ def test_a_budget_derived_from_the_measured_table_is_met_and_one_below_its_floor
     """The device's own table (timed here, whatever the device): a budget halfway between the cheapest layout
     and Transformer-XL is met by what is exported; one under the cheapest layout is refused before training."""
     from parnas.errors import ParnasError
-    from strategies.search import cost_model
+    from strategies.pricing import cost_model
 
     cfg = search_config("train.max_steps=20", "train.eval_every=20")
     costs, _ = cost_model(cfg, VOCAB, torch.device("cpu"))  # cached: the search below reads the same table
@@ -386,7 +386,7 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
     also when each step runs only the candidates sampled (the same draws after the resume)."""
     from parnas.training import checkpoint
-    from strategies.search import prepare_run_dir
+    from strategies.run_folder import prepare_run_dir
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
               "model.dropout=0.1", f"search.mode={mode}", "search.latency_budget=0.5", f"search.forward={forward}")

@@ -1,0 +1,38 @@
+"""A search run as an nnictl trial: whether it is one, the tuner's parameters, and what it reports to NNI."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a trial's parameters are read before torch loads
+    from strategies.supernet_export import Evaluated
+
+
+def in_nni_trial() -> bool:
+    return "NNI_PLATFORM" in os.environ and bool(os.environ.get("NNI_OUTPUT_DIR"))
+
+
+def trial_parameters() -> dict[str, Any]:
+    """The tuner's parameters for this trial (dotted keys such as ``search.tau_end``), or {}."""
+    if not in_nni_trial():
+        return {}
+    import nni
+
+    return dict(nni.get_next_parameter() or {})
+
+
+def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
+    """What NNI's web UI shows for a trial, at every evaluation and at the end: ``default`` is the exported
+    architecture's own perplexity; beside it that architecture (one letter per block) and its predicted
+    train step relative to Transformer-XL's (the cost ratio under ``search.penalty_cost=flops``).
+    The web UI lists a dict's keys in this order (its trials table's optional columns, and the charts' choices),
+    and shows the numbers as they are: rounded here as in architecture.json."""
+    ratio = latency["ratio"] if latency else result.cost_ratio
+    return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
+            "latency_ratio": None if ratio is None else round(ratio, 4),
+            "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": result.kinds.count("attention"),
+            "predicted_step_ms": latency["target_ms"] if latency else None,
+            "latency_target": latency["target"] if latency else None,
+            "latency_device": latency["device"] if latency else None}
+

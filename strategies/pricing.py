@@ -1,0 +1,108 @@
+"""Which cost model a search prices its blocks with: FLOPs, this machine's latency table, a table timed elsewhere,
+or the table a resumed search started with; and the exported architecture's predicted latency against
+Transformer-XL's and the budget, as architecture.json records it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from parnas.config import Config
+from parnas.data.corpora import load_splits
+from parnas.errors import ParnasError
+from parnas.training.devices import check_devices, training_device
+from parnas.training.latency import LatencyTable, load_table_for, read_table, table_key, target_memories
+from parnas.training.latency_cache import check_cache, describe, latency_table, unsteady
+from strategies.costs import CostModel, flops_model, latency_costs
+
+PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
+
+
+def cost_kinds(cfg: Config) -> list[str]:
+    """The kinds a search prices: its candidates and Transformer-XL's (the reference)."""
+    return sorted(set(cfg.search.candidates) | {"attention", "dense"})
+
+
+def time_latency_table(cfg: Config, *, refresh: bool = False) -> LatencyTable:
+    """``parnas latency``: the table a search with ``cfg`` would time on this machine (its cache's, unless
+    ``refresh``), for ``search.latency_table`` on any machine. Checks the device and data first, as a search."""
+    check_devices(cfg.train)
+    tokenizer, _ = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    return latency_table(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train), refresh=refresh)[0]
+
+
+def check_latency_table(cfg: Config) -> list[str]:
+    """``parnas latency --check``: how far this machine's cached table for ``cfg`` is from a timing taken now."""
+    check_devices(cfg.train)
+    tokenizer, _ = load_splits(cfg.data)
+    cfg.model.check_vocab(tokenizer.vocab_size)
+    return check_cache(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train))
+
+
+def cost_model(cfg: Config, vocab_size: int, device: torch.device, pinned: Path | None = None,
+               warn: Callable[[str], None] | None = None) -> tuple[CostModel, dict[str, Any] | None]:
+    """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
+    table's record when costs are measured (``source``: which table, for :func:`table_line`). ``pinned``: a
+    resumed search's own table, if it wrote one, so its costs do not change with tables timed since it started.
+    ``search.latency_table``: a table timed elsewhere (the target device), checked against this run's shapes;
+    nothing is timed then. ``warn``: where a table that could not be timed steadily is reported (stderr)."""
+    kinds = cost_kinds(cfg)
+    if cfg.search.penalty_cost == "flops":
+        return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None
+    given = cfg.search.latency_table
+    if pinned is not None and pinned.is_file():
+        table, cached, source = read_table(pinned), True, "the one this run started with"
+    elif given is not None:
+        key = table_key(cfg, vocab_size, sorted({*kinds, "identity"}), device)
+        table, cached = load_table_for(given, key, target=cfg.search.latency_target), True
+        source = f"given, {given}"
+    else:
+        table, cached = latency_table(cfg, vocab_size, kinds, device, **({"warn": warn} if warn else {}))
+        source = "cached" if cached else "timed now, " + ("cached" if unsteady(table) is None else "not cached")
+    return latency_costs(table, cfg.model.n_blocks, cfg.search.latency_target), {
+        "table": table, "cached": cached, "path": given, "timed_here": given is None,
+        "memory": target_memories(cfg), "source": source}
+
+
+def table_line(latency: dict[str, Any]) -> str:
+    """Which latency table prices the run (cached, given, timed now) and how steadily it was timed."""
+    return f"latency table: {latency['source']}; {describe(latency['table'])}"
+
+
+def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
+                    budget: float | None) -> dict[str, Any] | None:
+    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json).
+
+    ``device`` is the device the costs were timed on (a given table's, which need not be this machine's);
+    ``table`` the file given as search.latency_table, if any."""
+    if latency is None:
+        return None
+    table, target = latency["table"], costs.target or "train"
+    ratio = costs.ratio(kinds)
+    generate = {"generate_token_ms": round(table.predict(kinds, "generate"), 3)} if "generate" in table.modes else {}
+    return {"unit": "ms", "device": table.key["device"], "precision": table.key.get("precision"),
+            "table": latency.get("path"), "timed_here": latency.get("timed_here"), "target": target,
+            "target_ms": round(table.predict(kinds, target), 3),
+            "train_step_ms": round(table.predict(kinds), 3),
+            "inference_step_ms": round(table.predict(kinds, "inference"), 3), **generate,
+            "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds), target), 3), "ratio": round(ratio, 4),
+            "budget": budget, "within_budget": None if budget is None else ratio <= budget + 1e-9,
+            "constant_ms": table.constant_ms, "block_ms": table.kinds_ms, "memory": latency.get("memory")}
+
+
+def check_budget(cfg: Config, costs: CostModel) -> None:
+    """A budget below the cheapest layout of the candidates cannot be met: say so before training."""
+    budget = cfg.search.latency_budget
+    if budget is None:
+        return
+    cheapest = min(cfg.search.candidates, key=costs.per_kind.__getitem__)
+    floor = costs.ratio([cheapest] * cfg.model.n_blocks)
+    if floor > budget:
+        raise ParnasError(f"search.latency_budget {budget} is out of reach: the cheapest architecture "
+                          f"(all {cheapest}) is predicted at {floor:.3f} of Transformer-XL's step time here "
+                          "(embedding, head and optimiser cost the same in every layout); raise the budget")
+
