@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from parnas import architecture, strategy_registry
 from parnas.architecture import layout, layout_string, legend
 from parnas.config import TARGET_LABELS, Config
+from strategies.nni_trial import in_nni_trial
 
 if TYPE_CHECKING:  # the summary is printed for any strategy's record: it loads no torch
     from parnas.data.tokenizer import Tokenizer
@@ -26,7 +27,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
     chosen = {architecture.label(i): kind for i, kind in enumerate(kinds)}
     probabilities = {label: {k: round(p, 4) for k, p in dist.items()} for label, dist in result.probabilities.items()}
     budget = search.latency_budget
-    trial = os.environ.get("NNI_TRIAL_JOB_ID") if "NNI_PLATFORM" in os.environ else None
+    trial = os.environ.get("NNI_TRIAL_JOB_ID") if in_nni_trial() else None
     return architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities, tokenizer=tokenizer.identity(),
         search={"strategy": strategy_registry.PAR_GUMBEL_DARTS, "mode": search.mode, "steps": steps,
