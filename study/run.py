@@ -184,7 +184,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     return plan
 
 
-def with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
+def config_with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
     """``cfg`` with dotted keys replaced, validated like any config (ConfigError naming the key)."""
     return from_dict(Config, merge(cfg.to_dict(), unflatten(settings)))
 
@@ -197,7 +197,7 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
         settings["search.latency_budget"] = search.budget  # "none" overrides a budget the config may set
     if search.candidates is not None:
         settings["search.candidates"] = list(search.candidates)
-    return with_settings(plan.base, settings)
+    return config_with_settings(plan.base, settings)
 
 
 def first_budget_setting(budgets: Sequence[float | None]) -> list[str]:
