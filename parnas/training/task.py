@@ -21,9 +21,10 @@ Exact resume: a checkpoint holds what the next step depends on beyond the
 weights and optimiser, i.e. the data position (segments done in this pass over
 the streams) and the training memory of *every* stream (gathered from all DDP
 ranks, so a run may even resume on another number of processes). Dropout is
-reseeded at every training step from (seed, rank, micro-batch index) (:meth:`LanguageModelTask.seed_for_step`), so the
-random numbers a step uses depend on nothing that happened before it, such as
-draws Lightning or a DataLoader made between a checkpoint and the next step.
+reseeded at every training step from (seed, rank, micro-batch index)
+(:meth:`LanguageModelTask.seed_for_step`), so the random numbers a step uses
+depend on nothing that happened before it, such as draws Lightning or a
+DataLoader made between a checkpoint and the next step.
 """
 
 from __future__ import annotations
