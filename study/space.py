@@ -26,8 +26,9 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from parnas.config import Config
 from parnas.errors import ConfigError
 from parnas.nn.model import SKIPPED_KIND, blocks_run
 
@@ -36,8 +37,15 @@ MAX_COUNTS = 1_000_000  # a census prices each way to count the kinds of a netwo
 EVERY = "every network of the space"  # how the verdicts name the networks retrained, without a census
 Row = Mapping[str, Any]
 
-if TYPE_CHECKING:
-    from study.run import Plan
+
+
+class SpacePlan(Protocol):
+    """What the space reads of a study's plan (:class:`study.run.Plan`, which imports this module)."""
+
+    base: Config
+    candidate_sets: tuple[tuple[str, ...], ...]
+    every_network: bool
+    census: int
 
 
 def _orders(candidates: Sequence[str], n_blocks: int, reversible: bool) -> tuple[list[str], range]:
@@ -69,7 +77,7 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
                                       for kinds in itertools.product(running, repeat=depth)]
 
 
-def check_space(plan: Plan) -> None:
+def check_space(plan: SpacePlan) -> None:
     """Refuses a space too large to retrain whole (``--every-network``) or a census it cannot give."""
     if plan.every_network and plan.census:
         raise ConfigError("--census samples the space that --every-network retrains whole: give one of them")
@@ -81,7 +89,7 @@ def check_space(plan: Plan) -> None:
         space_layouts(plan)
 
 
-def space_layouts(plan: Plan, costs: Mapping[str, float] | None = None) -> list[tuple[str, ...]]:
+def space_layouts(plan: SpacePlan, costs: Mapping[str, float] | None = None) -> list[tuple[str, ...]]:
     """With ``--every-network``, each distinct network of the searched candidate sets once; with ``--census N``,
     N of them drawn with ``train.seed``, stratified by ``costs`` (the searches' block costs, needed then); else
     none."""
@@ -97,7 +105,7 @@ def space_layouts(plan: Plan, costs: Mapping[str, float] | None = None) -> list[
                               for kinds in space_networks(candidates, model.n_blocks, model.reversible)))
 
 
-def census_record(plan: Plan) -> dict[str, Any] | None:
+def census_record(plan: SpacePlan) -> dict[str, Any] | None:
     """What study.json says of the census: ``networks`` of the space's ``of``, drawn with ``seed``; None without one."""
     if not plan.census:
         return None
@@ -106,7 +114,7 @@ def census_record(plan: Plan) -> dict[str, Any] | None:
             "seed": plan.base.train.seed, "stratified_by": "the searches' predicted block costs"}
 
 
-def _searched(plan: Plan) -> tuple[tuple[str, ...], ...]:
+def _searched(plan: SpacePlan) -> tuple[tuple[str, ...], ...]:
     """The candidate sets the study searches."""
     return plan.candidate_sets or (tuple(plan.base.search.candidates),)
 
