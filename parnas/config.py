@@ -274,7 +274,7 @@ class SearchConfig:
     """The Gumbel-DARTS search (strategies/): what is chosen, how tau anneals, how logits learn.
 
     ``mode``: ``joint`` updates logits and weights from the same training batch
-    (the TensorFlow PAR project's procedure); ``bilevel`` is first-order DARTS, logits stepping on
+    (the original TensorFlow PAR Transformer-XL's procedure); ``bilevel`` is first-order DARTS, logits stepping on
     the validation stream with its own memory.
 
     The cost of an architecture is its predicted step time relative to the

@@ -9,7 +9,7 @@ and why:
 - tau moves every optimiser step (exponential, linear or cosine), not per epoch;
 - with ``search.forward: sampled`` a step runs only one sampled candidate per block, not all, and the logits
   learn from the loss by REINFORCE (:mod:`strategies.sampled`);
-- ``joint`` mode (the TensorFlow PAR project's procedure) steps weights and logits from one batch;
+- ``joint`` mode (the original TensorFlow PAR Transformer-XL's procedure) steps weights and logits from one batch;
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream, the architecture stream
   (:mod:`strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
   memory and resets it where that stream starts over;

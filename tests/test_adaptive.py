@@ -33,7 +33,8 @@ def parameters(vocab_size: int, **settings) -> int:
     (267_735, WT103, 151_107_538),
 ])
 def test_parameter_counts_equal_dai_et_als(vocab_size, settings, expected):
-    """MemTransformerLM's counts at the TensorFlow PAR project's shapes (tied and untied) and at WikiText-103 base."""
+    """MemTransformerLM's counts at the original TensorFlow PAR Transformer-XL's shapes (tied and untied) and at
+    WikiText-103 base."""
     assert parameters(vocab_size, **settings) == expected
 
 

@@ -16,11 +16,11 @@ The layout is torch's ``nn.AdaptiveLogSoftmaxWithLoss`` (what ``parnas.nn.model`
   with ``d_i = int(d // div_value**i)``.
 
 Masses are taken over ids in id order, because the model groups ids by range: for word and
-char tokenizers ids are sorted by train counts (the TensorFlow PAR project's frequency-sorted order), for
-SentencePiece they follow piece scores, and the cost is the one the model will actually pay.
+char tokenizers ids are sorted by train counts (the frequency-sorted order of the original TensorFlow
+PAR Transformer-XL), for SentencePiece they follow piece scores, and the cost is the one the model will actually pay.
 
-**Exact DP** (:func:`exact_cutoffs`, the TensorFlow PAR project's O(K N^2) reference). ``F_i(a)``, the cheapest
-cost of tail clusters ``i..K`` when cluster ``i`` starts at id ``a``, is
+**Exact DP** (:func:`exact_cutoffs`, the O(K N^2) reference of the original TensorFlow PAR Transformer-XL).
+``F_i(a)``, the cheapest cost of tail clusters ``i..K`` when cluster ``i`` starts at id ``a``, is
 ``min_b w_i(a, b) + F_{i+1}(b)``; the answer is ``min_c1 head(c_1) + F_1(c_1)``.
 
 **Fast exact method** (:func:`optimal_cutoffs`, O(K N log N)). Each ``w_i(a, b)`` obeys the
@@ -155,7 +155,8 @@ def _checked_prefix(probs: np.ndarray, n_clusters: int, model: SoftmaxCost) -> t
 
 
 def exact_cutoffs(probs: np.ndarray, n_clusters: int, model: SoftmaxCost) -> Cutoffs:
-    """The TensorFlow PAR project's O(K N^2) dynamic programme: the reference answer (largest cutoffs among ties)."""
+    """The O(K N^2) dynamic programme of the original TensorFlow PAR Transformer-XL: the reference answer (largest
+    cutoffs among ties)."""
     prefix, n, k = _checked_prefix(probs, n_clusters, model)
     future = np.full(n + 1, np.inf)
     future[n] = 0.0

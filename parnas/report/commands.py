@@ -42,7 +42,8 @@ def cmd_cutoffs(args: argparse.Namespace) -> int:
     """Optimal adaptive-softmax cutoffs for a tokenizer, from the train split's unigram counts.
 
     Minimises Grave et al.'s (2017) GPU cost model of torch's AdaptiveLogSoftmaxWithLoss for
-    --clusters K tail clusters (K cutoffs, as in model.cutoffs: the TensorFlow PAR project's [250, 2500] is K=2),
+    --clusters K tail clusters (K cutoffs, as in model.cutoffs: the original TensorFlow PAR Transformer-XL's
+    [250, 2500] is K=2),
     exactly, in O(K N log N). The corpus, tokenizer, d_model, div_value and tokens per step
     (batch_size x seg_len) come from --config/--set, as for training. --tokenizer takes a kind
     (sentencepiece, word, char: same as --set data.tokenizer=KIND) or a tokenizer file (an
@@ -104,7 +105,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "cutoffs", cmd_cutoffs)
     add_config_args(p)
     p.add_argument("--clusters", "-k", type=int, required=True, metavar="K",
-                   help="number of tail clusters = number of cutoffs (the TensorFlow PAR project's [250, 2500] is 2)")
+                   help="number of tail clusters = number of cutoffs (the original TensorFlow PAR Transformer-XL's "
+                        "[250, 2500] is 2)")
     p.add_argument("--tokenizer", metavar="KIND|PATH",
                    help="sentencepiece, word or char (as data.tokenizer), or an spm.model / vocab.txt / "
                         "tokenizer folder; default: the config's data.tokenizer")

@@ -34,7 +34,7 @@ class Evaluation:
     nll: float  # total negative log-likelihood, nats
     tokens: int  # predicted tokens
     seconds: float
-    # mean over segments of exp(segment mean NLL): the TensorFlow PAR project's figure, which reads higher
+    # mean over segments of exp(segment mean NLL): the original TensorFlow PAR Transformer-XL's figure, reads higher
     batch_mean_ppl: float = math.nan
 
     @property
