@@ -71,9 +71,9 @@ def rows(runs: Sequence[dict[str, Any]], timing: dict[str, Any] | None = None) -
     for i, m in enumerate(runs):
         row = {key: m.get(key) for key in CSV_KEYS}
         if timing is not None:
-            from parnas.training.side_by_side import tokens_per_s
+            from parnas.training.side_by_side import timed_tokens_per_s
 
-            row.update({key: round(tokens_per_s(timing, str(i), mode), 1) for _, key, mode in SPEED})
+            row.update({key: round(timed_tokens_per_s(timing, str(i), mode), 1) for _, key, mode in SPEED})
         out.append(row)
     return out
 

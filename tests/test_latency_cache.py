@@ -139,7 +139,7 @@ def test_the_shared_h100_table_still_loads():
 
 
 def test_check_says_how_far_the_cache_is_off():
-    lines = latency_cache.check(table(cost=1.2), table(cost=1.0), n_blocks=2)
+    lines = latency_cache.drift(table(cost=1.2), table(cost=1.0), n_blocks=2)
     assert "constant 6.000 ms cached, 5.000 now (+20%)" in lines[0] and "attention 2.400 ms cached, 2.000 now (+20%)" \
         in lines[0]
     assert lines[-1].startswith("the cached table is off by at most +20% on a ")

@@ -142,7 +142,7 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
 def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
                 cache_dir: Path | None = None) -> list[str]:
     """``parnas latency --check``: the table a run would take from the cache, against one timed now (written
-    nowhere): when each was timed and how steadily, and how far the cached costs are off (:func:`check`)."""
+    nowhere): when each was timed and how steadily, and how far the cached costs are off (:func:`drift`)."""
     device = torch.device(device)
     kinds = sorted(set(kinds) | {"identity"})
     key = table_key(cfg, vocab_size, kinds, device)
@@ -152,12 +152,12 @@ def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torc
                 "thread(s)): a search would time one; `parnas latency --out FILE` times and caches one now"]
     now = latency.measure_table(cfg, vocab_size, kinds, device)
     problem = unsteady(now)
-    return [f"cached: {describe(cached)}", f"now:    {describe(now)}", *check(cached, now, cfg.model.n_blocks),
+    return [f"cached: {describe(cached)}", f"now:    {describe(now)}", *drift(cached, now, cfg.model.n_blocks),
             f"(the timing now is not steady either: {problem})" if problem else
             "`parnas latency --refresh --out FILE` replaces the cached table with a new timing"]
 
 
-def check(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
+def drift(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
     """How far ``cached``'s costs are from ``now``'s (the same shapes, timed again): per target, the constant and
     each kind's cost, then the furthest a whole step's prediction moves (the all-identity model, Transformer-XL,
     and each kind's uniform model at ``n_blocks``)."""

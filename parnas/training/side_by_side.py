@@ -39,7 +39,7 @@ def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequ
     return timing
 
 
-def tokens_per_s(timing: Mapping[str, Any], name: str, mode: str) -> float:
+def timed_tokens_per_s(timing: Mapping[str, Any], name: str, mode: str) -> float:
     """Tokens a second of ``name`` at ``mode``: a train or inference step handles a batch of segments, a
     generation step one token."""
     tokens = 1 if mode == "generate" else timing["batch_size"] * timing["seg_len"]
