@@ -173,8 +173,9 @@ def _print(title: str, recorder: SyncRecorder) -> None:
 def main() -> int:
     from parnas.config import load_config
     from parnas.nn.model import build_fixed_model
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
+    from parnas.training.trainer import build_trainer
     from strategies.costs import CostModel
     from strategies.search import build_search
 

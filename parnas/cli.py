@@ -36,7 +36,7 @@ def _quiet_imports() -> None:
 
 
 def set_verbosity(verbose: bool) -> None:
-    """Record the choice on the ``parnas`` logger; :func:`parnas.training.fit.build_trainer` applies it to
+    """Record the choice on the ``parnas`` logger; :func:`parnas.training.trainer.build_trainer` applies it to
     Lightning and NNI once they are imported (they reset their own levels on import)."""
     logging.getLogger("parnas").setLevel(logging.INFO if verbose else logging.WARNING)
 

@@ -34,9 +34,9 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
         from parnas.threads import use_threads
         from parnas.training.fit import summary
-        from retrain.run import read_architecture, resolve_config, retrain
+        from retrain.run import architecture_source, resolve_config, retrain
 
-        cfg = resolve_config(read_architecture(args.arch), args.config, overrides)  # the architecture's own width
+        cfg = resolve_config(architecture_source(args.arch), args.config, overrides)  # the architecture's own width
         use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
         metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:

@@ -33,8 +33,8 @@ from parnas.config import generation_memory
 from parnas.data.corpora import default_cache_dir, resolve_corpus
 from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
+from parnas.training.data_module import SegmentData
 from parnas.training.evaluation import model_device, split_metrics
-from parnas.training.fit import SegmentData
 from retrain.load import TrainedModel
 
 

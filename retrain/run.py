@@ -34,8 +34,9 @@ from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import check_run_dir
 from parnas.overrides import parse_overrides
+from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
-from parnas.training.fit import check_segments, fit
+from parnas.training.fit import fit
 from parnas.training.memory import check_memory
 
 

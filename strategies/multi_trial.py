@@ -48,7 +48,7 @@ class CorpusData(pl.LightningDataModule):
 
     def segments(self) -> Any:
         from parnas.data.corpora import load_splits
-        from parnas.training.fit import SegmentData
+        from parnas.training.data_module import SegmentData
 
         if self._segments is None:
             cfg = from_dict(DataConfig, self.data, "data.")

@@ -134,10 +134,12 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     from parnas import architecture
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir
+    from parnas.training.data_module import check_segments
     from parnas.training.devices import check_devices
     from parnas.training.evaluation import evaluate
-    from parnas.training.fit import build_trainer, check_segments, tokenizer_meta
+    from parnas.training.fit import tokenizer_meta
     from parnas.training.memory import check_memory
+    from parnas.training.trainer import build_trainer
     from search_spaces import PARTransformerXLSpace, fixed_model
     from strategies.arch_stream import NNIDartsTask
     from strategies.nni_trial import in_nni_trial

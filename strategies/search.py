@@ -36,20 +36,15 @@ from parnas.files import check_writable_dir, hold_run_dir, write_json_atomic
 from parnas.report.plots import plot_run
 from parnas.strategy_registry import PAR_GUMBEL_DARTS
 from parnas.training import checkpoint
+from parnas.training.data_module import SegmentData, check_segments
 from parnas.training.devices import check_devices, training_device
 from parnas.training.evaluation import evaluate
-from parnas.training.fit import (
-    SegmentData,
-    build_trainer,
-    check_segments,
-    end_process_group,
-    position_restored_by_task,
-    tokenizer_meta,
-)
+from parnas.training.fit import tokenizer_meta
 from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume
 from parnas.training.task import LanguageModelTask
+from parnas.training.trainer import build_trainer, end_process_group, position_restored_by_task
 from search_spaces import PARTransformerXLSpace
 from strategies.costs import CostModel
 from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS

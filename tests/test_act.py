@@ -66,9 +66,10 @@ def test_a_model_with_ut_blocks_adds_the_ponder_cost_keeps_memory_and_generates(
 
 
 def test_training_logs_the_mean_steps(tmp_path):
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
     from parnas.training.latency import zipf_ids
     from parnas.training.task import LanguageModelTask
+    from parnas.training.trainer import build_trainer
 
     cfg = load_config("tiny", ["model.blocks=[ut, dense, attention, dense]", "train.accelerator=cpu",
                                "train.max_steps=2", "train.log_every=1", "train.eval_every=100"])

@@ -182,7 +182,7 @@ def test_a_batch_bound_for_a_gpu_leaves_the_host_from_pinned_memory(pins, device
     first, once, with its values kept; a batch for any other device is handed on as it is."""
     from types import SimpleNamespace
 
-    from parnas.training.fit import SegmentData
+    from parnas.training.data_module import SegmentData
 
     model = build_fixed_model(ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, cutoffs=(10, 20)), 50)
     task = LanguageModelTask(load_config("tiny").train)
@@ -205,8 +205,9 @@ def test_a_batch_bound_for_a_gpu_leaves_the_host_from_pinned_memory(pins, device
 def test_training_on_cuda_moves_every_batch_from_pinned_memory(monkeypatch, tmp_path):
     import numpy as np
 
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
     from parnas.training.latency import zipf_ids
+    from parnas.training.trainer import build_trainer
 
     handed = []
     hook = SegmentData.on_before_batch_transfer

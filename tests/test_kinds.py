@@ -181,8 +181,9 @@ def synthetic_run(*overrides):
 
 
 def test_aux_loss_trains_the_compression_in_training(tmp_path):
-    from parnas.training.fit import SegmentData, build_trainer, position_restored_by_task
+    from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
+    from parnas.training.trainer import build_trainer, position_restored_by_task
 
     cfg, splits = synthetic_run("model.blocks=[compressive,dense]")
     model = build_fixed_model(cfg.model, VOCAB)

@@ -74,9 +74,10 @@ def test_the_load_balancing_loss_joins_the_loss_and_trains_the_router():
 
 
 def test_training_logs_the_experts_load(tmp_path):
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
     from parnas.training.latency import zipf_ids
     from parnas.training.task import LanguageModelTask
+    from parnas.training.trainer import build_trainer
 
     cfg = load_config("tiny", ["model.blocks=[moe, dense, attention, dense]", "train.accelerator=cpu",
                                "train.max_steps=2", "train.log_every=1", "train.eval_every=100"])

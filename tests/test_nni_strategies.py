@@ -12,7 +12,8 @@ from nni.nas.experiment import NasExperiment
 from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
 
 from parnas.architecture import make_record, model_config
-from parnas.training.fit import SegmentData, build_trainer
+from parnas.training.data_module import SegmentData
+from parnas.training.trainer import build_trainer
 from search_spaces import PARTransformerXLSpace, fixed_model
 from strategies.arch_stream import NNIDartsTask
 from tests.nni_stall import STALLED, rerun_on_stall

@@ -36,7 +36,8 @@ def test_the_task_clips_the_global_gradient_norm_to_the_clip_value():
 
 def fit_weights(tmp_path, monkeypatch, fused: bool) -> tuple[dict[str, torch.Tensor], bool]:
     from parnas.training import task as task_module
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
+    from parnas.training.trainer import build_trainer
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=4", "train.precision=bf16-mixed",
                                "train.clip=0.05", "train.eval_every=100"])

@@ -78,9 +78,10 @@ def test_the_activations_kept_for_backward_do_not_grow_with_depth():
 
 
 def test_a_reversible_model_trains_through_lightning(tmp_path):
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
     from parnas.training.latency import zipf_ids
     from parnas.training.task import LanguageModelTask
+    from parnas.training.trainer import build_trainer
 
     cfg = load_config("tiny", ["model.reversible=true", "train.accelerator=cpu", "train.max_steps=3",
                                "train.eval_every=3"])

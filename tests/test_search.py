@@ -342,8 +342,9 @@ def test_usable_as_an_nni_nas_experiment(tmp_path):
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment
 
-    from parnas.training.fit import SegmentData, build_trainer
+    from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
+    from parnas.training.trainer import build_trainer
     from strategies.gumbel_darts import PARGumbelDARTS
 
     cfg = search_config("train.max_steps=5", "train.eval_every=5")

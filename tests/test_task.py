@@ -49,8 +49,8 @@ def test_evaluation_sends_batches_to_the_device_the_weights_are_on():
     """Lightning moves a module back to the CPU when fit ends, while the trainer still names the GPU:
     evaluation must follow the weights, not a device named elsewhere. A model on the meta device shows
     it without a GPU (batches on any other device would reach its first block)."""
+    from parnas.training.data_module import SegmentData
     from parnas.training.evaluation import split_metrics
-    from parnas.training.fit import SegmentData
 
     cfg = ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, mem_len=4, cutoffs=())
     model = build_fixed_model(cfg, 50).to("meta")

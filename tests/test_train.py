@@ -35,7 +35,7 @@ def test_throughput_on_cuda_never_waits_for_the_gpu_inside_a_step(monkeypatch):
 
     import torch
 
-    from parnas.training.fit import Throughput
+    from parnas.training.trainer import Throughput
 
     waits = []
 

@@ -24,7 +24,8 @@ from parnas.training.task import on_device, segment_nll
 
 
 class SplitData(Protocol):
-    """What evaluation reads of a run's data: each split's batches (:class:`parnas.training.fit.SegmentData`)."""
+    """What evaluation reads of a run's data: each split's batches
+    (:class:`parnas.training.data_module.SegmentData`)."""
 
     def batches(self, split: str) -> ContextBatches: ...
 

@@ -7,9 +7,9 @@ nothing, so work since the last periodic checkpoint was lost and nothing said ho
 The handler only records the signal; the loop reads that record once per optimiser step:
 
 - at the end of a step that does not validate, the checkpoint is written there (the state
-  :class:`parnas.training.fit.StepCheckpoint` writes at its periodic steps);
+  :class:`parnas.training.trainer.StepCheckpoint` writes at its periodic steps);
 - at the end of a step that validates, the validation runs first and the checkpoint is written
-  when it ends, as :class:`~parnas.training.fit.StepCheckpoint` does, so a resumed run neither repeats
+  when it ends, as :class:`~parnas.training.trainer.StepCheckpoint` does, so a resumed run neither repeats
   nor loses it;
 
 then :class:`parnas.errors.Interrupted` is raised. Lightning tears the trainer down and passes it
@@ -50,7 +50,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Checkpointer(Protocol):
-    """What :class:`StopOnSignal` needs of :class:`parnas.training.fit.StepCheckpoint`."""
+    """What :class:`StopOnSignal` needs of :class:`parnas.training.trainer.StepCheckpoint`."""
 
     path: Any
     saved_at: int
