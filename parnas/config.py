@@ -410,9 +410,9 @@ class Config:
                  "would wait for the gradients of candidates a rank did not run")
         offered = [*self.model.layout, *self.search.candidates, *self.model.kind_settings]
         for kind in dict.fromkeys(offered):  # each kind a run may build, or was given settings for, against the shapes
-            check = kinds.get(kind).check
-            if check is not None:
-                check(self, self.model.settings_of(kind))
+            registered = kinds.loaded(kind)  # a plugin is checked once loaded: its settings given, or its block built
+            if registered is not None and registered.check is not None:
+                registered.check(self, self.model.settings_of(kind))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"model": self.model.to_dict()}

@@ -15,6 +15,7 @@ from parnas.kinds.registry import (
     get,
     is_known,
     letter,
+    loaded,
     make_block,
     names,
     register,
@@ -24,5 +25,5 @@ from parnas.kinds.registry import (
 )
 
 __all__ = ["GROUP", "HOW_TO_REGISTER", "BlockKind", "Check", "Factory", "Flops", "KindError", "builtin", "check",
-           "default_settings", "get", "is_known", "letter", "make_block", "names", "register", "unknown_message",
-           "unregister", "with_settings"]
+           "default_settings", "get", "is_known", "letter", "loaded", "make_block", "names", "register",
+           "unknown_message", "unregister", "with_settings"]

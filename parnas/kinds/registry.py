@@ -169,6 +169,12 @@ def is_known(name: str) -> bool:
     return name in _REGISTRY or name in _entry_points()
 
 
+def loaded(name: str) -> BlockKind | None:
+    """The kind called ``name`` if it is registered already, else None: a plugin not needed yet stays unloaded
+    (config checks import neither it nor torch)."""
+    return _REGISTRY.get(name)
+
+
 def unknown_message(name: str) -> str:
     return f"unknown block kind {name!r}; known kinds: {', '.join(names())}; {HOW_TO_REGISTER}"
 
