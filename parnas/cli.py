@@ -55,11 +55,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_run_dir(cfg.train.out_dir, args.resume)
     use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
-        from parnas.training.fit import summary, train
+        from parnas.report.summaries import training_summary
+        from parnas.training.fit import train
 
         metrics = train(cfg, resume=args.resume)
     if metrics:
-        print(summary(metrics, cfg.train.out_dir))
+        print(training_summary(metrics, cfg.train.out_dir))
     return 0
 
 

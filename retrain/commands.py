@@ -32,15 +32,15 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+        from parnas.report.summaries import training_summary
         from parnas.threads import use_threads
-        from parnas.training.fit import summary
         from retrain.run import architecture_source, resolve_config, retrain
 
         cfg = resolve_config(architecture_source(args.arch), args.config, overrides)  # the architecture's own width
         use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
         metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
-        print(summary(metrics, metrics["config"]["train"]["out_dir"]))
+        print(training_summary(metrics, metrics["config"]["train"]["out_dir"]))
     return 0
 
 

@@ -55,7 +55,7 @@ def _search(args: argparse.Namespace) -> int:
     strategy.check_config(cfg, args.resume)
     record = strategy.runner()(cfg, resume=args.resume)
     if record:
-        from strategies.search_record import search_summary
+        from parnas.report.summaries import search_summary
 
         print(search_summary(record))
     return 0

@@ -1,5 +1,5 @@
-"""What a search leaves: the record of PAR's Gumbel-DARTS search in ``architecture.json``, and the few lines
-``parnas search`` prints of any strategy's record (as :func:`parnas.training.fit.summary` does for a training).
+"""What a search leaves: the record of PAR's Gumbel-DARTS search in ``architecture.json``, (``parnas search``
+prints it with :func:`parnas.report.summaries.search_summary`).
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from parnas import architecture, strategy_registry
-from parnas.architecture import layout, layout_string, legend
-from parnas.config import TARGET_LABELS, Config
+from parnas.architecture import layout_string
+from parnas.config import Config
 from strategies.nni_trial import in_nni_trial
 
 if TYPE_CHECKING:  # the summary is printed for any strategy's record: it loads no torch
@@ -52,43 +52,3 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                 "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
                 "nni_trial": trial})
-
-
-def search_summary(record: dict[str, Any]) -> str:
-    """The few lines ``parnas search`` prints of a finished search's record, whichever strategy made it: the
-    architecture, its perplexity and what that perplexity is, its predicted latency against the budget, and each
-    block's probabilities."""
-    search, kinds = record["search"], layout(record)
-    lines = [f"architecture {layout_string(kinds)} ({legend(search.get('candidates') or kinds)}) "
-             f"after {search['steps']} steps"]
-    what = ("exported architecture (supernet weights, not retrained)" if "trials" not in search else
-            f"best of {search['trials']} trials (trained from scratch in its trial)")
-    line = f"  val ppl {search['val_ppl']:.2f} {what}" \
-        if search.get("val_ppl") is not None else "  val ppl of the exported architecture: not finite"
-    if search.get("discretisation_gap") is not None:
-        line += (f"; {search['supernet_val_ppl']:.2f} supernet (discretisation gap "
-                 f"{search['discretisation_gap']:+.2f})")
-    elif search.get("supernet_val_ppl") is not None:
-        line += f"; {search['supernet_val_ppl']:.2f} supernet"
-    name = search.get("strategy")
-    known = strategy_registry.is_known(name)
-    if known and strategy_registry.get(name).source == strategy_registry.NNI:
-        line += f" -- NNI's {name}"
-    elif name != strategy_registry.PAR_GUMBEL_DARTS:
-        line += f" -- {name}"
-    lines.append(line)
-    latency = search.get("latency")
-    if latency:
-        budget = latency["budget"]
-        verdict = "" if budget is None else (f", budget {budget:.2f}: " +
-                                             ("met" if latency["within_budget"] else "NOT MET"))
-        source = f" (table {latency['table']})" if latency.get("table") else ""
-        target = latency.get("target", "train")
-        lines.append(f"  predicted {TARGET_LABELS[target]} {latency['target_ms']:.3g} ms = {latency['ratio']:.2f} x "
-                     f"Transformer-XL's {latency['transformer_xl_ms']:.3g} ms on {latency['device']}{source}{verdict}")
-    if search.get("fitted_to_budget"):
-        lines.append(f"  the argmax {search['argmax']} was over the budget: exported the most probable layout "
-                     "within it")
-    for label, probs in record["probabilities"].items():
-        lines.append(f"  {label}: " + "  ".join(f"{k} {p:.3f}" for k, p in probs.items()))
-    return "\n".join(lines)

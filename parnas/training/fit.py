@@ -27,7 +27,6 @@ import pytorch_lightning as pl
 import torch
 
 from parnas import architecture
-from parnas.architecture import legend
 from parnas.config import Config
 from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
@@ -130,20 +129,3 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
         architecture.write(out_dir / "architecture.json", record)
         write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
-
-
-def summary(metrics: dict[str, Any], out_dir: str) -> str:
-    """The few figures a finished training run is judged by, rounded, in one short block."""
-    tps, params = metrics.get("train_tokens_per_s"), metrics.get("parameters")
-    ppl = ", ".join(f"{name} perplexity {metrics[key]:.2f}" for name, key in (("validation", "val_ppl"),
-                                                                              ("test", "test_ppl"))
-                    if metrics.get(key) is not None)
-    lines = [f"{metrics['architecture']} after {metrics['steps']:,} steps: {ppl or 'no perplexity (not finite)'}"]
-    speed = [f"{params:,} parameters" if params else None,
-             f"{metrics['attention_blocks']} attention blocks" if "attention_blocks" in metrics else None,
-             f"{tps:,.0f} train tokens/s" if tps else None,
-             f"{metrics['eval_tokens_per_s']:,.0f} eval tokens/s" if metrics.get("eval_tokens_per_s") else None,
-             f"peak memory {metrics['peak_memory_mb']:,.0f} MB" if metrics.get("peak_memory_mb") else None]
-    lines.append("  " + ", ".join(s for s in speed if s))
-    lines.append(f"  metrics in {out_dir}/metrics.json ({legend(metrics['architecture'])})")
-    return "\n".join(lines)
