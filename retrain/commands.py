@@ -78,9 +78,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Sample text from a checkpoint after a prompt, carrying the Transformer-XL memory, printed as it comes.
     Ctrl-C stops it: the text so far stays on stdout, one line on stderr says how far it got (exit 130)."""
+    import signal
     import sys
     from pathlib import Path
 
+    from parnas.errors import Interrupted
     from parnas.threads import use_threads
     from retrain.evaluate import Sampling, TextStream, generate
     from retrain.load import device_for, load_trained, scratch_dir
@@ -100,12 +102,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
             use_threads(trained.config.model.d_model, show=_to_stderr if args.verbose else None)  # stdout: the text
             stream = TextStream(trained.tokenizer, write)
             generate(trained, args.prompt, opts, stream)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted) as e:  # the CLI turns SIGINT and SIGTERM into Interrupted
         done = stream.generated if stream is not None else 0
         print(flush=True)  # ends the text's line
-        print(f"parnas generate: stopped by Ctrl-C after {done:,} of {opts.tokens:,} tokens (the text so far is "
+        signum = getattr(e, "signum", signal.SIGINT)
+        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"parnas generate: stopped by {what} after {done:,} of {opts.tokens:,} tokens (the text so far is "
               "above)", file=sys.stderr)
-        return 130
+        return 128 + signum
     print()
     return 0
 
