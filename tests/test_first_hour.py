@@ -194,6 +194,8 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "
                                                  "every multi-trial strategy, 3 tiny trials each)")),
     (r"search\.candidates=\[attention,shift", Skip("needs the plugin package the section writes (parnas-shift)")),
+    (r"--strategy random-layout", Skip("needs the plugin package the section writes (random-layout); "
+                                       "tests/test_strategy_registry.py installs and runs it")),
     (r"--dry-run", Run(scale="none")),
     (r"^parnas latency ", Run(extra=TABLE_SHAPES)),
     (r"search\.latency_table=h100", Run(needs=("table",), extra=TABLE_SHAPES)),

@@ -100,7 +100,7 @@ def test_an_empty_strategy_name_is_refused_not_read_as_the_default(capsys, tmp_p
 
 def test_a_strategy_name_is_taken_as_given(capsys, tmp_path):
     code, _, err = cli(capsys, "search", "--config", "tiny", "--strategy", "random ", "--dry-run")
-    assert_refused(code, err, "search.strategy must be one of", "not 'random '")
+    assert_refused(code, err, "unknown search strategy 'random '", "known strategies: par-gumbel-darts")
 
 
 def test_a_data_dir_that_does_not_exist_is_refused(capsys, tmp_path, monkeypatch):
