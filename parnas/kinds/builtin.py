@@ -143,24 +143,18 @@ def heads(n_heads: int, s: HeadsSettings) -> int:
     return round(n_heads * s.fraction)
 
 
-def _heads_divide(name: str) -> Check:
-    def check(cfg: Any, s: HeadsSettings) -> None:
-        n = cfg.model.n_heads * s.fraction
-        _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"model.{name}.fraction {s.fraction:g} of "
-                 f"model.n_heads ({cfg.model.n_heads}) is {n:g} heads: choose a fraction that divides the heads")
-    return check
-
-
 def width(d_ff: int, s: WidthSettings) -> int:
     """The inner width of a feed-forward block of another width."""
     return round(d_ff * s.ratio)
 
 
-def _width_whole(name: str) -> Check:
-    def check(cfg: Any, s: WidthSettings) -> None:
-        n = cfg.model.d_ff * s.ratio
-        _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"model.{name}.ratio {s.ratio:g} of model.d_ff "
-                 f"({cfg.model.d_ff}) is {n:g} units: choose a ratio that gives a whole width")
+def _whole_share(name: str, setting: str, of: str, unit: str) -> Check:
+    """A check that ``model.<name>.<setting>`` times ``model.<of>`` is a whole number, at least one ``unit``."""
+    def check(cfg: Any, s: Any) -> None:
+        share, whole = getattr(s, setting), getattr(cfg.model, of)
+        n = whole * share
+        _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"model.{name}.{setting} {share:g} of model.{of} "
+                 f"({whole}) is {n:g} {unit}: choose a {setting} that gives whole {unit}")
     return check
 
 
@@ -232,20 +226,20 @@ for _kind in (
     BlockKind("lsh", "parnas.nn.lsh:build_lsh", True, "L", settings=LSHSettings, check=_check_lsh,
               source="Kitaev et al. 2020, Reformer: LSH attention with shared QK, chunked"),
     BlockKind("attention_half", "parnas.nn.blocks:build_attention_half", True, "F", settings=HeadsSettings,
-              check=_heads_divide("attention_half"),
+              check=_whole_share("attention_half", "fraction", "n_heads", "heads"),
               flops=lambda cfg, L, B: attention_flops(cfg, L, B, heads(cfg.n_heads, cfg.settings_of("attention_half"))),
               source="Latifi et al. 2022 (PLANER), Wang et al. 2020 (HAT): attention with fewer heads, here 1/2"),
     BlockKind("attention_quarter", "parnas.nn.blocks:build_attention_quarter", True, "Q",
-              settings=QuarterHeadsSettings, check=_heads_divide("attention_quarter"),
+              settings=QuarterHeadsSettings, check=_whole_share("attention_quarter", "fraction", "n_heads", "heads"),
               flops=lambda cfg, L, B: attention_flops(cfg, L, B,
                                                       heads(cfg.n_heads, cfg.settings_of("attention_quarter"))),
               source="Latifi et al. 2022 (PLANER), Wang et al. 2020 (HAT): attention with fewer heads, here 1/4"),
     BlockKind("dense_half", "parnas.nn.blocks:build_dense_half", False, "N", settings=WidthSettings,
-              check=_width_whole("dense_half"),
+              check=_whole_share("dense_half", "ratio", "d_ff", "units"),
               flops=_feed_forward(lambda cfg: width(cfg.d_ff, cfg.settings_of("dense_half"))),
               source="Tsai et al. 2020 (LTS), Wang et al. 2020 (HAT): a narrower feed-forward, here 1/2 d_ff"),
     BlockKind("dense_double", "parnas.nn.blocks:build_dense_double", False, "W", settings=DoubleWidthSettings,
-              check=_width_whole("dense_double"),
+              check=_whole_share("dense_double", "ratio", "d_ff", "units"),
               flops=_feed_forward(lambda cfg: width(cfg.d_ff, cfg.settings_of("dense_double"))),
               source="Tsai et al. 2020 (LTS), Wang et al. 2020 (HAT): a wider feed-forward, here 2 d_ff"),
     BlockKind("moe", "parnas.nn.moe:MoEBlock", False, "E", settings=MoESettings, flops=_moe_flops, reversible=False,
