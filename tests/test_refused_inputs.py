@@ -7,25 +7,11 @@ import json
 import threading
 
 import pytest
+from test_bad_input import assert_refused, cli
 
 from parnas import reading
-from parnas.cli import main
 from parnas.config import load_config
 from parnas.errors import ParnasError
-
-
-def cli(capsys, *args):
-    code = main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err.strip()
-
-
-def assert_refused(code, err, *needles):
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, err
-
 
 DEEP = "[" * 5 * 2**20  # 5 MB of "[": Python's parsers would recurse until RecursionError
 NESTED = "[" * 10_000 + "]" * 10_000  # small, but nested far deeper than any parnas file
