@@ -3,8 +3,8 @@
 ``widths``: the standard Transformer-XL of each preset takes training steps with 1, 2, ... threads (up to the
 cores this process may use), in alternating rounds in one process (the same model, the thread count switched
 between rounds), OpenMP waiting passively as parnas sets it. Prints each count's steps/s and the median of
-the same-round speed-ups over one thread: where a second thread stops paying is what ``parnas.threads``'s
-``WIDTH_PER_THREAD`` encodes.
+the same-round speed-ups over one thread: where a second thread starts to pay is what ``parnas.threads``'s
+``WORK_PER_THREAD`` encodes (a step's tokens x d_model**2).
 
 ``retrain``: ``parnas retrain --arch transformer-xl --config wt2-cpu`` for ``--steps`` steps, four ways, in
 alternating rounds: torch's old defaults (a thread per core, OpenMP's default spin-then-sleep wait; the library

@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(dry_run(cfg, [[kind] for kind in cfg.model.layout], "train"))
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
-    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
+    use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
         from parnas.report.summaries import training_summary
         from parnas.training.fit import train

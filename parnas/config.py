@@ -218,6 +218,11 @@ class DataConfig:
     seg_len: int = 32
     eval_batch_size: int = 32
 
+    @property
+    def step_tokens(self) -> int:
+        """Tokens a training step computes on one device: ``batch_size`` streams of ``seg_len``."""
+        return self.batch_size * self.seg_len
+
     def __post_init__(self) -> None:
         _require(self.tokenizer in ("sentencepiece", "word", "char"),
                  f"data.tokenizer must be sentencepiece, word or char, not {self.tokenizer!r}")

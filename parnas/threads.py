@@ -11,7 +11,7 @@ evaluate, generate, latency, compare's timing) decides here:
 - The number of threads: ``train.threads`` when set (> 0), else ``OMP_NUM_THREADS`` when the user set it,
   else the fewest of: the cores this process may use (its CPU affinity and its cgroup's CPU quota, not the
   machine's core count) less the machine's load, shared among the run's processes on this machine, and
-  what a model of this width gains from (:func:`useful_threads`).
+  what a step of this size gains from (:func:`useful_threads`).
 
 The choice travels in the environment (``OMP_NUM_THREADS``), so DDP processes and the searches a study
 starts compute with the same. Only the standard library is imported here.
@@ -28,9 +28,11 @@ from pathlib import Path
 
 from parnas.errors import ConfigError
 
-# Measured with benchmarks/threads.py (docs/benchmarks.md): below this model width a second thread's share of
-# a step's small matrix products does not pay for the threads meeting at every operation.
-WIDTH_PER_THREAD = 256
+# Measured with benchmarks/threads.py on an idle 2-core CPU (docs/benchmarks.md): a second thread pays (1.2x
+# and more) from a step of tokens x d_model**2 = 2**24 (1,024 tokens at width 128) and loses or breaks even
+# at 2**22 and below (256 tokens at width 128, 1,024 at 64): smaller matrix products do not pay for the
+# threads meeting at every operation. One thread per this much of a step's work.
+WORK_PER_THREAD = 2**23
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,11 @@ class Choice:
         return f"threads: {self.threads} ({self.reason})"
 
 
-def useful_threads(d_model: int) -> int:
-    """The most threads a step of a model this wide gains from: one per ``WIDTH_PER_THREAD`` of width."""
-    return max(1, d_model // WIDTH_PER_THREAD)
+def useful_threads(d_model: int, tokens: int) -> int:
+    """The most threads a step of ``tokens`` tokens (batch x segment; 1 for a generated token) through a model
+    ``d_model`` wide gains from: one per ``WORK_PER_THREAD`` of ``tokens * d_model**2``, the size of its
+    matrix products."""
+    return max(1, tokens * d_model**2 // WORK_PER_THREAD)
 
 
 def cgroup_cpus(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
@@ -128,9 +132,11 @@ def _environment_threads(value: str) -> int:
     return threads
 
 
-def choose(d_model: int, setting: int = 0, processes: int = 1, *, environ: MutableMapping[str, str] | None = None,
-           cores: int | None = None, load: float | None = None) -> Choice:
-    """The threads one of ``processes`` processes on this machine computes a model of width ``d_model`` with.
+def choose(d_model: int, tokens: int, setting: int = 0, processes: int = 1, *,
+           environ: MutableMapping[str, str] | None = None, cores: int | None = None,
+           load: float | None = None) -> Choice:
+    """The threads one of ``processes`` processes on this machine computes steps of ``tokens`` tokens through a
+    model of width ``d_model`` with.
 
     ``setting`` is ``train.threads`` (0: choose). ``cores`` and ``load`` default to this machine's
     (:func:`usable_cores`, :func:`machine_load`); tests pass their own."""
@@ -143,15 +149,13 @@ def choose(d_model: int, setting: int = 0, processes: int = 1, *, environ: Mutab
     load = machine_load() if load is None else load
     free = max(1, min(cores, math.floor(cores - load + 0.5)))
     share = max(1, free // processes)
-    useful = useful_threads(d_model)
+    useful = useful_threads(d_model, tokens)
     threads = min(share, useful)
     where = f"{free} of {cores} cores free at load {load:.1f}"
     if processes > 1:
         where += f", {share} for each of {processes} processes"
-    if useful == 1:
-        gains = f"width {d_model} gains nothing from a second thread"
-    else:
-        gains = f"width {d_model} gains from up to {useful}"
+    step = f"{tokens:,} token{'s' * (tokens > 1)} a step at width {d_model}"
+    gains = f"{step} gains nothing from a second thread" if useful == 1 else f"{step} gains from up to {useful}"
     return Choice(threads, f"{where}; {gains}")
 
 
@@ -171,11 +175,11 @@ def wait_passively(environ: MutableMapping[str, str] | None = None) -> None:
     environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def use_threads(d_model: int, setting: int = 0, processes: int = 1,
+def use_threads(d_model: int, tokens: int, setting: int = 0, processes: int = 1,
                 show: Callable[[str], None] | None = print) -> Choice:
     """The CLI's one call per command: choose, prepare, and show the choice's line (on rank 0 only: a DDP
     process Lightning or torchrun starts has ``LOCAL_RANK`` > 0 and the line from its rank 0)."""
-    choice = choose(d_model, setting, processes)
+    choice = choose(d_model, tokens, setting, processes)
     prepare(choice)
     if show is not None and os.environ.get("LOCAL_RANK", "0") == "0":
         show(choice.line())

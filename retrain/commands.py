@@ -37,7 +37,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         from retrain.run import architecture_source, resolve_config, retrain
 
         cfg = resolve_config(architecture_source(args.arch), args.config, overrides)  # the architecture's own width
-        use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
+        use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
         metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
         print(training_summary(metrics, metrics["config"]["train"]["out_dir"]))
@@ -62,7 +62,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = device_for(args.device)
     with scratch_dir() as tmp:
         trained = load_trained(args.checkpoint, device, Path(tmp))
-        use_threads(trained.config.model.d_model)  # its tokens/s are timed with them
+        data = trained.config.data  # its tokens/s are timed with the threads its segments gain from
+        use_threads(trained.config.model.d_model, data.eval_batch_size * data.seg_len)
         result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path, args.clamp_len)
     result["checkpoint"] = str(args.checkpoint)
     out = out or default_output(args.checkpoint, args.split, result["mem_len"])
@@ -99,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         with scratch_dir() as tmp:
             trained = load_trained(args.checkpoint, device, Path(tmp))
-            use_threads(trained.config.model.d_model, show=_to_stderr if args.verbose else None)  # stdout: the text
+            use_threads(trained.config.model.d_model, 1, show=_to_stderr if args.verbose else None)  # stdout: the text
             stream = TextStream(trained.tokenizer, write)
             generate(trained, args.prompt, opts, stream)
     except (KeyboardInterrupt, Interrupted) as e:  # the CLI turns SIGINT and SIGTERM into Interrupted
@@ -135,8 +136,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if should_time(runs, args.time):
         from parnas.threads import use_threads
 
-        widths = [m["config"]["model"]["d_model"] for m in runs if isinstance(m.get("config"), dict)]
-        use_threads(max(widths, default=0), show=None)
+        configs = [m["config"] for m in runs if isinstance(m.get("config"), dict)]
+        use_threads(max((c["model"]["d_model"] for c in configs), default=0),  # the largest: the train step's
+                    max((c["data"]["batch_size"] * c["data"]["seg_len"] for c in configs), default=1), show=None)
         def progress(stage: str, i: int, n: int, what: str) -> None:
             print(f"parnas compare: timing {what}", file=sys.stderr, flush=True)
 

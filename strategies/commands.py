@@ -47,7 +47,7 @@ def _search(args: argparse.Namespace) -> int:
 
     params = trial_parameters()
     cfg = load_config(args.config, args.set, extra=params)
-    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
+    use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
     if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
         args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
                             f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
@@ -90,7 +90,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         check_writable_dir(out.parent)
     from parnas.threads import use_threads
 
-    use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)
+    use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
     if args.check:
         from strategies.pricing import check_latency_table
 

@@ -26,7 +26,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         from study.strategy_study import parse_strategies, run_strategy_study
 
         cfg = load_config(args.config, args.set)
-        use_threads(cfg.model.d_model, cfg.train.threads, cfg.train.devices)  # its searches inherit it
+        # its searches inherit the choice
+        use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
         study = run_strategy_study(args.config, args.set, parse_strategies(args.strategies), args.seeds,
                                    Path(args.out), search_steps=args.search_steps or 600,
                                    retrain_steps=args.retrain_steps or 600, trials=args.trials,
@@ -42,7 +43,8 @@ def cmd_study(args: argparse.Namespace) -> int:
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
                      candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths,
                      every_network=args.every_network, census=args.census)
-    use_threads(plan.base.model.d_model, plan.base.train.threads)  # the study's searches inherit it
+    # the study's searches and retrains inherit the choice
+    use_threads(plan.base.model.d_model, plan.base.data.step_tokens, plan.base.train.threads)
     study = run_study(plan, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:

@@ -13,39 +13,47 @@ from parnas import threads
 from parnas.errors import ConfigError
 
 ROOT = Path(__file__).parents[1]
-WIDE = threads.WIDTH_PER_THREAD * 8  # a width that gains from 8 threads
+TOKENS = 1024
+WIDE = 256  # 1,024 tokens a step at this width gain from 8 threads
 
 
 def test_an_explicit_setting_wins_then_the_users_environment():
-    assert threads.choose(64, 3, environ={"OMP_NUM_THREADS": "2"}, cores=2, load=0).threads == 3
-    choice = threads.choose(WIDE, 0, environ={"OMP_NUM_THREADS": "5"}, cores=2, load=0)
+    assert threads.choose(64, TOKENS, 3, environ={"OMP_NUM_THREADS": "2"}, cores=2, load=0).threads == 3
+    choice = threads.choose(WIDE, TOKENS, 0, environ={"OMP_NUM_THREADS": "5"}, cores=2, load=0)
     assert choice.threads == 5 and "OMP_NUM_THREADS" in choice.line()
-    assert threads.choose(WIDE, 0, environ={"OMP_NUM_THREADS": "4,2"}, cores=8, load=0).threads == 4  # nested
+    assert threads.choose(WIDE, TOKENS, 0, environ={"OMP_NUM_THREADS": "4,2"}, cores=8, load=0).threads == 4  # nested
 
 
 @pytest.mark.parametrize("value", ["0", "many", "-2"])
 def test_a_wrong_omp_num_threads_is_refused_in_one_line(value):
     with pytest.raises(ConfigError, match="OMP_NUM_THREADS"):
-        threads.choose(64, environ={"OMP_NUM_THREADS": value}, cores=2, load=0)
+        threads.choose(64, TOKENS, environ={"OMP_NUM_THREADS": value}, cores=2, load=0)
 
 
 def test_a_busy_machine_leaves_fewer_threads_and_never_none():
-    free = threads.choose(WIDE, environ={}, cores=8, load=0.2)
-    busy = threads.choose(WIDE, environ={}, cores=8, load=5.0)
-    swamped = threads.choose(WIDE, environ={}, cores=2, load=9.0)
+    free = threads.choose(WIDE, TOKENS, environ={}, cores=8, load=0.2)
+    busy = threads.choose(WIDE, TOKENS, environ={}, cores=8, load=5.0)
+    swamped = threads.choose(WIDE, TOKENS, environ={}, cores=2, load=9.0)
     assert free.threads == 8 and busy.threads == 3 and swamped.threads == 1
     assert "load 5.0" in busy.line() and busy.line().startswith("threads: 3 (")
 
 
-def test_a_narrow_model_takes_one_thread_however_many_cores_are_free():
-    choice = threads.choose(threads.WIDTH_PER_THREAD - 1, environ={}, cores=16, load=0)
-    assert choice.threads == 1 and "gains nothing from a second thread" in choice.line()
-    assert threads.choose(2 * threads.WIDTH_PER_THREAD, environ={}, cores=16, load=0).threads == 2
+def test_a_small_step_takes_one_thread_however_many_cores_are_free():
+    choice = threads.choose(64, TOKENS, environ={}, cores=16, load=0)  # wt2-cpu's width at batch 32 x 32
+    assert choice.threads == 1 and "1,024 tokens a step at width 64 gains nothing from a second thread" in choice.line()
+    assert threads.choose(128, TOKENS, environ={}, cores=16, load=0).threads == 2  # wt2-seed's step
+    assert threads.choose(WIDE, 1, environ={}, cores=16, load=0).threads == 1  # a generated token
+
+
+def test_the_threads_a_step_gains_from_grow_with_its_matrix_products():
+    work = [threads.useful_threads(d, tokens) for d, tokens in ((64, 256), (128, 256), (128, 1024), (256, 1024),
+                                                                  (512, 1024), (1024, 8192))]
+    assert work == sorted(work) and work[0] == 1 and work[-1] > 16
 
 
 def test_the_processes_of_a_run_share_the_free_cores():
-    assert threads.choose(WIDE, processes=4, environ={}, cores=8, load=0).threads == 2
-    assert threads.choose(WIDE, processes=16, environ={}, cores=8, load=0).threads == 1
+    assert threads.choose(WIDE, TOKENS, processes=4, environ={}, cores=8, load=0).threads == 2
+    assert threads.choose(WIDE, TOKENS, processes=16, environ={}, cores=8, load=0).threads == 1
 
 
 def test_the_cgroup_quota_caps_the_cores(tmp_path, monkeypatch):
