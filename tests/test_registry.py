@@ -156,6 +156,31 @@ def test_retrain_refuses_an_unknown_kind_in_an_architecture_json_with_one_line(c
     assert "parnas.blocks" in err and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+def test_a_checkpoint_of_a_kind_this_version_lacks_is_one_line_for_every_command(capsys, tmp_path, wt2_slice):
+    """A model trained with a plugin kind, read where the plugin is not installed (or by an older parnas)."""
+    out = tmp_path / "run"
+    sets = [f"data.path={wt2_slice}", "data.tokenizer=char", "model.blocks=[attention,gelu_test]", "model.n_blocks=2",
+            "model.cutoffs=[]", "train.max_steps=2", "train.eval_every=2", f"train.out_dir={out}"]
+    args = ["--config", "tiny", *[a for s in sets for a in ("--set", s)]]
+    kinds.register(BlockKind("gelu_test", Gelu, uses_memory=False, letter="g"))
+    try:
+        assert main(["train", *args]) == 0
+    finally:
+        kinds.unregister("gelu_test")
+    capsys.readouterr()
+    last = out / "checkpoints" / "last.ckpt"
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    lacks = "trained with block kind(s) gelu_test, which this parnas lacks"
+    for command, needle in ((["evaluate", "--checkpoint", last, "--out", tmp_path / "e.json"], lacks),
+                            (["generate", "--checkpoint", last, "--tokens", "4"], lacks),
+                            (["train", *args, "--resume"], "model.blocks: unknown block kind 'gelu_test'")):
+        code = main([str(a) for a in command])
+        err = one_line(capsys)
+        assert code == 2 and needle in err and "parnas.blocks" in err, (command, err)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and not (tmp_path / "e.json").exists()
+
+
 # --- plugins: the reference's example (docs/reference.md), installed as pip would -------------------
 
 def readme_example() -> dict[str, str]:

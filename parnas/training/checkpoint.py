@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from parnas import architecture
+from parnas import architecture, kinds
 from parnas.config import Config
 from parnas.errors import ParnasError
 from parnas.files import write_atomic
@@ -158,10 +158,23 @@ def fixed_model_record(checkpoint: Mapping[str, Any], source: str) -> tuple[Conf
     """The config and architecture record of a fixed model's checkpoint (a checked one, :func:`check`);
     CheckpointError for any other, e.g. a search's, whose record names a space, not an architecture."""
     meta = checkpoint["parnas"]
+    lacking = _lacking_kinds(meta)
+    if lacking:
+        raise CheckpointError(f"{source} was trained with block kind(s) {', '.join(lacking)}, which this parnas lacks "
+                              f"(a plugin not installed here, or a newer parnas): {kinds.HOW_TO_REGISTER}")
     try:
         return from_dict(Config, meta["config"]), architecture.validate(meta["architecture"], "architecture")
     except ParnasError as e:
         raise CheckpointError(f"{source} is not a fixed model's checkpoint, or its record was edited ({e})") from None
+
+
+def _lacking_kinds(meta: Mapping[str, Any]) -> list[str]:
+    """The kinds a checkpoint's architecture names that no kind here (registered or installed) is."""
+    record = meta.get("architecture")
+    blocks = record.get("architecture") if isinstance(record, dict) else None
+    if not isinstance(blocks, dict):
+        return []  # not a fixed model's record: the caller says so
+    return sorted({k for k in blocks.values() if isinstance(k, str) and not kinds.is_known(k)})
 
 
 def _unsafe_what(e: BaseException) -> str:
