@@ -20,17 +20,16 @@ import torch
 from torch import Tensor, nn
 
 from parnas.config import ModelConfig
-from parnas.nn.blocks import AttentionBlock, DenseBlock, sinusoid
+from parnas.nn.blocks import AttentionBlock, DenseBlock, Keeper, sinusoid
 
 EPS = 0.01  # a position halts once its cumulative halting probability passes 1 - EPS
 
 
-class ACTBlock(nn.Module):
+class ACTBlock(Keeper):
     """The ``ut`` block: one attention + transition layer, applied until each position halts."""
 
     kind = "ut"
     uses_memory = True
-    n_memories = 0  # it keeps no memory of its own; it takes part in the body's auxiliary-loss contract
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -43,12 +42,6 @@ class ACTBlock(nn.Module):
         self.max_steps, self.tau = s.max_steps, s.tau
         self.register_buffer("signals", sinusoid(s.max_steps + 1, cfg.d_model)[:-1].flip(0),
                              persistent=False)  # (steps, D): row t is the sinusoid of timestep t + 1
-        self.memory: list[Tensor] | None = None
-        self.aux_loss: Tensor | None = None
-        self.metrics: dict[str, Tensor] = {}
-
-    def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
-        return []
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         B, L, _ = h.shape

@@ -169,6 +169,26 @@ def flex(q: Tensor, k: Tensor, v: Tensor, position: Tensor, scale: float) -> Ten
     return attend(q, k, v, score_mod=add_position, block_mask=causal_block_mask(L, K - L, q.device), scale=scale)
 
 
+class Keeper(nn.Module):
+    """A module inside a block that keeps state of its own across segments or reports to the task: the body
+    (parnas.nn.model) finds every Keeper, keeps ``n_memories`` extra (B, *, D) tensors for it, sets them on
+    ``memory`` before its block runs and takes the next from ``update_memory``; it sums what a Keeper leaves in
+    ``aux_loss`` into the model's loss and averages its ``metrics`` (name -> scalar) into the model's
+    ``block_metrics``. This base keeps nothing and reports nothing: override what a kind needs."""
+
+    n_memories = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory: list[Tensor] | None = None  # set by the body around each call
+        self.aux_loss: Tensor | None = None
+        self.metrics: dict[str, Tensor] = {}
+
+    def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
+        """The next segment's ``n_memories`` tensors, from this segment's and what entered the block."""
+        return []
+
+
 class AttentionBlock(nn.Module):
     """Relative multi-head self-attention over [memory; segment], causal.
 

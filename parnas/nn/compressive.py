@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from parnas.config import ModelConfig
-from parnas.nn.blocks import AttentionBlock, sinusoid
+from parnas.nn.blocks import AttentionBlock, Keeper, sinusoid
 
 
-class CompressiveBlock(AttentionBlock):
+class CompressiveBlock(AttentionBlock, Keeper):
     """Relative multi-head attention over [compressed memory; memory; segment], causal.
 
     Positions are relative over the concatenation: a compressed state counts as one step.
@@ -41,8 +41,6 @@ class CompressiveBlock(AttentionBlock):
         self.compressor = nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate) \
             if self.compress_fn == "conv" else None
         self.pos_drop, self.clamp_len = nn.Dropout(cfg.dropout), cfg.clamp_len
-        self.memory: list[Tensor] | None = None  # set by the body before each call; None: no compressed memory
-        self.aux_loss: Tensor | None = None
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         compressed, pending = self.memory if self.memory is not None else (mem[:, :0], mem[:, :0])

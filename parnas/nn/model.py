@@ -11,13 +11,11 @@ states that entered block i on earlier segments, (B, M, D) (``eval_mem_len`` of 
 :attr:`TransformerXL.memory_len`); a block whose
 ``uses_memory`` is False keeps ``None``. A choice (supernet) keeps one, since
 any of its candidates may attend. A module inside a block that keeps more than its
-input states (the compressive memory, parnas.nn.compressive) declares ``n_memories``:
-the body appends that many (B, *, D) tensors to the list after the blocks' entries,
-sets them on ``module.memory`` before the block runs and takes the next ones from
-``module.update_memory(memory, mem, h, mem_len)``; what such a module leaves in
-``aux_loss`` once its block has run is summed into ``model.aux_loss`` for the task to add to
-its loss, and what it leaves in ``metrics`` (name -> scalar) is averaged over such modules into
-``model.block_metrics`` for the task to log (the ``ut`` block's pondering, parnas.nn.act).
+input states or reports to the task is a :class:`parnas.nn.blocks.Keeper` (the compressive
+memory, the ``ut`` block's pondering, the ``moe`` block's balance): the body appends its
+``n_memories`` (B, *, D) tensors to the list after the blocks' entries, hands them over around
+each call, sums its ``aux_loss`` into ``model.aux_loss`` for the task to add to its loss and
+averages its ``metrics`` into ``model.block_metrics`` for the task to log.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from parnas.nn.adaptive import (
     group_by_cluster,
     group_targets,
 )
-from parnas.nn.blocks import AttentionBlock, Dropout, sinusoid
+from parnas.nn.blocks import AttentionBlock, Dropout, Keeper, sinusoid
 from parnas.nn.reversible import reversible_stack
 from parnas.nn.variants import DepthStep
 
@@ -152,7 +150,7 @@ class TransformerXL(nn.Module):
         self.drop = Dropout(cfg.dropout)
         self._shared: dict[str, nn.Module] = {}  # kind -> the one module its blocks share (block_for)
         self.blocks = nn.ModuleList([self.build_block(i) for i in range(cfg.n_blocks)])
-        self._keepers = [[m for m in b.modules() if hasattr(m, "n_memories")] for b in self.blocks]
+        self._keepers = [[m for m in b.modules() if isinstance(m, Keeper)] for b in self.blocks]
         # a decided identity block is not called at all (it keeps no memory); a choice still may be one
         self._skipped = [getattr(b, "kind", None) == SKIPPED_KIND for b in self.blocks]
         self.aux_loss: Tensor | float = 0.0

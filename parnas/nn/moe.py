@@ -30,15 +30,14 @@ from torch import Tensor, nn
 
 from parnas.config import ModelConfig
 from parnas.kinds.builtin import capacity
-from parnas.nn.blocks import Dropout, dropout
+from parnas.nn.blocks import Dropout, Keeper, dropout
 
 
-class MoEBlock(nn.Module):
+class MoEBlock(Keeper):
     """The ``moe`` block: router, experts, residual and LayerNorm placed as the dense block's."""
 
     kind = "moe"
     uses_memory = False
-    n_memories = 0  # it keeps no memory of its own; it takes part in the body's auxiliary-loss contract
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -51,12 +50,6 @@ class MoEBlock(nn.Module):
         self.b_out = nn.Parameter(torch.zeros(E, D))
         self.norm = nn.LayerNorm(D)
         self.drop, self.p, self.pre_norm = Dropout(cfg.dropout), cfg.dropout, cfg.pre_norm
-        self.memory: list[Tensor] | None = None
-        self.aux_loss: Tensor | None = None
-        self.metrics: dict[str, Tensor] = {}
-
-    def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
-        return []
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         x = (self.norm(h) if self.pre_norm else h).transpose(0, 1)  # (L, B, D): position-major, for the queue

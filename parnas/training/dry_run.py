@@ -22,6 +22,7 @@ import torch
 from parnas.architecture import layout_string
 from parnas.config import Config, ModelConfig, cluster_widths
 from parnas.kinds import make_block
+from parnas.nn.blocks import Keeper
 from parnas.nn.model import build_fixed_model
 from parnas.training.memory import estimate_memory, size
 
@@ -39,7 +40,7 @@ def block_train_flops(kind: str, cfg: Config) -> float:
         block = make_block(kind, m).train()
         h = torch.empty(B, L, m.d_model, requires_grad=True)
         mem, pos = torch.empty(B, m.mem_len, m.d_model), torch.empty(m.mem_len + L, m.d_model)
-    if hasattr(block, "n_memories"):  # a block that keeps its own memories (compressive): empty ones
+    if isinstance(block, Keeper):  # a block that keeps state of its own (compressive): empty memories
         block.memory = [torch.empty(B, 0, m.d_model, device="meta") for _ in range(block.n_memories)]
     with FlopCounterMode(display=False) as counter:
         block(h, mem, pos).sum().backward()
