@@ -60,6 +60,18 @@ def test_the_refusal_names_what_grows_and_counts_every_process(monkeypatch):
         memory.check_memory(two, VOCAB, layout)
 
 
+def test_a_long_evaluation_memory_counts_where_validation_needs_more_than_training(monkeypatch):
+    layout = [["attention"], ["dense"]] * 2
+    train = memory.estimate_memory(load_config("tiny"), VOCAB, layout)
+    long = load_config("tiny", ["model.eval_mem_len=2000000"])
+    assert memory.estimate_memory(long, VOCAB, layout).total > 100 * train.total
+    monkeypatch.setattr(memory, "machine_memory", lambda cfg: (2.0**30, "of RAM", cfg.train.devices))
+    with pytest.raises(ConfigError, match=r"the evaluation memories grow with model\.eval_mem_len=2000000"):
+        memory.check_memory(long, VOCAB, layout)
+    dense = load_config("tiny", ["model.eval_mem_len=2000000", "model.blocks=[dense,dense]", "model.n_blocks=2"])
+    memory.check_memory(dense, VOCAB, [["dense"], ["dense"]])  # blocks that keep no memory need none
+
+
 def test_the_machine_memory_is_the_ram_on_a_cpu():
     total, what, processes = memory.machine_memory(load_config("tiny", ["train.accelerator=cpu"]))
     assert what == "of RAM" and processes == 1 and total > 2**28

@@ -5,7 +5,8 @@ one block of each kind on PyTorch's ``meta`` device (shapes only, nothing alloca
 estimates the activations a training step keeps for its backward pass from the shapes. It is a
 lower bound: parameters with their gradients and Adam's two moments, and for activations only
 what the built-in blocks surely keep (a block's input and output, a feed-forward block's hidden
-layer, attention's score matrix, the memories, the head's logits). :func:`check_memory` refuses
+layer, attention's score matrix, the memories, the head's logits), or what validation keeps at
+the evaluation memory (``model.eval_mem_len``) where that is more. :func:`check_memory` refuses
 a run whose estimate exceeds the machine's memory (total RAM, or the free memory of each GPU it
 trains on) before anything is allocated, naming the settings that make it too large, instead of
 an allocator's traceback minutes later (or a machine swapping to a halt).
@@ -104,6 +105,11 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
         memory += b * M * D if kinds.get(kind).uses_memory else 0
         scores += b * H * L * (L + M) if kind == "attention" else 0
     head = b * L * (D + (m.cutoffs[0] + len(m.cutoffs) if m.cutoffs else vocab_size))
+    # validation keeps no activations for a backward pass, but its memories (model.eval_mem_len of them) and
+    # one attention block's scores at that length; counted where they exceed the training step's activations
+    be, Me = d.eval_batch_size // processes, m.evaluation_memory
+    attending = [kind for blk in blocks for kind in blk if kind != "identity" and kinds.get(kind).uses_memory]
+    evaluation = len(attending) * be * Me * D + (be * H * L * (L + Me) if attending else 0) + be * L * D
     weight_bytes, act_bytes = _width(cfg.train.precision)
     per_param = 4 * weight_bytes  # weights, gradients, Adam's two moments
     vocab = "data.vocab_size" if d.tokenizer == "sentencepiece" else "the vocabulary"
@@ -114,6 +120,8 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
              ("data.batch_size", "data.seg_len", "model.d_model", "model.d_ff", "model.mem_len")),
         Term("attention scores", scores * act_bytes, ("data.batch_size", "model.n_heads", "data.seg_len",
                                                       "model.mem_len")),
+        Term("evaluation memories", max(0.0, evaluation - (hidden + memory + head + scores)) * act_bytes,
+             ("model.eval_mem_len", "data.eval_batch_size", "model.n_heads", "model.d_model")),
     ))
 
 
@@ -145,8 +153,9 @@ def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) 
     if estimate.total * processes <= free:
         return estimate
     worst = max(estimate.terms, key=lambda t: t.bytes)
-    defaults = _flat(Config())
-    values = _flat(cfg) | {"the vocabulary": vocab_size, "data.vocab_size": vocab_size}
+    memory = {"model.eval_mem_len": cfg.model.evaluation_memory}  # unset, it is the training memory
+    defaults = _flat(Config()) | {"model.eval_mem_len": cfg.model.mem_len}
+    values = _flat(cfg) | memory | {"the vocabulary": vocab_size, "data.vocab_size": vocab_size}
     grown = sorted((s for s in worst.settings if values[s] > defaults.get(s, values[s])),
                    key=lambda s: values[s] / (defaults[s] or 1), reverse=True)
     named = ", ".join(f"{s}={values[s]}" for s in (grown or worst.settings))
