@@ -153,7 +153,8 @@ def live_run(bench: Bench) -> tuple[subprocess.Popen, Path]:
         folder = bench.root / "live"
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / "run"
-        proc = bench.start(run_args(bench, "train", out, "train.max_steps=1000000"), folder, folder / "stderr.txt")
+        proc = bench.start(run_args(bench, "train", out, "train.max_steps=1000000", "train.log_every=100000"), folder,
+                           folder / "stderr.txt")
         bench.cleanups.append(lambda: (proc.kill(), proc.wait()))
         for line in proc.stdout:
             if line.startswith("step "):
