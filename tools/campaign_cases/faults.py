@@ -148,7 +148,8 @@ def interruption_cases() -> list[Case]:
 # --- one run per folder ------------------------------------------------------------------------------------------
 
 def live_run(bench: Bench) -> tuple[subprocess.Popen, Path]:
-    """A train that runs until the campaign ends, holding its folder."""
+    """A train that holds its folder until the campaign ends: paused (SIGSTOP) once it has begun to train, so it
+    costs no CPU meanwhile; a paused process holds its lock as a running one does."""
     def make() -> tuple[subprocess.Popen, Path]:
         folder = bench.root / "live"
         folder.mkdir(parents=True, exist_ok=True)
@@ -158,6 +159,7 @@ def live_run(bench: Bench) -> tuple[subprocess.Popen, Path]:
         bench.cleanups.append(lambda: (proc.kill(), proc.wait()))
         for line in proc.stdout:
             if line.startswith("step "):
+                proc.send_signal(signal.SIGSTOP)
                 return proc, out
         raise Bad(f"the live run ended: {last_words((folder / 'stderr.txt').read_text())}")
     return bench.once("live", make)
