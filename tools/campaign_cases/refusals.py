@@ -79,7 +79,7 @@ def settings_cases() -> list[Case]:
         refused("config: empty batches", train("data.batch_size=0"), "data.batch_size"),
         refused("config: empty segments", train("data.seg_len=0"), "data.seg_len"),
         refused("config: cutoffs out of order", train("model.cutoffs=[400, 100]"), "model.cutoffs"),
-        refused("config: a vocabulary of one", train("data.vocab_size=1"), "data.vocab_size"),
+        refused("config: a vocabulary of one", train("data.vocab_size=1"), "set a larger data.vocab_size"),
         refused("config: negative warm-up", train("train.warmup_steps=-1"), "train.warmup_steps"),
         refused("config: an unknown block kind", train("model.blocks=[attention, warp, attention, dense]"), "warp"),
         refused("config: a --set without a value", ["train", *TINY, "--set", "train.max_steps"], "train.max_steps"),
@@ -158,7 +158,8 @@ def file_cases() -> list[Case]:
     arch = ["retrain", "--arch", "{in}/arch.json", *TINY, *sets("train.out_dir={out}")]
     lat = search(*MICRO, "search.latency_table={in}/t.json")
     c = [
-        refused("arch: truncated", arch, "is not JSON", files={"arch.json": lambda b: record()(b)[:40]}),
+        refused("arch: truncated", arch, "is not JSON (Unterminated string starting at: line 1, column",
+                files={"arch.json": lambda b: record()(b)[:40]}),
         refused("arch: binary", arch, "not JSON", files={"arch.json": BINARY}),
         refused("arch: 5 MB of [", arch, "MiB, above the 4 MiB", files={"arch.json": DEEP}),
         refused("arch: nested 10,000 deep", arch, "more than 64 levels deep", files={"arch.json": NESTED}),
@@ -236,7 +237,10 @@ def command_cases() -> list[Case]:
                 "--listen-all", files={"r.yaml": "trialCommand: x\ntrialConcurrency: 1\nsearchSpace: {}\n"
                                                  "tuner: {name: Random}\ntrainingService: {platform: remote, "
                                                  "machineList: []}\n"}),
-        refused("launch: port 70000", ["launch", "--port", "70000"], "70000"),
+        refused("launch: port 70000", ["launch", "--config", "{in}/e.yaml", "--port", "70000"],
+                "port 70000 is not a TCP port", files={"e.yaml": "trialCommand: x\ntrialConcurrency: 1\n"
+                                                                "searchSpace: {}\ntuner: {name: Random}\n"
+                                                                "trainingService: {platform: local}\n"}),
         refused("export: an unknown experiment", ["export", "--experiment", "nosuch1", "--experiments-dir", "{in}"],
                 "nosuch1"),
         refused("latency: a folder as output", ["latency", *TINY, *sets(*MICRO), "--out", "{in}"], "is a folder"),
