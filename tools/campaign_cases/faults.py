@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 import signal
 import socket
@@ -113,7 +114,7 @@ def interrupted(command: str, signum: int, moment: str) -> Case:
             if f"stopped by {signal_name(signum)}" not in line:
                 raise Bad(f"{when}: the line does not say what stopped it: {line}")
             succeeded(bench.cli(again_command(line), folder), "the command its line gives")
-            said = f"exit {128 + signum}, '{last_words(line.split(';')[0], 70)}'"
+            said = f"exit {128 + signum}, '{re.split(r', saved| [(]saved|;', line)[0]}'"
         same_run(straight, out, command)
         return f"{when}: {said or 'resumed'}; metrics and weights bit-exact"
     return Case(name, check)
@@ -233,9 +234,11 @@ def no_room(bench: Bench, folder: Path) -> str:
         if e.errno != errno.ENOSPC:
             raise
     line = one_line(bench.cli(run_args(bench, "retrain", disk / "run"), folder), 2)
-    if "No space left on device" not in line:
-        raise Bad(f"exit 2, but the line does not say the disk is full: {line}")
-    return f"exit 2: {line}"
+    if "No space left on device" not in line or str(disk) not in line:
+        raise Bad(f"exit 2, but the line does not say which disk is full: {line}")
+    if sorted(p.name for p in disk.iterdir()) != ["filler"]:
+        raise Bad(f"exit 2, but it left {sorted(p.name for p in disk.iterdir())} on the disk: {line}")
+    return f"64 kB tmpfs, full: exit 2: {line}"
 
 
 # --- a damaged checkpoint --------------------------------------------------------------------------------------
