@@ -185,7 +185,7 @@ def file_cases() -> list[Case]:
     for name, where, cost, needle in [
             ("a negative cost", ("kinds_ms", "dense", "train"), -1.0, "block kind 'dense' a train cost of -1.0 ms"),
             ("a free attention", ("kinds_ms", "attention", "generate"), 0.0, "'attention' a generate cost of 0.0 ms"),
-            ("a NaN cost", ("kinds_ms", "dense", "inference"), float("nan"), "a inference cost of nan ms"),
+            ("a NaN cost", ("kinds_ms", "dense", "inference"), float("nan"), "an inference cost of nan ms"),
             ("an infinite identity", ("kinds_ms", "identity", "train"), float("inf"), "a train cost of inf ms"),
             ("a zero constant", ("constant_ms", "train"), 0.0, "a train constant of 0.0 ms"),
             ("a negative constant", ("constant_ms", "inference"), -3.0, "an inference constant of -3.0 ms")]:
