@@ -131,7 +131,7 @@ def read(path: str | Path) -> dict:
     try:
         record = reading.parse_json(text, str(path))
     except json.JSONDecodeError as e:
-        raise ArchitectureError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
+        raise ArchitectureError(f"{path} is not JSON ({e.msg}: line {e.lineno}, column {e.colno})") from None
     return validate(record, str(path))
 
 

@@ -38,6 +38,7 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 ATTENTION_KERNELS = ("sdpa", "flex")
 SEARCH_FORWARDS = ("mixed", "sampled")  # what a search step runs in each block (strategies.sampled)
 BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (strategies.gumbel_darts)
+SPECIAL_PIECES = 2  # a SentencePiece vocabulary's <unk> and <eos> (ids 0 and 1), before the corpus's own pieces
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
 TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}
 TARGET_LABELS = {"train": "train step", "inference": "inference segment", "generate": "generated token"}
@@ -229,6 +230,9 @@ class DataConfig:
         _require(self.sp_model_type in ("unigram", "bpe"), "data.sp_model_type must be unigram or bpe")
         for key in ("vocab_size", "batch_size", "seg_len", "eval_batch_size"):
             _require(getattr(self, key) > 0, f"data.{key} must be > 0")
+        _require(self.tokenizer != "sentencepiece" or self.vocab_size > SPECIAL_PIECES,
+                 f"data.vocab_size={self.vocab_size} leaves a SentencePiece vocabulary no room for the corpus's "
+                 f"pieces (its first {SPECIAL_PIECES} are <unk> and the end of a line): set a larger data.vocab_size")
 
 
 @dataclass(frozen=True)

@@ -112,15 +112,18 @@ def out_of_space(e: BaseException, path: str | Path | None = None, size: int | N
     error = os_error(e)
     if error is None or error.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
-    path = Path(path or error.filename or "a file")
+    named = path or error.filename
     need = f"it needs about {_size(size)}, " if size else ""
-    try:
-        stat = os.statvfs(next(p for p in (path.parent, *path.parents) if p.exists()))
-        free = f"{need}{_size(stat.f_bavail * stat.f_frsize)} free there"
-    except (OSError, StopIteration):
-        free = need.removesuffix(", ")
-    kept = f"; the previous {path.name} is unchanged" if path.is_file() else ""
-    return ParnasError(f"cannot write {path}: {error.strerror or 'no space left on device'}"
+    free, kept = need.removesuffix(", "), ""
+    if named:  # else a write to a descriptor: the disk is unknown, so no free space is claimed for it
+        path = Path(named)
+        try:
+            stat = os.statvfs(next(p for p in (path.parent, *path.parents) if p.exists()))
+            free = f"{need}{_size(stat.f_bavail * stat.f_frsize)} free there"
+        except (OSError, StopIteration):
+            pass
+        kept = f"; the previous {path.name} is unchanged" if path.is_file() else ""
+    return ParnasError(f"cannot write {named or 'a file'}: {error.strerror or 'no space left on device'}"
                        f"{f' ({free})' if free else ''}{kept}; free some space or choose another output folder")
 
 
@@ -327,6 +330,10 @@ def _lock(folder: Path) -> int | None:
                 return fd
         except FileNotFoundError:
             pass
+        except OSError as e:  # a full disk: no room for the process id
+            path.unlink(missing_ok=True)
+            os.close(fd)
+            raise out_of_space(e, path) or _folder_error(folder, e) from None
         os.close(fd)  # locked a removed file: take the new one
 
 

@@ -68,6 +68,7 @@ def finished(micro, tmp_path_factory):
     ("model.attention_kernel=flash", "model.attention_kernel must be one of sdpa, flex, not 'flash'"),
     ("model.eval_mem_len=-1", "model.eval_mem_len must be >= 0"),
     ("model.clamp_len=-4", "model.clamp_len must be >= 0"),
+    ("data.vocab_size=2", "data.vocab_size=2 leaves a SentencePiece vocabulary no room"),  # not SentencePiece's own
 ])
 @pytest.mark.parametrize("command", ["train", "search", "retrain"])
 def test_settings_that_cannot_be_honoured_are_refused(capsys, tmp_path, setting, needle, command):
@@ -262,6 +263,14 @@ def test_a_model_too_large_for_this_machine_names_the_setting(capsys, micro, tmp
 
 
 # --- files that are not what they should be ------------------------------------------------------------
+
+def test_a_truncated_architecture_file_says_where_it_ends(capsys, tmp_path):
+    cut = tmp_path / "arch.json"
+    cut.write_text('{"format": "parnas.archi')
+    code, _, err = cli(capsys, "retrain", "--arch", cut, "--config", "tiny", "--set", f"train.out_dir={tmp_path}/r")
+    assert_refused(code, err, f"{cut} is not JSON (Unterminated string starting at: line 1, column 12)")
+    assert not (tmp_path / "r").exists()
+
 
 def test_a_binary_architecture_file_is_one_line(capsys, tmp_path):
     binary = tmp_path / "arch.json"

@@ -13,7 +13,7 @@ import torch
 
 from parnas.cli import main
 from parnas.errors import ParnasError
-from parnas.files import write_atomic, write_text_atomic
+from parnas.files import LOCK_FILE, hold_run_dir, out_of_space, write_atomic, write_text_atomic
 from parnas.training import checkpoint as ckpt
 
 ROOT = Path(__file__).parents[1]
@@ -34,6 +34,27 @@ def test_a_write_that_fills_the_disk_says_so_and_keeps_the_previous_file(tmp_pat
     assert str(path) in line and os.strerror(code) in line and "needs about 123 kB" in line, line
     assert " free there" in line and "the previous metrics.json is unchanged" in line and "\n" not in line
     assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+def test_a_run_folder_on_a_disk_with_no_room_names_its_lock_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """The first write of a run is its lock file's process id: a disk full from the start fails there."""
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    folder = tmp_path / "disk" / "run"
+    with pytest.raises(ParnasError) as refused:
+        with hold_run_dir(folder):
+            pass
+    line = str(refused.value)
+    assert line.startswith(f"cannot write {folder / LOCK_FILE}: No space left on device (") and " free there" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_behind_a_write_to_a_descriptor_claims_no_free_space():
+    """Without a path the disk is unknown: the free space of the working folder's disk would mislead."""
+    line = str(out_of_space(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    assert line == "cannot write a file: No space left on device; free some space or choose another output folder"
 
 
 def micro_args(corpus: Path, run: Path, *extra: str) -> list[str]:

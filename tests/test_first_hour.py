@@ -145,15 +145,17 @@ def test_a_trial_reports_what_it_found_at_every_evaluation_and_prints_progress_f
 # --- every command the README's and docs' code blocks show ---------------------------------------------------
 
 def documented_commands() -> list[tuple[str, str]]:
-    """``(page, command)`` for each ``parnas ...`` or ``make ...`` line of the bash blocks of README.md and
-    docs/*.md: continuation lines joined, comments and ``VAR=value`` or ``srun`` prefixes kept as written."""
+    """``(page, command)`` for each ``parnas ...``, ``make ...`` or ``python tools/...`` line of the bash blocks of
+    README.md and docs/*.md: continuation lines joined, comments and ``VAR=value`` or ``srun`` prefixes kept as
+    written."""
     found = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), flags=re.S | re.M):
             for line in block.replace("\\\n", " ").splitlines():
                 words = shlex.split(line, comments=True)
                 program = next((w for w in words if not re.match(r"\w+=", w) and w != "srun"), None)
-                if program in ("parnas", "make"):
+                script = words[words.index(program) + 1:][:1] if program == "python" else []
+                if program in ("parnas", "make") or script and script[0].startswith("tools/"):
                     found.append((page.name, shlex.join(words)))
     return found
 
@@ -187,6 +189,9 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"^make test", Skip("runs the test suite itself (test-gpu: the CUDA tests; VENV=: installs another torch)")),
     (r"^parnas launch ", Skip("starts nnictl on port 8080 (test_nnictl launches on a free port)")),
     (r"^srun ", Skip("needs SLURM and GPUs on two nodes")),
+    (r"^python tools/campaign\.py --quick", Skip("tests/test_campaign.py runs it and checks every case")),
+    (r"^python tools/campaign\.py", Skip("takes many minutes, and runs this test's documented commands itself; "
+                                        "tests/test_campaign.py runs --quick")),
     (r"--accelerator gpu", Run(needs=("found", "arch"), gpu=True, extra=("--set", "train.precision=32-true"))),
     (r"^parnas study \.\.\. ", Skip("elides its arguments (the line above, with another target)")),
     (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),

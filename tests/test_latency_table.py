@@ -220,7 +220,8 @@ def test_the_h100_table_prices_a_wt2_par_run_at_its_shapes_and_names_the_others(
 @pytest.mark.parametrize("where, cost, needle", [
     (("kinds_ms", "dense", "train"), -1.0, "block kind 'dense' a train cost of -1.0 ms"),
     (("kinds_ms", "attention", "generate"), 0.0, "block kind 'attention' a generate cost of 0.0 ms"),
-    (("kinds_ms", "dense", "inference"), float("nan"), "block kind 'dense' a inference cost of nan ms"),
+    (("kinds_ms", "dense", "inference"), float("nan"), "block kind 'dense' an inference cost of nan ms"),
+    (("constant_ms", "inference"), -3.0, "an inference constant of -3.0 ms"),
     (("kinds_ms", "identity", "train"), float("inf"), "block kind 'identity' a train cost of inf ms"),
     (("constant_ms", "train"), 0.0, "a train constant of 0.0 ms"),
 ])

@@ -412,12 +412,13 @@ def cost_problem(table: LatencyTable) -> str | None:
     cost that is not finite, negative, or zero for a kind other than ``identity`` (a search would take that kind
     for free). ``measure_table`` never writes one."""
     for mode in table.modes:
+        a = "an" if mode[0] in "aeiou" else "a"  # an inference cost
         if not (math.isfinite(table.constant_ms[mode]) and table.constant_ms[mode] > 0):
-            return f"a {mode} constant of {table.constant_ms[mode]} ms (it must be finite and positive)"
+            return f"{a} {mode} constant of {table.constant_ms[mode]} ms (it must be finite and positive)"
         for kind, costs in table.kinds_ms.items():
             cost = costs[mode]
             if not math.isfinite(cost) or cost < 0 or (cost == 0 and kind != "identity"):
-                return (f"block kind {kind!r} a {mode} cost of {cost} ms (costs are finite and positive; only "
+                return (f"block kind {kind!r} {a} {mode} cost of {cost} ms (costs are finite and positive; only "
                         "identity may cost 0)")
     return None
 
