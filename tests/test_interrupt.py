@@ -330,14 +330,25 @@ def test_a_signal_before_the_first_step_says_nothing_was_saved_and_how_to_start_
 
 
 @pytest.mark.slow
-def test_a_signal_during_a_validation_saves_once_it_ends(micro, tmp_path, env):
-    run = tmp_path / "run"
+def test_a_signal_during_a_validation_stops_it_and_the_resumed_run_validates_again(micro, tmp_path, env):
+    """Not waited for: a validation can outlast the grace before SIGKILL (NNI's is 5 s). The resumed run runs
+    that validation again, whole, and ends as the uninterrupted run does."""
+    run, whole = tmp_path / "run", tmp_path / "whole"
     done = signalled_at("validation", signal.SIGTERM, retrain_args(micro, run), env)
     assert done.returncode == 143, done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
     assert "stopped by SIGTERM after step 4, saved in" in line and line.endswith("--resume"), line
+    assert "step 4: validation perplexity" not in done.stdout  # the validation was cut, not finished
     saved = ckpt.load(run / "checkpoints" / "last.ckpt")
     assert saved["global_step"] == 4 and not (run / "metrics.json").exists()
+    for args in (retrain_args(micro, run) + ["--resume"], retrain_args(micro, whole)):
+        again = subprocess.run([sys.executable, "-m", "parnas.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+    resumed, uninterrupted = (json.loads((r / "metrics.json").read_text()) for r in (run, whole))
+    assert [h["step"] for h in resumed["history"]] == [4, 8]
+    assert resumed["history"] == uninterrupted["history"] and resumed["val_ppl"] == uninterrupted["val_ppl"]
+    same_weights(whole / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
 
 
 def finishes_on_resume(line: str, stage: str, run: Path, env: dict[str, str]) -> None:

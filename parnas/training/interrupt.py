@@ -8,9 +8,11 @@ The handler only records the signal; the loop reads that record once per optimis
 
 - at the end of a step that does not validate, the checkpoint is written there (the state
   :class:`parnas.training.trainer.StepCheckpoint` writes at its periodic steps);
-- at the end of a step that validates, the validation runs first and the checkpoint is written
-  when it ends, as :class:`~parnas.training.trainer.StepCheckpoint` does, so a resumed run neither repeats
-  nor loses it;
+- during a validation (or at the end of a step that validates), the validation stops at its next batch
+  and the checkpoint is written as Lightning writes one at that validation's first batch: ``--resume``
+  then runs the whole validation again (Lightning restarts a validation saved mid-way) and goes on, so
+  the resumed run neither repeats nor loses it. A validation may last longer than the grace a scheduler
+  gives before SIGKILL (NNI's ``nnictl stop``: 5 s), so it is not waited for;
 
 then :class:`parnas.errors.Interrupted` is raised. Lightning tears the trainer down and passes it
 on, so nothing after ``fit`` (final evaluation, ``metrics.json``, a search's export) runs as if the
@@ -88,6 +90,21 @@ class StopOnSignal(pl.Callback):
             return
         signum = self._agreed(trainer)
         if signum and not self.checkpoint.validates(trainer):
+            self._stop(trainer, signum)
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        signum = self._agreed(trainer)
+        if signum:
+            # the validation's batch counters as at its first batch, started and not processed (here, before
+            # Lightning counts this batch started): Lightning resumes such a checkpoint by running that
+            # validation again from its first batch
+            progress = trainer.fit_loop.epoch_loop.val_loop.batch_progress
+            done = progress.current.completed  # batches of this validation already processed
+            for counts in (progress.total, progress.current):
+                counts.processed, counts.completed = counts.processed - done, counts.completed - done
+                counts.ready = counts.started = counts.completed + 1
             self._stop(trainer, signum)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
