@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from parnas.kinds import attending  # imports no torch
+
 if TYPE_CHECKING:  # a trial's parameters are read before torch loads
     from strategies.supernet_export import Evaluated
 
@@ -31,7 +33,7 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, A
     ratio = latency["ratio"] if latency else result.cost_ratio
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
             "latency_ratio": None if ratio is None else round(ratio, 4),
-            "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": result.kinds.count("attention"),
+            "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": attending(result.kinds),
             "predicted_step_ms": latency["target_ms"] if latency else None,
             "latency_target": latency["target"] if latency else None,
             "latency_device": latency["device"] if latency else None}

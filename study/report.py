@@ -21,9 +21,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from parnas import kinds
 from parnas.architecture import layout_string
 from parnas.config import TARGET_LABELS
 from parnas.files import write_json_atomic, write_text_atomic
+from parnas.kinds import attending
 from parnas.nn.model import blocks_run
 from retrain.compare import cell
 
@@ -73,7 +75,7 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
             "role": e.role, "candidates": e.candidates,
             "budget": None if e.role in ("transformer-xl", "front", "space") else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "network": layout_string(blocks_run(e.kinds, reversible)),
-            "attention": e.kinds.count("attention"),
+            "attention": attending(e.kinds),
             "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
             "val_ppl_seeds": m.get("val_ppl_seeds"),
             "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
@@ -148,9 +150,11 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def attention_early(layout: str) -> bool | None:
-    """Do the attention blocks sit earlier (lower mean depth) than the blocks of every other kind? None: not both."""
-    att = [i for i, c in enumerate(layout) if c == "A"]
-    rest = [i for i, c in enumerate(layout) if c != "A"]
+    """Do the attention blocks (every kind that attends) sit earlier (lower mean depth) than the blocks of every
+    other kind? None: not both."""
+    letters = {kinds.letter(name) for name in kinds.names() if kinds.loaded(name) and kinds.get(name).attends}
+    att = [i for i, c in enumerate(layout) if c in letters]
+    rest = [i for i, c in enumerate(layout) if c not in letters]
     return statistics.fmean(att) < statistics.fmean(rest) if att and rest else None
 
 

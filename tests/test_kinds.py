@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from parnas import kinds
 from parnas.config import ModelConfig
 from parnas.kinds.builtin import CompressiveSettings, ConvSettings, MoESettings
 from parnas.nn.blocks import sinusoid
@@ -265,3 +266,11 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
     changed = Config(model=ModelConfig(kind_settings={"compressive": CompressiveSettings(rate=5)}))
     with pytest.raises(ConfigError, match="model.compressive.rate=3"):
         check_resumable(checkpoint, changed, record, SimpleNamespace(sha256="x"), "last.ckpt")
+
+
+def test_every_kind_that_attends_is_an_attention_block_in_summaries_and_studies():
+    from study.report import attention_early
+
+    layout = ["attention", "attention_half", "attention_quarter", "lsh", "dense", "dense_half", "moe", "identity"]
+    assert kinds.attending(layout) == 4 and kinds.attending(["conv", "glu", "nope"]) == 0
+    assert attention_early("QDDN") is True and attention_early("DNQF") is False and attention_early("NNWE") is None

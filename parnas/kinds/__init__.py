@@ -10,6 +10,7 @@ from parnas.kinds.registry import (
     Factory,
     Flops,
     KindError,
+    attending,
     check,
     default_settings,
     get,
@@ -24,6 +25,6 @@ from parnas.kinds.registry import (
     with_settings,
 )
 
-__all__ = ["GROUP", "HOW_TO_REGISTER", "BlockKind", "Check", "Factory", "Flops", "KindError", "builtin", "check",
-           "default_settings", "get", "is_known", "letter", "loaded", "make_block", "names", "register",
+__all__ = ["GROUP", "HOW_TO_REGISTER", "BlockKind", "Check", "Factory", "Flops", "KindError", "attending", "builtin",
+           "check", "default_settings", "get", "is_known", "letter", "loaded", "make_block", "names", "register",
            "unknown_message", "unregister", "with_settings"]

@@ -68,6 +68,8 @@ class BlockKind:
     ``check(config, settings)``: raises ConfigError where the settings do not fit the run's
     shapes; it runs for every kind a run may build (its layout and search candidates).
     ``reversible``: its block can be recomputed in a reversible pair's backward pass.
+    ``attends``: its block mixes tokens by attention (with fewer heads, over a compressed memory, in hashed
+    chunks, ...): an attention block where summaries and studies count them and place them early or late.
     """
 
     name: str
@@ -80,6 +82,7 @@ class BlockKind:
     settings: type | None = None
     check: Check | None = None
     reversible: bool = True
+    attends: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -90,8 +93,8 @@ class BlockKind:
         if not (isinstance(self.letter, str) and len(self.letter) == 1 and self.letter.isascii()
                 and self.letter.isalnum()):
             raise KindError(f"block kind {self.name!r}: letter must be one ASCII letter or digit, got {self.letter!r}")
-        if not isinstance(self.uses_memory, bool) or not isinstance(self.shared, bool):
-            raise KindError(f"block kind {self.name!r}: uses_memory and shared must be True or False")
+        if not all(isinstance(flag, bool) for flag in (self.uses_memory, self.shared, self.attends)):
+            raise KindError(f"block kind {self.name!r}: uses_memory, shared and attends must be True or False")
         if self.flops is not None and not callable(self.flops):
             raise KindError(f"block kind {self.name!r}: flops must be a callable (cfg, seg_len, batch_size) -> float")
         settings = self.settings
@@ -205,6 +208,11 @@ def check(kinds: Sequence[str], key: str) -> tuple[str, ...]:
     if not kinds or len(set(kinds)) != len(kinds):
         raise ConfigError(f"{key} must be distinct and non-empty, got {list(kinds)}")
     return tuple(kinds)
+
+
+def attending(layout: Sequence[str]) -> int:
+    """How many blocks of ``layout`` attend (:attr:`BlockKind.attends`); a name no kind has does not."""
+    return sum(1 for name in layout if is_known(name) and get(name).attends)
 
 
 def letter(name: str) -> str:

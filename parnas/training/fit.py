@@ -31,6 +31,7 @@ from parnas.config import Config
 from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.files import check_run_dir, hold_run_dir, resume_source, write_json_atomic
+from parnas.kinds import attending
 from parnas.nn.model import TransformerXL, build_fixed_model
 from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
@@ -121,7 +122,7 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
             train_tokens_per_s=round(throughput.tokens_per_s, 1) if throughput.tokens else None,  # None: none timed
             peak_memory_mb=round(peak_memory_mb(device), 1),
             peak_memory_kind="cuda_max_allocated" if device.type == "cuda" else "cpu_max_rss",
-            parameters=sum(p.numel() for p in model.parameters()), attention_blocks=kinds.count("attention"),
+            parameters=sum(p.numel() for p in model.parameters()), attention_blocks=attending(kinds),
             architecture=architecture.layout_string(kinds), blocks=kinds, vocab_size=tokenizer.vocab_size,
             tokenizer=tokenizer.kind, device=str(device), world_size=trainer.world_size,
             precision=cfg.train.precision, history=task.val_history, config=cfg.to_dict(),
