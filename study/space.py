@@ -237,9 +237,10 @@ def _judged(gap: float, spread: float | None) -> str:
 
 
 def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row], space: str = EVERY) -> str | None:
-    """Where ``name``'s found models (their mean perplexity at their mean cost) rank among the space's networks no
-    costlier, and how far the best of those is from them; ``space`` (:func:`space_name`) names the networks
-    retrained, all or a sample. None when the study did not retrain the space."""
+    """Where ``name``'s found models (their mean perplexity at their mean cost) stand among the space's networks
+    no costlier (how many have a lower perplexity), and how far the best of those is from them; ``space``
+    (:func:`space_name`) names the networks retrained, all or a sample. None when the study did not retrain
+    the space."""
     from study.front import combined_spread, found_point
 
     points, point = _points(rows), found_point(found)
@@ -251,11 +252,12 @@ def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row],
     if not cheaper:
         return f"{head}: none is as cheap as the found models ({ratio:.2f}x)"
     best = min(cheaper, key=lambda r: r["val_ppl"])
-    rank = 1 + sum(r["val_ppl"] < ppl for r in cheaper)
+    better = sum(r["val_ppl"] < ppl for r in cheaper)  # a sample need not hold the found network itself
     spread = combined_spread(found_std, best.get("val_ppl_std"))
     gap = ppl - best["val_ppl"]
-    return (f"{head}: the found models (val ppl {ppl:.2f} at {ratio:.2f}x) rank {rank} of the {len(cheaper)} "
-            f"networks no costlier; the best of those is {best['layout']} at {best['latency_ratio']:.2f}x, val ppl "
+    return (f"{head}: the found models (val ppl {ppl:.2f} at {ratio:.2f}x): {better} of the {len(cheaper)} "
+            "networks no costlier have a lower val ppl; "
+            f"the best of those is {best['layout']} at {best['latency_ratio']:.2f}x, val ppl "
             f"{best['val_ppl']:.2f} ({(ppl / best['val_ppl'] - 1) * 100:+.1f}% for the found, "
             f"{_judged(gap, spread)})")
 

@@ -495,7 +495,8 @@ def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_
     rows, found = space_rows([[44.0, 44.4]], space)  # the found models: 44.2 at 0.7x; the front there: 44.0
     line = found_in_space_verdict("budget 0.7", found, rows)
     # no costlier than 0.7x: D, AD, ADD, AAD, ADAD, AADD; AAD (43.0) and AADD (43.5) are better than 44.2
-    assert "rank 3 of the 6 networks no costlier; the best of those is AAD at 0.60x, val ppl 43.00" in line
+    assert ("2 of the 6 networks no costlier have a lower val ppl; "
+            "the best of those is AAD at 0.60x, val ppl 43.00") in line
     assert "+2.8% for the found, beyond the seed spread" in line
     line = space_front_verdict(rows)
     # AAD at 0.6x: 43.0 against ADAD's 46.0 on the front, -6.5%; D is cheaper than the front: not judged
@@ -593,7 +594,8 @@ def test_the_space_verdicts_say_they_judge_a_sample():
     assert name == "a sample of 40 of the space's 8,191 networks"
     rows, found = space_rows([[44.0, 44.4]], [("AD", 0.4, 55.0), ("AAD", 0.6, 43.0), ("AADD", 0.7, 43.5)])
     assert found_in_space_verdict("budget 0.7", found, rows, name).startswith(
-        f"budget 0.7: against {name} (3 retrained): the found models (val ppl 44.20 at 0.70x) rank 3 of the 3 ")
+        f"budget 0.7: against {name} (3 retrained): the found models (val ppl 44.20 at 0.70x): "
+        "2 of the 3 networks no costlier have a lower val ppl")
     assert space_front_verdict(rows, name).startswith(f"{name} (3 retrained, 3 within the front's costs)")
     line = space_claim_verdict(rows, lambda p, r: _reaches(p, r, 40.0, 0.3), 0.01, "faster", name)
     assert line.startswith(f"{name}: 0 of 3 reach Transformer-XL's val ppl")
