@@ -179,5 +179,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``parnas`` command: :func:`main`, then the process's exit. Once the command has ended (its results
+    written, its last line printed) SIGINT and SIGTERM are ignored while the interpreter shuts down (Lightning's,
+    TensorBoard's and NNI's threads ending), so a signal then cannot turn a finished run into a silent death by
+    the signal; the exit status stays the command's."""
+    code = main()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

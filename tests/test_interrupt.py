@@ -389,3 +389,15 @@ def test_sigterm_while_a_search_exports_says_resume_finishes_it_and_it_does(micr
     assert (a["architecture"], a["probabilities"], a["search"]["val_ppl"], a["search"]["tau_final"]) == \
         (b["architecture"], b["probabilities"], b["search"]["val_ppl"], b["search"]["tau_final"])
     assert (run / "history.jsonl").read_text() == (straight / "history.jsonl").read_text()  # the same tau too
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_a_finished_command_exits_keeps_its_exit_status(env, signum):
+    """Lightning's, TensorBoard's and NNI's threads end as the interpreter shuts down: a signal then (here from an
+    atexit hook) must not turn a finished run into a silent death by the signal."""
+    code = ("import atexit, os, signal, parnas.cli as cli\n"
+            "cli.main = lambda: 0  # a command that has finished\n"
+            f"atexit.register(lambda: os.kill(os.getpid(), signal.{signal.Signals(signum).name}))\n"
+            "cli.run()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and not done.stderr, (done.returncode, done.stderr[-2000:])
