@@ -12,7 +12,9 @@ The handler only records the signal; the loop reads that record once per optimis
   and the checkpoint is written as Lightning writes one at that validation's first batch: ``--resume``
   then runs the whole validation again (Lightning restarts a validation saved mid-way) and goes on, so
   the resumed run neither repeats nor loses it. A validation may last longer than the grace a scheduler
-  gives before SIGKILL (NNI's ``nnictl stop``: 5 s), so it is not waited for;
+  gives before SIGKILL (NNI's ``nnictl stop``: 5 s), so it is not waited for, except the last step's:
+  Lightning does not run a validation again on resuming a run whose steps are all done, so that one ends
+  first and the checkpoint is written after it;
 
 then :class:`parnas.errors.Interrupted` is raised. Lightning tears the trainer down and passes it
 on, so nothing after ``fit`` (final evaluation, ``metrics.json``, a search's export) runs as if the
@@ -93,8 +95,8 @@ class StopOnSignal(pl.Callback):
             self._stop(trainer, signum)
 
     def on_validation_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.sanity_checking:
-            return
+        if trainer.sanity_checking or trainer.global_step >= trainer.max_steps:
+            return  # the last step's validation ends first: a run resumed there would not run it again
         signum = self._agreed(trainer)
         if signum:
             # the validation's batch counters as at its first batch, started and not processed (here, before
