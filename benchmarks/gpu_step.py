@@ -204,10 +204,9 @@ def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
     """The search's supernet and its joint training step: weights and logits. Every candidate runs in every
     block; with ``sampled`` (``search.forward: sampled``), one drawn from softmax(alpha), the logits as
     initialised (even odds: the search's start)."""
+    from parnas.search_spaces import PARTransformerXLSpace
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
     from search_step import Sampling
-
-    from search_spaces import PARTransformerXLSpace
-    from strategies.gumbel_darts import PARGumbelDARTS
 
     strategy = PARGumbelDARTS(cfg.search, max_steps=1)
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()

@@ -21,6 +21,9 @@ import statistics
 from typing import Any
 
 import torch
+from parnas.search_spaces import PARTransformerXLSpace
+from parnas.strategies.gumbel_darts import PARGumbelDARTS
+from parnas.strategies.sampled import SampledMixedLayer, draw_picks
 from torch import Tensor
 from train_step import alternating_rounds, ratio_line, segment_runner, training_step, zipf_ids
 
@@ -28,9 +31,6 @@ from parnas.config import load_config, transformer_xl_layout
 from parnas.nn.model import build_fixed_model
 from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam
-from search_spaces import PARTransformerXLSpace
-from strategies.gumbel_darts import PARGumbelDARTS
-from strategies.sampled import SampledMixedLayer, draw_picks
 
 
 class Sampling(torch.nn.Module):

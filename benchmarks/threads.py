@@ -97,7 +97,7 @@ def timed_retrain(policy: str, steps: int, limit: float, out: Path) -> tuple[flo
                    *[a for s in sets for a in ("--set", s)]]
     else:  # the library as the CLI called it before: torch's own threads and wait policy
         call = f"retrain('transformer-xl', 'wt2-cpu', {sets!r})"
-        command = [sys.executable, "-c", f"from retrain.run import retrain; {call}"]
+        command = [sys.executable, "-c", f"from parnas.retrain.run import retrain; {call}"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
     marks: list[tuple[int, float]] = []
     threads_line = ""

@@ -1,6 +1,6 @@
 """What every ``parnas`` command's parser shares: one-line errors, ``--config``/``--set``, ``--verbose``.
 
-The command modules (``strategies.commands``, ``retrain.commands``, ``study.commands``,
+The command modules (``parnas.strategies.commands``, ``parnas.retrain.commands``, ``parnas.study.commands``,
 ``parnas.report.commands``) build their sub-commands with these; :mod:`parnas.cli` collects them.
 Only argparse is imported, so ``parnas --help`` stays fast.
 """

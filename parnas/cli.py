@@ -68,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     # The commands' modules import only argparse (and parnas's torch-free registries) at module level and load
     # heavy code inside their handlers, so ``parnas --help`` stays fast and a config is checked before torch loads.
     from parnas.report import commands as report_commands
-    from retrain import commands as retrain_commands
-    from strategies import commands as search_commands
-    from study import commands as study_commands
+    from parnas.retrain import commands as retrain_commands
+    from parnas.strategies import commands as search_commands
+    from parnas.study import commands as study_commands
 
     parser = ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
     add_verbose(parser, False)

@@ -36,8 +36,8 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 # what computes attention off the CPU (parnas.nn.blocks): SDPA with the position scores as a bias, or FlexAttention
 ATTENTION_KERNELS = ("sdpa", "flex")
-SEARCH_FORWARDS = ("mixed", "sampled")  # what a search step runs in each block (strategies.sampled)
-BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (strategies.gumbel_darts)
+SEARCH_FORWARDS = ("mixed", "sampled")  # what a search step runs in each block (parnas.strategies.sampled)
+BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (parnas.strategies.gumbel_darts)
 SPECIAL_PIECES = 2  # a SentencePiece vocabulary's <unk> and <eos> (ids 0 and 1), before the corpus's own pieces
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
 TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}

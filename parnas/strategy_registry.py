@@ -161,15 +161,15 @@ def running(forward: str) -> tuple[str, ...]:
 
 # --- built-in strategies -------------------------------------------------------------------------
 
-PAR_GUMBEL_DARTS = "par-gumbel-darts"  # parnas's own search (strategies.search)
+PAR_GUMBEL_DARTS = "par-gumbel-darts"  # parnas's own search (parnas.strategies.search)
 DEFAULT = PAR_GUMBEL_DARTS  # what search.strategy is unless set
 NNI = "NNI 3.0"  # the source of NNI's own strategies, run on the PAR space
-_NNI_ONE_SHOT = "strategies.nni_strategies:run_nni_search"
-_NNI_MULTI_TRIAL = "strategies.multi_trial:run_multi_trial"
-_NNI_CHECK = "strategies.nni_strategies:check_nni_strategy"
+_NNI_ONE_SHOT = "parnas.strategies.nni_strategies:run_nni_search"
+_NNI_MULTI_TRIAL = "parnas.strategies.multi_trial:run_multi_trial"
+_NNI_CHECK = "parnas.strategies.nni_strategies:check_nni_strategy"
 
 for _strategy in (
-    SearchStrategy(PAR_GUMBEL_DARTS, ONE_SHOT, "strategies.search:run_search", forwards=("mixed", "sampled"),
+    SearchStrategy(PAR_GUMBEL_DARTS, ONE_SHOT, "parnas.strategies.search:run_search", forwards=("mixed", "sampled"),
                    what="Gumbel-softmax DARTS with tau annealed every step, a latency penalty or budget, exact resume",
                    source="Mandava et al. 2020 (PAR); parnas's own"),
     SearchStrategy("darts", ONE_SHOT, _NNI_ONE_SHOT, _NNI_CHECK,

@@ -26,15 +26,16 @@ def cmd_retrain(args: argparse.Namespace) -> int:
             overrides.append(f"train.{key}={getattr(args, key)}")
     cfg = load_config(args.config, overrides)  # before torch is imported: a mistake fails at once
     if args.dry_run:
-        from retrain.run import dry_run_retrain
+        from parnas.retrain.run import dry_run_retrain
 
         print(dry_run_retrain(args.arch, args.config, overrides))
         return 0
     check_run_dir(cfg.train.out_dir, args.resume)
     with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+        from parnas.retrain.run import architecture_source, resolve_config, retrain
+
         from parnas.report.summaries import training_summary
         from parnas.threads import use_threads
-        from retrain.run import architecture_source, resolve_config, retrain
 
         cfg = resolve_config(architecture_source(args.arch), args.config, overrides)  # the architecture's own width
         use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
@@ -55,9 +56,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
     check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
+    from parnas.retrain.evaluate import default_output, evaluate_checkpoint
+    from parnas.retrain.load import device_for, load_trained, scratch_dir
+
     from parnas.threads import use_threads
-    from retrain.evaluate import default_output, evaluate_checkpoint
-    from retrain.load import device_for, load_trained, scratch_dir
 
     device = device_for(args.device)
     with scratch_dir() as tmp:
@@ -83,10 +85,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from parnas.retrain.evaluate import Sampling, TextStream, generate
+    from parnas.retrain.load import device_for, load_trained, scratch_dir
+
     from parnas.errors import Interrupted
     from parnas.threads import use_threads
-    from retrain.evaluate import Sampling, TextStream, generate
-    from retrain.load import device_for, load_trained, scratch_dir
 
     opts = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                     mem_len=args.mem_len, clamp_len=args.clamp_len)
@@ -120,9 +123,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     each run's own throughput (timed separately, in its own process)."""
     from pathlib import Path
 
+    from parnas.retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
+
     from parnas.errors import ParnasError
     from parnas.files import check_writable_dir, write_text_atomic
-    from retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
 
     runs = [read_run(run) for run in args.runs]
     if args.rounds < 1:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from parnas.retrain.load import TrainedModel
 
 from parnas.config import generation_memory
 from parnas.data.corpora import default_cache_dir, resolve_corpus
@@ -35,7 +36,6 @@ from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
 from parnas.training.data_module import SegmentData
 from parnas.training.evaluation import model_device, split_metrics
-from retrain.load import TrainedModel
 
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,

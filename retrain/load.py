@@ -80,7 +80,7 @@ def load_trained(path: str | Path, device: torch.device, workdir: Path) -> Train
 
     ``workdir`` receives the tokenizer file (keep it while the tokenizer is used).
     """
-    from search_spaces import fixed_model
+    from parnas.search_spaces import fixed_model
 
     source = str(path)
     checkpoint = ckpt.load(path)

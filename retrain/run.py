@@ -104,7 +104,7 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
 
     Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0).
     """
-    from search_spaces import fixed_model
+    from parnas.search_spaces import fixed_model
 
     source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)

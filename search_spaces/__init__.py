@@ -1,5 +1,5 @@
 """NNI model spaces searched by parnas."""
 
-from search_spaces.par import PARTransformerXLSpace, fixed_model
+from parnas.search_spaces.par import PARTransformerXLSpace, fixed_model
 
 __all__ = ["PARTransformerXLSpace", "fixed_model"]

@@ -9,7 +9,7 @@ over, and hands a checkpoint the memory to restore, so a resumed search continue
 
 Two loops drive it:
 
-- PAR's Gumbel-DARTS (:mod:`strategies.gumbel_darts`) pairs segment t of each stream in one batch
+- PAR's Gumbel-DARTS (:mod:`parnas.strategies.gumbel_darts`) pairs segment t of each stream in one batch
   (:class:`PairedStreams`), which marks where the shorter stream starts over;
 - NNI's DARTS modules (DARTS, GumbelDARTS, Proxyless) call the task's ``training_step`` twice per step, on
   the validation batch with ``batch_idx`` 2i, then on the training batch with 2i+1, and Lightning's
@@ -32,7 +32,7 @@ from parnas.training.task import LanguageModelTask
 ARCH_DROPOUT_SEED_OFFSET = 7919
 """Added to ``train.seed`` for the architecture stream's dropout (:meth:`LanguageModelTask.seed_for_step`), so
 its segments draw other numbers than the training segment of the same step. Any number would do that is
-distinct from the search's other offsets (:data:`strategies.sampled.PICK_SEED_OFFSETS`) and above the seeds
+distinct from the search's other offsets (:data:`parnas.strategies.sampled.PICK_SEED_OFFSETS`) and above the seeds
 people pick (0, 1, 2, ...), so that no stream of one run replays a stream of a run with a nearby seed. The
 offsets are primes (this is the 1,000th) only to be easy to tell apart; nothing depends on primality."""
 

@@ -33,17 +33,18 @@ def cmd_search(args: argparse.Namespace) -> int:
         strategy_registry.get(early.search.strategy).check_config(early, args.resume)
         check_writable_dir(early.search.out_dir)
         check_not_held(early.search.out_dir)
-    # the run directory (strategies.search.run_dir_of): an nnictl trial's own, else search.out_dir
+    # the run directory (parnas.strategies.search.run_dir_of): an nnictl trial's own, else search.out_dir
     trial_dir = os.environ.get("NNI_OUTPUT_DIR") if "NNI_PLATFORM" in os.environ else None
     with hold_run_dir(trial_dir or load_config(args.config, args.set).search.out_dir):  # for the search's life
         return _search(args)
 
 
 def _search(args: argparse.Namespace) -> int:
+    from parnas.strategies.nni_trial import in_nni_trial, trial_parameters
+
     from parnas import strategy_registry
     from parnas.config import load_config
     from parnas.threads import use_threads
-    from strategies.nni_trial import in_nni_trial, trial_parameters
 
     params = trial_parameters()
     cfg = load_config(args.config, args.set, extra=params)
@@ -92,13 +93,14 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
     use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
     if args.check:
-        from strategies.pricing import check_latency_table
+        from parnas.strategies.pricing import check_latency_table
 
         for line in check_latency_table(cfg):
             print(line)
         return 0
+    from parnas.strategies.pricing import time_latency_table
+
     from parnas.training.latency_cache import describe
-    from strategies.pricing import time_latency_table
 
     table = time_latency_table(cfg, refresh=args.refresh)
     write_json_atomic(out, table.to_dict())
@@ -121,7 +123,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     margin (top - second probability) and the undecided blocks (margin < 0.1, also warned about on stderr).
     --json prints every field instead; --out copies each trial's architecture.json and a summary.json.
     """
-    from strategies import experiment_export
+    from parnas.strategies import experiment_export
 
     rows = experiment_export.export_experiment(args.experiment, args.out, root=args.experiments_dir)
     for line in experiment_export.warnings(rows):

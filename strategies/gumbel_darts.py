@@ -8,10 +8,10 @@ and why:
 
 - tau moves every optimiser step (exponential, linear or cosine), not per epoch;
 - with ``search.forward: sampled`` a step runs only one sampled candidate per block, not all, and the logits
-  learn from the loss by REINFORCE (:mod:`strategies.sampled`);
+  learn from the loss by REINFORCE (:mod:`parnas.strategies.sampled`);
 - ``joint`` mode (the original TensorFlow PAR Transformer-XL's procedure) steps weights and logits from one batch;
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream, the architecture stream
-  (:mod:`strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
+  (:mod:`parnas.strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
   memory and resets it where that stream starts over;
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`).
   A ``latency_budget`` is a constraint: a hinge on the excess over the budget of
@@ -54,15 +54,15 @@ from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as 
 # the public path: importing nni.nas.oneshot.pytorch.strategy first leaves nni.nas.strategy's DARTS, GumbelDARTS,
 # RandomOneShot, Proxyless and ENAS as placeholders that fail when run (a circular import inside NNI 3.0)
 from nni.nas.strategy import GumbelDARTS
+from parnas.strategies.arch_stream import ArchStream, PairedStreams
+from parnas.strategies.costs import CostModel
+from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from parnas.config import SearchConfig
 from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
-from strategies.arch_stream import ArchStream, PairedStreams
-from strategies.costs import CostModel
-from strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
-from strategies.supernet_export import Evaluated, exported_nll, fit_budget
 
 
 def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
@@ -182,7 +182,7 @@ class PARDartsModule(DartsLightningModule):
         """The stream's loss, and what the logits learn from besides the penalty. ``mixed``: every candidate
         runs, and the loss's own gradient reaches the logits (0 here). ``sampled``: one candidate a block, drawn
         from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws the same), and the
-        REINFORCE surrogate of :mod:`strategies.sampled` where the logits ``learns`` from this stream."""
+        REINFORCE surrogate of :mod:`parnas.strategies.sampled` where the logits ``learns`` from this stream."""
         if self.search.forward == "mixed":
             return self._stream_loss(stream, batch), 0.0
         choices = self.choices()

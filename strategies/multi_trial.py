@@ -239,15 +239,15 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
     import socket
 
     from nni.nas.experiment import NasExperiment
+    from parnas.search_spaces import PARTransformerXLSpace
+    from parnas.strategies.pricing import cost_model, latency_summary, table_line
+    from parnas.strategies.run_folder import check_search_dir
 
     from parnas import architecture
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir, ensure_writable_dir
     from parnas.report.experiments import nni_on_loopback, port_in_use
     from parnas.training.devices import check_devices, training_device
-    from search_spaces import PARTransformerXLSpace
-    from strategies.pricing import cost_model, latency_summary, table_line
-    from strategies.run_folder import check_search_dir
 
     trials = cfg.search.trials if trials is None else trials
     check_devices(cfg.train)

@@ -1,6 +1,6 @@
 """NNI's own strategies on the PAR space, behind ``parnas search --strategy NAME``.
 
-``par-gumbel-darts`` (the default) is parnas's search (:mod:`strategies.search`): per-step tau annealing,
+``par-gumbel-darts`` (the default) is parnas's search (:mod:`parnas.strategies.search`): per-step tau annealing,
 a latency penalty or budget, exact resume. The others are NNI 3.0's one-shot strategies, run on the same
 space, task and data through ``NasExperiment`` as an NNI user would: ``darts`` and ``gumbel-darts``
 (differentiable, the logits stepped on the validation stream), ``proxyless`` (sampled binary gates) and
@@ -130,6 +130,11 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     import pytorch_lightning as pl
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment
+    from parnas.search_spaces import PARTransformerXLSpace, fixed_model
+    from parnas.strategies.arch_stream import NNIDartsTask
+    from parnas.strategies.nni_trial import in_nni_trial
+    from parnas.strategies.pricing import cost_model, latency_summary, table_line
+    from parnas.strategies.run_folder import check_search_dir, prepare_run_dir
 
     from parnas import architecture
     from parnas.data.corpora import load_splits
@@ -140,11 +145,6 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     from parnas.training.fit import tokenizer_meta
     from parnas.training.memory import check_memory
     from parnas.training.trainer import build_trainer
-    from search_spaces import PARTransformerXLSpace, fixed_model
-    from strategies.arch_stream import NNIDartsTask
-    from strategies.nni_trial import in_nni_trial
-    from strategies.pricing import cost_model, latency_summary, table_line
-    from strategies.run_folder import check_search_dir, prepare_run_dir
 
     check_devices(cfg.train)
     name, trial = cfg.search.strategy, in_nni_trial()

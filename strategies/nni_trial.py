@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from parnas.kinds import attending  # imports no torch
 
 if TYPE_CHECKING:  # a trial's parameters are read before torch loads
-    from strategies.supernet_export import Evaluated
+    from parnas.strategies.supernet_export import Evaluated
 
 
 def in_nni_trial() -> bool:

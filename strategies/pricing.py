@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from parnas.strategies.costs import CostModel, flops_model, latency_costs
 
 from parnas.config import Config
 from parnas.data.corpora import load_splits
@@ -16,7 +17,6 @@ from parnas.errors import ParnasError
 from parnas.training.devices import check_devices, training_device
 from parnas.training.latency import LatencyTable, load_table_for, read_table, table_key, target_memories
 from parnas.training.latency_cache import check_cache, describe, latency_table, unsteady
-from strategies.costs import CostModel, flops_model, latency_costs
 
 PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
 

@@ -13,11 +13,12 @@ import os
 import shutil
 from pathlib import Path
 
+from parnas.strategies.nni_trial import in_nni_trial
+
 from parnas.config import Config
 from parnas.errors import ParnasError
 from parnas.files import check_not_held, ensure_writable_dir, resume_source, write_text_atomic
 from parnas.training.resume import take_over
-from strategies.nni_trial import in_nni_trial
 
 
 def run_dir_of(cfg: Config) -> Path:

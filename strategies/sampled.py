@@ -35,7 +35,7 @@ BASELINE_DECAY = 0.95  # the loss's moving average: b <- decay b + (1 - decay) L
 PICK_SEED_OFFSETS = {"train": 104_729, "arch": 130_363}
 """Added to ``train.seed`` for each stream's picks (:func:`draw_picks`, seeded by the task's ``seed_for_step``):
 the picks of a step draw other numbers than its dropout, and the two streams' picks differ from each other.
-Like :data:`strategies.arch_stream.ARCH_DROPOUT_SEED_OFFSET` they need only be distinct and above the seeds
+Like :data:`parnas.strategies.arch_stream.ARCH_DROPOUT_SEED_OFFSET` they need only be distinct and above the seeds
 people pick; they are primes (the 10,000th and the 12,191st) only to be easy to tell apart."""
 
 

@@ -9,8 +9,8 @@ The run directory (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial)
 gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomically),
 ``history.jsonl`` (step, tau, softmax(alpha) per block, val_ppl at
 evaluations), ``tensorboard/`` and ``checkpoints/``. Beside this module: the folder's rules
-(:mod:`strategies.run_folder`), the cost model (:mod:`strategies.pricing`), the trial's glue
-(:mod:`strategies.nni_trial`) and the record (:mod:`strategies.search_record`).
+(:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
+(:mod:`parnas.strategies.nni_trial`) and the record (:mod:`parnas.strategies.search_record`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 from nni.nas.evaluator.pytorch import Lightning, Trainer
+from parnas.search_spaces import PARTransformerXLSpace
+from parnas.strategies.costs import CostModel
+from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
+from parnas.strategies.nni_trial import in_nni_trial, nni_metric
+from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
+from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
+from parnas.strategies.search_record import search_record
+from parnas.strategies.supernet_export import Evaluated, exported_nll, sample_layouts
 
 from parnas import architecture
 from parnas.architecture import layout_string
@@ -45,14 +53,6 @@ from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume
 from parnas.training.task import LanguageModelTask
 from parnas.training.trainer import build_trainer, end_process_group, position_restored_by_task
-from search_spaces import PARTransformerXLSpace
-from strategies.costs import CostModel
-from strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
-from strategies.nni_trial import in_nni_trial, nni_metric
-from strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
-from strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
-from strategies.search_record import search_record
-from strategies.supernet_export import Evaluated, exported_nll, sample_layouts
 
 
 @dataclass

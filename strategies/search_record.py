@@ -7,15 +7,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from parnas.strategies.nni_trial import in_nni_trial
+
 from parnas import architecture, strategy_registry
 from parnas.architecture import layout_string
 from parnas.config import Config
-from strategies.nni_trial import in_nni_trial
 
 if TYPE_CHECKING:  # the summary is printed for any strategy's record: it loads no torch
+    from parnas.strategies.gumbel_darts import PARDartsModule
+    from parnas.strategies.supernet_export import Evaluated
+
     from parnas.data.tokenizer import Tokenizer
-    from strategies.gumbel_darts import PARDartsModule
-    from strategies.supernet_export import Evaluated
 
 
 def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, result: Evaluated, *, steps: int,

@@ -1,6 +1,6 @@
 """``parnas study``: search with several seeds and budgets, retrain what was found beside its baselines, compare.
 
-Only argparse is imported here; the handler checks every argument (:func:`study.run.make_plan`, light)
+Only argparse is imported here; the handler checks every argument (:func:`parnas.study.run.make_plan`, light)
 before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
 """
 
@@ -21,9 +21,10 @@ def cmd_study(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{flag} retrains the space of a PAR search; it cannot be combined with "
                                   "--strategies")
 
+        from parnas.study.strategy_study import parse_strategies, run_strategy_study
+
         from parnas.config import load_config
         from parnas.threads import use_threads
-        from study.strategy_study import parse_strategies, run_strategy_study
 
         cfg = load_config(args.config, args.set)
         # its searches inherit the choice
@@ -36,8 +37,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         for line in study["verdicts"]:
             print(line)
         return 0
+    from parnas.study.run import make_plan, run_study
+
     from parnas.threads import use_threads
-    from study.run import make_plan, run_study
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,

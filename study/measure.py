@@ -28,9 +28,10 @@ def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str],
     """Train step, inference segment and generated-token times of every layout (key -> its kinds and its
     ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`);
     ``target`` names the one the verdicts judge by (``search.latency_target``)."""
+    from parnas.study.front import width_model
+
     from parnas.training.devices import training_device
     from parnas.training.side_by_side import time_side_by_side
-    from study.front import width_model
 
     models = {code: (kinds, width_model(cfg.model, d) if d else None) for code, (kinds, d) in layouts.items()}
     device = training_device(cfg.train)  # where the retrains ran

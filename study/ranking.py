@@ -51,7 +51,7 @@ def measure_ranking(searches: Sequence[tuple[str, Path, Config, Sequence[Any]]],
     """Per search (name, run directory, config, its study entries): each retrained layout's inherited-weight val
     ppl from that search's supernet, and Kendall's tau against the retrained val ppl. Layouts with a kind that is
     not among the search's candidates cannot be read off its supernet and are left out."""
-    from strategies.search import inherited_perplexities
+    from parnas.strategies.search import inherited_perplexities
 
     out = {}
     for i, (name, run_dir, cfg, entries) in enumerate(searches, 1):

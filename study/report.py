@@ -21,13 +21,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from parnas.retrain.compare import cell
+
 from parnas import kinds
 from parnas.architecture import layout_string
 from parnas.config import TARGET_LABELS
 from parnas.files import write_json_atomic, write_text_atomic
 from parnas.kinds import attending
 from parnas.nn.model import blocks_run
-from retrain.compare import cell
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 # "faster", per latency target: a train step or inference segment at least 30% shorter than Transformer-XL's;
@@ -57,7 +58,7 @@ def budget_label(budget: float | None) -> str:
 
 def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]], timing: Mapping[str, Any],
                out: Path, reversible: bool = False) -> list[dict[str, Any]]:
-    """One dict per entry (``study.run.Entry``): retrain perplexities, side-by-side timings, search figures, and
+    """One dict per entry (``parnas.study.run.Entry``): retrain perplexities, side-by-side timings, search figures, and
     the network it runs (:func:`parnas.nn.model.blocks_run`: identity blocks dropped, unless ``reversible``)."""
 
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
@@ -252,11 +253,11 @@ def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, A
              ranking: Mapping[str, Mapping[str, Any]] | None = None, space: str | None = None) -> list[str]:
     """Plain-language answers to the study's questions, per group, from the numbers: the claim, the orderings,
     the depths, the found model against the depth-scaled Transformer-XL front and, where the study retrained every
-    network of the space or a census of them (``space`` names which, :func:`study.space.space_name`), against
+    network of the space or a census of them (``space`` names which, :func:`parnas.study.space.space_name`), against
     those; then the space's best against the front, and each search's ranking fidelity."""
-    from study.front import front_verdict
-    from study.ranking import ranking_verdict
-    from study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict
+    from parnas.study.front import front_verdict
+    from parnas.study.ranking import ranking_verdict
+    from parnas.study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict
 
     space = space or EVERY
     lines = []
@@ -390,8 +391,9 @@ def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any
                  census: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``study.md``, ``study.csv``, ``study.png`` and ``study.json`` in ``plan.out``; returns the JSON's content.
     ``census``: the sample of the space retrained (``networks`` of ``of``, drawn with ``seed``), if any."""
+    from parnas.study.space import space_name
+
     from parnas.report.plots import save_figure
-    from study.space import space_name
 
     summary = summarise(rows)
     lines = verdicts(rows, summary, ranking, census and space_name(census["networks"], census["of"]))

@@ -8,9 +8,9 @@ study needs is then retrained from scratch at equal steps and settings, with the
 at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
 dense, then identity; Press et al. 2020) and R random orderings of the same kinds; with
 ``--every-network``, every distinct network of the searched space, with ``--census N`` a sample of N of them
-stratified by predicted cost (:mod:`study.space`). A layout is
+stratified by predicted cost (:mod:`parnas.study.space`). A layout is
 trained once however many roles it plays. All distinct layouts are then timed side by side in this
-one process (:func:`parnas.training.latency.time_layouts`, alternating rounds), and :mod:`study.report`
+one process (:func:`parnas.training.latency.time_layouts`, alternating rounds), and :mod:`parnas.study.report`
 writes ``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
 
 A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains
@@ -32,16 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parnas.study.front import parse_widths, width_model
+from parnas.study.measure import over_seeds
+from parnas.study.orderings import random_orderings, sandwich
+from parnas.study.report import budget_label
+
 from parnas import architecture, reading
 from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import hold_run_dir, write_json_atomic
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 from parnas.training.devices import check_devices
-from study.front import parse_widths, width_model
-from study.measure import over_seeds
-from study.orderings import random_orderings, sandwich
-from study.report import budget_label
 
 ROLES = ("found", "transformer-xl", "front", "space", "sandwich", "random")
 # Settings that change no figure of the study; any other difference from the first run is refused.
@@ -68,8 +69,8 @@ class Plan:
     candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
     retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
     widths: tuple[int, ...] = ()  # d_model of the full-depth Transformer-XLs added to the front
-    every_network: bool = False  # retrain every distinct network of the searched spaces (study.space)
-    census: int = 0  # retrain a sample of this many networks of the searched space (study.space)
+    every_network: bool = False  # retrain every distinct network of the searched spaces (parnas.study.space)
+    census: int = 0  # retrain a sample of this many networks of the searched space (parnas.study.space)
 
     @property
     def searches(self) -> list[PlannedSearch]:
@@ -176,7 +177,7 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
                           "study on its device instead")
     for search in plan.searches:
         search_config(plan, search)
-    from study.space import check_space
+    from parnas.study.space import check_space
 
     check_space(plan)  # a space too large to retrain whole, a census it cannot give
     retrain_config(plan)
@@ -266,8 +267,8 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def plan_entries(plan: Plan, found: Mapping[PlannedSearch, Mapping[str, Any]]) -> list[Entry]:
     """Every row of the study: Transformer-XL and its shallower front once, with ``--every-network`` every network
     of the space, then per search its found, sandwich and random layouts."""
-    from study.front import front_layouts
-    from study.space import space_layouts
+    from parnas.study.front import front_layouts
+    from parnas.study.space import space_layouts
 
     n_blocks = len(next(iter(found.values()))["architecture"])
     entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks))]
@@ -301,7 +302,7 @@ class Progress:
 
 def run_searches(plan: Plan, progress: Progress) -> dict[PlannedSearch, dict[str, Any]]:
     """Each search's record: read when finished, resumed from its checkpoint, else run."""
-    from strategies.search import run_search
+    from parnas.strategies.search import run_search
 
     found = {}
     for i, search in enumerate(plan.searches, 1):
@@ -335,8 +336,8 @@ def run_retrains(plan: Plan, entries: Sequence[Entry], like: Mapping[str, Any],
                  progress: Progress) -> dict[str, dict[str, Any]]:
     """Each distinct layout's retrain metrics, keyed by layout string: a layout is trained once per retrain seed
     (``retrain/<LAYOUT>``, then ``retrain/<LAYOUT>-s<k>``), and its metrics are the first seed's with the
-    perplexities averaged over the seeds (:func:`study.measure.over_seeds`)."""
-    from retrain.run import retrain
+    perplexities averaged over the seeds (:func:`parnas.study.measure.over_seeds`)."""
+    from parnas.retrain.run import retrain
 
     layouts: dict[str, list[Entry]] = {}
     for entry in entries:
@@ -374,10 +375,10 @@ def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
 
 
 def _run_study(plan: Plan, log: Log) -> dict[str, Any]:
-    from study.measure import measure, priced_by_table
-    from study.ranking import measure_ranking
-    from study.report import build_rows, write_report
-    from study.space import census_record
+    from parnas.study.measure import measure, priced_by_table
+    from parnas.study.ranking import measure_ranking
+    from parnas.study.report import build_rows, write_report
+    from parnas.study.space import census_record
 
     progress = Progress(log)
     plan.out.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ Row = Mapping[str, Any]
 
 
 class SpacePlan(Protocol):
-    """What the space reads of a study's plan (:class:`study.run.Plan`, which imports this module)."""
+    """What the space reads of a study's plan (:class:`parnas.study.run.Plan`, which imports this module)."""
 
     base: Config
     candidate_sets: tuple[tuple[str, ...], ...]
@@ -241,7 +241,7 @@ def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row],
     no costlier (how many have a lower perplexity), and how far the best of those is from them; ``space``
     (:func:`space_name`) names the networks retrained, all or a sample. None when the study did not retrain
     the space."""
-    from study.front import combined_spread, found_point
+    from parnas.study.front import combined_spread, found_point
 
     points, point = _points(rows), found_point(found)
     if not points or point is None:
@@ -266,7 +266,7 @@ def space_front_verdict(rows: Sequence[Row], space: str = EVERY) -> str | None:
     """The network of the space (of ``space``, all or a sample) furthest below the Transformer-XL front at its own
     cost, and how many lie below it beyond the seed spread: whether the space holds a model that beats the front
     by a given margin at all."""
-    from study.front import at_cost, combined_spread, front_points
+    from parnas.study.front import at_cost, combined_spread, front_points
 
     networks, points = _points(rows), front_points(rows)
     judged = []

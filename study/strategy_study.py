@@ -81,7 +81,7 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
 def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies: Sequence[str], seeds: int,
                         out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int,
                         log: Callable[[str], None]) -> dict[str, Any]:
-    from retrain.run import retrain
+    from parnas.retrain.run import retrain
 
     runs: list[dict[str, Any]] = []
     for strategy in strategies:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from parnas.retrain.evaluate import Sampling
+from parnas.retrain.load import device_for
 
 from parnas.cli import main
 from parnas.errors import ConfigError
 from parnas.files import check_writable_dir, write_json_atomic
 from parnas.training import checkpoint as ckpt
-from retrain.evaluate import Sampling
-from retrain.load import device_for
 
 ROOT = Path(__file__).parents[1]
 

@@ -122,11 +122,12 @@ def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, t
     """``train.compile`` changes no checkpoint key and no step: a killed compiled run resumes exactly."""
     import json
 
+    from parnas.retrain.run import retrain
+
     from parnas import architecture
     from parnas.config import DataConfig, ModelConfig
     from parnas.data.corpora import load_splits
     from parnas.training import checkpoint as ckpt
-    from retrain.run import retrain
 
     vocab = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))[0].vocab_size
     model = ModelConfig(n_blocks=3, d_model=32, n_heads=2, d_ff=64, mem_len=16, dropout=0.1, cutoffs=(20, 40))

@@ -18,7 +18,7 @@ SCRIPT = '''
 import json, sys, warnings
 warnings.filterwarnings("ignore")
 import pytorch_lightning as pl
-from retrain.run import retrain
+from parnas.retrain.run import retrain
 
 
 class Recorder(pl.Callback):

@@ -47,8 +47,8 @@ class _Tokenizer:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generation_runs_and_samples_where_the_weights_are(monkeypatch, temperature):
-    from retrain.evaluate import Sampling, generate
-    from retrain.load import TrainedModel
+    from parnas.retrain.evaluate import Sampling, generate
+    from parnas.retrain.load import TrainedModel
 
     model, seen = meta_model(), []
 

@@ -56,7 +56,7 @@ def test_the_parameters_printed_are_those_of_the_model_built(settings, layout):
 
 
 def test_a_supernets_parameters_are_every_candidates(monkeypatch):
-    from search_spaces import PARTransformerXLSpace
+    from parnas.search_spaces import PARTransformerXLSpace
 
     cfg = load_config("tiny", ["data.vocab_size=1000", "search.candidates=[attention, dense, glu, identity]"])
     with torch.device("meta"):

@@ -6,15 +6,15 @@ from dataclasses import replace
 
 import pytest
 import torch
+from parnas.retrain.evaluate import Sampling, generate
+from parnas.retrain.load import load_trained
+from parnas.retrain.run import retrain
 
 from parnas.cli import main
 from parnas.config import generation_memory, load_config
 from parnas.nn.blocks import sinusoid
 from parnas.nn.model import TransformerXL, build_fixed_model
 from parnas.training import latency
-from retrain.evaluate import Sampling, generate
-from retrain.load import load_trained
-from retrain.run import retrain
 
 VOCAB = 64
 
@@ -95,7 +95,8 @@ def test_the_latency_targets_are_timed_at_the_evaluation_memory_and_cached_per_m
 
 
 def test_the_validation_a_search_judges_by_keeps_the_evaluation_memory(monkeypatch, tmp_path):
-    from strategies.search import final_evaluation
+    from parnas.strategies.search import final_evaluation
+
     from tests.test_search import run
 
     kept = {True: set(), False: set()}
@@ -146,8 +147,9 @@ def test_evaluate_and_generate_default_to_the_checkpoints_evaluation_memory(chec
 
 
 def test_a_retrain_takes_the_evaluation_memory_from_the_architecture_it_retrains(checkpoint):
+    from parnas.retrain.run import resolve_config
+
     from parnas import architecture
-    from retrain.run import resolve_config
 
     record = architecture.read(checkpoint / "architecture.json")
     assert record["model"]["eval_mem_len"] == 40

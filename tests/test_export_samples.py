@@ -4,9 +4,9 @@ the argmax and layouts drawn from softmax(alpha)."""
 import json
 
 import pytest
+from parnas.strategies.supernet_export import sample_layouts
 
 from parnas.cli import main
-from strategies.supernet_export import sample_layouts
 
 PROBS = [{"attention": 0.5, "dense": 0.3, "identity": 0.2}] * 4
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 import torch
+from parnas.retrain.evaluate import Sampling, generate
+from parnas.retrain.load import load_trained
+from parnas.retrain.run import retrain
 
 from parnas.cli import main
-from retrain.evaluate import Sampling, generate
-from retrain.load import load_trained
-from retrain.run import retrain
 
 PROMPT = "The game was released in"
 
@@ -46,7 +46,7 @@ def test_memory_is_carried_between_tokens(checkpoint, tmp_path):
     trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
     _, new = generate(trained, PROMPT, Sampling(tokens=12, temperature=0, mem_len=200))
     model = trained.model
-    from retrain.evaluate import prompt_ids
+    from parnas.retrain.evaluate import prompt_ids
     ids = torch.tensor([prompt_ids(trained, PROMPT) + new])  # (1, P+12)
     with torch.no_grad():
         h, _ = model(ids[:, :-1])
@@ -102,7 +102,7 @@ def test_the_printed_text_is_the_generated_text(checkpoint, capsys, tmp_path):
 
 
 def test_a_token_count_above_the_maximum_is_one_line(checkpoint, capsys):
-    from retrain.evaluate import MAX_TOKENS
+    from parnas.retrain.evaluate import MAX_TOKENS
 
     assert main(["generate", "--checkpoint", str(checkpoint), "--tokens", str(MAX_TOKENS + 1)]) == 2
     err = capsys.readouterr().err.strip()
@@ -118,7 +118,7 @@ def test_ctrl_c_keeps_the_text_so_far_and_exits_130(checkpoint):
     import sys
     import time
 
-    from retrain.evaluate import MAX_TOKENS
+    from parnas.retrain.evaluate import MAX_TOKENS
 
     proc = subprocess.Popen([sys.executable, "-m", "parnas.cli", "generate", "--checkpoint", str(checkpoint),
                              "--prompt", PROMPT, "--tokens", str(MAX_TOKENS)], stdout=subprocess.PIPE,

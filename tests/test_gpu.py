@@ -153,7 +153,7 @@ def test_a_killed_cuda_retrain_resumes_to_exactly_the_uninterrupted_run(micro_co
     """As on the CPU: killed in the middle of a pass and at its very end, resumed, it ends with the same weights,
     memory, perplexities and history, bit for bit; eager, and replayed as CUDA graphs (whose dropout draws from
     the generator's state as it is restored)."""
-    from retrain.run import retrain
+    from parnas.retrain.run import retrain
 
     _, splits = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))
     seg_len = next(L for L in range(40, 80) if len(ContextBatches(splits["train"], 8, L)) % 2 == 0)
@@ -185,9 +185,9 @@ def copy_stream(n_chunks: int, seed: int) -> np.ndarray:
 
 
 def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, deterministic):
-    from strategies.costs import CostModel
-    from strategies.run_folder import prepare_run_dir
-    from strategies.search import build_search
+    from parnas.strategies.costs import CostModel
+    from parnas.strategies.run_folder import prepare_run_dir
+    from parnas.strategies.search import build_search
 
     splits = {"train": copy_stream(3000, 0), "valid": copy_stream(100, 1), "test": copy_stream(100, 2)}
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)

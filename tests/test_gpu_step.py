@@ -39,8 +39,8 @@ def test_flops_per_token_match_a_hand_count(gpu_step):
 def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_step, cutoffs, supernet):
     """torch's FlopCounterMode over forward and backward of a step with the memory full gives the formula
     exactly, for the fixed model and the supernet, full and adaptive softmax (tail clusters as the targets hit)."""
-    from search_spaces import PARTransformerXLSpace
-    from strategies.gumbel_darts import PARGumbelDARTS
+    from parnas.search_spaces import PARTransformerXLSpace
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
 
     torch.manual_seed(0)
     V, B, L = 50, 2, 4
@@ -65,8 +65,8 @@ def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_step, cuto
 
 @pytest.mark.slow
 def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_step):
-    from search_spaces import PARTransformerXLSpace
-    from strategies.gumbel_darts import PARGumbelDARTS
+    from parnas.search_spaces import PARTransformerXLSpace
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
 
     assert list(gpu_step.SHAPES) == ["wt2-par", "wt103-base", "nvidia-base", "long"]
     for name, shape in gpu_step.SHAPES.items():

@@ -67,11 +67,12 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     and whether its multiplier is found or fixed: the adaptive softmax's targets are grouped on the host before
     the batch moves, the finite-loss check, the budget's argmax and its multiplier stay on the device, and no
     metric is read back for a progress bar."""
+    from parnas.strategies.costs import CostModel
+    from parnas.strategies.search import build_search
+
     from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
     from parnas.training.trainer import build_trainer
-    from strategies.costs import CostModel
-    from strategies.search import build_search
 
     cfg_overrides = ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5", "search.latency_budget=0.9"]
     cfg = load_config("tiny", cfg_overrides)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from parnas.retrain.run import retrain
 
 from parnas.cli import main, resume_command
 from parnas.errors import Interrupted
 from parnas.training import checkpoint as ckpt
 from parnas.training.interrupt import SIGNALS, StopOnSignal
-from retrain.run import retrain
 
 ROOT = Path(__file__).parents[1]
 
@@ -122,7 +122,7 @@ def test_under_ddp_the_ranks_agree_on_the_host_whatever_device_the_model_is_on(t
 def test_a_second_ctrl_c_ends_the_process_at_once(micro, tmp_path):
     code = ("import os, signal, time\n"
             "import pytorch_lightning as pl\n"
-            "from retrain.run import retrain\n"
+            "from parnas.retrain.run import retrain\n"
             "class Twice(pl.Callback):\n"
             "    def on_train_batch_start(self, trainer, *args):\n"
             "        if trainer.global_step == 2:\n"
@@ -292,11 +292,11 @@ setattr(owner, "{name}", hooked)
 sys.exit(main(sys.argv[1:]))
 '''
 STAGES = {  # where: (module, the object that owns the function, its name)
-    "loading the data": ("retrain.run", "where", "load_splits"),
+    "loading the data": ("parnas.retrain.run", "where", "load_splits"),
     "setting up the trainer": ("parnas.training.task", "where.LanguageModelTask", "configure_optimizers"),
     "validation": ("parnas.training.task", "where.LanguageModelTask", "validation_step"),
     "the final evaluation": ("parnas.training.fit", "where", "final_metrics"),
-    "the export": ("strategies.search", "where", "final_evaluation"),
+    "the export": ("parnas.strategies.search", "where", "final_evaluation"),
 }
 
 

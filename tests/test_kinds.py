@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from parnas.search_spaces import PARTransformerXLSpace, fixed_model
 
 from parnas import kinds
 from parnas.config import ModelConfig
 from parnas.kinds.builtin import CompressiveSettings, ConvSettings, MoESettings
 from parnas.nn.blocks import sinusoid
 from parnas.nn.model import build_fixed_model
-from search_spaces import PARTransformerXLSpace, fixed_model
 
 VOCAB = 97
 NEW_KINDS = ("conv", "glu", "sqrelu", "compressive", "shared", "attention_half", "attention_quarter", "dense_half",
@@ -198,7 +198,7 @@ def test_aux_loss_trains_the_compression_in_training(tmp_path):
 
 
 def test_aux_loss_trains_the_compression_in_search(tmp_path):
-    from strategies.search import build_search
+    from parnas.strategies.search import build_search
 
     cfg, splits = synthetic_run("search.candidates=[attention,compressive]")
     search = build_search(cfg, splits, VOCAB, tmp_path)
@@ -269,7 +269,7 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
 
 
 def test_every_kind_that_attends_is_an_attention_block_in_summaries_and_studies():
-    from study.report import attention_early
+    from parnas.study.report import attention_early
 
     layout = ["attention", "attention_half", "attention_quarter", "lsh", "dense", "dense_half", "moe", "identity"]
     assert kinds.attending(layout) == 4 and kinds.attending(["conv", "glu", "nope"]) == 0

@@ -141,8 +141,7 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
 
 def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch):
     import torch
-
-    from strategies.pricing import cost_model
+    from parnas.strategies.pricing import cost_model
 
     cfg = tiny_config()
     table, _ = latency_cache.latency_table(cfg, VOCAB, ["attention", "dense"])  # the session's private cache

@@ -72,7 +72,7 @@ def test_a_search_priced_by_another_devices_table_records_that_device(micro, tim
 
 
 def test_a_resumed_search_reads_its_pinned_table_not_the_given_file(micro, timed, tmp_path):
-    from strategies.pricing import cost_model
+    from parnas.strategies.pricing import cost_model
 
     cfg = load_config("tiny", micro_sets(micro, f"search.latency_table={timed}")[3::2])
     pinned = json.loads(timed.read_text())
@@ -84,8 +84,8 @@ def test_a_resumed_search_reads_its_pinned_table_not_the_given_file(micro, timed
 
 
 def test_the_pinned_table_carries_the_given_tables_device_and_costs(micro, timed):
-    from strategies.nni_trial import nni_metric
-    from strategies.pricing import cost_model
+    from parnas.strategies.nni_trial import nni_metric
+    from parnas.strategies.pricing import cost_model
 
     cfg = load_config("tiny", micro_sets(micro, f"search.latency_table={timed}")[3::2])
     vocab = json.loads(timed.read_text())["key"]["vocab_size"]
@@ -93,8 +93,8 @@ def test_the_pinned_table_carries_the_given_tables_device_and_costs(micro, timed
     assert record["table"].key["device"] == OTHER and costs.device == OTHER
     assert costs.ratio(["dense", "dense"]) == pytest.approx((5 + 2) / (5 + 3 + 1))
     assert costs.per_kind == {"attention": 3.0, "dense": 1.0, "identity": 0.0}
-    from strategies.pricing import latency_summary
-    from strategies.supernet_export import Evaluated
+    from parnas.strategies.pricing import latency_summary
+    from parnas.strategies.supernet_export import Evaluated
 
     result = Evaluated(4, 0.5, {}, ["dense", "dense"], 30.0, 29.0, costs.ratio(["dense", "dense"]))
     assert nni_metric(result, latency_summary(costs, record, result.kinds, None))["latency_device"] == OTHER

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from parnas.search_spaces import PARTransformerXLSpace
 
 from parnas.config import load_config
 from parnas.errors import ConfigError
 from parnas.nn.model import build_fixed_model
 from parnas.training import memory
-from search_spaces import PARTransformerXLSpace
 
 VOCAB = 500
 

@@ -108,7 +108,7 @@ def test_the_block_compiles_to_one_graph():
 
 
 def test_more_experts_more_weights_and_the_same_flops_per_token():
-    from strategies.costs import flops_per_token
+    from parnas.strategies.costs import flops_per_token
 
     small = load_config("tiny", ["model.moe.n_experts=2"]).model
     large = load_config("tiny", ["model.moe.n_experts=8"]).model

@@ -10,12 +10,12 @@ import torch
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 from nni.nas.experiment import NasExperiment
 from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
+from parnas.search_spaces import PARTransformerXLSpace, fixed_model
+from parnas.strategies.arch_stream import NNIDartsTask
 
 from parnas.architecture import make_record, model_config
 from parnas.training.data_module import SegmentData
 from parnas.training.trainer import build_trainer
-from search_spaces import PARTransformerXLSpace, fixed_model
-from strategies.arch_stream import NNIDartsTask
 from tests.nni_stall import STALLED, rerun_on_stall
 from tests.test_search import SPLITS, VOCAB, search_config
 
@@ -93,7 +93,7 @@ def test_importing_parnas_leaves_nni_strategies_importable():
     import subprocess
     import sys
 
-    code = ("import strategies.gumbel_darts, parnas.training.task\n"
+    code = ("import parnas.strategies.gumbel_darts, parnas.training.task\n"
             "from nni.nas.strategy import DARTS\n"
             "print(DARTS.__module__)")
     root = str(Path(__file__).parents[1])
@@ -107,8 +107,8 @@ def test_importing_parnas_leaves_nni_strategies_importable():
 def test_the_fixed_model_with_the_supernets_weights_computes_what_the_supernet_computes_for_that_layout(tmp_path):
     """What ``--strategy`` reports as the exported architecture's val ppl: NNI's mixed layers name each candidate
     by its kind, and dropping that name gives the fixed model the supernet's weights."""
-    from strategies.nni_strategies import fixed_weights
-    from strategies.supernet_export import exported
+    from parnas.strategies.nni_strategies import fixed_weights
+    from parnas.strategies.supernet_export import exported
 
     cfg = search_config("train.max_steps=2", "train.eval_every=2")
     task, experiment = search(tmp_path, cfg, STRATEGIES["darts"]())
@@ -176,8 +176,9 @@ def test_strategies_refuse_what_they_cannot_do_in_one_line(tmp_path, capsys, arg
 
 def test_the_multi_trial_evaluator_serializes_in_a_few_kb():
     """NNI pickles the evaluator into every trial and refuses more than 64 KB: it carries settings, not data."""
+    from parnas.strategies.multi_trial import evaluator, serialized_size
+
     from parnas.config import load_config
-    from strategies.multi_trial import evaluator, serialized_size
 
     cfg = load_config("wt2-par")  # a 12k-token vocabulary, WikiText-2's 2M training tokens: none of it travels
     size = serialized_size(evaluator(cfg, {"per_kind": {"attention": 3.0, "dense": 1.0, "identity": 0.0},
@@ -193,8 +194,7 @@ def test_the_tuner_channel_reads_a_trial_end_whose_parameters_hold_a_double_slas
 
     import nni
     from nni.runtime.command_channel.websocket import connection
-
-    from strategies.multi_trial import commands_read_as_plain_json
+    from parnas.strategies.multi_trial import commands_read_as_plain_json
 
     parameters = json.dumps({"parameter_id": 0, "parameters": {"cfg": {"__nni_obj__": "gAWVvgEAAAAAAAC//8AjA1w"}}})
     command = json.dumps({"type": "EN", "content": json.dumps({"trial_job_id": "FIRyT", "event": "SUCCEEDED",
@@ -290,7 +290,7 @@ FAST = {"poll_s": 0.01, "settle_s": 0.1, "stall_s": 0.3}
 def test_a_multi_trial_search_ends_when_its_trials_have_even_if_nnis_loop_does_not():
     import time
 
-    from strategies.multi_trial import run_until_trials_end, stop_within
+    from parnas.strategies.multi_trial import run_until_trials_end, stop_within
 
     started = time.monotonic()
     why = run_until_trials_end(Experiment(["SUCCEEDED", "FAILED", "SUCCEEDED"]), 0, 3, **FAST)
@@ -302,7 +302,7 @@ def test_a_multi_trial_search_ends_when_its_trials_have_even_if_nnis_loop_does_n
 
 
 def test_the_watch_waits_for_running_trials_and_for_nnis_own_end():
-    from strategies.multi_trial import run_until_trials_end
+    from parnas.strategies.multi_trial import run_until_trials_end
 
     assert run_until_trials_end(Experiment(["SUCCEEDED", "RUNNING"], run_s=1.0), 0, 3, **FAST) is None
     assert run_until_trials_end(Experiment(["SUCCEEDED"] * 3, run_s=0.0), 0, 3, **FAST) is None

@@ -128,7 +128,7 @@ def multi_trial_config(micro, run):
 
 
 def test_a_multi_trial_search_on_a_port_in_use_is_one_line(micro, tmp_path, html_server):
-    from strategies.multi_trial import run_multi_trial
+    from parnas.strategies.multi_trial import run_multi_trial
 
     with pytest.raises(ParnasError, match=f"port {html_server} is already in use"):
         run_multi_trial(multi_trial_config(micro, tmp_path / "run"), trials=1, port=html_server)
@@ -141,8 +141,7 @@ def test_nni_failing_to_create_its_experiment_is_one_line_and_leaves_nothing(mic
     """The port taken between NNI's own check and its manager's start: NNI's client then reads another
     server's answers (requests' JSONDecodeError). The search names the port, and its run folder is gone."""
     import nni.experiment.launcher
-
-    from strategies.multi_trial import run_multi_trial
+    from parnas.strategies.multi_trial import run_multi_trial
 
     monkeypatch.setattr(nni.experiment.launcher, "_ensure_port_idle", lambda *args, **kwargs: None)
     monkeypatch.setattr("parnas.report.experiments.port_in_use", lambda port: False)

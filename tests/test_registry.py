@@ -92,7 +92,7 @@ def test_config_validation_imports_neither_torch_nor_plugins():
 
 
 def test_every_kind_has_a_flops_cost_and_a_measured_one(gelu):
-    from strategies.costs import flops_costs
+    from parnas.strategies.costs import flops_costs
 
     names = kinds.names()
     flops = flops_costs(names, CFG, 8, 2)

@@ -8,14 +8,14 @@ import zipfile
 
 import pytest
 import torch
+from parnas.retrain.run import retrain
+from parnas.search_spaces import fixed_model
 
 from parnas import architecture
 from parnas.cli import main
 from parnas.config import DataConfig, ModelConfig
 from parnas.data.corpora import ContextBatches, load_splits
 from parnas.training import checkpoint as ckpt
-from retrain.run import retrain
-from search_spaces import fixed_model
 
 SMALL = ["data.vocab_size=300", "model.cutoffs=[100, 200]"]
 TINY_MODEL = ModelConfig(n_blocks=4, d_model=32, n_heads=2, d_ff=64, mem_len=16, dropout=0.0, cutoffs=(100, 200))

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 from nni.nas.nn.pytorch import LayerChoice, ModelSpace
+from parnas.strategies.gumbel_darts import PARGumbelDARTS
+from parnas.strategies.sampled import BASELINE_DECAY, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.search import build_search
 from test_search import SPLITS, VOCAB, alphas, search_config
 from torch import nn
 
 from parnas.config import load_config
 from parnas.errors import ConfigError
-from strategies.gumbel_darts import PARGumbelDARTS
-from strategies.sampled import BASELINE_DECAY, SampledMixedLayer, clear_picks, draw_picks, reinforce
-from strategies.search import build_search
 
 
 class Counted(nn.Linear):
@@ -132,7 +132,7 @@ def test_a_sampled_search_chooses_attention_where_the_task_needs_it(tmp_path):
 
 
 def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, benchmark):
-    from strategies.costs import CostModel
+    from parnas.strategies.costs import CostModel
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
                                "search.latency_budget=0.9", "search.forward=sampled"])

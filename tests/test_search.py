@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 from nni.nas.nn.pytorch import LayerChoice
+from parnas.search_spaces import PARTransformerXLSpace, fixed_model
+from parnas.strategies.arch_stream import PairedStreams
+from parnas.strategies.costs import CostModel
+from parnas.strategies.gumbel_darts import tau_at
+from parnas.strategies.search import build_search
 
 from parnas.config import BLOCK_KINDS, ModelConfig, load_config
 from parnas.training.evaluation import evaluate
-from search_spaces import PARTransformerXLSpace, fixed_model
-from strategies.arch_stream import PairedStreams
-from strategies.costs import CostModel
-from strategies.gumbel_darts import tau_at
-from strategies.search import build_search
 
 logging.getLogger("nni").setLevel(logging.WARNING)
 VOCAB = 32
@@ -152,8 +152,9 @@ def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, hinge, fix
 def test_a_budget_derived_from_the_measured_table_is_met_and_one_below_its_floor_is_refused(tmp_path):
     """The device's own table (timed here, whatever the device): a budget halfway between the cheapest layout
     and Transformer-XL is met by what is exported; one under the cheapest layout is refused before training."""
+    from parnas.strategies.pricing import cost_model
+
     from parnas.errors import ParnasError
-    from strategies.pricing import cost_model
 
     cfg = search_config("train.max_steps=20", "train.eval_every=20")
     costs, _ = cost_model(cfg, VOCAB, torch.device("cpu"))  # cached: the search below reads the same table
@@ -222,7 +223,7 @@ def test_the_budget_hinge_pushes_only_while_its_cost_is_over_the_budget(tmp_path
 
 
 def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
-    from strategies.supernet_export import fit_budget
+    from parnas.strategies.supernet_export import fit_budget
 
     probs = [{"attention": 0.6, "dense": 0.3, "identity": 0.1}, {"attention": 0.5, "dense": 0.1, "identity": 0.4}]
     assert fit_budget(probs, FIXED_COSTS, 1.4) == ["attention", "attention"]  # the argmax fits
@@ -241,8 +242,7 @@ def test_without_a_budget_the_same_search_keeps_attention(tmp_path):
 
 def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weights(tmp_path):
     from nni.nas.space import model_context
-
-    from strategies.supernet_export import exported_nll
+    from parnas.strategies.supernet_export import exported_nll
 
     search = run(tmp_path, "train.max_steps=20")
     chosen = search.module.export()
@@ -341,11 +341,11 @@ def test_launch_refuses_a_port_in_use(capsys):
 def test_usable_as_an_nni_nas_experiment(tmp_path):
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
 
     from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
     from parnas.training.trainer import build_trainer
-    from strategies.gumbel_darts import PARGumbelDARTS
 
     cfg = search_config("train.max_steps=5", "train.eval_every=5")
     data = SegmentData(SPLITS, 8, 4, 16)
@@ -386,8 +386,9 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
 def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode, forward):
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
     also when each step runs only the candidates sampled (the same draws after the resume)."""
+    from parnas.strategies.run_folder import prepare_run_dir
+
     from parnas.training import checkpoint
-    from strategies.run_folder import prepare_run_dir
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
               "model.dropout=0.1", f"search.mode={mode}", "search.latency_budget=0.5", f"search.forward={forward}")

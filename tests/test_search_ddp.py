@@ -15,8 +15,8 @@ warnings.filterwarnings("ignore")
 import numpy as np
 import pytorch_lightning as pl
 from parnas.config import load_config
-from strategies.costs import CostModel
-from strategies.search import build_search
+from parnas.strategies.costs import CostModel
+from parnas.strategies.search import build_search
 
 out, mode = sys.argv[1:3]
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from parnas.study.orderings import random_orderings, sandwich
+from parnas.study.report import summarise, verdicts
+from parnas.study.run import make_plan, search_config, settings_record
 
 from parnas import architecture
 from parnas.cli import main
@@ -16,9 +19,6 @@ from parnas.config import load_config
 from parnas.config import transformer_xl_layout as transformer_xl
 from parnas.nn.model import blocks_run as network
 from parnas.nn.model import build_fixed_model
-from study.orderings import random_orderings, sandwich
-from study.report import summarise, verdicts
-from study.run import make_plan, search_config, settings_record
 from tests.nni_stall import STALLED, rerun_on_stall
 
 SEEDS, RANDOM = 2, 1
@@ -322,7 +322,7 @@ def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no
 
 
 def test_coincident_points_of_the_study_figure_share_one_label():
-    from study.report import _label_groups
+    from parnas.study.report import _label_groups
 
     points = {"AIAIAIIIIADD": (163.6, 64.54), "AAAADDIIIIII": (162.7, 64.54), "ADADADADADAD": (286.6, 63.27)}
     assert _label_groups(points) == [(["AIAIAIIIIADD", "AAAADDIIIIII"], (163.6, 64.54)),
@@ -343,7 +343,7 @@ def front_rows(found_ppls, front_std=None):
 
 
 def test_the_front_is_its_pareto_optimal_points_a_worse_costlier_one_is_not_on_it():
-    from study.front import front_points
+    from parnas.study.front import front_points
 
     rows, _ = front_rows([[42.0]])
     rows.append({"role": "front", "layout": "ADADADADADAD-d64", "latency_ratio": 0.7, "val_ppl": 47.0})  # dominated
@@ -353,7 +353,7 @@ def test_the_front_is_its_pareto_optimal_points_a_worse_costlier_one_is_not_on_i
 
 
 def test_the_front_is_read_at_the_found_models_cost_and_judged_against_the_seed_spread():
-    from study.front import at_cost, front_points, front_verdict
+    from parnas.study.front import at_cost, front_points, front_verdict
 
     rows, found = front_rows([[42.0, 42.4]])
     assert at_cost(front_points(rows), 0.7) == (pytest.approx(44.0), None)  # halfway between ADAD and ADADAD
@@ -371,7 +371,7 @@ def test_the_front_is_read_at_the_found_models_cost_and_judged_against_the_seed_
 
 
 def test_kendall_tau_ranks_layouts_and_needs_three():
-    from study.ranking import kendall_tau, padded, ranking_verdict
+    from parnas.study.ranking import kendall_tau, padded, ranking_verdict
 
     retrained = {"ADAD": 40.0, "AADD": 41.0, "DDAA": 45.0, "IIAD": 50.0}
     assert kendall_tau({k: v * 3 for k, v in retrained.items()}, retrained) == pytest.approx(1.0)
@@ -384,7 +384,7 @@ def test_kendall_tau_ranks_layouts_and_needs_three():
 
 
 def test_retrain_seeds_average_the_perplexities_and_keep_each_seeds():
-    from study.measure import over_seeds
+    from parnas.study.measure import over_seeds
 
     merged = over_seeds([{"val_ppl": 40.0, "test_ppl": 41.0, "steps": 10}, {"val_ppl": 42.0, "test_ppl": None}])
     assert merged["val_ppl"] == 41.0 and merged["val_ppl_seeds"] == [40.0, 42.0] and merged["steps"] == 10
@@ -469,7 +469,7 @@ def test_a_study_given_a_latency_table_prices_every_layout_by_it_and_says_whose_
 def test_every_network_of_a_space_is_listed_once(candidates, n_blocks, reversible, count):
     from itertools import product
 
-    from study.space import count_networks, space_networks
+    from parnas.study.space import count_networks, space_networks
 
     listed = space_networks(candidates, n_blocks, reversible)
     assert count_networks(candidates, n_blocks, reversible) == len(listed) == count
@@ -487,8 +487,8 @@ def space_rows(found_ppls, space):
 
 
 def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_below_the_front():
-    from study.report import _reaches
-    from study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
+    from parnas.study.report import _reaches
+    from parnas.study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
 
     space = [("AD", 0.4, 55.0), ("ADD", 0.5, 49.0), ("AAD", 0.6, 43.0), ("ADAD", 0.6, 46.0), ("AADD", 0.7, 43.5),
              ("ADADADAD", 1.0, 40.0), ("D", 0.2, 90.0)]
@@ -553,7 +553,7 @@ def cost_of(kinds):
     (("attention", "dense", "identity"), 12, False), (("attention", "conv", "dense", "identity"), 10, False),
     (("attention", "dense"), 11, False), (("attention", "dense", "identity"), 9, True)])
 def test_a_census_is_seeded_draws_each_network_once_and_spans_the_cost_range(candidates, n_blocks, reversible):
-    from study.space import census_networks, count_networks
+    from parnas.study.space import census_networks, count_networks
 
     size = 40
     sample = census_networks(candidates, n_blocks, size, COSTS, seed=0, reversible=reversible)
@@ -574,7 +574,7 @@ def test_a_census_is_seeded_draws_each_network_once_and_spans_the_cost_range(can
 
 
 def test_a_census_of_the_whole_space_is_every_network_and_strata_share_the_sample_equally():
-    from study.space import _shares, census_networks, space_networks
+    from parnas.study.space import _shares, census_networks, space_networks
 
     candidates = ("attention", "dense", "identity")
     every = space_networks(candidates, 4)
@@ -586,8 +586,8 @@ def test_a_census_of_the_whole_space_is_every_network_and_strata_share_the_sampl
 
 
 def test_the_space_verdicts_say_they_judge_a_sample():
-    from study.report import _reaches
-    from study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict, space_name
+    from parnas.study.report import _reaches
+    from parnas.study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict, space_name
 
     assert space_name(0, 127) == EVERY
     name = space_name(40, 8191)

@@ -12,7 +12,7 @@ that the step reads nothing back from the device.
 Memory is kept per stream: one for training, one for evaluation, so an
 evaluation in the middle of training neither sees nor disturbs the training
 memory. A stream the task does not know (a search's architecture stream,
-:mod:`strategies.arch_stream`) keeps its own memory and steps through
+:mod:`parnas.strategies.arch_stream`) keeps its own memory and steps through
 :meth:`LanguageModelTask.side_stream_nll`. Perplexity is
 ``exp(total NLL / predicted tokens)`` over the whole split, summed across DDP
 ranks, never a mean of per-batch perplexities.
