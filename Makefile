@@ -1,4 +1,4 @@
-# parnas: `make search` is the main job (search.yaml, under 3 minutes on a 2-core CPU), `make test` runs the
+# parnas: `make search` is the main job (search.yaml: about 6 minutes on a busy 2-core CPU, progress shown), `make test` runs the
 # tests (`make test-fast`: the quick ones). All create .venv when absent.
 PYTHON ?= python3
 VENV   := .venv
@@ -43,9 +43,10 @@ lint: install
 	rm -rf .lint && $(PY) -m pip install -q --no-deps --no-build-isolation --target .lint . && cp -r benchmarks tools .lint/
 	cd .lint && ../$(VENV)/bin/lint-imports ../pyproject.toml
 
-# Starts search.yaml's NNI experiment in the background; `nnictl stop <id>` ends it.
+# Starts search.yaml's NNI experiment and shows its trials' progress until it is done, then the architectures
+# found (Ctrl-C stops it); the web UI stays up until `nnictl stop <id>`.
 search: install
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/parnas launch --config search.yaml --port $(PORT)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/parnas launch --config search.yaml --port $(PORT) --wait
 
 # A short training run of the fixed standard Transformer-XL on WikiText-2.
 train: install

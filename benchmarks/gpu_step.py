@@ -12,6 +12,7 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
     python benchmarks/gpu_step.py --shape wt103-base --tf32              # + the Transformer-XL in TF32, beside bf16
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --twin  # + AAADDD: its identities dropped
+    python benchmarks/gpu_step.py --shape wt103-base --no-supernet      # the Transformer-XL alone, eager
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
 backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
@@ -33,29 +34,8 @@ medians over rounds. A line as each model is built and warmed up says how long t
 so a run stopped early still shows how far it got. Peak memory is what a model's steps allocated above what
 was allocated before it was built.
 
-FLOPs (MFU = FLOPs per trained token x tokens/s / the GPU's dense peak). Matrix products only, a
-multiply-add = 2 FLOPs, training = forward + backward; a product whose operands both need gradients costs
-3x its forward (6 x multiply-adds). Per trained token, with D = d_model, F = d_ff, L = seg_len,
-M = mem_len, K = M + L keys, B = batch, n_A attention and n_D dense blocks:
-
-    attention block   12 D^2 (1 + K/L)     q and out on the L new positions; k, v on all K (the memory is
-                                           projected again every step)
-                    +  4 D^2 K / (B L)     W_r on the K distances, once per segment for the whole batch; the
-                                           sinusoid table needs no gradient, so forward + weight gradient
-                    +  6 D (3K + 1)        content scores q.k (K keys), position scores (q+v).r (K+1 columns:
-                                           the rel-shift's zero column) and weights.v, all of L x K computed
-    dense block       12 D F
-    output            6 D V                full softmax; adaptive: 6 [D (c_1 + n) + sum_i p_i (D d_i + d_i s_i)]
-                                           with n tail clusters, cluster i of s_i ids and projection
-                                           d_i = floor(D / div^i), taken by the fraction p_i of targets in it
-
-    FLOPs/token = n_A x attention + n_D x dense + output
-
-(Dai et al.'s 6 x parameters + 12 n_layers (L+M) D undercounts this model by the memory's k, v projections
-and the position scores.) The supernet runs attention and dense in every block (identity costs nothing):
-n_A = n_D = n_blocks. Embedding lookups, norms, softmaxes, dropout and the optimiser are not counted.
-Peaks are dense (no sparsity) figures from NVIDIA's data sheets, for the arithmetic the precision uses:
-bf16 tensor cores, TF32 tensor cores, or plain fp32 for ``32-true``.
+MFU = FLOPs per trained token x tokens/s / the GPU's dense peak. The shapes, the FLOP count and the peaks are
+benchmarks/gpu_shapes.py's; ``--help`` prints how the FLOPs are counted after this.
 
 Without a CUDA device it says so in one line and exits 2.
 """
@@ -68,113 +48,22 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, NamedTuple
 
+import gpu_shapes
 import torch
+from gpu_shapes import PRECISIONS, SHAPES, Shape, cluster_fractions, peak_tflops, train_flops_per_token
 from torch import Tensor
 from train_step import alternating_rounds, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
-from parnas.config import COMPILE_MODES, Config, DataConfig, ModelConfig, TrainConfig, transformer_xl_layout
+from parnas.config import COMPILE_MODES, Config, transformer_xl_layout
 from parnas.nn.blocks import AttentionBlock
 from parnas.nn.model import build_fixed_model
 from parnas.training.devices import pinned
 from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam, compile_model
-
-PRECISIONS = ("bf16-mixed", "32-true", "tf32")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A benchmark shape: a Transformer-XL of ``n_layers`` layers (an attention and a dense block each)."""
-
-    what: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    d_ff: int
-    batch: int
-    seg_len: int
-    mem_len: int
-    vocab: int
-    cutoffs: tuple[int, ...]
-    div_value: float = 1.0
-    dropout: float = 0.1
-
-    def config(self, precision: str = "bf16-mixed") -> Config:
-        model = ModelConfig(n_blocks=2 * self.n_layers, d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff,
-                            mem_len=self.mem_len, dropout=self.dropout, cutoffs=self.cutoffs,
-                            div_value=self.div_value, tie_weights=False)
-        data = DataConfig(vocab_size=self.vocab, batch_size=self.batch, eval_batch_size=self.batch,
-                          seg_len=self.seg_len)
-        train = TrainConfig(precision="32-true" if precision == "tf32" else precision, clip=0.25, lr=2.5e-4)
-        model.check_vocab(self.vocab)
-        return Config(model=model, data=data, train=train)
-
-
-SHAPES: dict[str, Shape] = {
-    "wt2-par": Shape("the wt2-par preset at its GPU length", 6, 128, 4, 512, 32, 128, 128, 12000, (250, 2500), 4.0),
-    "wt103-base": Shape("Dai et al.'s WikiText-103 base", 16, 410, 10, 2100, 60, 150, 150, 267735,
-                        (20000, 40000, 200000)),
-    "nvidia-base": Shape("NVIDIA's Transformer-XL base (WikiText-103, one GPU's batch)", 16, 512, 8, 2048, 32, 192,
-                         192, 267735, (20000, 40000, 200000)),
-    "long": Shape("a long context, 32k vocabulary, full softmax", 16, 512, 8, 2048, 8, 512, 512, 32000, ()),
-}
-
-# Dense peak TFLOP/s (bf16, TF32, fp32), NVIDIA data sheets; the first name found in the device's name wins.
-PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"bf16-mixed": 756.5, "tf32": 378.0, "32-true": 51.2}),
-    ("H100 NVL", {"bf16-mixed": 835.5, "tf32": 417.5, "32-true": 60.0}),
-    ("GH200", {"bf16-mixed": 989.4, "tf32": 494.7, "32-true": 66.9}),
-    ("H200", {"bf16-mixed": 989.4, "tf32": 494.7, "32-true": 66.9}),
-    ("H100", {"bf16-mixed": 989.4, "tf32": 494.7, "32-true": 66.9}),  # SXM ("H100 80GB HBM3")
-    ("A100", {"bf16-mixed": 312.0, "tf32": 156.0, "32-true": 19.5}),
-    ("L40S", {"bf16-mixed": 362.1, "tf32": 183.0, "32-true": 91.6}),
-    ("L4", {"bf16-mixed": 121.0, "tf32": 60.0, "32-true": 30.3}),
-    ("A10", {"bf16-mixed": 125.0, "tf32": 62.5, "32-true": 31.2}),
-    ("RTX 4090", {"bf16-mixed": 165.2, "tf32": 82.6, "32-true": 82.6}),
-    ("RTX 3090", {"bf16-mixed": 71.0, "tf32": 35.6, "32-true": 35.6}),
-)
-
-
-def peak_tflops(device_name: str, precision: str) -> float | None:
-    """The dense peak of ``device_name`` for ``precision``'s arithmetic, None for a GPU not in the table."""
-    for key, peaks in PEAKS:
-        if key.lower() in device_name.lower():
-            return peaks[precision]
-    return None
-
-
-def cluster_fractions(targets: Tensor, vocab: int, cutoffs: Sequence[int]) -> list[float]:
-    """The fraction of ``targets`` in each tail cluster (ids in [c_i, c_i+1), the last up to ``vocab``)."""
-    edges = [*cutoffs, vocab]
-    return [((targets >= a) & (targets < b)).double().mean().item() for a, b in zip(edges, edges[1:])]
-
-
-def train_flops_per_token(model: ModelConfig, kinds: Sequence[str], batch: int, seg_len: int, vocab: int,
-                          fractions: Sequence[float] = ()) -> float:
-    """Matrix-product FLOPs of one training step per token (module docstring); ``kinds``: the blocks
-    (``choice`` for a supernet block, which runs attention and dense; ``sampled`` for one that runs one of
-    attention, dense and identity at even odds, a third of each on average); ``fractions``: targets per tail
-    cluster."""
-    D, F, L, K = model.d_model, model.d_ff, seg_len, model.mem_len + seg_len
-    attention = 12 * D * D * (1 + K / L) + 4 * D * D * K / (batch * L) + 6 * D * (3 * K + 1)
-    dense = 12 * D * F
-    n_attention = sum(k in ("attention", "choice") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
-    n_dense = sum(k in ("dense", "choice") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
-    if not model.cutoffs:
-        output = 6 * D * vocab
-    else:
-        sizes = [b - a for a, b in zip(model.cutoffs, [*model.cutoffs[1:], vocab])]
-        tails = 0.0
-        for i, (size, p) in enumerate(zip(sizes, fractions, strict=True), start=1):
-            d_i = int(D // model.div_value ** i)  # as torch's AdaptiveLogSoftmaxWithLoss sizes it
-            tails += p * (D * d_i + d_i * size)
-        output = 6 * (D * (model.cutoffs[0] + len(sizes)) + tails)
-    return n_attention * attention + n_dense * dense + output
-
 
 # --- the two steps ------------------------------------------------------------------------------------
 
@@ -202,11 +91,12 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
 def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
                   ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
     """The search's supernet and its joint training step: weights and logits. Every candidate runs in every
-    block; with ``sampled`` (``search.forward: sampled``), one drawn from softmax(alpha), the logits as
+    block; with ``sampled`` (``search.par-gumbel-darts.forward: sampled``), one drawn from softmax(alpha), the logits as
     initialised (even odds: the search's start)."""
+    from search_step import Sampling
+
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.gumbel_darts import PARGumbelDARTS
-    from search_step import Sampling
 
     strategy = PARGumbelDARTS(cfg.search, max_steps=1)
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()
@@ -254,7 +144,7 @@ def twins(layouts: Sequence[str]) -> dict[str, str]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Any:
-    parser = ArgumentParser(prog="gpu_step.py", description=__doc__,
+    parser = ArgumentParser(prog="gpu_step.py", description=f"{__doc__}\n{gpu_shapes.__doc__}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", action="append", type=_shape, metavar="NAME",
                         help=f"repeatable; default all: {', '.join(SHAPES)}")
@@ -275,8 +165,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
                         help="add the Transformer-XL whose heads reach SDPA as they are where their size is not a "
                              "multiple of 8 (wt103-base's 41: SDPA's unfused math path), as before they were padded")
     parser.add_argument("--sampled", action="store_true",
-                        help="add the supernet whose step runs one sampled candidate per block (search.forward: "
-                             "sampled), at even odds")
+                        help="add the supernet whose step runs one sampled candidate per block "
+                             "(search.par-gumbel-darts.forward: sampled), at even odds")
     parser.add_argument("--flex", action="store_true",
                         help="add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it "
                              "compiled too)")
@@ -287,6 +177,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--twin", action="store_true",
                         help="add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD:"
                              " AAADDD), and the layout's step time over the twin's")
+    parser.add_argument("--no-supernet", action="store_true",
+                        help="leave the supernet out (a quick look at the Transformer-XL and what flags add)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
@@ -325,7 +217,7 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         return Timed(["sampled" if sampled else "choice"] * n,
                      lambda cfg, vocab: supernet_step(cfg, vocab, precision, sampled), precision)
 
-    models = {"transformer-xl": fixed(), "supernet": supernet(False)}
+    models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet(False)})
     if args.groups_on_device and shape.cutoffs:
         models[ONE_SYNC] = fixed()  # its loss groups the targets: bench_shape hands it none
     if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
@@ -404,8 +296,9 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
               f"peak {peak_bytes[model] / 2**30:6.2f} GiB  {flops[model] / 1e6:7.1f} MFLOP/token  "
               f"{achieved:7.1f} TFLOP/s  {mfu}   (rounds: {rounds})")
     # tokens/s of the fixed model over the supernet's, round by round: the supernet's step time over the fixed one's
-    print("  " + ratio_line("transformer-xl", "supernet", tps, label="step time supernet / transformer-xl"))
-    for model in list(kinds)[2:]:
+    if "supernet" in tps:
+        print("  " + ratio_line("transformer-xl", "supernet", tps, label="step time supernet / transformer-xl"))
+    for model in [m for m in kinds if m not in ("transformer-xl", "supernet")]:
         print("  " + ratio_line("transformer-xl", model, tps, label=f"step time {model} / transformer-xl"))
     if TF32 in models and args.compile != "none":
         compiled = f"compiled ({args.compile})"

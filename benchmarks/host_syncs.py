@@ -171,11 +171,10 @@ def _print(title: str, recorder: SyncRecorder) -> None:
 
 
 def main() -> int:
-    from parnas.strategies.costs import CostModel
-    from parnas.strategies.search import build_search
-
     from parnas.config import load_config
     from parnas.nn.model import build_fixed_model
+    from parnas.strategies.costs import CostModel
+    from parnas.strategies.search import build_search
     from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
     from parnas.training.trainer import build_trainer

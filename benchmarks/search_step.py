@@ -1,7 +1,7 @@
 """Cost of a search step against a step of the fixed standard Transformer-XL it prices layouts against.
 
 The supernet's step is the search's, joint mode: every block (attention, dense, identity by default) mixes its
-candidates by Gumbel-softmax weights (``search.forward: mixed``), or runs only a candidate drawn from
+candidates by Gumbel-softmax weights (``search.par-gumbel-darts.forward: mixed``), or runs only a candidate drawn from
 softmax(alpha) (``sampled``; its REINFORCE term, a few scalar products, is left out), and both the weights and
 the logits step. The baseline is the standard
 Transformer-XL at the same ``n_blocks`` (attention, dense, ...: what the search's cost ratios divide by). All
@@ -21,14 +21,14 @@ import statistics
 from typing import Any
 
 import torch
-from parnas.search_spaces import PARTransformerXLSpace
-from parnas.strategies.gumbel_darts import PARGumbelDARTS
-from parnas.strategies.sampled import SampledMixedLayer, draw_picks
 from torch import Tensor
 from train_step import alternating_rounds, ratio_line, segment_runner, training_step, zipf_ids
 
 from parnas.config import load_config, transformer_xl_layout
 from parnas.nn.model import build_fixed_model
+from parnas.search_spaces import PARTransformerXLSpace
+from parnas.strategies.gumbel_darts import PARGumbelDARTS
+from parnas.strategies.sampled import SampledMixedLayer, draw_picks
 from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam
 

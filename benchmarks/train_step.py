@@ -234,7 +234,26 @@ def parnas_step(cfg, vocab_size: int, layout: list[str], previous: tuple[str, ..
 def reference_step(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> Callable[[Tensor], None]:
     """A training step of Dai et al.'s MemTransformerLM as its train.py takes it (adaptive softmax,
     and its adaptive input with the same div_value; plain Adam; clip), time-major (L, B)."""
-    sys.path[:0] = [str(peer_dir), str(peer_dir / "utils")]
+    model = reference_model(peer_dir, cfg, vocab_size, n_layer)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
+    mems: tuple = ()
+
+    def step(tokens: Tensor) -> None:  # tokens (B, L+1)
+        nonlocal mems
+        data, target = tokens[:, :-1].t().contiguous(), tokens[:, 1:].t().contiguous()  # (L, B)
+        model.zero_grad()
+        ret = model(data, target, *mems)
+        loss, mems = ret[0], tuple(ret[1:])
+        loss.float().mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        optimizer.step()
+    return step
+
+
+def reference_model(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> torch.nn.Module:
+    """Dai et al.'s MemTransformerLM at ``cfg``'s configuration, initialised as its train.py does, in training."""
+    if str(peer_dir) not in sys.path:
+        sys.path[:0] = [str(peer_dir), str(peer_dir / "utils")]
     if torch.version.cuda is None:  # read at import for a branch the file has commented out
         torch.version.cuda = "0.0"
         from mem_transformer import MemTransformerLM
@@ -262,19 +281,7 @@ def reference_step(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> Callab
         attn.forward = types.MethodType(
             lambda self, w, r, rw, rr, attn_mask=None, mems=None, inner=attn.forward:
             inner(w, r, rw, rr, attn_mask=None if attn_mask is None else attn_mask.bool(), mems=mems), attn)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
-    mems: tuple = ()
-
-    def step(tokens: Tensor) -> None:  # tokens (B, L+1)
-        nonlocal mems
-        data, target = tokens[:, :-1].t().contiguous(), tokens[:, 1:].t().contiguous()  # (L, B)
-        model.zero_grad()
-        ret = model(data, target, *mems)
-        loss, mems = ret[0], tuple(ret[1:])
-        loss.float().mean().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
-        optimizer.step()
-    return step
+    return model
 
 
 def main() -> None:

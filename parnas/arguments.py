@@ -8,6 +8,7 @@ Only argparse is imported, so ``parnas --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, NoReturn
@@ -51,10 +52,19 @@ def add_verbose(p: argparse.ArgumentParser, default: Any) -> None:
                    help="show Lightning's and NNI's info messages")
 
 
+def summary(doc: str) -> str:
+    """A docstring's first sentence on one line, without reST's double backquotes: a sentence ends at a full
+    stop before whitespace (so ``architecture.json``, ``127.0.0.1`` or "e.g. this" go on), or at the first
+    paragraph's end."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+    return re.split(r"(?<![ei]\.[eg]\.)(?<=[.!?])\s", paragraph, maxsplit=1)[0]
+
+
 def add_command(sub: argparse._SubParsersAction, name: str, fn: Callable[[argparse.Namespace], int]
                 ) -> argparse.ArgumentParser:
-    """A sub-command whose help is ``fn``'s docstring; ``fn(args)`` returns the exit status."""
-    p = sub.add_parser(name, help=(fn.__doc__ or "").splitlines()[0], description=fn.__doc__)
+    """A sub-command whose summary in ``parnas --help`` is the first sentence of ``fn``'s docstring (whole, however
+    many lines it takes) and whose own ``--help`` has the docstring; ``fn(args)`` returns the exit status."""
+    p = sub.add_parser(name, help=summary(fn.__doc__ or ""), description=fn.__doc__)
     p.set_defaults(fn=fn)
     add_verbose(p, argparse.SUPPRESS)  # `parnas -v train` and `parnas train -v` both work
     return p

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from parnas.arguments import ArgumentParser, add_command, add_config_args, add_dry_run, add_resume, add_verbose
-from parnas.errors import Interrupted, ParnasError
+from parnas.errors import STOP_SIGNALS, Interrupted, ParnasError, path_error, stop_at_once_from_now
 from parnas.files import out_of_space
 from parnas.threads import use_threads, wait_passively
 
@@ -44,7 +44,7 @@ def set_verbosity(verbose: bool) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a fixed Transformer-XL (``model.blocks``, default the standard layout) and print perplexity."""
     from parnas.config import load_config
-    from parnas.files import check_run_dir, hold_run_dir
+    from parnas.run_folders import take_run_dir
 
     cfg = load_config(args.config, args.set)  # before torch is imported: a mistake fails at once
     if args.dry_run:
@@ -52,9 +52,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(dry_run(cfg, [[kind] for kind in cfg.model.layout], "train"))
         return 0
-    check_run_dir(cfg.train.out_dir, args.resume)
-    use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
-    with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
+    with take_run_dir(cfg.train.out_dir, args.resume):  # held and checked once: another run into it is refused
+        use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
         from parnas.report.summaries import training_summary
         from parnas.training.fit import train
 
@@ -121,7 +120,7 @@ def stopped(command: str, e: Interrupted, again: str, takes_resume: bool) -> str
 
 @contextmanager
 def signals_stop() -> Iterator[None]:
-    """While a command runs, SIGINT and SIGTERM raise :class:`Interrupted` with nothing saved, so a signal before
+    """While a command runs, the stop signals raise :class:`Interrupted` with nothing saved, so a signal before
     the first step ends in one line and 130 / 143 (Lightning would turn Ctrl-C into exit status 1, and SIGTERM
     would end the process silently). The training loop and the work after it take the signals over with what
     they have saved (:mod:`parnas.training.interrupt`). The handlers in place before are put back."""
@@ -130,11 +129,10 @@ def signals_stop() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        for other in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
-            signal.signal(other, signal.SIG_DFL)
+        stop_at_once_from_now()  # a second signal ends the process at once, in one line
         raise Interrupted(signum)
 
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
         for s in saved:
             signal.signal(s, handler)
@@ -166,10 +164,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.rank == 0:
             takes_resume = getattr(args, "resume", None) is not None
             again = resume_command(argv, takes_resume and e.checkpoint is not None, getattr(args, "resume_sets", ()))
-            print(stopped(args.command, e, again, takes_resume), file=sys.stderr)
+            try:
+                print(stopped(args.command, e, again, takes_resume), file=sys.stderr)
+            except OSError:  # SIGHUP: the terminal it would go to is gone
+                pass
         return 128 + e.signum
-    except Exception as e:  # a full disk anywhere (logs, plots, TensorBoard): one line too
-        full = out_of_space(e)
+    except Exception as e:  # a full disk anywhere (logs, plots, TensorBoard), a failed allocation: one line too
+        full = out_of_space(e) or path_error(e)
+        if full is None and (isinstance(e, MemoryError) or "parnas.training.memory" in sys.modules):
+            try:
+                from parnas.training.memory import out_of_memory
+
+                full = out_of_memory(e)
+            except MemoryError:  # too little even to word it
+                full = ParnasError("could not allocate memory (MemoryError): raise this process's memory limit")
         if full is None:
             raise
         print(f"parnas {args.command}: error: {full}", file=sys.stderr)
@@ -181,11 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run() -> None:
     """The ``parnas`` command: :func:`main`, then the process's exit. Once the command has ended (its results
-    written, its last line printed) SIGINT and SIGTERM are ignored while the interpreter shuts down (Lightning's,
+    written, its last line printed) the stop signals are ignored while the interpreter shuts down (Lightning's,
     TensorBoard's and NNI's threads ending), so a signal then cannot turn a finished run into a silent death by
     the signal; the exit status stays the command's."""
     code = main()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     sys.exit(code)
 

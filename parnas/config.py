@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from parnas import kinds, reading, strategy_registry
-from parnas.arguments import presets  # the preset names, as --help lists them (re-exported here)
+from parnas import kinds, strategy_registry
+from parnas.arguments import presets as presets  # the preset names, as --help lists them (read here too)
+from parnas.config_files import read_yaml
+from parnas.config_upgrade import FLAT_KIND_SETTINGS as FLAT_KIND_SETTINGS  # read here by earlier importers
+from parnas.config_upgrade import upgrade_flat_settings, upgrade_search_settings
 from parnas.errors import ConfigError
+from parnas.kinds.registry import KINDS
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
+from parnas.registry import OwnsSettings
+from parnas.selection import SelectConfig  # search.select: the final pick after a supernet
 
 BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds)
 # search.candidates by name: PAR's three, or PLANER's space (Latifi et al. 2022): PAR's three with fewer heads,
@@ -36,8 +38,6 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 # what computes attention off the CPU (parnas.nn.blocks): SDPA with the position scores as a bias, or FlexAttention
 ATTENTION_KERNELS = ("sdpa", "flex")
-SEARCH_FORWARDS = ("mixed", "sampled")  # what a search step runs in each block (parnas.strategies.sampled)
-BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (parnas.strategies.gumbel_darts)
 SPECIAL_PIECES = 2  # a SentencePiece vocabulary's <unk> and <eos> (ids 0 and 1), before the corpus's own pieces
 LATENCY_TARGETS = ("train", "inference", "generate")  # what a search's latency prices (parnas.training.latency)
 TARGET_UNITS = {"train": "ms/step", "inference": "ms/segment", "generate": "ms/token"}
@@ -51,7 +51,7 @@ def cluster_widths(d_model: int, n_clusters: int, div_value: float) -> list[int]
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(OwnsSettings):
     """Transformer-XL body: what every model has. ``blocks`` is the fixed layout; empty means the
     standard Transformer-XL (attention, dense, attention, dense, ...). ``share_weights``: kinds whose
     blocks share one module across depth (the ``shared`` kind always does).
@@ -91,6 +91,7 @@ class ModelConfig:
     reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
     attention_kernel: str = "sdpa"  # off the CPU: one of ATTENTION_KERNELS (the same weights and function)
     kind_settings: dict[str, Any] = field(default_factory=dict)  # kind -> its settings, as given (model.<kind>.*)
+    OWNERS, WHAT, GIVEN = KINDS, "kind", "kind_settings"
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
@@ -131,10 +132,7 @@ class ModelConfig:
                      f"clusters {narrowest} wide at d_model {self.d_model}: lower it or use fewer cutoffs")
         for kind in self.blocks:
             _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
-        for kind, settings in self.kind_settings.items():
-            declared = kinds.get(kind).settings
-            _require(declared is not None and isinstance(settings, declared),
-                     f"model.{kind}: settings must be {getattr(declared, '__name__', 'none (the kind has none)')}")
+        self.check_given("model.")
         if self.share_weights:
             kinds.check(self.share_weights, "model.share_weights")
             _require("identity" not in self.share_weights, "model.share_weights: identity has no weights to share")
@@ -151,40 +149,8 @@ class ModelConfig:
     def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """For :func:`parnas.overrides.from_dict`: ``model.<kind>`` sections built into that kind's settings
         (``kind_settings``), the flat keys of earlier versions moved there with a one-line note."""
-        if "kind_settings" in values:
-            raise ConfigError(f"unknown config key {prefix}kind_settings; give a kind's settings as "
-                              f"{prefix}<kind>.<setting>")
-        values, given = upgrade_flat_settings(values, prefix), {}
-        fields = {f.name for f in dataclasses.fields(cls)} - {"kind_settings"}
-        for key in [k for k in values if k not in fields and kinds.is_known(k)]:
-            section = values.pop(key)
-            if not isinstance(section, Mapping):
-                raise ConfigError(f"{prefix}{key} must be a mapping of the {key} kind's settings, got {section!r}")
-            given[key] = {**given.get(key, {}), **section}
-        built = {}
-        for kind, section in given.items():
-            settings = kinds.get(kind).settings
-            if settings is None:
-                raise ConfigError(f"{prefix}{kind}: the {kind} kind has no settings")
-            try:
-                made = from_dict(settings, section, f"{prefix}{kind}.")
-            except ConfigError as e:
-                message = str(e)
-                raise ConfigError(message if f"{prefix}{kind}." in message else f"{prefix}{kind}.{message}") from None
-            if made != settings():  # only what differs from the defaults: one config, one value
-                built[kind] = made
-        return values, {"kind_settings": built} if built else {}
-
-    def settings_of(self, kind: str) -> Any:
-        """Kind ``kind``'s settings: those given, else its defaults (None for a kind without settings)."""
-        given = self.kind_settings.get(kind)
-        return given if given is not None else kinds.default_settings(kind)
-
-    def to_dict(self) -> dict[str, Any]:
-        """As a config gives it: each built-in kind's settings (and any given) as a ``<kind>`` section."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kind_settings"}
-        named = dict.fromkeys([*kinds.with_settings(), *self.kind_settings])
-        return out | {kind: dataclasses.asdict(self.settings_of(kind)) for kind in named}
+        values = upgrade_flat_settings(values, prefix)
+        return values, cls.take_sections(values, prefix)
 
     @property
     def evaluation_memory(self) -> int:
@@ -279,94 +245,62 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class SearchConfig:
-    """The Gumbel-DARTS search (strategies/): what is chosen, how tau anneals, how logits learn.
+class SearchConfig(OwnsSettings):
+    """What every search has: the candidates, the strategy, the latency cost, budget and target, and its logging.
 
-    ``mode``: ``joint`` updates logits and weights from the same training batch
-    (the original TensorFlow PAR Transformer-XL's procedure); ``bilevel`` is first-order DARTS, logits stepping on
-    the validation stream with its own memory.
+    ``strategy``: a name in the strategy registry (:mod:`parnas.strategy_registry`), ``par-gumbel-darts`` (parnas's
+    own Gumbel-DARTS) unless set; NNI's own and plugins' are the others (``parnas search --strategy``). A
+    strategy's own settings are its own, as a kind's are: a config gives them as ``search.<strategy>.<setting>``
+    (``search.par-gumbel-darts.tau_end: 0.2``); ``strategy_settings`` holds those given, :meth:`settings_of` a
+    strategy's, its defaults where none were given, and :attr:`settings` the chosen strategy's. The flat keys of
+    earlier versions (``search.tau_end``) still load, with a one-line note.
 
-    The cost of an architecture is its predicted step time relative to the
-    standard Transformer-XL at the same ``n_blocks`` (``penalty_cost: latency``,
-    timed on the device; ``flops`` is a proxy, not what you pay).
-    ``latency_budget`` (e.g. 0.65) makes it a constraint the exported
-    architecture must meet: a hinge, lambda x max(0, cost - budget), on the
-    ``budget_hinge`` cost: ``exported`` (the argmax layout's, its gradient that
-    of the expected cost) or ``expected`` (under softmax(alpha), as PLANER does).
-    Its multiplier lambda is found by dual ascent at rate ``dual_lr``, or fixed
-    by ``penalty_weight`` (PLANER's form). Without a budget, ``penalty_weight``
-    is a fixed lambda on the expected cost itself.
-
-    ``latency_table``: a table written by ``parnas latency`` (on the target
-    device, e.g. a GPU) to price the blocks with instead of timing them here; its
-    shapes must be the run's, its device may be any.
-
-    ``strategy``: a name in the strategy registry (:mod:`parnas.strategy_registry`): its default,
-    ``par-gumbel-darts``, is this search; NNI's own and plugins' are the others (``parnas search --strategy``).
-
-    ``latency_target``: which latency the cost is: ``train`` (a training step),
-    ``inference`` (a forward pass over a batch of segments) or ``generate``
-    (one token decoded at batch 1, as ``parnas generate`` does).
-
-    ``forward``: what a training step runs in each block: ``mixed``, every
-    candidate, weighted by the Gumbel sample (DARTS); ``sampled``, one candidate
-    drawn from softmax(alpha), so the step costs a sampled architecture's, and
-    the logits learn from the loss by REINFORCE. ``sampled`` runs in one process
-    (a rank would skip the weights of what it did not pick).
-
-    ``export_samples``: at the end, also draw this many layouts from softmax(alpha)
-    (those over the budget are dropped) and export whichever of them and the argmax
-    has the lowest validation perplexity with the supernet's weights (0: the argmax).
+    The cost of an architecture is its predicted step time relative to the standard Transformer-XL at the same
+    ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay).
+    ``latency_budget`` (e.g. 0.65) makes it a constraint the exported architecture must meet, with a multiplier
+    the strategy finds, or fixes at ``penalty_weight`` (PLANER's form); without a budget, ``penalty_weight`` is a
+    fixed weight on the expected cost itself. ``latency_table``: a table written by ``parnas latency`` (on the
+    target device) to price the blocks with instead of timing them here; its shapes must be the run's.
+    ``latency_target``: which latency the cost is: ``train`` (a training step), ``inference`` (a forward pass
+    over a batch of segments) or ``generate`` (one token decoded at batch 1, as ``parnas generate`` does).
+    ``arch_lr``: the learning rate of the architecture logits, for the strategies that learn them; ``trials``:
+    a multi-trial strategy's trials, each training one architecture for ``train.max_steps``.
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS
-    mode: str = "joint"
-    tau_start: float = 1.0
-    tau_end: float = 0.1
-    tau_schedule: str = "exponential"
-    hard: bool = False
-    forward: str = "mixed"  # one of SEARCH_FORWARDS
     arch_lr: float = 3.0e-3
-    arch_weight_decay: float = 0.0
-    arch_warmup_steps: int = 0
     penalty_weight: float = 0.0
     penalty_cost: str = "latency"
     latency_budget: float | None = None
-    budget_hinge: str = "exported"
     latency_table: str | None = None
     latency_target: str = "train"
     strategy: str = strategy_registry.DEFAULT
-    trials: int = 8  # a multi-trial strategy's trials, each training one architecture for train.max_steps
-    export_samples: int = 0
-    dual_lr: float = 0.05
+    trials: int = 8
     log_every: int = 10
     out_dir: str = "runs/search"
+    select: SelectConfig = field(default_factory=SelectConfig)  # the final pick after a supernet (parnas.selection)
+    strategy_settings: dict[str, Any] = field(default_factory=dict)  # strategy -> its settings, as given
+    OWNERS, WHAT, GIVEN = strategy_registry.STRATEGIES, "strategy", "strategy_settings"
 
     @classmethod
     def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """For :func:`parnas.overrides.from_dict`: ``candidates`` may name a preset (CANDIDATE_PRESETS)."""
-        values = dict(values)
+        """For :func:`parnas.overrides.from_dict`: ``candidates`` may name a preset (CANDIDATE_PRESETS), and
+        ``search.<strategy>`` sections are built into that strategy's settings (``strategy_settings``), the flat
+        keys of earlier versions moved there with a one-line note."""
+        values = upgrade_search_settings(values, prefix)
         named = values.get("candidates")
         if isinstance(named, str):
             if named not in CANDIDATE_PRESETS:
                 raise ConfigError(f"{prefix}candidates: no preset named {named!r}; presets: "
                                   f"{', '.join(CANDIDATE_PRESETS)}, or give a list of kinds")
             values["candidates"] = list(CANDIDATE_PRESETS[named])
-        return values, {}
+        return values, cls.take_sections(values, prefix)
 
     def __post_init__(self) -> None:
         kinds.check(self.candidates, "search.candidates")
         _require(len(self.candidates) >= 2,
                  f"search.candidates must name at least two kinds, got {list(self.candidates)}")
-        _require(self.mode in ("joint", "bilevel"), f"search.mode must be joint or bilevel, not {self.mode!r}")
-        _require(self.tau_schedule in ("exponential", "linear", "cosine"),
-                 f"search.tau_schedule must be exponential, linear or cosine, not {self.tau_schedule!r}")
-        _require(self.tau_end > 0, "search.tau_end must be > 0")
-        _require(self.tau_end <= self.tau_start,
-                 f"search.tau_end ({self.tau_end}) must not exceed search.tau_start ({self.tau_start})")
         _require(self.arch_lr > 0, "search.arch_lr must be > 0")
-        _require(self.arch_weight_decay >= 0, "search.arch_weight_decay must be >= 0")
-        _require(self.arch_warmup_steps >= 0, "search.arch_warmup_steps must be >= 0")
         _require(self.penalty_weight >= 0, f"search.penalty_weight must be >= 0, got {self.penalty_weight}")
         _require(self.penalty_cost in ("latency", "flops"),
                  f"search.penalty_cost must be latency or flops, not {self.penalty_cost!r}")
@@ -376,27 +310,23 @@ class SearchConfig:
                      f"got {self.latency_budget}")
             _require(self.penalty_cost == "latency", "search.latency_budget is a fraction of measured latency: "
                      "set search.penalty_cost=latency")
-        _require(self.budget_hinge in BUDGET_HINGES,
-                 f"search.budget_hinge must be one of {', '.join(BUDGET_HINGES)}, not {self.budget_hinge!r}")
-        _require(self.budget_hinge == "exported" or self.latency_budget is not None,
-                 f"search.budget_hinge={self.budget_hinge} hinges the cost at search.latency_budget: set one")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
         _require(strategy_registry.is_known(self.strategy),
                  f"search.strategy: {strategy_registry.unknown_message(self.strategy)}")
+        self.check_given("search.")
         _require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
-        _require(self.export_samples >= 0, f"search.export_samples must be >= 0, got {self.export_samples}")
-        _require(self.forward in SEARCH_FORWARDS,
-                 f"search.forward must be one of {', '.join(SEARCH_FORWARDS)}, not {self.forward!r}")
-        _require(self.forward == "mixed" or self.forward in strategy_registry.get(self.strategy).forwards,
-                 f"search.forward={self.forward} is not a mode of search.strategy={self.strategy}, which runs its "
-                 f"own supernet; strategies that run it: {', '.join(strategy_registry.running(self.forward))}")
         _require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
         _require(self.latency_target == "train" or self.penalty_cost == "latency",
                  f"search.latency_target={self.latency_target} is a measured latency: set search.penalty_cost=latency")
-        _require(self.dual_lr > 0, f"search.dual_lr must be > 0, got {self.dual_lr}")
         _require(self.log_every > 0, "search.log_every must be > 0")
+
+    @property
+    def settings(self) -> Any:
+        """The settings of the strategy this search runs (``search.strategy``)."""
+        return self.settings_of(self.strategy)
+
 
 
 @dataclass(frozen=True)
@@ -414,9 +344,10 @@ class Config:
             _require(size % processes == 0,
                      f"data.{key} ({size}) must be divisible by the {processes} processes "
                      "(train.devices x train.num_nodes): each process reads whole streams")
-        _require(self.search.forward == "mixed" or processes == 1,
-                 f"search.forward=sampled runs in one process, not {processes} (train.devices x train.num_nodes): DDP "
-                 "would wait for the gradients of candidates a rank did not run")
+        strategy = strategy_registry.loaded(self.search.strategy)  # a plugin is checked once loaded, as a kind is
+        settings = self.search.settings if strategy is not None and strategy.settings is not None else None
+        if hasattr(settings, "check"):  # what the strategy's own settings need of the rest of the config
+            settings.check(self)
         offered = [*self.model.layout, *self.search.candidates, *self.model.kind_settings]
         for kind in dict.fromkeys(offered):  # each kind a run may build, or was given settings for, against the shapes
             registered = kinds.loaded(kind)  # a plugin is checked once loaded: its settings given, or its block built
@@ -424,28 +355,7 @@ class Config:
                 registered.check(self, self.model.settings_of(kind))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"model": self.model.to_dict()}
-
-
-# the flat keys of the kinds' settings before each kind owned its own: read, with a note, as model.<kind>.<setting>
-FLAT_KIND_SETTINGS = {"conv_kernel": ("conv", "kernel"), "compress_rate": ("compressive", "rate"),
-                      "compress_len": ("compressive", "length"), "compress_fn": ("compressive", "fn"),
-                      "n_buckets": ("lsh", "n_buckets"), "n_hashes": ("lsh", "n_hashes"),
-                      "chunk_len": ("lsh", "chunk_len"), "act_max_steps": ("ut", "max_steps"),
-                      "act_tau": ("ut", "tau")}
-
-
-def upgrade_flat_settings(model: Mapping[str, Any], prefix: str = "model.", note: bool = True) -> dict[str, Any]:
-    """A model section with the flat keys of earlier versions moved to their kinds' sections, with a one-line
-    ``note`` on stderr for each (a setting given both ways keeps the kind's section's value)."""
-    model = dict(model)
-    for old, (kind, key) in FLAT_KIND_SETTINGS.items():
-        if old in model:
-            if note:
-                print(f"parnas: {prefix}{old} is deprecated: use {prefix}{kind}.{key}", file=sys.stderr)
-            value, section = model.pop(old), model.get(kind)
-            model[kind] = {key: value, **section} if isinstance(section, Mapping) else section or {key: value}
-    return model
+        return dataclasses.asdict(self) | {"model": self.model.to_dict(), "search": self.search.to_dict()}
 
 
 def generation_memory(model: ModelConfig, seg_len: int) -> int:
@@ -462,32 +372,6 @@ def transformer_xl_layout(n_blocks: int) -> tuple[str, ...]:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def read_yaml(source: str | Path) -> dict[str, Any]:
-    """Read a config file, or a preset by name (``tiny``, ``wt2-seed``)."""
-    path = Path(source)
-    if not path.suffix and not path.exists():
-        preset = resources.files("parnas") / "presets" / f"{source}.yaml"
-        if not preset.is_file():
-            raise ConfigError(f"no config file or preset named {str(source)!r}; presets: {', '.join(presets())}")
-        text = preset.read_text()
-    else:
-        try:
-            text = reading.read_text(path)
-        except OSError as e:
-            raise ConfigError(f"cannot read config {source}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{source} is not a YAML config (not UTF-8 text)") from None
-    try:
-        values = reading.parse_yaml(text, str(source))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if values is None:  # nothing but blanks and comments: almost surely not the file meant
-        raise ConfigError(f"{source}: empty config; omit --config for the defaults")
-    if not isinstance(values, dict):
-        raise ConfigError(f"{source} must hold a mapping of sections (model, data, train)")
-    return values
 
 
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),

@@ -4,6 +4,17 @@ The library raises these; the CLI turns any of them into one line on stderr and
 exit status 2. Anything else is a bug and keeps its traceback.
 """
 
+import errno
+import os
+import signal
+from pathlib import Path
+from types import FrameType
+
+# What stops a run, saving what it can (Interrupted): Ctrl-C, a scheduler's SIGTERM, and the SIGHUP a closed
+# terminal or ssh session sends, which would otherwise end the process silently, losing the steps since the
+# last periodic checkpoint.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 class ParnasError(Exception):
     """A problem with what the user asked for, explained in one line."""
@@ -22,9 +33,9 @@ class TokenizerError(ParnasError):
 
 
 class Interrupted(BaseException):
-    """A run stopped by SIGINT or SIGTERM (:mod:`parnas.training.interrupt`).
+    """A run stopped by SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`, :mod:`parnas.training.interrupt`).
 
-    Not an error: the CLI exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)
+    Not an error: the CLI exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)
     and, on rank 0, one line saying what was saved and the command that goes on. ``checkpoint``:
     the file saved at ``step``, None when the signal came before training (nothing saved).
     ``during``: the work after the last step that the signal cut (e.g. "the final evaluation"),
@@ -36,3 +47,39 @@ class Interrupted(BaseException):
                  during: str | None = None) -> None:
         super().__init__(f"stopped by signal {signum} after step {step}; checkpoint {checkpoint}")
         self.signum, self.step, self.checkpoint, self.rank, self.during = signum, step, checkpoint, rank, during
+
+
+def stop_at_once(signum: int, frame: FrameType | None) -> None:
+    """The handler once a stop is under way: a second signal (a burst of Ctrl-C) ends the process at once, dying
+    by that signal as with no handler, but first says so in one line, so a burst never ends in silence."""
+    name = signal.Signals(signum).name
+    try:
+        os.write(2, f"parnas: {name} again: stopped at once, saving nothing more; --resume goes on from the run's "
+                    "last checkpoint, if it wrote one\n".encode())
+    except OSError:  # the terminal is gone (SIGHUP)
+        pass
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def stop_at_once_from_now() -> None:
+    """After the first stop signal: every further one is :func:`stop_at_once`'s."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop_at_once)
+
+
+def path_error(e: BaseException) -> ParnasError | None:
+    """One line for a path no file can have, else None: a name too long for the file system, or a path under a
+    file (``--out /etc/passwd/x``), wherever a command first meets it (an output folder, a lock, a log). What
+    any parnas command writes lies under a path the user gave, so the line names that path."""
+    if not isinstance(e, OSError) or e.errno not in (errno.ENAMETOOLONG, errno.ENOTDIR) or not e.filename:
+        return None
+    path = Path(os.fsdecode(e.filename))
+    if e.errno == errno.ENAMETOOLONG:
+        shown = str(path) if len(str(path)) <= 120 else str(path)[:120] + "..."
+        return ParnasError(f"cannot write {shown}: the name is too long (the file system takes at most 255 bytes "
+                           "per name); choose a shorter path")
+    blocker = next((p for p in path.parents if os.path.isfile(p)), None)
+    why = f"{blocker} is a file, not a folder" if blocker else "a parent is not a folder"
+    return ParnasError(f"cannot write {path}: {why}; choose another path")

@@ -6,22 +6,17 @@ with the permissions any new file of the user's gets (``0o666`` less the umask, 
 are checked before the work that fills them (:func:`check_writable_dir`), so a folder that cannot
 be created fails in one line at the start, not with a traceback at the end.
 
-One run writes a folder at a time: :func:`hold_run_dir` takes an exclusive OS lock (``flock``) on
-``<folder>/.parnas.lock`` for as long as a run writes there. The kernel drops it when the process
-ends, however it ends, so a killed run never leaves the folder locked.
+A run's own folder (one run at a time, never another run's files) is :mod:`parnas.run_folders`.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,7 +32,8 @@ def current_umask() -> int:
     return mask
 
 
-def _folder_error(folder: Path, e: OSError) -> ParnasError:
+def folder_error(folder: Path, e: OSError) -> ParnasError:
+    """One line for a folder that cannot be made or written: why, and to choose another."""
     reason = e.strerror or type(e).__name__
     if isinstance(e, (FileExistsError, NotADirectoryError)):
         reason = "a file is in the way" if folder.exists() and not folder.is_dir() else "a parent is a file"
@@ -62,7 +58,7 @@ def check_writable_dir(folder: str | Path) -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise _folder_error(folder, e) from None
+        raise folder_error(folder, e) from None
     finally:
         for made in missing:  # deepest first
             try:
@@ -78,7 +74,7 @@ def ensure_writable_dir(folder: str | Path) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise _folder_error(folder, e) from None
+        raise folder_error(folder, e) from None
     return folder
 
 
@@ -195,151 +191,3 @@ def resume_source(out_dir: str | Path, resume: bool | str | Path) -> Path | None
     if not resume:
         return None
     return Path(out_dir) / "checkpoints" / "last.ckpt" if resume is True else Path(resume)
-
-
-def check_run_dir(out_dir: str | Path, resume: bool | str | Path) -> Path:
-    """Before a training run touches ``out_dir``: no other run writes it (:func:`check_not_held`), it can be
-    written, and it holds no earlier run's checkpoint or metrics unless the run resumes (which needs the
-    checkpoint: ``last.ckpt``, or the one ``--resume=PATH`` names)."""
-    out = check_writable_dir(out_dir)
-    check_not_held(out)
-    last = out / "checkpoints" / "last.ckpt"
-    source = resume_source(out, resume)
-    if source is not None:
-        if not source.is_file():
-            others = sorted(str(p) for p in last.parent.glob("*.ckpt")) if source == last else []
-            hint = (f"; other checkpoints are there: resume from one with --resume=PATH ({', '.join(others)})"
-                    if others else "; run without --resume to start")
-            raise ParnasError(f"nothing to resume: no checkpoint at {source}{hint}")
-    elif last.exists() or (out / "metrics.json").exists():
-        raise ParnasError(f"{out} already holds a run: pass --resume to continue it, "
-                          "or choose a new output folder (train.out_dir, --out)")
-    return out
-
-
-# --- one run per folder ---------------------------------------------------------------------------------
-
-LOCK_FILE = ".parnas.lock"
-# Set by launchers in the processes they start for ranks other than 0 (Lightning's DDP, torchrun, SLURM, the
-# other nodes): the run's rank 0 holds its folder, so these neither take the lock nor refuse the folder.
-RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "SLURM_PROCID")
-
-
-def launched_as_other_rank() -> bool:
-    """Whether this process is a rank other than 0 of a distributed run (see ``RANK_VARIABLES``)."""
-    return any(os.environ.get(name, "0").strip() not in ("", "0") for name in RANK_VARIABLES)
-
-
-def _in_use(folder: Path, pid: int | None) -> ParnasError:
-    who = f"process {pid}" if pid else "another process"
-    stop = f"stop it (kill {pid})" if pid else "stop it"
-    return ParnasError(f"{folder} is in use by another parnas run ({who}): wait for it to end or {stop}, "
-                       "or choose another output folder")
-
-
-def _holder(fd: int) -> int | None:
-    """The process id a lock file holds (written by its holder once it has the lock), if any."""
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return int(text) if text.isdigit() else None
-
-
-def check_not_held(folder: str | Path) -> None:
-    """Raise ParnasError (one line, naming the process) if another process holds ``folder`` (:func:`hold_run_dir`).
-    Creates nothing; a folder this process holds passes."""
-    path = Path(folder) / LOCK_FILE
-    if launched_as_other_rank():
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return  # no lock file: nobody holds the folder (or it cannot be read: the lock will say)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = _holder(fd)
-        if pid != os.getpid():
-            raise _in_use(Path(folder), pid) from None
-    except OSError:
-        pass  # a file system without locks: hold_run_dir says so
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def hold_run_dir(folder: str | Path) -> Iterator[Path]:
-    """Hold ``folder`` (created if absent) for the block: an exclusive ``flock`` on ``<folder>/.parnas.lock``,
-    which holds this process's id for the message another run gets. Another process's run into the same folder
-    raises ParnasError (one line naming the holder); a block of this process inside another that holds the
-    folder passes (a ``parnas search`` command around its search). Folders are locked exactly, not their parents:
-    a study holds its folder while its searches and retrains hold their own sub-folders. Ranks other than 0
-    (:func:`launched_as_other_rank`) take no lock. On leaving, the lock file goes, and so do the folders this
-    made if nothing else was written in them."""
-    folder = Path(folder)
-    if launched_as_other_rank():
-        yield folder
-        return
-    made = []
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        made.append(probe)
-        probe = probe.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = _lock(folder)
-    except BaseException:
-        _remove_empty(made)
-        raise
-    try:
-        yield folder
-    finally:
-        if fd is not None:
-            try:
-                os.unlink(folder / LOCK_FILE)  # while still held; a waiting locker sees the file is gone
-            except OSError:
-                pass
-            os.close(fd)
-            _remove_empty(made)
-
-
-def _lock(folder: Path) -> int | None:
-    """A descriptor holding ``folder``'s lock; None when this process holds it already, or when the file
-    system has no locks (then a warning says the folder is not protected)."""
-    path = folder / LOCK_FILE
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            raise _folder_error(folder, e) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _holder(fd)
-            os.close(fd)
-            if pid == os.getpid():
-                return None
-            raise _in_use(folder, pid) from None
-        except OSError as e:  # e.g. a network file system without flock
-            os.close(fd)
-            print(f"parnas: warning: cannot lock {folder} ({e.strerror or e}); another run into it would not be "
-                  "stopped", file=sys.stderr)
-            return None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path)):  # not a file its last holder removed meanwhile
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                return fd
-        except FileNotFoundError:
-            pass
-        except OSError as e:  # a full disk: no room for the process id
-            path.unlink(missing_ok=True)
-            os.close(fd)
-            raise out_of_space(e, path) or _folder_error(folder, e) from None
-        os.close(fd)  # locked a removed file: take the new one
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    for made in folders:  # deepest first
-        try:
-            made.rmdir()
-        except OSError:
-            return

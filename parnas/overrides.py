@@ -35,7 +35,8 @@ def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)} - set(built)
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}; known keys: {', '.join(sorted(names))}")
+        raise ConfigError(f"unknown config key {reading.clipped(prefix + str(unknown[0]))}; known keys: "
+                          f"{', '.join(sorted(names))}")
     kwargs = {}
     for key, value in values.items():
         hint = hints[key]
@@ -56,7 +57,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return _coerce(value, inner, key)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
+            raise ConfigError(f"{key} must be a list, got {reading.shown(value)}")
         return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
     if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
         try:
@@ -66,7 +67,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if hint is float and isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value}")
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
-        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
+        raise ConfigError(f"{key} must be {hint.__name__}, got {reading.shown(value)}")
     return value
 
 
@@ -79,7 +80,7 @@ def unflatten(values: Mapping[str, Any]) -> dict[str, Any]:
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{key}: {part} is a value, not a section")
+                raise ConfigError(f"{reading.clipped(str(key))}: {reading.clipped(part)} is a value, not a section")
         node[leaf] = merge(node[leaf], value) if isinstance(value, Mapping) and leaf in node else value
     return nested
 
@@ -90,12 +91,28 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got {pair!r}")
+            raise ConfigError(f"--set expects key=value, got {reading.shown(pair)}")
         try:
-            flat[key] = reading.parse_yaml(raw, f"--set {key}")
+            flat[key] = reading.parse_yaml(raw, f"--set {reading.clipped(key)}")
         except yaml.YAMLError:
-            raise ConfigError(f"--set {key}: cannot parse {raw!r} as a value") from None
+            raise ConfigError(f"--set {reading.clipped(key)}: cannot parse {reading.shown(raw)} as a value") from None
     return unflatten(flat)
+
+
+def as_given(key: str, text: str) -> str:
+    """A ``--set`` pair whose value reads back as ``text`` exactly: what a path option (``--out DIR``) passes on.
+    Written as a YAML double-quoted string, so ``#`` (a comment), ``yes``/``null`` (a bool, None) or ``: `` mean
+    nothing; every character YAML may not hold as it is, a lone surrogate from an undecodable file name
+    included, is escaped."""
+    def escaped(ch: str) -> str:
+        code = ord(ch)
+        if ch in '"\\':
+            return "\\" + ch
+        if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xD7FF or 0xE000 <= code <= 0xFFFD or code > 0xFFFF:
+            return ch
+        return f"\\u{code:04x}"
+
+    return f'{key}="{"".join(map(escaped, text))}"'
 
 
 def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

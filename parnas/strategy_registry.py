@@ -2,11 +2,17 @@
 
 The block-kind registry's sibling (:mod:`parnas.kinds`). A :class:`SearchStrategy` says its name, its family
 (``one-shot``: one supernet trained, the architecture read from its logits; ``multi-trial``: each trial trains
-one fixed architecture), how it runs and what it refuses. ``search.strategy``, ``parnas search --strategy``,
-``parnas study --strategies`` and the reference's table of strategies all read it.
+one fixed architecture), how it runs, what it refuses and its own settings. ``search.strategy``, ``parnas search
+--strategy``, ``parnas study --strategies`` and the reference's table of strategies all read it.
+
+A strategy owns its settings, as a block kind does: ``SearchStrategy.settings`` is a frozen dataclass (defaults
+and checks in ``__post_init__``) that a config fills under ``search.<strategy>.<setting>``, e.g.
+``search.par-gumbel-darts.tau_end``; :class:`parnas.config.SearchConfig` holds only what every search has.
 
 This module imports no torch and no NNI: configs are checked before they load. A strategy's code is named by
-``"module:attribute"`` strings, imported the first time it runs.
+``"module:attribute"`` strings, imported the first time it runs; a settings class named so must live in a module
+that imports no torch. NNI's own strategies are one list, :data:`NNI_STRATEGIES`, which their dispatch, the CLI,
+the docs and the tests read.
 
 User strategies come from Python entry points in group ``parnas.strategies``: a plugin package declares
 ``[project.entry-points."parnas.strategies"] my-search = "mypkg.search:STRATEGY"`` with ``STRATEGY`` a
@@ -22,6 +28,7 @@ from typing import Any, Union
 
 from parnas import plugins
 from parnas.errors import ParnasError
+from parnas.registry import Registry, is_settings_class
 
 GROUP = "parnas.strategies"
 HOW_TO_REGISTER = (f"a plugin registers one with an entry point in group {GROUP!r} "
@@ -46,7 +53,10 @@ class SearchStrategy:
     ``cfg.search.out_dir`` (or the NNI trial's folder), writes ``architecture.json`` and returns its record
     (:mod:`parnas.architecture`), ``{}`` on ranks other than 0. ``check(cfg, resume)`` (optional, same forms)
     refuses with a ConfigError what the strategy cannot do; it runs before torch is imported, so it must not
-    import it. ``forwards``: the ``search.forward`` modes it runs (what a step runs in each block).
+    import it. ``settings`` (optional: a frozen dataclass, every field defaulted, or ``"module:attribute"``
+    naming one in a module without torch): the strategy's own settings, ``search.<name>.<field>`` in a config,
+    read as ``cfg.search.settings_of(name)``; a ``check(self, config)`` method on it, if any, refuses settings
+    that do not fit the rest of the config, whenever a config with ``search.strategy`` = ``name`` is built.
     ``what`` and ``source`` are for the docs.
     """
 
@@ -54,7 +64,7 @@ class SearchStrategy:
     family: str
     run: str | Run
     check: Union[str, Check, None] = None
-    forwards: tuple[str, ...] = ("mixed",)
+    settings: Union[str, type, None] = None
     what: str = ""
     source: str = ""
 
@@ -70,6 +80,10 @@ class SearchStrategy:
                     or field == "check" and value is None):
                 raise StrategyError(f"search strategy {self.name!r}: {field} must be a callable or a "
                                     f"'module:attribute' string, got {value!r}")
+        if not (self.settings is None or is_settings_class(self.settings)
+                or isinstance(self.settings, str) and plugins.split_target(self.settings)):
+            raise StrategyError(f"search strategy {self.name!r}: settings must be a frozen dataclass or a "
+                                f"'module:attribute' string naming one, got {self.settings!r}")
 
     def runner(self) -> Run:
         """The function that runs a search, imported on first use."""
@@ -80,83 +94,36 @@ class SearchStrategy:
         if self.check is not None:
             self._load("check", self.check)(cfg, resume)
 
-    def _load(self, field: str, target: str | Callable[..., Any]) -> Callable[..., Any]:
-        if not isinstance(target, str):
-            return target
-        try:
-            return plugins.load_target(target)
-        except (ImportError, AttributeError) as e:
-            raise StrategyError(f"search strategy {self.name!r}: cannot load its {field} {target!r} "
-                                f"({type(e).__name__}: {e})") from None
+    def settings_class(self) -> type | None:
+        """The class of this strategy's settings (None: it has none), imported on first use."""
+        if self.settings is None:
+            return None
+        settings = self._load("settings", self.settings)
+        if not is_settings_class(settings):
+            raise StrategyError(f"search strategy {self.name!r}: its settings {self.settings!r} must name a frozen "
+                                f"dataclass, got {settings!r:.80}")
+        return settings
+
+    def _load(self, field: str, target: str | Callable[..., Any]) -> Any:
+        return STRATEGIES.load(self.name, field, target) if isinstance(target, str) else target
 
 
 # --- the registry -------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, SearchStrategy] = {}
-_BUILTIN: tuple[str, ...] = ()
+STRATEGIES: Registry[SearchStrategy] = Registry(SearchStrategy, "search strategy", "strategies", GROUP,
+                                                HOW_TO_REGISTER, StrategyError)
+names, is_known, loaded = STRATEGIES.names, STRATEGIES.is_known, STRATEGIES.loaded
+unknown_message, get, unregister = STRATEGIES.unknown_message, STRATEGIES.get, STRATEGIES.unregister
 
 
 def register(strategy: SearchStrategy) -> SearchStrategy:
     """Add ``strategy``; a name already taken is an error (registering the same record again is not)."""
-    if not isinstance(strategy, SearchStrategy):
-        raise StrategyError(f"register expects a parnas.strategy_registry.SearchStrategy, "
-                            f"got {type(strategy).__name__}")
-    old = _REGISTRY.get(strategy.name)
-    if old == strategy:
-        return strategy
-    if old is not None:
-        raise StrategyError(f"search strategy {strategy.name!r} is already registered"
-                            f"{' (built in)' if strategy.name in _BUILTIN else ''}; choose another name")
-    _REGISTRY[strategy.name] = strategy
-    return strategy
-
-
-def unregister(name: str) -> None:
-    """Remove a strategy registered in this process (tests, notebooks); built-ins stay."""
-    if name in _BUILTIN:
-        raise StrategyError(f"search strategy {name!r} is built in and cannot be removed")
-    _REGISTRY.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """Every known strategy: built-ins, then registered ones, then plugins not loaded yet. Stable order."""
-    return (*_REGISTRY, *sorted(set(plugins.entry_points(GROUP)) - set(_REGISTRY)))
-
-
-def is_known(name: str) -> bool:
-    return name in _REGISTRY or name in plugins.entry_points(GROUP)
-
-
-def unknown_message(name: str) -> str:
-    return f"unknown search strategy {name!r}; known strategies: {', '.join(names())}; {HOW_TO_REGISTER}"
-
-
-def get(name: str) -> SearchStrategy:
-    """The strategy called ``name``, loading its plugin on first use."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    ep = plugins.entry_points(GROUP).get(name)
-    if ep is None:
-        raise StrategyError(unknown_message(name))
-    try:
-        strategy = ep.load()
-    except Exception as e:  # a broken plugin is the user's to fix: say which and why, in one line
-        raise StrategyError(f"search strategy {name!r}: cannot load entry point {ep.value!r} "
-                            f"({type(e).__name__}: {e})") from None
-    if not isinstance(strategy, SearchStrategy) or strategy.name != name:
-        raise StrategyError(f"entry point {name!r} ({ep.value}) must name a parnas.strategy_registry.SearchStrategy "
-                            f"called {name!r}, got {strategy!r:.80}")
-    return register(strategy)
+    return STRATEGIES.register(strategy)
 
 
 def of_family(family: str) -> tuple[str, ...]:
     """The registered strategies of one family (plugins once loaded), in registry order."""
-    return tuple(name for name, strategy in _REGISTRY.items() if strategy.family == family)
-
-
-def running(forward: str) -> tuple[str, ...]:
-    """The registered strategies that run ``search.forward=forward`` (plugins once loaded)."""
-    return tuple(name for name, strategy in _REGISTRY.items() if forward in strategy.forwards)
+    return tuple(strategy.name for strategy in STRATEGIES.records() if strategy.family == family)
 
 
 # --- built-in strategies -------------------------------------------------------------------------
@@ -164,34 +131,64 @@ def running(forward: str) -> tuple[str, ...]:
 PAR_GUMBEL_DARTS = "par-gumbel-darts"  # parnas's own search (parnas.strategies.search)
 DEFAULT = PAR_GUMBEL_DARTS  # what search.strategy is unless set
 NNI = "NNI 3.0"  # the source of NNI's own strategies, run on the PAR space
-_NNI_ONE_SHOT = "parnas.strategies.nni_strategies:run_nni_search"
-_NNI_MULTI_TRIAL = "parnas.strategies.multi_trial:run_multi_trial"
-_NNI_CHECK = "parnas.strategies.nni_strategies:check_nni_strategy"
 
-for _strategy in (
-    SearchStrategy(PAR_GUMBEL_DARTS, ONE_SHOT, "parnas.strategies.search:run_search", forwards=("mixed", "sampled"),
-                   what="Gumbel-softmax DARTS with tau annealed every step, a latency penalty or budget, exact resume",
-                   source="Mandava et al. 2020 (PAR); parnas's own"),
-    SearchStrategy("darts", ONE_SHOT, _NNI_ONE_SHOT, _NNI_CHECK,
-                   what="first-order DARTS, the logits stepped on the validation stream", source=NNI),
-    SearchStrategy("gumbel-darts", ONE_SHOT, _NNI_ONE_SHOT, _NNI_CHECK,
-                   what="DARTS with Gumbel-softmax samples, tau annealed per epoch", source=NNI),
-    SearchStrategy("random-oneshot", ONE_SHOT, _NNI_ONE_SHOT, _NNI_CHECK,
-                   what="uniform random paths through the supernet, no logits", source=NNI),
-    SearchStrategy("proxyless", ONE_SHOT, _NNI_ONE_SHOT, _NNI_CHECK,
-                   what="one sampled binary-gated path per block", source=NNI),
-    SearchStrategy("enas", ONE_SHOT, _NNI_ONE_SHOT, _NNI_CHECK,
-                   what="a reinforcement-learned controller (refused: its dependencies do not install)",
-                   source=NNI),
-    SearchStrategy("random", MULTI_TRIAL, _NNI_MULTI_TRIAL, _NNI_CHECK,
-                   what="architectures drawn at random, no repeats", source=NNI),
-    SearchStrategy("regularized-evolution", MULTI_TRIAL, _NNI_MULTI_TRIAL, _NNI_CHECK,
-                   what="aging evolution, population 4, sample 2", source=NNI),
-    SearchStrategy("tpe", MULTI_TRIAL, _NNI_MULTI_TRIAL, _NNI_CHECK,
-                   what="NNI's TPE tuner driving the choices", source=NNI),
-    SearchStrategy("grid", MULTI_TRIAL, _NNI_MULTI_TRIAL, _NNI_CHECK,
-                   what="every architecture in turn", source=NNI),
-):
-    register(_strategy)
-_BUILTIN = tuple(_REGISTRY)
-del _strategy
+
+@dataclass(frozen=True)
+class NNIStrategy:
+    """One of NNI's own strategies as parnas runs it on the PAR space: ``nni_class`` (in ``nni.nas.strategy``)
+    built with the fixed ``arguments``; where ``logits``, also with the run's ``search.arch_lr``, ``train.clip``
+    and ``search.log_every`` (the strategy learns architecture logits); where ``settings`` (as
+    :attr:`SearchStrategy.settings`), with what its settings' ``nni_arguments()`` returns. ``refused``: why parnas
+    does not run it (its check says so in one line)."""
+
+    name: str
+    family: str
+    nni_class: str
+    what: str
+    arguments: tuple[tuple[str, Any], ...] = ()
+    logits: bool = False
+    settings: str | None = None
+    refused: str = ""
+
+
+NNI_STRATEGIES = (
+    NNIStrategy("darts", ONE_SHOT, "DARTS", "first-order DARTS, the logits stepped on the validation stream",
+                logits=True),
+    NNIStrategy("gumbel-darts", ONE_SHOT, "GumbelDARTS", "DARTS with Gumbel-softmax samples, tau annealed per epoch",
+                logits=True, settings="parnas.strategies.nni_strategies:NNIGumbelSettings"),
+    NNIStrategy("random-oneshot", ONE_SHOT, "RandomOneShot", "uniform random paths through the supernet, no logits"),
+    NNIStrategy("proxyless", ONE_SHOT, "Proxyless", "one sampled binary-gated path per block", logits=True),
+    NNIStrategy("enas", ONE_SHOT, "ENAS",
+                "a reinforcement-learned controller (refused: its dependencies do not install)",
+                refused="needs NNI's optional reinforcement-learning dependencies (tianshou<1 and gym), which do not "
+                        "install beside this torch"),
+    NNIStrategy("random", MULTI_TRIAL, "Random", "architectures drawn at random, no repeats", (("dedup", True),)),
+    NNIStrategy("regularized-evolution", MULTI_TRIAL, "RegularizedEvolution", "aging evolution, population 4, "
+                "sample 2", (("population_size", 4), ("sample_size", 2))),
+    # as the other strategies: the larger metric is the better
+    NNIStrategy("tpe", MULTI_TRIAL, "TPE", "NNI's TPE tuner driving the choices", (("optimize_mode", "maximize"),)),
+    NNIStrategy("grid", MULTI_TRIAL, "GridSearch", "every architecture in turn"),
+)
+_NNI_RUN = {ONE_SHOT: "parnas.strategies.nni_strategies:run_nni_search",
+            MULTI_TRIAL: "parnas.strategies.multi_trial:run_multi_trial"}
+
+
+def nni_strategy(name: str) -> NNIStrategy:
+    """NNI's strategy ``name`` as parnas runs it (StrategyError for a name that is not one of NNI's)."""
+    for strategy in NNI_STRATEGIES:
+        if strategy.name == name:
+            return strategy
+    raise StrategyError(f"search strategy {name!r} is not one of NNI's: "
+                        f"{', '.join(s.name for s in NNI_STRATEGIES)}")
+
+
+STRATEGIES.register(SearchStrategy(
+    PAR_GUMBEL_DARTS, ONE_SHOT, "parnas.strategies.search:run_search",
+    check="parnas.strategies.par_settings:check_par_search", settings="parnas.strategies.par_settings:PARSettings",
+    what="Gumbel-softmax DARTS with tau annealed every step, a latency penalty or budget, exact resume",
+    source="Mandava et al. 2020 (PAR); parnas's own"), builtin=True)
+for _nni in NNI_STRATEGIES:
+    STRATEGIES.register(SearchStrategy(_nni.name, _nni.family, _NNI_RUN[_nni.family],
+                                       "parnas.strategies.nni_strategies:check_nni_strategy", settings=_nni.settings,
+                                       what=_nni.what, source=NNI), builtin=True)
+del _nni

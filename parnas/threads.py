@@ -147,16 +147,32 @@ def choose(d_model: int, tokens: int, setting: int = 0, processes: int = 1, *,
         return Choice(_environment_threads(environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS in the environment")
     cores = usable_cores() if cores is None else cores
     load = machine_load() if load is None else load
-    free = max(1, min(cores, math.floor(cores - load + 0.5)))
+    idle = math.floor(cores - load + 0.5)  # cores nobody else is using, rounded; 0 or less: all taken
+    free = max(1, min(cores, idle))
     share = max(1, free // processes)
     useful = useful_threads(d_model, tokens)
     threads = min(share, useful)
-    where = f"{free} of {cores} cores free at load {load:.1f}"
+    return Choice(threads, _reason(cores, load, idle, processes, share, useful, tokens, d_model))
+
+
+def _reason(cores: int, load: float, idle: int, processes: int, share: int, useful: int, tokens: int,
+            d_model: int) -> str:
+    """Why the threads are what they are, in the words of the limit that decided (a busy machine, the free
+    cores, the run's processes or the step's size), so a user sees what would change it."""
+    machine = f"{cores} core{'s' * (cores > 1)}"
+    if idle < 1:  # every core is taken: more threads would only wait for them
+        fights = "one thread fights least" if processes == 1 else f"one thread for each of {processes} processes"
+        return f"{machine}, busy at load {load:.1f}: {fights}"
+    free = min(cores, idle)
+    where = f"{machine}, {'all' if free == cores else free} free at load {load:.1f}"
     if processes > 1:
         where += f", {share} for each of {processes} processes"
     step = f"{tokens:,} token{'s' * (tokens > 1)} a step at width {d_model}"
-    gains = f"{step} gains nothing from a second thread" if useful == 1 else f"{step} gains from up to {useful}"
-    return Choice(threads, f"{where}; {gains}")
+    if useful == 1:
+        return f"{where}; {step} gains nothing from a second thread"
+    if useful <= share:  # the step's size decided
+        return f"{where}; {step} gains from up to {useful}"
+    return f"{where}; {step} would use {useful}"
 
 
 def prepare(choice: Choice, environ: MutableMapping[str, str] | None = None) -> None:

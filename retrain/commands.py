@@ -18,23 +18,23 @@ import sys
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the fixed model of an architecture JSON (or a named layout) from scratch, then evaluate it."""
     from parnas.config import load_config
-    from parnas.files import check_run_dir, hold_run_dir
+    from parnas.overrides import as_given
+    from parnas.run_folders import take_run_dir
 
     overrides = list(args.set)
-    for key in ("accelerator", "devices", "precision", "out_dir"):
+    for key in ("accelerator", "devices", "precision", "out_dir"):  # as given: --out "exp #2" or --out yes is a path
         if getattr(args, key) is not None:
-            overrides.append(f"train.{key}={getattr(args, key)}")
+            overrides.append(as_given(f"train.{key}", args.out_dir) if key == "out_dir" else
+                             f"train.{key}={getattr(args, key)}")
     cfg = load_config(args.config, overrides)  # before torch is imported: a mistake fails at once
     if args.dry_run:
         from parnas.retrain.run import dry_run_retrain
 
         print(dry_run_retrain(args.arch, args.config, overrides))
         return 0
-    check_run_dir(cfg.train.out_dir, args.resume)
-    with hold_run_dir(cfg.train.out_dir):  # from now on, another run into it is refused
-        from parnas.retrain.run import architecture_source, resolve_config, retrain
-
+    with take_run_dir(cfg.train.out_dir, args.resume):  # held and checked once: another run into it is refused
         from parnas.report.summaries import training_summary
+        from parnas.retrain.run import architecture_source, resolve_config, retrain
         from parnas.threads import use_threads
 
         cfg = resolve_config(architecture_source(args.arch), args.config, overrides)  # the architecture's own width
@@ -56,9 +56,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
     check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
-    from parnas.retrain.evaluate import default_output, evaluate_checkpoint
+    from parnas.retrain.evaluate import default_output, evaluate_checkpoint, evaluation_divergence
     from parnas.retrain.load import device_for, load_trained, scratch_dir
-
     from parnas.threads import use_threads
 
     device = device_for(args.device)
@@ -70,6 +69,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result["checkpoint"] = str(args.checkpoint)
     out = out or default_output(args.checkpoint, args.split, result["mem_len"])
     write_json_atomic(out, result)
+    if result["diverged"]:  # written, marked; then the line its training ended with, and exit status 2
+        raise evaluation_divergence(trained, args.split, result["loss"])
     speed = result["eval_tokens_per_s"]
     timing = f"{speed:,.0f} tokens/s over {result['eval_seconds']:.1f} s" if speed else "too quick to time"
     clamp = f", positions clamped at {result['clamp_len']}" if result["clamp_len"] else ""
@@ -85,10 +86,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from parnas.errors import Interrupted
     from parnas.retrain.evaluate import Sampling, TextStream, generate
     from parnas.retrain.load import device_for, load_trained, scratch_dir
-
-    from parnas.errors import Interrupted
     from parnas.threads import use_threads
 
     opts = Sampling(tokens=args.tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
@@ -123,10 +123,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     each run's own throughput (timed separately, in its own process)."""
     from pathlib import Path
 
-    from parnas.retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
-
     from parnas.errors import ParnasError
     from parnas.files import check_writable_dir, write_text_atomic
+    from parnas.retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
 
     runs = [read_run(run) for run in args.runs]
     if args.rounds < 1:

@@ -3,7 +3,10 @@
 Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the
 perplexity at the end of training, on the corpus the checkpoint's config names,
 encoded with the tokenizer the checkpoint carries: the same checkpoint gives
-the same figure. Both keep the memory the checkpoint's ``model.eval_mem_len`` says
+the same figure. A checkpoint whose loss there is not finite or worse than guessing
+(:func:`parnas.training.evaluation.diverged`) is reported ``diverged``, and the command ends with the line
+its training ended with (:func:`evaluation_divergence`). Both keep the memory the checkpoint's
+``model.eval_mem_len`` says
 (``--mem-len`` overrides it), which may be longer than in training, as Transformer-XL
 allows (relative positions extend to any distance; ``model.clamp_len``, or ``--clamp-len``,
 caps the distances read).
@@ -28,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from parnas.retrain.load import TrainedModel
 
 from parnas.config import generation_memory
 from parnas.data.corpora import default_cache_dir, resolve_corpus
 from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
+from parnas.retrain.load import TrainedModel
 from parnas.training.data_module import SegmentData
-from parnas.training.evaluation import model_device, split_metrics
+from parnas.training.evaluation import divergence, divergence_step, model_device, split_metrics
 
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
@@ -60,7 +63,18 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None =
     return {"split": split, "ppl": out[f"{name}_ppl"], "loss": out[f"{name}_loss"], "tokens": out[f"{name}_tokens"],
             "eval_tokens_per_s": out[f"{name}_eval_tokens_per_s"], "eval_seconds": out[f"{name}_eval_seconds"],
             "mem_len": trained.model.eval_mem_len, "clamp_len": trained.model.clamp_len,
-            "step": trained.step, "corpus": str(corpus), "device": str(model_device(trained.model))}
+            "step": trained.step, "corpus": str(corpus), "device": str(model_device(trained.model)),
+            "diverged": evaluation_divergence(trained, split, out[f"{name}_loss"]) is not None}
+
+
+def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None) -> ParnasError | None:
+    """The line a checkpoint whose ``split`` loss (None: not finite) diverged ends ``parnas evaluate`` with, the
+    one its training ended with: the step its validations have stayed diverged since (the checkpoint's history),
+    else the checkpoint's step; None when it did not diverge."""
+    vocab_size, step = trained.model.vocab_size, trained.step
+    first = divergence_step(trained.history, step, vocab_size)
+    what = "the validation loss" if split == "valid" else f"the {split} loss"
+    return divergence(loss, vocab_size, first, trained.config.train.lr, what, measured_at=step)
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:

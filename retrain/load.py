@@ -35,6 +35,7 @@ class TrainedModel:
     record: dict[str, Any]
     tokenizer: Tokenizer
     step: int
+    history: tuple[dict[str, Any], ...] = ()  # the run's validations up to this checkpoint: {"step", "val_ppl", ...}
 
 
 def device_for(name: str) -> torch.device:
@@ -99,7 +100,8 @@ def load_trained(path: str | Path, device: torch.device, workdir: Path) -> Train
     except RuntimeError as e:
         raise ckpt.CheckpointError(f"{source}: its weights do not fit its architecture "
                                    f"({str(e).splitlines()[0]})") from None
-    return TrainedModel(model.to(device).eval(), cfg, record, tokenizer, int(checkpoint.get("global_step", 0)))
+    return TrainedModel(model.to(device).eval(), cfg, record, tokenizer, int(checkpoint.get("global_step", 0)),
+                        tuple(meta.get("val_history") or ()))
 
 
 def scratch_dir() -> tempfile.TemporaryDirectory:

@@ -32,8 +32,8 @@ from parnas.config import Config, load_config
 from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
-from parnas.files import check_run_dir
 from parnas.overrides import parse_overrides
+from parnas.run_folders import take_run_dir
 from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
 from parnas.training.fit import fit
@@ -67,8 +67,9 @@ def resolve_config(arch: dict[str, Any] | str, config: str | None, overrides: Se
 
 
 def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> str:
-    """``parnas retrain --dry-run``: the fixed model of ``arch`` at the config's vocabulary size, nothing read."""
-    from parnas.training.dry_run import dry_run
+    """``parnas retrain --dry-run``: the fixed model of ``arch`` at the vocabulary the data settings give, nothing
+    read; an architecture searched with another vocabulary or tokenizer is refused as the run refuses it."""
+    from parnas.training.dry_run import dry_run, planned_vocabulary
 
     source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)
@@ -76,25 +77,33 @@ def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> 
         kinds = architecture.layout(architecture.named_layout(source, cfg.model, cfg.data.vocab_size))
     else:
         kinds = architecture.layout(source)
-        cfg = replace(cfg, data=replace(cfg.data, vocab_size=source["model"]["vocab_size"]))
+        same_kind = (source.get("tokenizer") or {}).get("kind") in (None, cfg.data.tokenizer)
+        vocab = planned_vocabulary(cfg.data, source["model"]["vocab_size"] if same_kind else None)
+        check_searched_vocabulary(source, cfg.data.tokenizer, vocab, arch)
+        cfg = replace(cfg, data=replace(cfg.data, vocab_size=vocab))
     return dry_run(cfg, [[kind] for kind in kinds], source if isinstance(source, str) else arch)
 
 
 def check_vocabulary(record: dict[str, Any], tokenizer: Tokenizer, source: str) -> None:
     """The architecture was searched with a vocabulary; the tokenizer the data settings give must match it."""
-    searched = record["model"]["vocab_size"]
-    recorded = record.get("tokenizer") or {}
-    hint = "pass the data settings the search used (its --config, or --set data.tokenizer=... data.vocab_size=...)"
-    if searched != tokenizer.vocab_size:
-        raise ArchitectureError(f"{source} was searched with a vocabulary of {searched} but the data settings give "
-                                f"a {tokenizer.kind} tokenizer of {tokenizer.vocab_size}; {hint}")
-    if recorded.get("kind") not in (None, tokenizer.kind):
-        raise ArchitectureError(f"{source} was searched with a {recorded['kind']} tokenizer, not {tokenizer.kind}; "
-                                f"{hint}")
-    if recorded.get("sha256") not in (None, tokenizer.sha256):
+    check_searched_vocabulary(record, tokenizer.kind, tokenizer.vocab_size, source)
+    if (record.get("tokenizer") or {}).get("sha256") not in (None, tokenizer.sha256):
         print(f"parnas retrain: note: the tokenizer differs from the search's (same kind and size, other pieces); "
               f"training from scratch is unaffected, but token ids are not comparable with {source}",
               file=sys.stderr)
+
+
+def check_searched_vocabulary(record: dict[str, Any], kind: str, vocab_size: int, source: str) -> None:
+    """Refuse (one line) a tokenizer of another size or kind than the architecture was searched with: the run
+    with the tokenizer it built, ``--dry-run`` with the one the data settings plan."""
+    searched = record["model"]["vocab_size"]
+    recorded = record.get("tokenizer") or {}
+    hint = "pass the data settings the search used (its --config, or --set data.tokenizer=... data.vocab_size=...)"
+    if searched != vocab_size:
+        raise ArchitectureError(f"{source} was searched with a vocabulary of {searched} but the data settings give "
+                                f"a {kind} tokenizer of {vocab_size}; {hint}")
+    if recorded.get("kind") not in (None, kind):
+        raise ArchitectureError(f"{source} was searched with a {recorded['kind']} tokenizer, not {kind}; {hint}")
 
 
 def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (), *,
@@ -102,14 +111,20 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
     """Validate everything, build the fixed model, train it from scratch (or resume: from ``last.ckpt``, or from
     the checkpoint ``resume`` names) and evaluate it.
 
-    Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0).
+    Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0). Takes
+    ``train.out_dir`` (:func:`parnas.run_folders.take_run_dir`) unless the command around it has.
     """
-    from parnas.search_spaces import fixed_model
-
     source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)
+    with take_run_dir(cfg.train.out_dir, resume):
+        return _retrain(arch, source, cfg, resume, callbacks)
+
+
+def _retrain(arch: str, source: dict[str, Any] | str, cfg: Config, resume: bool | str | Path,
+             callbacks: Sequence[pl.Callback]) -> dict[str, Any]:
+    from parnas.search_spaces import fixed_model
+
     check_devices(cfg.train)
-    check_run_dir(cfg.train.out_dir, resume)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
     if isinstance(source, str):

@@ -10,51 +10,39 @@ import sys
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Search an architecture with ``search.strategy`` (the registry's; PAR's Gumbel-DARTS unless set) and write
-    architecture.json (inside nnictl: a trial)."""
+    architecture.json (inside nnictl: a trial, with the tuner's parameters)."""
     from parnas import strategy_registry
     from parnas.config import load_config
-    from parnas.files import check_not_held, check_writable_dir, hold_run_dir
+    from parnas.overrides import as_given
+    from parnas.strategies.nni_trial import in_nni_trial, trial_parameters
+    from parnas.strategies.run_folder import run_dir_of, take_search_dir
 
     if args.strategy is not None:
         if not args.strategy.strip():  # never read as "no --strategy", the default search
             from parnas.errors import ParnasError
 
-            raise ParnasError(f"--strategy {args.strategy!r} names no strategy: leave it out for par-gumbel-darts, "
-                              "or name one (parnas search --help lists them)")
-        args.set = [*args.set, f"search.strategy={json.dumps(args.strategy)}"]  # the name as given, as a string
+            raise ParnasError(f"--strategy {args.strategy!r} names no strategy: leave it out for "
+                              f"{strategy_registry.DEFAULT}, or name one (parnas search --help lists them)")
+        args.set = [*args.set, as_given("search.strategy", args.strategy)]  # the name as given, as a string
+    trial = in_nni_trial()
+    params = trial_parameters()  # {} outside nnictl: the config is read and checked before torch or NNI loads
+    cfg = load_config(args.config, args.set, extra=params)  # once, for the whole command
+    strategy = strategy_registry.get(cfg.search.strategy)
+    strategy.check_config(cfg, args.resume)  # a dry run refuses what the search refuses
     if args.dry_run:
         from parnas.training.dry_run import dry_run
 
-        cfg = load_config(args.config, args.set)
         print(dry_run(cfg, [list(cfg.search.candidates)] * cfg.model.n_blocks, "search (the supernet)"))
         return 0
-    if "NNI_PLATFORM" not in os.environ:  # no tuner parameters to wait for: check the config before torch/NNI load
-        early = load_config(args.config, args.set)
-        strategy_registry.get(early.search.strategy).check_config(early, args.resume)
-        check_writable_dir(early.search.out_dir)
-        check_not_held(early.search.out_dir)
-    # the run directory (parnas.strategies.search.run_dir_of): an nnictl trial's own, else search.out_dir
-    trial_dir = os.environ.get("NNI_OUTPUT_DIR") if "NNI_PLATFORM" in os.environ else None
-    with hold_run_dir(trial_dir or load_config(args.config, args.set).search.out_dir):  # for the search's life
-        return _search(args)
+    run_dir = run_dir_of(cfg)  # an nnictl trial's own, else search.out_dir
+    with take_search_dir(run_dir, args.resume):  # held and checked once, for the search's life
+        from parnas.threads import use_threads
 
-
-def _search(args: argparse.Namespace) -> int:
-    from parnas.strategies.nni_trial import in_nni_trial, trial_parameters
-
-    from parnas import strategy_registry
-    from parnas.config import load_config
-    from parnas.threads import use_threads
-
-    params = trial_parameters()
-    cfg = load_config(args.config, args.set, extra=params)
-    use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
-    if in_nni_trial():  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
-        args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
-                            f"search.out_dir={os.environ['NNI_OUTPUT_DIR']}"]
-    strategy = strategy_registry.get(cfg.search.strategy)
-    strategy.check_config(cfg, args.resume)
-    record = strategy.runner()(cfg, resume=args.resume)
+        use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
+        if trial:  # a resume outside nnictl needs what the trial got from NNI (parnas.cli.resume_command)
+            args.resume_sets = [*(f"{k}={json.dumps(v)}" for k, v in params.items()),
+                                as_given("search.out_dir", str(run_dir))]
+        record = strategy.runner()(cfg, resume=args.resume)
     if record:
         from parnas.report.summaries import search_summary
 
@@ -64,7 +52,7 @@ def _search(args: argparse.Namespace) -> int:
 
 def cmd_latency(args: argparse.Namespace) -> int:
     """Time what each block kind costs on this machine and write the table as JSON: per train step, per inference
-    segment and per generated token (the three values of search.latency_target).
+    segment and per generated token (the three values of search.latency_target; --target times fewer).
 
     The table is the one a search with the same --config/--set would time (its shapes and candidates; the
     cache's, unless --refresh). Only a table timed steadily on a machine that left it its cores is cached; each
@@ -77,7 +65,11 @@ def cmd_latency(args: argparse.Namespace) -> int:
     from parnas.config import TARGET_LABELS, load_config
     from parnas.errors import ParnasError
     from parnas.files import check_writable_dir, write_json_atomic
+    from parnas.training.latency import check_targets
+    from parnas.training.latency_table import MODES
 
+    asked = [t.strip() for given in args.target or [] for t in given.split(",")]
+    targets = check_targets(asked) if args.target else MODES  # before any model is built
     cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else None
     if args.check and (out or args.refresh):
@@ -99,10 +91,9 @@ def cmd_latency(args: argparse.Namespace) -> int:
             print(line)
         return 0
     from parnas.strategies.pricing import time_latency_table
-
     from parnas.training.latency_cache import describe
 
-    table = time_latency_table(cfg, refresh=args.refresh)
+    table = time_latency_table(cfg, refresh=args.refresh, targets=targets)
     write_json_atomic(out, table.to_dict())
     key, evaluated = table.key, table.key["model"].get("eval_mem_len")
     memory = "" if evaluated is None else f" (inference and generation at M{evaluated})"
@@ -151,7 +142,39 @@ def cmd_launch(args: argparse.Namespace) -> int:
               "the experiment (NNI's web UI and REST API have no login)", file=sys.stderr)
     experiment = launch(args.config, args.port, listen_all=args.listen_all)
     print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
-          f"gather its architectures with `parnas export --experiment {experiment}`")
+          f"gather its architectures with `parnas export --experiment {experiment}`", flush=True)
+    return wait_for(experiment, args.config, args.port) if args.wait else 0
+
+
+def wait_for(experiment: str, config: str, port: int) -> int:
+    """``launch --wait``: the trials' progress until NNI says the experiment is done, then the export table and
+    the next command; Ctrl-C stops the experiment (``nnictl stop``) and says so."""
+    import subprocess
+
+    from parnas.report.follow import Follower, experiment_size, follow
+    from parnas.strategies import experiment_export
+
+    trials, steps, preset, root = experiment_size(config)
+    count = "all its trials" if trials is None else f"{trials} trial{'s' * (trials != 1)}"
+    print(f"following it here until it is done ({count}; Ctrl-C stops the experiment)", flush=True)
+    try:
+        follow(Follower(experiment, port, trials, steps, root=root), out=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        nnictl = os.path.join(os.path.dirname(sys.executable), "nnictl")
+        nnictl = nnictl if os.path.exists(nnictl) else "nnictl"
+        done = subprocess.run([nnictl, "stop", experiment], capture_output=True, text=True)
+        state = "stopped" if done.returncode == 0 else f"could not be stopped (`nnictl stop {experiment}`)"
+        print(f"parnas launch: interrupted: experiment {experiment} {state}; the finished trials' architectures: "
+              f"parnas export --experiment {experiment}", file=sys.stderr)
+        return 130
+    rows = experiment_export.export_experiment(experiment, root=root)
+    if not rows:
+        print(experiment_export.nothing_finished(experiment, root))
+        return 1
+    print(experiment_export.table(rows))
+    config_flag = f" --config {preset}" if preset else ""
+    print(f"next: parnas export --experiment {experiment} --out found/ && parnas retrain --arch "
+          f"found/{rows[0]['trial']}.json{config_flag} --out runs/found   (then `nnictl stop {experiment}`)")
     return 0
 
 
@@ -164,7 +187,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_dry_run(p)
     p.add_argument("--strategy", default=None, metavar="NAME",
                    help=f"a registered search strategy: {', '.join(strategy_registry.names())} (default "
-                        f"{strategy_registry.DEFAULT}; same as --set search.strategy=NAME)")
+                        f"{strategy_registry.DEFAULT}; same as --set search.strategy=NAME); its own settings are "
+                        "--set search.NAME.SETTING=VALUE")
     add_resume(p, "<run dir>")
     p = add_command(sub, "latency", cmd_latency)
     add_config_args(p)
@@ -173,9 +197,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "and replace it there (when timed steadily)")
     p.add_argument("--check", action="store_true", help="time the table again and say how far this machine's "
                    "cached one is off (writes nothing)")
+    p.add_argument("--target", action="append", metavar="TARGET[,TARGET]",
+                   help="time only these latency targets: train, inference, generate (repeatable; default all three; "
+                        "a search times only its search.latency_target)")
     p = add_command(sub, "launch", cmd_launch)
     p.add_argument("--config", default="search.yaml", help="NNI experiment config (default search.yaml)")
     p.add_argument("--port", type=int, default=8080, help="web UI port (default 8080)")
+    p.add_argument("--wait", action="store_true", help="stay and show the trials' progress (trial k of n, the step, "
+                   "the time left) until the experiment is done, then the export table; Ctrl-C stops the experiment")
     p.add_argument("--listen-all", action="store_true",
                    help="serve NNI's web UI and REST API on every interface, not 127.0.0.1 only: anyone who reaches "
                         "the port can read and stop the experiment (needed for trials on other machines)")

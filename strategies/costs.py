@@ -2,7 +2,7 @@
 
 :class:`CostModel` is ``constant + sum of the blocks' costs``, read relative to
 the standard Transformer-XL at the same ``n_blocks``. Its numbers come from the
-device's latency table (:mod:`parnas.training.latency`, the default: what a user pays)
+device's latency table (:mod:`parnas.training.latency_table`, the default: what a user pays)
 or from forward FLOPs per token counted from the shapes (a deterministic proxy,
 not what you pay: it says attention is cheaper than a dense block at short
 contexts, where a device says the opposite). NNI's FLOPs profiler cannot see
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from parnas import kinds
 from parnas.config import TARGET_UNITS, ModelConfig, transformer_xl_layout
 from parnas.kinds import make_block
-from parnas.training.latency import LatencyTable
+from parnas.training.latency_table import LatencyTable
 
 
 def flops_per_token(kind: str, cfg: ModelConfig, seg_len: int, batch_size: int) -> float:

@@ -7,8 +7,8 @@ Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
 and why:
 
 - tau moves every optimiser step (exponential, linear or cosine), not per epoch;
-- with ``search.forward: sampled`` a step runs only one sampled candidate per block, not all, and the logits
-  learn from the loss by REINFORCE (:mod:`parnas.strategies.sampled`);
+- with ``search.par-gumbel-darts.forward: sampled`` a step runs only one sampled candidate per block, not all, and
+  the logits learn from the loss by REINFORCE (:mod:`parnas.strategies.sampled`);
 - ``joint`` mode (the original TensorFlow PAR Transformer-XL's procedure) steps weights and logits from one batch;
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream, the architecture stream
   (:mod:`parnas.strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
@@ -54,14 +54,17 @@ from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as 
 # the public path: importing nni.nas.oneshot.pytorch.strategy first leaves nni.nas.strategy's DARTS, GumbelDARTS,
 # RandomOneShot, Proxyless and ENAS as placeholders that fail when run (a circular import inside NNI 3.0)
 from nni.nas.strategy import GumbelDARTS
-from parnas.strategies.arch_stream import ArchStream, PairedStreams
-from parnas.strategies.costs import CostModel
-from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
-from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from parnas.config import SearchConfig
+from parnas.strategies.arch_stream import ArchStream, PairedStreams
+from parnas.strategies.costs import CostModel
+from parnas.strategies.fair import fair_loss
+from parnas.strategies.par_settings import par_settings
+from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
+from parnas.training.evaluation import perplexity
 from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
 
 
@@ -95,14 +98,14 @@ class PARDartsModule(DartsLightningModule):
                  history_path: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(training_module, arc_learning_rate=search.arch_lr, gradient_clip_val=gradient_clip_val,
                          log_prob_every_n_step=search.log_every)
-        self.search, self.max_steps, self.costs = search, max_steps, costs
+        self.search, self.par, self.max_steps, self.costs = search, par_settings(search), max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
-        self.tau = search.tau_start
+        self.tau = self.par.tau_start
         self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
         self.last_evaluation: Evaluated | None = None
         self._softmax_cache: list[NNIGumbelSoftmax] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
-        self._baseline: Tensor | None = None  # search.forward=sampled: the loss's moving average (REINFORCE's)
+        self._baseline: Tensor | None = None  # forward=sampled: the loss's moving average (REINFORCE's)
         self.arch_stream = ArchStream()  # bilevel: the validation stream the logits step on
 
     # --- architecture parameters -------------------------------------------
@@ -170,7 +173,7 @@ class PARDartsModule(DartsLightningModule):
 
     def configure_architecture_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.arch_parameters(), lr=self.search.arch_lr, betas=(0.5, 0.999),
-                                weight_decay=self.search.arch_weight_decay)
+                                weight_decay=self.par.arch_weight_decay)
 
     # --- the search step ------------------------------------------------------
     def _softmaxes(self) -> list[NNIGumbelSoftmax]:
@@ -183,8 +186,10 @@ class PARDartsModule(DartsLightningModule):
         runs, and the loss's own gradient reaches the logits (0 here). ``sampled``: one candidate a block, drawn
         from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws the same), and the
         REINFORCE surrogate of :mod:`parnas.strategies.sampled` where the logits ``learns`` from this stream."""
-        if self.search.forward == "mixed":
+        if self.par.forward == "mixed" or (self.par.forward == "fair" and stream != "train"):
             return self._stream_loss(stream, batch), 0.0
+        if self.par.forward == "fair":  # every candidate once on the same batch (parnas.strategies.fair)
+            return fair_loss(self.choices(), self.training_module, batch, learns)
         choices = self.choices()
         picks = draw_picks(choices, self.training_module.seed_for_step(PICK_SEED_OFFSETS[stream]))
         loss = self._stream_loss(stream, batch)
@@ -213,7 +218,7 @@ class PARDartsModule(DartsLightningModule):
         self.log("search/expected_cost_ratio", expected.detach())
         if self.search.latency_budget is None:
             return self.search.penalty_weight * expected
-        if self.search.budget_hinge == "expected":
+        if self.par.budget_hinge == "expected":
             cost = expected
         else:
             cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
@@ -224,10 +229,10 @@ class PARDartsModule(DartsLightningModule):
     def _dual_step(self) -> None:
         """lambda <- max(0, lambda + dual_lr x (hinged cost - budget)): identical on every rank (same logits)."""
         if self.costs is not None and self.search.latency_budget is not None and not self.fixed_lambda:
-            cost = (self.expected_ratio().detach() if self.search.budget_hinge == "expected"
+            cost = (self.expected_ratio().detach() if self.par.budget_hinge == "expected"
                     else self.exported_ratio())
             excess = cost - self.search.latency_budget
-            self._dual = (self._dual.to(excess.device) + self.search.dual_lr * excess).clamp_min(0.0)
+            self._dual = (self._dual.to(excess.device) + self.par.dual_lr * excess).clamp_min(0.0)
 
     def _sync_arch_gradients(self) -> None:
         """Average the logits' gradients over DDP ranks, so every rank holds the same logits (NNI #5013)."""
@@ -240,14 +245,14 @@ class PARDartsModule(DartsLightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         step = self.trainer.global_step
-        self.tau = tau_at(step, self.max_steps, self.search.tau_start, self.search.tau_end, self.search.tau_schedule)
+        self.tau = tau_at(step, self.max_steps, self.par.tau_start, self.par.tau_end, self.par.tau_schedule)
         for softmax in self._softmaxes():
-            softmax.tau, softmax.hard = self.tau, self.search.hard
+            softmax.tau, softmax.hard = self.tau, self.par.hard
         arch_optimizer = self.architecture_optimizers()
-        arch_moves = step >= self.search.arch_warmup_steps
+        arch_moves = step >= self.par.arch_warmup_steps
         arch_optimizer.zero_grad()
 
-        if self.search.mode == "bilevel":
+        if self.par.mode == "bilevel":
             if batch["arch_restart"]:
                 self.arch_stream.restart()
             if arch_moves:
@@ -315,7 +320,7 @@ class PARDartsModule(DartsLightningModule):
         kinds, fitted = self.exported_kinds()
         sums = exported_nll(self.training_module.model, self.choices(), kinds, batches)
         sums = trainer.strategy.reduce(sums, reduce_op="sum")
-        return self.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet_val_ppl)
+        return self.evaluated(kinds, fitted, perplexity(float(sums[0] / sums[1])), supernet_val_ppl)
 
     def evaluated(self, kinds: list[str], fitted: bool, val_ppl: float, supernet_val_ppl: float) -> Evaluated:
         return Evaluated(self.trainer.global_step, self.tau, self.probabilities(), kinds, val_ppl, supernet_val_ppl,
@@ -340,8 +345,8 @@ class PARDartsModule(DartsLightningModule):
         self.last_evaluation = Evaluated(**last) if last else None
         # the temperature of the last step taken, as the run that saved held it: a search resumed after its last
         # step (to finish its export) takes no step that would set it
-        self.tau = tau_at(max(0, int(checkpoint["global_step"]) - 1), self.max_steps, self.search.tau_start,
-                          self.search.tau_end, self.search.tau_schedule)
+        self.tau = tau_at(max(0, int(checkpoint["global_step"]) - 1), self.max_steps, self.par.tau_start,
+                          self.par.tau_end, self.par.tau_schedule)
         self.arch_stream.restore(state.get("arch_memory"))
 
     def append_history(self, record: dict[str, Any]) -> None:
@@ -364,12 +369,12 @@ class PARGumbelDARTS(GumbelDARTS):
     def __init__(self, search: SearchConfig, *, max_steps: int, gradient_clip_val: float | None = None,
                  costs: CostModel | None = None, history_path: Path | None = None,
                  on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
-        super().__init__(temperature=search.tau_start, arc_learning_rate=search.arch_lr,
+        super().__init__(temperature=par_settings(search).tau_start, arc_learning_rate=search.arch_lr,
                          gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every,
                          mutation_hooks=[SampledMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
         if (search.penalty_weight or search.latency_budget is not None) and costs is None:
             raise ValueError("a cost penalty or a latency budget needs a CostModel")
-        self.search, self.max_steps, self.costs = search, max_steps, costs
+        self.search, self.par, self.max_steps, self.costs = search, par_settings(search), max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
 
     def configure_softmax(self) -> GumbelSoftmax:
@@ -383,7 +388,7 @@ class PARGumbelDARTS(GumbelDARTS):
     def train_dataloader(self, train_dataloader_fn: Callable[[], DataLoader],
                          val_dataloader_fn: Callable[[], DataLoader]) -> DataLoader:
         train = train_dataloader_fn()
-        if self.search.mode == "joint":
+        if self.par.mode == "joint":
             return train
         # the training loader's sampler: it starts a resumed search at the task's data position
         return DataLoader(PairedStreams(train.dataset, val_dataloader_fn().dataset), batch_size=None,

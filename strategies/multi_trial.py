@@ -7,9 +7,9 @@ that reports to NNI (validation perplexity at every evaluation; at the end ``def
 and its predicted cost ratio from block costs priced once, before the trials), and the trainer is NNI's
 traced ``Trainer`` with plain arguments. :func:`evaluator` builds it; :func:`serialized_size` measures it.
 
-Strategies: NNI 3.0's ``Random``, ``RegularizedEvolution``, ``TPE`` (its hyper-parameter tuner driving the
-architecture choices) and ``GridSearch``, through ``NasExperiment`` on the local training service, one trial
-at a time.
+Strategies: NNI 3.0's multi-trial ones in :data:`parnas.strategy_registry.NNI_STRATEGIES` (``Random``,
+``RegularizedEvolution``, ``TPE``, its hyper-parameter tuner driving the architecture choices, and ``GridSearch``),
+through ``NasExperiment`` on the local training service, one trial at a time.
 """
 
 from __future__ import annotations
@@ -111,20 +111,6 @@ def evaluator(cfg: Config, costs: Mapping[str, Any]) -> Lightning:
 def serialized_size(evaluator: Lightning) -> int:
     """Bytes of ``evaluator`` as NNI serialises it into each trial (its limit is 64 KB)."""
     return len(nni.dump(evaluator, pickle_size_limit=10**9).encode())
-
-
-def nni_multi_trial_strategy(name: str) -> Any:
-    from nni.nas import strategy
-
-    if name == "random":
-        return strategy.Random(dedup=True)
-    if name == "regularized-evolution":
-        return strategy.RegularizedEvolution(population_size=4, sample_size=2)
-    if name == "tpe":
-        return strategy.TPE(optimize_mode="maximize")  # as the other strategies: the larger metric is the better
-    if name == "grid":
-        return strategy.GridSearch()
-    raise ValueError(f"not a multi-trial strategy: {name!r}")
 
 
 ENDED = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
@@ -239,14 +225,15 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
     import socket
 
     from nni.nas.experiment import NasExperiment
-    from parnas.search_spaces import PARTransformerXLSpace
-    from parnas.strategies.pricing import cost_model, latency_summary, table_line
-    from parnas.strategies.run_folder import check_search_dir
 
     from parnas import architecture
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir, ensure_writable_dir
     from parnas.report.experiments import nni_on_loopback, port_in_use
+    from parnas.search_spaces import PARTransformerXLSpace
+    from parnas.strategies.nni_strategies import nni_strategy_object
+    from parnas.strategies.pricing import cost_model, latency_summary, table_line
+    from parnas.strategies.run_folder import check_search_dir
     from parnas.training.devices import check_devices, training_device
 
     trials = cfg.search.trials if trials is None else trials
@@ -264,7 +251,7 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
         print(table_line(latency), flush=True)
     prices = {"per_kind": costs.per_kind, "constant": costs.constant, "reference": costs.reference}
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
-                               evaluator(cfg, prices), nni_multi_trial_strategy(cfg.search.strategy))
+                               evaluator(cfg, prices), nni_strategy_object(cfg))
     experiment.config.max_trial_number = trials
     experiment.config.trial_concurrency = 1
     made_run_dir = not run_dir.exists()

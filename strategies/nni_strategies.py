@@ -23,41 +23,80 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from parnas import strategy_registry
 from parnas.config import Config
 from parnas.errors import ConfigError
+from parnas.strategies.nni_trial import in_nni_trial
+from parnas.strategies.par_settings import PARSettings
+from parnas.strategy_registry import MULTI_TRIAL, ONE_SHOT
 
-PAR = strategy_registry.DEFAULT  # the strategy that honours what NNI's refuse
+
+@dataclass(frozen=True)
+class NNIGumbelSettings:
+    """NNI's ``gumbel-darts``'s own settings (``search.gumbel-darts.<setting>``): its temperature falls from
+    ``tau_start`` to ``tau_end`` over the epochs (NNI's ``temperature`` pair)."""
+
+    tau_start: float = 1.0
+    tau_end: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tau_end <= self.tau_start:
+            raise ConfigError(f"tau_end ({self.tau_end}) must be > 0 and not exceed tau_start ({self.tau_start})")
+
+    def nni_arguments(self) -> dict[str, Any]:
+        return {"temperature": (self.tau_start, self.tau_end)}
 
 
 def check_nni_strategy(cfg: Config, resume: bool) -> None:
     """Refuse, in one line, what NNI's strategy ``search.strategy`` cannot do (before anything is read or written):
     the registry's check for NNI's one-shot and multi-trial strategies. Imports no torch."""
-    name, search = cfg.search.strategy, cfg.search
-    multi_trial = strategy_registry.get(name).family == strategy_registry.MULTI_TRIAL
-    if multi_trial and (os.environ.get("NNI_PLATFORM") or resume):
+    name, search, spec = cfg.search.strategy, cfg.search, strategy_registry.nni_strategy(cfg.search.strategy)
+    multi_trial = spec.family == MULTI_TRIAL
+    if multi_trial and (in_nni_trial() or resume):
         raise ConfigError(f"search.strategy={name} starts an NNI experiment of its own: run it outside nnictl, "
                           "without --resume")
-    if name == "enas":
-        raise ConfigError("search.strategy=enas needs NNI's optional reinforcement-learning dependencies "
-                          "(tianshou<1 and gym), which do not install beside this torch; use darts, gumbel-darts, "
-                          f"proxyless, random-oneshot or {PAR}")
+    if spec.refused:
+        runnable = [s.name for s in strategy_registry.NNI_STRATEGIES if s.family == ONE_SHOT and not s.refused]
+        raise ConfigError(f"search.strategy={name} {spec.refused}; use {', '.join(runnable)} or "
+                          f"{strategy_registry.DEFAULT}")
     unpriced = "does not price latency: drop it, or compare the exported costs with parnas study"
     for setting, value, why in (("search.latency_budget", search.latency_budget, unpriced),
-                                ("search.penalty_weight", search.penalty_weight or None, unpriced),
-                                ("search.export_samples", search.export_samples or None, "exports its own choice")):
+                                ("search.penalty_weight", search.penalty_weight or None, unpriced)):
         if value is not None:
-            raise ConfigError(f"{setting} is honoured by search.strategy={PAR} only; NNI's {name} {why}")
-    if search.mode != "joint" and not multi_trial:
-        raise ConfigError(f"search.mode={search.mode} is {PAR}'s setting; NNI's {name} has its own loop")
+            raise ConfigError(f"{setting} is honoured by search.strategy={strategy_registry.DEFAULT} only; NNI's "
+                              f"{name} {why}")
+    for owner, given in search.strategy_settings.items():  # PAR's own settings, given and not at their defaults
+        for key, why in (("export_samples", "exports its own choice"), ("forward", "has its own loop"),
+                         ("mode", "has its own loop")):
+            value, applies = getattr(given, key, None), key != "mode" or not multi_trial  # trials train fixed models
+            if isinstance(given, PARSettings) and applies and value != getattr(PARSettings(), key):
+                raise ConfigError(f"search.{owner}.{key}={value} is {owner}'s setting; NNI's {name} {why}")
     if resume:
-        raise ConfigError(f"--resume continues a {PAR} search; NNI's {name} cannot resume: start it again")
+        raise ConfigError(f"--resume continues a {strategy_registry.DEFAULT} search; NNI's {name} cannot resume: "
+                          "start it again")
     if cfg.train.devices * cfg.train.num_nodes != 1:
         raise ConfigError(f"search.strategy={name} runs in one process (train.devices=1): NNI's one-shot modules "
                           "do not keep the logits alike across ranks")
+
+
+def nni_strategy_object(cfg: Config) -> Any:
+    """NNI's strategy object for ``search.strategy`` (:data:`parnas.strategy_registry.NNI_STRATEGIES`): its fixed
+    arguments, the run's architecture learning rate, clipping and logging where it learns logits, and its own
+    settings' arguments (gumbel-darts's tau range)."""
+    from nni.nas import strategy as nni_strategies
+
+    spec = strategy_registry.nni_strategy(cfg.search.strategy)
+    arguments = dict(spec.arguments)
+    if spec.logits:
+        arguments |= {"arc_learning_rate": cfg.search.arch_lr, "gradient_clip_val": cfg.train.clip or None,
+                      "log_prob_every_n_step": cfg.search.log_every}
+    if spec.settings is not None:
+        arguments |= cfg.search.settings.nni_arguments()
+    return getattr(nni_strategies, spec.nni_class)(**arguments)
 
 
 class LogitsHistory:
@@ -93,23 +132,6 @@ class LogitsHistory:
             f.write(json.dumps({"step": step, "tau": tau, "probabilities": probs}) + "\n")
 
 
-def nni_one_shot_strategy(name: str, cfg: Config) -> Any:
-    """NNI's strategy object, with the run's architecture learning rate, clipping and tau range where it takes them."""
-    from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
-
-    common = {"arc_learning_rate": cfg.search.arch_lr, "gradient_clip_val": cfg.train.clip or None,
-              "log_prob_every_n_step": cfg.search.log_every}
-    if name == "darts":
-        return DARTS(**common)
-    if name == "gumbel-darts":
-        return GumbelDARTS(temperature=(cfg.search.tau_start, cfg.search.tau_end), **common)
-    if name == "proxyless":
-        return Proxyless(**common)
-    if name == "random-oneshot":
-        return RandomOneShot()
-    raise ValueError(f"not an NNI one-shot strategy: {name!r}")
-
-
 def fixed_weights(supernet_state: Mapping[str, Any], architecture: Mapping[str, str]) -> dict[str, Any]:
     """The fixed model's state dict out of a one-shot supernet's: block i's chosen candidate, named
     ``blocks.i.<kind>.`` in NNI's mixed layer, becomes ``blocks.i.``; other candidates and the logits are dropped."""
@@ -130,15 +152,14 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     import pytorch_lightning as pl
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment
-    from parnas.search_spaces import PARTransformerXLSpace, fixed_model
-    from parnas.strategies.arch_stream import NNIDartsTask
-    from parnas.strategies.nni_trial import in_nni_trial
-    from parnas.strategies.pricing import cost_model, latency_summary, table_line
-    from parnas.strategies.run_folder import check_search_dir, prepare_run_dir
 
     from parnas import architecture
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir
+    from parnas.search_spaces import PARTransformerXLSpace, fixed_model
+    from parnas.strategies.arch_stream import NNIDartsTask
+    from parnas.strategies.pricing import cost_model, latency_summary, table_line
+    from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
     from parnas.training.data_module import check_segments
     from parnas.training.devices import check_devices
     from parnas.training.evaluation import evaluate
@@ -148,7 +169,7 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
 
     check_devices(cfg.train)
     name, trial = cfg.search.strategy, in_nni_trial()
-    run_dir = Path(os.environ["NNI_OUTPUT_DIR"]) if trial else Path(cfg.search.out_dir)
+    run_dir = run_dir_of(cfg)
     check_writable_dir(run_dir)
     check_search_dir(run_dir, False)
     pl.seed_everything(cfg.train.seed, verbose=False)
@@ -169,7 +190,7 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     task = NNIDartsTask(cfg.train, meta)
     data.task = task  # NNI's module wraps it: the data follows the task's model and position
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
-                               Lightning(task, trainer, datamodule=data), nni_one_shot_strategy(name, cfg))
+                               Lightning(task, trainer, datamodule=data), nni_strategy_object(cfg))
     experiment.config.experiment_working_directory = str(run_dir / "nni")  # not ~/nni-experiments
     prepare_run_dir(run_dir, None)
     start = time.perf_counter()

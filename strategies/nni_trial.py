@@ -38,3 +38,19 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, A
             "latency_target": latency["target"] if latency else None,
             "latency_device": latency["device"] if latency else None}
 
+
+
+def report_to_nni(metric: dict[str, Any], final: bool = False) -> None:
+    """Send an evaluation (or the final result) to NNI's manager. A manager that has gone (``nnictl stop`` ends it
+    while the trial reaches an evaluation, and its SIGINT follows) makes NNI's client raise a connection error from
+    deep inside ``requests``: that is a stop, not a failure of the search, so it costs one line and the run goes on
+    to the signal's checkpoint (or to its end, when the manager died by itself)."""
+    import sys
+
+    import nni
+
+    try:
+        (nni.report_final_result if final else nni.report_intermediate_result)(metric)
+    except OSError as e:  # requests' ConnectionError is an OSError
+        print(f"parnas search: NNI's manager did not take the {'final result' if final else 'evaluation'} "
+              f"({type(e).__name__}): the experiment was stopped or its manager has gone", file=sys.stderr, flush=True)

@@ -4,19 +4,20 @@ Transformer-XL's and the budget, as architecture.json records it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from parnas.strategies.costs import CostModel, flops_model, latency_costs
 
 from parnas.config import Config
 from parnas.data.corpora import load_splits
 from parnas.errors import ParnasError
+from parnas.strategies.costs import CostModel, flops_model, latency_costs
 from parnas.training.devices import check_devices, training_device
-from parnas.training.latency import LatencyTable, load_table_for, read_table, table_key, target_memories
+from parnas.training.latency import check_targets, target_memories
 from parnas.training.latency_cache import check_cache, describe, latency_table, unsteady
+from parnas.training.latency_table import MODES, LatencyTable, load_table_for, read_table, table_key
 
 PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
 
@@ -26,13 +27,16 @@ def cost_kinds(cfg: Config) -> list[str]:
     return sorted(set(cfg.search.candidates) | {"attention", "dense"})
 
 
-def time_latency_table(cfg: Config, *, refresh: bool = False) -> LatencyTable:
+def time_latency_table(cfg: Config, *, refresh: bool = False, targets: Sequence[str] = MODES) -> LatencyTable:
     """``parnas latency``: the table a search with ``cfg`` would time on this machine (its cache's, unless
-    ``refresh``), for ``search.latency_table`` on any machine. Checks the device and data first, as a search."""
+    ``refresh``), of ``targets`` (all three by default), for ``search.latency_table`` on any machine. Checks the
+    targets, the device and the data first, as a search."""
+    targets = check_targets(targets)
     check_devices(cfg.train)
     tokenizer, _ = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
-    return latency_table(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train), refresh=refresh)[0]
+    return latency_table(cfg, tokenizer.vocab_size, cost_kinds(cfg), training_device(cfg.train), refresh=refresh,
+                         targets=targets)[0]
 
 
 def check_latency_table(cfg: Config) -> list[str]:
@@ -61,7 +65,8 @@ def cost_model(cfg: Config, vocab_size: int, device: torch.device, pinned: Path 
         table, cached = load_table_for(given, key, target=cfg.search.latency_target), True
         source = f"given, {given}"
     else:
-        table, cached = latency_table(cfg, vocab_size, kinds, device, **({"warn": warn} if warn else {}))
+        table, cached = latency_table(cfg, vocab_size, kinds, device, **({"warn": warn} if warn else {}),
+                                      targets=(cfg.search.latency_target,))  # its own target alone
         source = "cached" if cached else "timed now, " + ("cached" if unsteady(table) is None else "not cached")
     return latency_costs(table, cfg.model.n_blocks, cfg.search.latency_target), {
         "table": table, "cached": cached, "path": given, "timed_here": given is None,
@@ -83,12 +88,12 @@ def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: lis
         return None
     table, target = latency["table"], costs.target or "train"
     ratio = costs.ratio(kinds)
-    generate = {"generate_token_ms": round(table.predict(kinds, "generate"), 3)} if "generate" in table.modes else {}
+    other = {f"{m}_{'token' if m == 'generate' else 'step'}_ms": round(table.predict(kinds, m), 3)
+             for m in table.modes}  # the targets the table prices (a search times its own alone)
     return {"unit": "ms", "device": table.key["device"], "precision": table.key.get("precision"),
             "table": latency.get("path"), "timed_here": latency.get("timed_here"), "target": target,
             "target_ms": round(table.predict(kinds, target), 3),
-            "train_step_ms": round(table.predict(kinds), 3),
-            "inference_step_ms": round(table.predict(kinds, "inference"), 3), **generate,
+            **other,
             "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds), target), 3), "ratio": round(ratio, 4),
             "budget": budget, "within_budget": None if budget is None else ratio <= budget + 1e-9,
             "constant_ms": table.constant_ms, "block_ms": table.kinds_ms, "memory": latency.get("memory")}

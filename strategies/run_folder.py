@@ -1,24 +1,28 @@
-"""A search's run folder: what may be searched into, and what a fresh or resumed search clears first.
+"""A search's run folder: the one run-folder check with a search's files, and what a fresh or resumed search
+clears first.
 
 The folder (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial) holds ``architecture.json``,
-``history.jsonl``, ``tensorboard/`` and ``checkpoints/``. Unlike a training folder
-(:func:`parnas.files.check_run_dir`), a search's counts as taken once it holds a checkpoint or an exported
-architecture, and a resumed search drops the history written after its checkpoint.
+``history.jsonl``, ``tensorboard/`` and ``checkpoints/``. It is checked by the check every run folder gets
+(:func:`parnas.run_folders.check_run_dir`), with the file a finished search leaves, ``architecture.json``, as its
+result; a resumed search drops the history written after its checkpoint. This module loads no torch: the command
+takes the folder (:func:`take_search_dir`) before the heavy modules load.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from parnas.config import Config
+from parnas.files import ensure_writable_dir, resume_source, write_text_atomic
+from parnas.run_folders import check_run_dir, is_taken, remove_own_tree, take_run_dir
 from parnas.strategies.nni_trial import in_nni_trial
 
-from parnas.config import Config
-from parnas.errors import ParnasError
-from parnas.files import check_not_held, ensure_writable_dir, resume_source, write_text_atomic
-from parnas.training.resume import take_over
+SEARCH_RESULTS = ("architecture.json",)  # what a finished search leaves: a fresh search refuses its folder
+SEARCH_SETTING = "search.out_dir"
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -26,38 +30,37 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(os.environ["NNI_OUTPUT_DIR"]) if in_nni_trial() else Path(cfg.search.out_dir)
 
 
+@contextmanager
+def take_search_dir(run_dir: str | Path, resume: bool | str | Path) -> Iterator[Path]:
+    """``run_dir`` held and checked once for the search's life (:func:`parnas.run_folders.take_run_dir`)."""
+    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING) as folder:
+        yield folder
+
+
 def check_search_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
     """The checkpoint to resume from (``last.ckpt``, or the one ``--resume=PATH`` names), if any; touches nothing.
-    A fresh search refuses a directory holding one, and any search a directory another process holds."""
-    check_not_held(run_dir)
-    last, source = run_dir / "checkpoints" / "last.ckpt", resume_source(run_dir, resume)
-    if source is not None:
-        if not source.is_file():
-            raise ParnasError(f"nothing to resume: {source} does not exist")
-        return source
-    if (run_dir / "architecture.json").exists() or last.exists():
-        raise ParnasError(f"{run_dir} already holds a search: pass --resume to continue it, "
-                          "or set search.out_dir to a new directory")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ParnasError(f"cannot write the search into {run_dir}: it is a file")
-    return None
+    The folder is checked here (:func:`parnas.run_folders.check_run_dir`) unless the command took it already."""
+    if not is_taken(run_dir):
+        check_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING)
+    return resume_source(run_dir, resume)
 
 
 def prepare_run_dir(run_dir: Path, resumed_step: int | None, source: Path | None = None) -> None:
-    """Once every check has passed: a fresh search (``resumed_step`` None) clears stale logs; a resumed one
-    drops the history written after its checkpoint's step (about to be redone), and continues from a copy of
-    its checkpoint in ``last.ckpt`` if it was another (``source``). Lines at that step were written before the
-    checkpoint."""
+    """Once every check has passed: a fresh search (``resumed_step`` None) clears its stale logs (never another
+    run's folder: :func:`parnas.run_folders.remove_own_tree`); a resumed one drops the history written after its
+    checkpoint's step (about to be redone), and continues from a copy of its checkpoint in ``last.ckpt`` if it was
+    another (``source``). Lines at that step were written before the checkpoint."""
+    from parnas.training.resume import take_over
+
     ensure_writable_dir(run_dir)
     if source is not None:
         take_over(source, run_dir / "checkpoints" / "last.ckpt")
     history = run_dir / "history.jsonl"
     if resumed_step is None:
-        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        remove_own_tree(run_dir / "tensorboard", "TensorBoard logs")
         history.unlink(missing_ok=True)
         return
     if history.is_file():
         kept = [line for line in history.read_text().splitlines()
                 if line and json.loads(line)["step"] <= resumed_step]
         write_text_atomic(history, "".join(line + "\n" for line in kept))
-

@@ -1,5 +1,6 @@
-"""``search.forward: sampled``: each training step runs one sampled candidate per block, and the logits learn from
-the loss that sample reached (REINFORCE with a moving-average baseline).
+"""``search.par-gumbel-darts.forward: sampled``: each training step runs one sampled candidate per block, and the
+logits learn from the loss that sample reached (REINFORCE with a moving-average baseline). The forwards a step may
+run, ``SEARCH_FORWARDS``, are PAR's settings' (:mod:`parnas.strategies.par_settings`, read before torch loads).
 
 A mixed block of NNI's Gumbel-DARTS runs every candidate and sums their outputs by the sample's weights, so a
 step of the supernet costs as much as every candidate of every block: about twice a Transformer-XL step when

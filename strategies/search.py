@@ -8,8 +8,10 @@ would register a second experiment (with no web UI) beside nnictl's.
 The run directory (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial)
 gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomically),
 ``history.jsonl`` (step, tau, softmax(alpha) per block, val_ppl at
-evaluations), ``tensorboard/`` and ``checkpoints/``. Beside this module: the folder's rules
-(:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
+evaluations), ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
+(:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder
+left as training left it, a run that ``--resume`` takes up (and says the same of). Beside this module: the folder's
+rules (:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
 (:mod:`parnas.strategies.nni_trial`) and the record (:mod:`parnas.strategies.search_record`).
 """
 
@@ -25,14 +27,6 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 from nni.nas.evaluator.pytorch import Lightning, Trainer
-from parnas.search_spaces import PARTransformerXLSpace
-from parnas.strategies.costs import CostModel
-from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
-from parnas.strategies.nni_trial import in_nni_trial, nni_metric
-from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
-from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
-from parnas.strategies.search_record import search_record
-from parnas.strategies.supernet_export import Evaluated, exported_nll, sample_layouts
 
 from parnas import architecture
 from parnas.architecture import layout_string
@@ -40,13 +34,23 @@ from parnas.config import Config
 from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ParnasError
-from parnas.files import check_writable_dir, hold_run_dir, write_json_atomic
+from parnas.files import check_writable_dir, write_json_atomic
 from parnas.report.plots import plot_run
-from parnas.strategy_registry import PAR_GUMBEL_DARTS
+from parnas.run_folders import hold_run_dir
+from parnas.search_spaces import PARTransformerXLSpace
+from parnas.strategies.costs import CostModel
+from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
+from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
+from parnas.strategies.par_settings import check_par_search, par_settings
+from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
+from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
+from parnas.strategies.search_record import search_record
+from parnas.strategies.select import check_selection, final_pick
+from parnas.strategies.supernet_export import Evaluated, exported_nll, sample_layouts
 from parnas.training import checkpoint
 from parnas.training.data_module import SegmentData, check_segments
 from parnas.training.devices import check_devices, training_device
-from parnas.training.evaluation import evaluate
+from parnas.training.evaluation import divergence, evaluate, perplexity
 from parnas.training.fit import tokenizer_meta
 from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
@@ -122,26 +126,27 @@ def final_evaluation(search: SupernetSearch) -> Evaluated:
     supernet = evaluate(search.supernet, search.data.batches("valid")).ppl
     kinds, fitted = module.exported_kinds()
     sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"))
-    result = module.evaluated(kinds, fitted, math.exp(float(sums[0] / sums[1])), supernet)
+    result = module.evaluated(kinds, fitted, perplexity(float(sums[0] / sums[1])), supernet)
     module.append_history(result.history_line())
     return result
 
 
 def best_of_samples(search: SupernetSearch, result: Evaluated, cfg: Config) -> tuple[Evaluated, list[dict[str, Any]]]:
-    """``search.export_samples`` layouts drawn from softmax(alpha) beside the exported one (``result``), those over
-    the budget dropped, each scored like it (whole validation split, the supernet's weights): the best of them
-    all, and what was tried. Drawn with ``train.seed``: the same search samples the same layouts."""
+    """``search.par-gumbel-darts.export_samples`` layouts drawn from softmax(alpha) beside the exported one
+    (``result``), those over the budget dropped, each scored like it (whole validation split, the supernet's
+    weights): the best of them all, and what was tried. Drawn with ``train.seed``: the same search samples the
+    same layouts."""
     module, budget = search.module, cfg.search.latency_budget
     search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
-    layouts = sample_layouts(list(result.probabilities.values()), cfg.search.export_samples, cfg.train.seed,
-                             exclude=[result.kinds])
+    layouts = sample_layouts(list(result.probabilities.values()), par_settings(cfg.search).export_samples,
+                             cfg.train.seed, exclude=[result.kinds])
     if budget is not None and module.costs is not None:
         layouts = [k for k in layouts if module.costs.ratio(k) <= budget + 1e-9]
     best, tried = result, [{"architecture": result.architecture, "val_ppl": round(result.val_ppl, 4),
                             "cost_ratio": result.cost_ratio, "drawn": False}]
     for kinds in layouts:
         sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"))
-        scored = module.evaluated(kinds, False, math.exp(float(sums[0] / sums[1])), result.supernet_val_ppl)
+        scored = module.evaluated(kinds, False, perplexity(float(sums[0] / sums[1])), result.supernet_val_ppl)
         tried.append({"architecture": scored.architecture, "val_ppl": round(scored.val_ppl, 4),
                       "cost_ratio": scored.cost_ratio, "drawn": True})
         best = scored if scored.val_ppl < best.val_ppl else best
@@ -153,7 +158,7 @@ def best_of_samples(search: SupernetSearch, result: Evaluated, cfg: Config) -> t
 def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
-    The search holds its run directory (:func:`parnas.files.hold_run_dir`), and everything is checked (run
+    The search holds its run directory (:func:`parnas.run_folders.hold_run_dir`), and everything is checked (run
     directory, checkpoint, corpus, tokenizer) before a file is touched. ``resume``: from ``last.ckpt``, or from
     the checkpoint it names. The registry's ``par-gumbel-darts``: ``parnas search`` runs another
     ``search.strategy`` with that strategy's own ``run`` (:mod:`parnas.strategy_registry`)."""
@@ -162,15 +167,8 @@ def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, A
 
 
 def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
-    if cfg.search.strategy != PAR_GUMBEL_DARTS:
-        raise ParnasError(f"run_search runs {PAR_GUMBEL_DARTS}, not search.strategy={cfg.search.strategy}")
+    check_par_search(cfg, resume)  # the registry's check, made again for a caller other than parnas search
     check_devices(cfg.train)
-    if cfg.model.reversible:
-        raise ParnasError("model.reversible runs a fixed model's blocks in pairs; a search's supernet runs eager: "
-                          "leave model.reversible=false for search and set it for retrain")
-    if cfg.train.compile != "none":
-        raise ParnasError(f"train.compile={cfg.train.compile} compiles the fixed model of train and retrain; a "
-                          "search's supernet runs eager: leave train.compile=none for search")
     trial, run_dir = in_nni_trial(), run_dir_of(cfg)
     check_writable_dir(run_dir)
     source = check_search_dir(run_dir, resume)
@@ -187,14 +185,13 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
     def report(result: Evaluated) -> None:
         if trial:  # evaluations happen inside search.run(), so `search` (bound below) exists by then
-            import nni
-
             latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
-            nni.report_intermediate_result(nni_metric(result, latency))
+            report_to_nni(nni_metric(result, latency))
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
+    check_selection(cfg, search.costs)
     # everything checked (latency budget included): now files may be touched
     prepare_run_dir(run_dir, saved["global_step"] if saved else None, source)
     if search.latency and search.trainer.is_global_zero:
@@ -213,17 +210,34 @@ def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: f
     """After the last step: the final evaluation, the best of the sampled layouts, ``architecture.json``, the
     plots, and NNI's final result; returns the record."""
     result = final_evaluation(search)
-    result, sampled = best_of_samples(search, result, cfg) if cfg.search.export_samples else (result, None)
+    failure = search_divergence(result, tokenizer.vocab_size, search.trainer.global_step, cfg.train.lr)
+    if failure is not None:
+        raise failure
+    drawn = par_settings(cfg.search).export_samples
+    result, sampled = best_of_samples(search, result, cfg) if drawn else (result, None)
+    result, selection = final_pick(search, cfg, tokenizer, result, run_dir)  # short retrains, the guard
     latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
     record = search_record(cfg, tokenizer, search.module, result, steps=search.trainer.global_step, seconds=seconds,
-                           latency=latency, sampled=sampled)
+                           latency=latency, sampled=sampled, selection=selection)
     architecture.write(run_dir / "architecture.json", record)
     plot_run(run_dir)
     if trial:
-        import nni
-
-        nni.report_final_result(nni_metric(result, latency))
+        report_to_nni(nni_metric(result, latency), final=True)
     return record
+
+
+def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float) -> ParnasError | None:
+    """The line a search ends with, exporting nothing, when its final evaluation diverged: the validation loss of
+    the supernet or of its exported architecture not finite or worse than guessing
+    (:func:`parnas.training.evaluation.diverged`); None when neither did. An architecture picked by such weights
+    says nothing about the architectures."""
+    for ppl, whose in ((result.supernet_val_ppl, "the supernet's"), (result.val_ppl, "the exported architecture's")):
+        finite = math.isfinite(ppl) and ppl > 0  # inf: exp of its loss overflowed
+        loss, what = (math.log(ppl), "validation loss") if finite else (None, "validation perplexity")
+        failure = divergence(loss, vocab_size, step, lr, f"{whose} {what}")
+        if failure is not None:
+            return failure
+    return None
 
 
 def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequence[str]]) -> dict[str, float]:
@@ -233,7 +247,9 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
-    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0, budget_hinge="exported")  # no budget
+    unhinged = {**cfg.search.strategy_settings, cfg.search.strategy: replace(par_settings(cfg.search),
+                                                                             budget_hinge="exported")}
+    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0, strategy_settings=unhinged)  # no budget
     search = build_search(replace(cfg, search=unpriced),
                           splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)
@@ -243,5 +259,5 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     out = {}
     for kinds in layouts:
         sums = exported_nll(search.supernet, search.module.choices(), list(kinds), search.data.batches("valid"))
-        out[layout_string(kinds)] = math.exp(float(sums[0] / sums[1]))
+        out[layout_string(kinds)] = perplexity(float(sums[0] / sums[1]))
     return out

@@ -7,24 +7,25 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from parnas.strategies.nni_trial import in_nni_trial
-
 from parnas import architecture, strategy_registry
 from parnas.architecture import layout_string
 from parnas.config import Config
+from parnas.strategies.nni_trial import in_nni_trial
 
 if TYPE_CHECKING:  # the summary is printed for any strategy's record: it loads no torch
+    from parnas.data.tokenizer import Tokenizer
     from parnas.strategies.gumbel_darts import PARDartsModule
     from parnas.strategies.supernet_export import Evaluated
-
-    from parnas.data.tokenizer import Tokenizer
 
 
 def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, result: Evaluated, *, steps: int,
                   seconds: float, latency: dict[str, Any] | None,
-                  sampled: list[dict[str, Any]] | None) -> dict[str, Any]:
+                  sampled: list[dict[str, Any]] | None,
+                  selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """The architecture record of a finished ``par-gumbel-darts`` search: the exported layout, softmax(alpha) per
-    block, and the search's figures (perplexities, the budget and lambda, costs, time), validated."""
+    block, and the search's figures (perplexities, the budget and lambda, costs, time), validated. ``selection``:
+    the final pick's record (:func:`parnas.strategies.select.final_pick`: every entrant's short-retrain
+    perplexities, the guard's, the verdict), kept under ``search.selection`` (None: no final pick ran)."""
     search, costs, kinds = cfg.search, module.costs, result.kinds
     chosen = {architecture.label(i): kind for i, kind in enumerate(kinds)}
     probabilities = {label: {k: round(p, 4) for k, p in dist.items()} for label, dist in result.probabilities.items()}
@@ -32,7 +33,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
     trial = os.environ.get("NNI_TRIAL_JOB_ID") if in_nni_trial() else None
     return architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities, tokenizer=tokenizer.identity(),
-        search={"strategy": strategy_registry.PAR_GUMBEL_DARTS, "mode": search.mode, "steps": steps,
+        search={"strategy": strategy_registry.PAR_GUMBEL_DARTS, "mode": module.par.mode, "steps": steps,
                 "tau_final": module.tau, "val_ppl": round(result.val_ppl, 4),
                 "supernet_val_ppl": round(result.supernet_val_ppl, 4),
                 "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
@@ -40,7 +41,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                 "val_mem_len": cfg.model.evaluation_memory, "seed": cfg.train.seed,
                 "candidates": list(search.candidates),
                 "penalty_weight": search.penalty_weight, "latency_budget": budget,
-                "budget_hinge": search.budget_hinge if budget is not None else None,
+                "budget_hinge": module.par.budget_hinge if budget is not None else None,
                 "lambda_final": None if budget is None else
                 search.penalty_weight if module.fixed_lambda else round(module.dual, 6),
                 "fitted_to_budget": result.fitted_to_budget,
@@ -50,7 +51,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                 "architecture_cost": round(costs.total(kinds), 4),
                 "cost_ratio": round(costs.ratio(kinds), 4),
                 "expected_cost": round(float(module.expected_ratio().detach()) * costs.reference, 4),
-                "hard": search.hard, "forward": search.forward, "arch_lr": search.arch_lr,
+                "hard": module.par.hard, "forward": module.par.forward, "arch_lr": search.arch_lr,
                 "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
-                "nni_trial": trial})
+                "nni_trial": trial, "selection": selection})

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 from nni.nas.oneshot.pytorch.supermodule.differentiable import DifferentiableMixedLayer
-from parnas.strategies.costs import CostModel
 from torch import Tensor
 
 from parnas.architecture import layout_string
+from parnas.strategies.costs import CostModel
 from parnas.training.evaluation import model_device
 from parnas.training.task import on_device, segment_nll
 

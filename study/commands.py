@@ -1,6 +1,6 @@
 """``parnas study``: search with several seeds and budgets, retrain what was found beside its baselines, compare.
 
-Only argparse is imported here; the handler checks every argument (:func:`parnas.study.run.make_plan`, light)
+Only argparse is imported here; the handler checks every argument (:func:`parnas.study.plan.make_plan`, light)
 before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
 """
 
@@ -11,6 +11,8 @@ import argparse
 
 def cmd_study(args: argparse.Namespace) -> int:
     """Check the claim end to end: searches per seed and budget, retrains of found and baseline layouts, timing."""
+    if args.to_table or args.score:
+        return cmd_table(args)
     if args.strategies:
         from pathlib import Path
 
@@ -21,9 +23,8 @@ def cmd_study(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{flag} retrains the space of a PAR search; it cannot be combined with "
                                   "--strategies")
 
-        from parnas.study.strategy_study import parse_strategies, run_strategy_study
-
         from parnas.config import load_config
+        from parnas.study.strategy_study import parse_strategies, run_strategy_study
         from parnas.threads import use_threads
 
         cfg = load_config(args.config, args.set)
@@ -37,8 +38,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         for line in study["verdicts"]:
             print(line)
         return 0
-    from parnas.study.run import make_plan, run_study
-
+    from parnas.study.plan import make_plan
+    from parnas.study.run import run_study
     from parnas.threads import use_threads
 
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
@@ -51,6 +52,32 @@ def cmd_study(args: argparse.Namespace) -> int:
     print()
     for line in study["verdicts"]:
         print(line)
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    """``--to-table STUDY_JSON --table FILE`` writes a ranking table; ``--score RUN --table FILE`` scores a search."""
+    from parnas.errors import ConfigError
+
+    if args.to_table and args.score:
+        raise ConfigError("give one of --to-table and --score")
+    if not args.table:
+        raise ConfigError(f"{'--to-table' if args.to_table else '--score'} needs --table FILE")
+    if args.to_table:
+        from pathlib import Path
+
+        from parnas.files import write_json_atomic
+        from parnas.study.table import table_from_study
+
+        if Path(args.table).exists():
+            raise ConfigError(f"--table {args.table} exists; a table is written once (give a new file)")
+        table = table_from_study(args.to_table, args.latency_table)
+        write_json_atomic(args.table, table)
+        print(f"written {args.table}: {len(table['layouts'])} layouts, noise ceiling {table['noise_ceiling']}")
+        return 0
+    from parnas.study.score import score
+
+    score(args.score, args.table, args.set, log=lambda line: print(line, flush=True))
     return 0
 
 
@@ -92,3 +119,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")
+    p.add_argument("--to-table", default=None, metavar="STUDY_JSON",
+                   help="write the ranking table of a finished study (its study.json) to --table FILE: every "
+                        "retrained layout's seeds, costs and noise ceiling")
+    p.add_argument("--score", default=None, metavar="RUN",
+                   help="score a finished search (its run directory) against the ranking table --table FILE, "
+                        "retraining nothing: Kendall/Spearman, top-5 overlap, regret at budgets 0.5, 0.65, 0.8")
+    p.add_argument("--table", default=None, metavar="FILE", help="the ranking table --to-table writes, --score reads")
+    p.add_argument("--latency-table", default=None, metavar="FILE",
+                   help="with --to-table: the latency table that prices the layouts (default: the study's own)")

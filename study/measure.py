@@ -29,7 +29,6 @@ def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str],
     ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`);
     ``target`` names the one the verdicts judge by (``search.latency_target``)."""
     from parnas.study.front import width_model
-
     from parnas.training.devices import training_device
     from parnas.training.side_by_side import time_side_by_side
 
@@ -46,7 +45,7 @@ def priced_by_table(timing: Mapping[str, Any], cfg: Config, layouts: Mapping[str
     the target device's, as its searches' were. What was measured here stays under ``measured``; a target the
     table lacks (generation, in a version-1 table) keeps this machine's times, and ``priced_by`` says which."""
     from parnas.training.devices import training_device
-    from parnas.training.latency import MODES, load_table_for, table_key
+    from parnas.training.latency_table import MODES, load_table_for, table_key
 
     kinds = sorted({k for layout, _ in layouts.values() for k in layout} | {"identity"})
     key = table_key(cfg, vocab_size, kinds, training_device(cfg.train))

@@ -40,7 +40,7 @@ Row = Mapping[str, Any]
 
 
 class SpacePlan(Protocol):
-    """What the space reads of a study's plan (:class:`parnas.study.run.Plan`, which imports this module)."""
+    """What the space reads of a study's plan (:class:`parnas.study.plan.Plan`, which imports this module)."""
 
     base: Config
     candidate_sets: tuple[tuple[str, ...], ...]

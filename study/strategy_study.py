@@ -9,7 +9,8 @@ times, ``--retrain-steps``), and ``strategies.md`` / ``strategies.json`` give pe
 their cost ratio, the retrained validation perplexity (mean ± spread over search seeds) and the search's wall
 time, with a verdict: does PAR's strategy find a better model than NNI's built-ins at that budget?
 Searches go to ``<out>/search/<strategy>-s<seed>``, retrains to ``<out>/retrain/<LAYOUT>[-s<k>]``; a rerun
-skips finished ones.
+skips finished ones. A sub-folder there the study did not make is refused, and kept
+(:func:`parnas.run_folders.own_sub_dir`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 from parnas import architecture, strategy_registry
 from parnas.config import Config, load_config
 from parnas.errors import ConfigError, ParnasError
-from parnas.files import hold_run_dir, write_json_atomic, write_text_atomic
+from parnas.files import write_json_atomic, write_text_atomic
+from parnas.overrides import as_given
+from parnas.run_folders import check_sub_dirs, hold_run_dir, own_sub_dir
 
 PAR = strategy_registry.PAR_GUMBEL_DARTS  # the strategy the study asks about; the others are its baselines
 
@@ -46,7 +49,7 @@ def search_settings(strategy: str, seed: int, search_steps: int, trials: int, ou
     steps = max(1, search_steps // trials) if multi_trial else search_steps
     return [f"search.strategy={strategy}", f"train.seed={seed}", f"train.max_steps={steps}",
             f"train.eval_every={steps}", f"search.trials={trials}", "search.latency_budget=null",
-            f"search.out_dir={json.dumps(str(out / 'search' / f'{strategy}-s{seed}'))}"]
+            as_given("search.out_dir", str(out / "search" / f"{strategy}-s{seed}"))]
 
 
 def run_search_with(config: str | None, sets: Sequence[str], cfg: Config) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
                        out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int = 1,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Search with every strategy and seed, retrain what they found, and write the comparison. The study holds
-    ``out`` (:func:`parnas.files.hold_run_dir`), and each search and retrain the sub-folder it writes."""
+    ``out`` (:func:`parnas.run_folders.hold_run_dir`), and each search and retrain the sub-folder it writes."""
     for name, value in (("--seeds", seeds), ("--search-steps", search_steps), ("--retrain-steps", retrain_steps),
                         ("--trials", trials), ("--retrain-seeds", retrain_seeds)):
         if value < 1:
@@ -74,6 +77,7 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
     for strategy in strategies:  # every config checked before anything runs
         load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
     with hold_run_dir(out):
+        check_sub_dirs(out, ("search", "retrain"), "study")  # it uses only the sub-folders it made
         return _run_strategy_study(config, overrides, strategies, seeds, out, search_steps=search_steps,
                                    retrain_steps=retrain_steps, trials=trials, retrain_seeds=retrain_seeds, log=log)
 
@@ -88,7 +92,7 @@ def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies
         for seed in range(seeds):
             sets = [*overrides, *search_settings(strategy, seed, search_steps, trials, out)]
             cfg = load_config(config, sets)
-            done = Path(cfg.search.out_dir) / "architecture.json"
+            done = own_sub_dir(cfg.search.out_dir, "study") / "architecture.json"
             start = time.perf_counter()
             record = architecture.read(done) if done.is_file() else run_search_with(config, sets, cfg)
             seconds = record["search"].get("seconds") or round(time.perf_counter() - start, 1)
@@ -105,12 +109,12 @@ def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies
             run_dir = out / "retrain" / (run["layout"] if k == 0 else f"{run['layout']}-s{k}")
             if len(retrained.get(run["layout"], [])) > k:
                 continue
-            metrics_file = run_dir / "metrics.json"
+            metrics_file = own_sub_dir(run_dir, "study") / "metrics.json"
             if metrics_file.is_file():
                 metrics = json.loads(metrics_file.read_text())
             else:
                 sets = [*overrides, f"train.max_steps={retrain_steps}", f"train.eval_every={retrain_steps}",
-                        f"train.out_dir={json.dumps(str(run_dir))}"]
+                        as_given("train.out_dir", str(run_dir))]
                 metrics = retrain(run["record"], config, [*sets, f"train.seed={base_seed + k}"] if k else sets)
             retrained.setdefault(run["layout"], []).append(metrics.get("val_ppl"))
             log(f"[retrain] {run['layout']} (retrain seed {k}): val ppl {metrics.get('val_ppl')}")

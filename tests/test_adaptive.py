@@ -137,7 +137,6 @@ def copy_into(ours, theirs, cfg: ModelConfig) -> None:
     """MemTransformerLM's weights into parnas's model (attention and dense blocks alternate)."""
     ours_state = ours.state_dict()
     new = {}
-    D = cfg.d_model
     for name, value in theirs.state_dict().items():
         if name.startswith("word_emb.emb_layers."):
             new[name.replace("word_emb.emb_layers.", "embed.layers.")] = value
@@ -152,7 +151,7 @@ def copy_into(ours, theirs, cfg: ModelConfig) -> None:
             layer, rest = int(name.split(".")[1]), name.split(".", 2)[2]
             a, d = f"blocks.{2 * layer}.", f"blocks.{2 * layer + 1}."
             if rest == "dec_attn.qkv_net.weight":
-                new[a + "q.weight"], new[a + "kv.weight"] = value[:D], value[D:]
+                new[a + "qkv.weight"] = value  # the same rows: queries, keys, values
             else:
                 new.update({a + "r.weight": value} if rest == "dec_attn.r_net.weight" else
                            {a + "out.weight": value} if rest == "dec_attn.o_net.weight" else

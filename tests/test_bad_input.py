@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from parnas.retrain.evaluate import Sampling
-from parnas.retrain.load import device_for
 
 from parnas.cli import main
 from parnas.errors import ConfigError
 from parnas.files import check_writable_dir, write_json_atomic
+from parnas.retrain.evaluate import Sampling
+from parnas.retrain.load import device_for
 from parnas.training import checkpoint as ckpt
 
 ROOT = Path(__file__).parents[1]
@@ -61,7 +61,7 @@ def finished(micro, tmp_path_factory):
     ("train.weight_decay=-1", "train.weight_decay"),
     ("train.lr=.inf", "train.lr must be a finite number"),
     ("train.lr=.nan", "train.lr must be a finite number"),
-    ("search.tau_start=.inf", "search.tau_start must be a finite number"),
+    ("search.par-gumbel-darts.tau_start=.inf", "search.par-gumbel-darts.tau_start must be a finite number"),
     ("model.dropout=.nan", "model.dropout must be a finite number"),
     ("train.devices=3", "divisible by the 3 processes"),
     ("train.compile=cudagraphs", "train.compile must be one of none, default, reduce-overhead, max-autotune"),
@@ -177,7 +177,7 @@ def test_segments_longer_than_the_data_write_nothing(capsys, micro, tmp_path):
 def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(capsys, micro, tmp_path):
     code, _, err = cli(capsys, "train", *micro_settings(micro, tmp_path / "run", "train.lr=1e30", "train.clip=0",
                                                        "train.warmup_steps=0", "train.max_steps=20"))
-    assert_refused(code, err, "not finite at step", "train.lr")
+    assert_refused(code, err, "diverged at step", "not finite", "lower train.lr")
 
 
 def test_resume_after_the_tokenizer_cache_was_rebuilt(capsys, micro, tmp_path, monkeypatch):

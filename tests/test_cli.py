@@ -35,6 +35,7 @@ def test_bad_settings(capsys, tmp_path, setting, needle):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_cutoffs_not_below_the_vocabulary(capsys, tmp_path, wt2_slice):
     code, err = run(capsys, "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=300",
                     "--set", "model.cutoffs=[100, 300]", "--set", f"train.out_dir={tmp_path}/run")

@@ -26,7 +26,7 @@ def finished_run(folder, blocks, own_tokens_per_s, parameters=10_000, *sets):
 @pytest.fixture
 def timed_here(monkeypatch):
     """Side-by-side timings: the Transformer-XL's steps twice as long as the found model's, whatever the machine."""
-    def time_layouts(layouts, cfg, vocab_size, mode, rounds, device, models):
+    def time_layouts(layouts, cfg, vocab_size, mode, rounds, device, models, progress=None):
         return [2.0 if layout.count("attention") > 1 else 1.0 for layout in layouts]
 
     monkeypatch.setattr(side_by_side, "time_layouts", time_layouts)

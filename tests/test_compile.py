@@ -43,6 +43,7 @@ def breaks(step, model):
     return out.graph_count, out.graph_break_count, where
 
 
+@pytest.mark.slow
 def test_forward_and_loss_are_one_graph_with_a_full_softmax_and_no_dropout():
     model, step = model_and_step("model.cutoffs=[]", "model.dropout=0.0")
     assert breaks(step, model)[:2] == (1, 0)
@@ -122,11 +123,10 @@ def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, t
     """``train.compile`` changes no checkpoint key and no step: a killed compiled run resumes exactly."""
     import json
 
-    from parnas.retrain.run import retrain
-
     from parnas import architecture
     from parnas.config import DataConfig, ModelConfig
     from parnas.data.corpora import load_splits
+    from parnas.retrain.run import retrain
     from parnas.training import checkpoint as ckpt
 
     vocab = load_splits(DataConfig(path=str(micro_corpus), tokenizer="char"))[0].vocab_size

@@ -6,15 +6,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-from parnas.retrain.evaluate import Sampling, generate
-from parnas.retrain.load import load_trained
-from parnas.retrain.run import retrain
 
 from parnas.cli import main
 from parnas.config import generation_memory, load_config
 from parnas.nn.blocks import sinusoid
 from parnas.nn.model import TransformerXL, build_fixed_model
-from parnas.training import latency
+from parnas.retrain.evaluate import Sampling, generate
+from parnas.retrain.load import load_trained
+from parnas.retrain.run import retrain
+from parnas.training import latency, latency_table
 
 VOCAB = 64
 
@@ -84,19 +84,18 @@ def test_the_latency_targets_are_timed_at_the_evaluation_memory_and_cached_per_m
         stepper = latency._Stepper(["attention", "dense"], cfg, VOCAB, mode, torch.device("cpu"))
         stepper.steps(latency.full_memory_steps(cfg, stepper.memory) if mode != "generate" else 1)
         assert stepper.memory == kept and next(m.size(1) for m in stepper.mems if m is not None) == kept, mode
-    key = latency.table_key(cfg, VOCAB, ["attention", "dense", "identity"], torch.device("cpu"))
+    key = latency_table.table_key(cfg, VOCAB, ["attention", "dense", "identity"], torch.device("cpu"))
     others = [tiny(*s) for s in ((), ("model.eval_mem_len=48",))]
-    assert all(latency.table_key(c, VOCAB, ["attention", "dense", "identity"], torch.device("cpu")) != key
+    assert all(latency_table.table_key(c, VOCAB, ["attention", "dense", "identity"], torch.device("cpu")) != key
                for c in others)  # a table cached at another memory is not this one
     clamped = tiny("model.eval_mem_len=24", "model.clamp_len=8")  # a clamp costs nothing: the same table
-    assert latency.table_key(clamped, VOCAB, ["attention", "dense", "identity"], torch.device("cpu")) == key
-    assert any("model.eval_mem_len 48 (table) vs 24 (run)" in d for d in latency.shape_differences(
-        latency.table_key(others[1], VOCAB, ["attention"], torch.device("cpu")), key))
+    assert latency_table.table_key(clamped, VOCAB, ["attention", "dense", "identity"], torch.device("cpu")) == key
+    assert any("model.eval_mem_len 48 (table) vs 24 (run)" in d for d in latency_table.shape_differences(
+        latency_table.table_key(others[1], VOCAB, ["attention"], torch.device("cpu")), key))
 
 
 def test_the_validation_a_search_judges_by_keeps_the_evaluation_memory(monkeypatch, tmp_path):
     from parnas.strategies.search import final_evaluation
-
     from tests.test_search import run
 
     kept = {True: set(), False: set()}
@@ -147,9 +146,8 @@ def test_evaluate_and_generate_default_to_the_checkpoints_evaluation_memory(chec
 
 
 def test_a_retrain_takes_the_evaluation_memory_from_the_architecture_it_retrains(checkpoint):
-    from parnas.retrain.run import resolve_config
-
     from parnas import architecture
+    from parnas.retrain.run import resolve_config
 
     record = architecture.read(checkpoint / "architecture.json")
     assert record["model"]["eval_mem_len"] == 40

@@ -1,12 +1,12 @@
-"""``search.export_samples``: the exported architecture is the best, by inherited-weight validation perplexity, of
-the argmax and layouts drawn from softmax(alpha)."""
+"""``search.par-gumbel-darts.export_samples``: the exported architecture is the best, by inherited-weight validation
+perplexity, of the argmax and layouts drawn from softmax(alpha)."""
 
 import json
 
 import pytest
-from parnas.strategies.supernet_export import sample_layouts
 
 from parnas.cli import main
+from parnas.strategies.supernet_export import sample_layouts
 
 PROBS = [{"attention": 0.5, "dense": 0.3, "identity": 0.2}] * 4
 
@@ -25,7 +25,7 @@ def test_drawn_layouts_are_distinct_reproducible_and_skip_the_excluded():
 def test_a_search_exports_the_best_of_its_argmax_and_the_drawn_layouts(micro, tmp_path, capsys):
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=3",
             "train.max_steps=6", "train.eval_every=6", "search.log_every=3", "search.penalty_cost=flops",
-            "search.export_samples=5", f"search.out_dir={tmp_path / 'search'}"]
+            "search.par-gumbel-darts.export_samples=5", f"search.out_dir={tmp_path / 'search'}"]
     assert main(["search", "--config", "tiny", *(a for s in sets for a in ("--set", s))]) == 0
     capsys.readouterr()
     record = json.loads((tmp_path / "search" / "architecture.json").read_text())
@@ -41,8 +41,10 @@ def test_a_search_exports_the_best_of_its_argmax_and_the_drawn_layouts(micro, tm
 
 
 def test_export_samples_must_not_be_negative_and_nni_strategies_refuse_it(tmp_path, capsys):
-    for args, needle in ((["--set", "search.export_samples=-1"], "search.export_samples must be >= 0"),
-                         (["--strategy", "darts", "--set", "search.export_samples=3"], "exports its own choice")):
+    for args, needle in ((["--set", "search.par-gumbel-darts.export_samples=-1"],
+                          "search.par-gumbel-darts.export_samples must be >= 0"),
+                         (["--strategy", "darts", "--set", "search.par-gumbel-darts.export_samples=3"],
+                          "exports its own choice")):
         out = tmp_path / "search"
         assert main(["search", "--config", "tiny", "--set", f"search.out_dir={out}", *args]) == 2
         err = capsys.readouterr().err.strip()

@@ -7,10 +7,10 @@ import pytest
 import torch
 from nni.nas.nn.pytorch import LayerChoice
 from nni.nas.space import model_context
-from parnas.search_spaces import PARTransformerXLSpace, fixed_model
 
 from parnas import kinds
 from parnas.config import ModelConfig
+from parnas.search_spaces import PARTransformerXLSpace, fixed_model
 
 VOCAB = 500
 KINDS = {k.letter: k.name for k in map(kinds.get, ("attention", "dense", "identity", "conv", "glu"))}

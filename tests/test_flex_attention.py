@@ -46,6 +46,7 @@ CPU_KERNEL_FLAKY = pytest.mark.xfail(reason="Inductor's CPU flex kernel at 8 key
 
 
 @pytest.mark.parametrize("M, Dh", [(12, 16), pytest.param(0, 16, marks=CPU_KERNEL_FLAKY), (20, 41)])
+@pytest.mark.slow
 def test_the_compiled_flex_kernel_computes_what_the_cpu_path_does(M, Dh):
     """The kernel a compiled model gets: each query sees exactly the keys up to its own position, each score
     offset by the position score at its distance (no memory, a memory longer than the segment, heads of 41)."""

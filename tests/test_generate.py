@@ -4,11 +4,11 @@ import json
 
 import pytest
 import torch
+
+from parnas.cli import main
 from parnas.retrain.evaluate import Sampling, generate
 from parnas.retrain.load import load_trained
 from parnas.retrain.run import retrain
-
-from parnas.cli import main
 
 PROMPT = "The game was released in"
 

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_step.py without a GPU: its FLOP count against a hand count and torch's own counter, its
-shapes as valid models (on the meta device: no memory), the models its flags add (built and stepped on the
-CPU), its peak table, and its one-line refusals."""
+"""benchmarks/gpu_step.py and its shapes, FLOPs and peaks (benchmarks/gpu_shapes.py) without a GPU: the FLOP
+count against a hand count and torch's own counter, the shapes as valid models (on the meta device: no memory),
+the models its flags add (built and stepped on the CPU), the peak table, and its one-line refusals."""
 
 import subprocess
 import sys
@@ -21,22 +21,28 @@ def gpu_step(benchmark):
     return benchmark("gpu_step")
 
 
-def test_flops_per_token_match_a_hand_count(gpu_step):
+@pytest.fixture
+def gpu_shapes(benchmark):
+    return benchmark("gpu_shapes")
+
+
+def test_flops_per_token_match_a_hand_count(gpu_shapes):
     """D=8, F=16, L=4, M=4 (K=8), B=2, V=10, full softmax, one attention and one dense block:
-    attention 12*64*(1+8/4) = 2304, W_r 4*64*8/(2*4) = 256, scores 6*8*(3*8+1) = 1200; dense 12*8*16 = 1536;
+    attention 6*64*(1+3*8/4) = 2688 (q, k and v in one product on all 8 rows), W_r 4*64*8/(2*4) = 256,
+    scores 6*8*(3*8+1) = 1200; dense 12*8*16 = 1536;
     output 6*8*10 = 480. Adaptive, cutoffs [4], div 2, a quarter of the targets in the tail (6 ids):
     6*(8*(4+1) + 0.25*(8*4 + 4*6)) = 324 instead of 480."""
     cfg = ModelConfig(n_blocks=2, d_model=8, n_heads=2, d_ff=16, mem_len=4, cutoffs=())
-    assert gpu_step.train_flops_per_token(cfg, ["attention", "dense"], 2, 4, 10) == 2304 + 256 + 1200 + 1536 + 480
-    assert gpu_step.train_flops_per_token(cfg, ["identity", "identity"], 2, 4, 10) == 480
-    assert gpu_step.train_flops_per_token(cfg, ["choice"], 2, 4, 10) == 2304 + 256 + 1200 + 1536 + 480
+    assert gpu_shapes.train_flops_per_token(cfg, ["attention", "dense"], 2, 4, 10) == 2688 + 256 + 1200 + 1536 + 480
+    assert gpu_shapes.train_flops_per_token(cfg, ["identity", "identity"], 2, 4, 10) == 480
+    assert gpu_shapes.train_flops_per_token(cfg, ["choice"], 2, 4, 10) == 2688 + 256 + 1200 + 1536 + 480
     adaptive = ModelConfig(n_blocks=2, d_model=8, n_heads=2, d_ff=16, mem_len=4, cutoffs=(4,), div_value=2.0)
-    assert gpu_step.train_flops_per_token(adaptive, ["identity"] * 2, 2, 4, 10, [0.25]) == 324
+    assert gpu_shapes.train_flops_per_token(adaptive, ["identity"] * 2, 2, 4, 10, [0.25]) == 324
 
 
 @pytest.mark.parametrize("cutoffs", [(), (10, 30)])
 @pytest.mark.parametrize("supernet", [False, True])
-def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_step, cutoffs, supernet):
+def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_shapes, cutoffs, supernet):
     """torch's FlopCounterMode over forward and backward of a step with the memory full gives the formula
     exactly, for the fixed model and the supernet, full and adaptive softmax (tail clusters as the targets hit)."""
     from parnas.search_spaces import PARTransformerXLSpace
@@ -58,19 +64,19 @@ def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_step, cuto
     with FlopCounterMode(display=False) as counter:
         h, _ = model(x, mems)
         model.nll(h, y).mean().backward()
-    fractions = gpu_step.cluster_fractions(y, V, cutoffs) if cutoffs else []
+    fractions = gpu_shapes.cluster_fractions(y, V, cutoffs) if cutoffs else []
     assert counter.get_total_flops() == pytest.approx(
-        gpu_step.train_flops_per_token(cfg.model, kinds, B, L, V, fractions) * B * L, rel=1e-12)
+        gpu_shapes.train_flops_per_token(cfg.model, kinds, B, L, V, fractions) * B * L, rel=1e-12)
 
 
 @pytest.mark.slow
-def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_step):
+def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_shapes):
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.gumbel_darts import PARGumbelDARTS
 
-    assert list(gpu_step.SHAPES) == ["wt2-par", "wt103-base", "nvidia-base", "long"]
-    for name, shape in gpu_step.SHAPES.items():
-        for precision in gpu_step.PRECISIONS:
+    assert list(gpu_shapes.SHAPES) == ["wt2-par", "wt103-base", "nvidia-base", "long"]
+    for name, shape in gpu_shapes.SHAPES.items():
+        for precision in gpu_shapes.PRECISIONS:
             cfg = shape.config(precision)
             assert cfg.train.precision == ("32-true" if precision == "tf32" else precision)
         with torch.device("meta"):  # WikiText-103's vocabulary: 110M embedding weights, no memory taken
@@ -86,15 +92,15 @@ def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_step):
         assert len(fixed.blocks) == len(supernet.blocks) == 2 * shape.n_layers
         assert not fixed.cfg.tie_weights and hasattr(fixed.head, "adaptive") == bool(shape.cutoffs)
     wt2 = load_config("wt2-par", ["data.batch_size=32", "data.seg_len=128", "model.mem_len=128"])
-    assert gpu_step.SHAPES["wt2-par"].config().model == wt2.model  # the preset at the GPU length the README names
+    assert gpu_shapes.SHAPES["wt2-par"].config().model == wt2.model  # the preset at the GPU length the README names
     assert (wt2.data.vocab_size, wt2.data.batch_size, wt2.data.seg_len) == (12000, 32, 128)
 
 
-def test_the_flags_add_their_models_in_order_each_in_its_precision(gpu_step):
+def test_the_flags_add_their_models_in_order_each_in_its_precision(gpu_step, gpu_shapes):
     """--tf32 adds the Transformer-XL in TF32 beside the bf16 ones, before the compiled one; --twin adds each
     identity-bearing layout's twin without the identity blocks, of the same FLOPs (identity costs none)."""
     args = gpu_step.parse_args(["--shape", "wt103-base", "--compile", "default", "--tf32"])
-    models = gpu_step.timed_models(gpu_step.SHAPES["wt103-base"], args)
+    models = gpu_step.timed_models(gpu_shapes.SHAPES["wt103-base"], args)
     bf16 = "bf16-mixed"
     assert {name: m.precision for name, m in models.items()} == {
         "transformer-xl": bf16, "supernet": bf16, "txl, tf32": "tf32", "compiled (default)": bf16}
@@ -102,23 +108,23 @@ def test_the_flags_add_their_models_in_order_each_in_its_precision(gpu_step):
 
     args = gpu_step.parse_args(["--shape", "wt2-par", "--sampled", "--layout", "AIAIIIAIIDDD", "--layout", "ADI",
                                 "--layout", "ADAD", "--twin"])
-    models = gpu_step.timed_models(gpu_step.SHAPES["wt2-par"], args)
+    models = gpu_step.timed_models(gpu_shapes.SHAPES["wt2-par"], args)
     assert list(models) == ["transformer-xl", "supernet", "supernet, sampled", "AIAIIIAIIDDD", "ADI", "ADAD",
                             "AAADDD", "AD"]
     assert gpu_step.twins(args.layout) == {"AIAIIIAIIDDD": "AAADDD", "ADI": "AD"}
     assert models["AAADDD"].kinds == ["attention"] * 3 + ["dense"] * 3
-    model = gpu_step.SHAPES["wt2-par"].config().model
-    flops = {name: gpu_step.train_flops_per_token(model, models[name].kinds, 32, 128, 12000, [0.2, 0.1])
+    model = gpu_shapes.SHAPES["wt2-par"].config().model
+    flops = {name: gpu_shapes.train_flops_per_token(model, models[name].kinds, 32, 128, 12000, [0.2, 0.1])
              for name in ("AIAIIIAIIDDD", "AAADDD")}
     assert flops["AIAIIIAIIDDD"] == flops["AAADDD"] > 0
 
 
-def test_a_layout_and_its_twin_build_the_models_they_name_and_step(gpu_step, monkeypatch):
+def test_a_layout_and_its_twin_build_the_models_they_name_and_step(gpu_step, gpu_shapes, monkeypatch):
     """What --layout LAYOUT --twin times, built on the CPU (``.cuda()`` made a no-op): the layout's blocks, the
     twin's without identity; one fp32 step of each trains its weights."""
     monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
     args = gpu_step.parse_args(["--shape", "wt2-par", "--precision", "32-true", "--layout", "AIDI", "--twin"])
-    shape = gpu_step.SHAPES["wt2-par"]
+    shape = gpu_shapes.SHAPES["wt2-par"]
     cfg = shape.config("32-true")
     tokens = torch.randint(0, shape.vocab, (2, 9))
     for name, kinds in (("AIDI", ["attention", "identity", "dense", "identity"]), ("AD", ["attention", "dense"])):
@@ -130,8 +136,8 @@ def test_a_layout_and_its_twin_build_the_models_they_name_and_step(gpu_step, mon
         assert any(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
 
 
-def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_step):
-    peak = gpu_step.peak_tflops
+def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_shapes):
+    peak = gpu_shapes.peak_tflops
     assert peak("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.4 and peak("NVIDIA H100 PCIe", "bf16-mixed") == 756.5
     assert peak("NVIDIA H200", "tf32") == 494.7 and peak("NVIDIA A100-SXM4-80GB", "32-true") == 19.5
     assert peak("NVIDIA L40S", "bf16-mixed") == 362.1 and peak("NVIDIA L4", "bf16-mixed") == 121.0

@@ -69,7 +69,6 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     metric is read back for a progress bar."""
     from parnas.strategies.costs import CostModel
     from parnas.strategies.search import build_search
-
     from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
     from parnas.training.trainer import build_trainer
@@ -88,9 +87,10 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     assert record.recorder.total == 0, record.recorder.sites  # nothing in parnas, Lightning or NNI
 
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
-    for run, hinge in enumerate(([], ["search.budget_hinge=expected"],
-                                 ["search.budget_hinge=expected", "search.penalty_weight=2"],
-                                 ["search.mode=bilevel"])):  # bilevel: each batch pairs a weight and a logit segment
+    for run, hinge in enumerate(([], ["search.par-gumbel-darts.budget_hinge=expected"],
+                                 ["search.par-gumbel-darts.budget_hinge=expected", "search.penalty_weight=2"],
+                                 # bilevel: each batch pairs a weight and a logit segment
+                                 ["search.par-gumbel-darts.mode=bilevel"])):
         search = build_search(load_config("tiny", [*cfg_overrides, *hinge]), splits, VOCAB,
                               tmp_path / "search" / str(run), costs=costs)
         record = host_syncs.RecordStep(3)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from parnas.retrain.run import retrain
 
 from parnas.cli import main, resume_command
-from parnas.errors import Interrupted
+from parnas.errors import Interrupted, stop_at_once
+from parnas.retrain.run import retrain
 from parnas.training import checkpoint as ckpt
 from parnas.training.interrupt import SIGNALS, StopOnSignal
 
@@ -79,8 +79,8 @@ def test_a_signal_saves_the_step_in_flight_and_the_resumed_run_is_the_uninterrup
     assert resumed["history"] == whole["history"]  # the validation at step 8 neither lost nor repeated
 
 
-def test_the_first_signal_gives_both_signals_their_default_action_back():
-    """So a second Ctrl-C ends the process at once; the first is only recorded."""
+def test_the_first_signal_hands_every_stop_signal_to_the_at_once_handler():
+    """So a second Ctrl-C ends the process at once, in one line; the first is only recorded."""
     saved = [signal.getsignal(s) for s in SIGNALS]
     stop = StopOnSignal(checkpoint=None)
     try:
@@ -89,7 +89,7 @@ def test_the_first_signal_gives_both_signals_their_default_action_back():
         stop.record(signal.SIGINT, None)
         stop.record(signal.SIGTERM, None)  # the first one is what is reported
         assert stop.signum == signal.SIGINT
-        assert all(signal.getsignal(s) == signal.SIG_DFL for s in SIGNALS)
+        assert all(signal.getsignal(s) is stop_at_once for s in SIGNALS)
     finally:
         for s, handler in zip(SIGNALS, saved):
             signal.signal(s, handler)

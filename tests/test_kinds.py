@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from parnas.search_spaces import PARTransformerXLSpace, fixed_model
 
 from parnas import kinds
 from parnas.config import ModelConfig
 from parnas.kinds.builtin import CompressiveSettings, ConvSettings, MoESettings
 from parnas.nn.blocks import sinusoid
 from parnas.nn.model import build_fixed_model
+from parnas.search_spaces import PARTransformerXLSpace, fixed_model
 
 VOCAB = 97
 NEW_KINDS = ("conv", "glu", "sqrelu", "compressive", "shared", "attention_half", "attention_quarter", "dense_half",
@@ -269,7 +269,7 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
 
 
 def test_every_kind_that_attends_is_an_attention_block_in_summaries_and_studies():
-    from parnas.study.report import attention_early
+    from parnas.study.verdicts import attention_early
 
     layout = ["attention", "attention_half", "attention_quarter", "lsh", "dense", "dense_half", "moe", "identity"]
     assert kinds.attending(layout) == 4 and kinds.attending(["conv", "glu", "nope"]) == 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from parnas.config import load_config
-from parnas.training import latency, latency_cache
+from parnas.training import latency, latency_cache, latency_table, timing
 
 VOCAB = 64
 
@@ -34,13 +34,13 @@ def test_table_round_trips_through_its_cache_and_is_not_timed_again(tmp_path, mo
 
 
 def test_prediction_is_the_constant_plus_each_blocks_cost():
-    table = latency.LatencyTable({}, {"train": 10.0, "inference": 4.0},
+    table = latency_table.LatencyTable({}, {"train": 10.0, "inference": 4.0},
                                  {"attention": {"train": 3.0, "inference": 1.0}, "dense": {"train": 1.0,
                                   "inference": 0.5}, "identity": {"train": 0.0, "inference": 0.0}}, 4)
     assert table.predict(["attention", "dense", "identity"]) == 14.0
     assert table.predict(["attention", "attention"], "inference") == 6.0
     assert table.transformer_xl_ms(4) == table.predict(["attention", "dense", "attention", "dense"]) == 18.0
-    assert latency.LatencyTable.from_dict(json.loads(json.dumps(table.to_dict()))) == table
+    assert latency_table.LatencyTable.from_dict(json.loads(json.dumps(table.to_dict()))) == table
     with pytest.raises(KeyError, match="no latency for block kind 'conv'"):
         table.predict(["conv"])
 
@@ -60,18 +60,21 @@ def test_time_layouts_returns_one_positive_median_per_layout():
     assert len(ms) == 2 and all(m > 0 for m in ms)
 
 
-def test_a_generation_round_decodes_a_segment_of_tokens_per_step_and_reports_ms_per_token(monkeypatch):
-    """A round of a few single tokens lasts milliseconds and is noise; a generation round decodes ``seg_len``
-    tokens per step, and the time is still divided per token."""
-    cfg = tiny_config("data.seg_len=16")
+def test_a_generation_round_decodes_a_short_run_of_tokens_and_reports_ms_per_token(monkeypatch):
+    """A segment's worth of tokens per step made a GPU table decode thousands of tokens one by one (over 90 s):
+    a round decodes ``DECODE_TOKENS`` (fewer only where the steps' segments hold fewer), the time divided per
+    token."""
+    cfg = tiny_config("data.seg_len=64")
     decoded = []
     monkeypatch.setattr(latency._Stepper, "_generate", lambda self, n: decoded.append(n))
     clock = iter(range(0, 10**6, 3))  # every read of the clock 3 s after the last: each round takes 3 s
-    monkeypatch.setattr(latency.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     ms = latency.time_layouts([["attention", "dense"]], cfg, VOCAB, mode="generate", rounds=2, steps=2)
     timed = decoded[-2:]  # after the warm-up
-    assert timed == [2 * 16, 2 * 16] == [latency.tokens_per_round(cfg, 2)] * 2
-    assert ms == [pytest.approx(3000 / 32)]
+    assert timed == [latency.DECODE_TOKENS] * 2 == [latency.tokens_per_round(cfg, 2)] * 2
+    assert latency.DECODE_TOKENS < 2 * 64  # not a segment per step
+    assert ms == [pytest.approx(3000 / latency.DECODE_TOKENS)]
+    assert latency.tokens_per_round(tiny_config("data.seg_len=4"), 2) == 8  # two segments of 4 hold fewer
 
 
 def test_timing_starts_with_every_memory_full_compressed_memory_included(monkeypatch):
@@ -112,8 +115,8 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
     assert narrow.constant_ms == wide.constant_ms
 
     # an older table for exactly these kinds loses to the newer wide one; once newer, it wins
-    modes = latency.MODES
-    older = latency.LatencyTable(narrow.key, dict.fromkeys(modes, 1.0),
+    modes = latency_table.MODES
+    older = latency_table.LatencyTable(narrow.key, dict.fromkeys(modes, 1.0),
                                  {k: dict.fromkeys(modes, 2.0) for k in narrow.kinds_ms}, narrow.n_reference,
                                  narrow.timing)
     exact = latency_cache.cache_path(narrow.key, tmp_path)
@@ -141,11 +144,12 @@ def test_a_table_timed_for_more_kinds_serves_fewer_and_the_newest_covering_table
 
 def test_a_resumed_search_keeps_the_table_it_started_with(tmp_path, monkeypatch):
     import torch
+
     from parnas.strategies.pricing import cost_model
 
     cfg = tiny_config()
     table, _ = latency_cache.latency_table(cfg, VOCAB, ["attention", "dense"])  # the session's private cache
-    pinned = latency.LatencyTable(table.key, {"train": 5.0, "inference": 1.0},
+    pinned = latency_table.LatencyTable(table.key, {"train": 5.0, "inference": 1.0},
                                   {"attention": {"train": 3.0, "inference": 1.0},
                                    "dense": {"train": 1.0, "inference": 0.5},
                                    "identity": {"train": 0.0, "inference": 0.0}}, table.n_reference)

@@ -10,10 +10,10 @@ import pytest
 
 from parnas.cli import main
 from parnas.config import load_config
-from parnas.training import latency, latency_cache
+from parnas.training import latency, latency_cache, latency_table
 
 VOCAB = 64
-MODES = latency.MODES
+MODES = latency_table.MODES
 H100 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent").parent / "latency" / "h100-wt2-par-gpu.json"
 
 
@@ -29,16 +29,16 @@ def rules(monkeypatch):
 
 
 def table(spread: float = 0.02, load: float = 0.0, threads: int = 1, cores: int = 2, cost: float = 1.0,
-          key=None) -> latency.LatencyTable:
+          key=None) -> latency_table.LatencyTable:
     """A table as measure_table makes one, with the spread, load and cores given."""
-    key = key or latency.table_key(tiny_config(), VOCAB, ["attention", "dense", "identity"],
+    key = key or latency_table.table_key(tiny_config(), VOCAB, ["attention", "dense", "identity"],
                                    __import__("torch").device("cpu"))
     kinds = {"attention": dict.fromkeys(MODES, 2.0 * cost), "dense": dict.fromkeys(MODES, cost),
              "identity": dict.fromkeys(MODES, 0.0)}
     timing = {"timed_at": "2026-01-01T00:00:00+00:00", "host": "here", "device": key["device"], "threads": threads,
               "cores": cores, "load": load, "rounds": 7,
               "spread": {m: {"constant": spread / 2, "attention": spread, "dense": spread / 3} for m in MODES}}
-    return latency.LatencyTable(key, dict.fromkeys(MODES, 5.0 * cost), kinds, 2, timing)
+    return latency_table.LatencyTable(key, dict.fromkeys(MODES, 5.0 * cost), kinds, 2, timing)
 
 
 def test_a_table_records_each_costs_spread_the_load_beside_it_and_when_and_where(monkeypatch):
@@ -46,7 +46,8 @@ def test_a_table_records_each_costs_spread_the_load_beside_it_and_when_and_where
     samples = iter([1.0, 3.0, 2.0] * 100)  # 15 samples: 5 rounds, 3 targets
     monkeypatch.setattr(latency, "runnable_elsewhere", lambda: next(samples))
 
-    def fake_rounds(layouts, cfg, vocab_size, mode, n_rounds, steps, warmup, device, models=None, after_round=None):
+    def fake_rounds(layouts, cfg, vocab_size, mode, n_rounds, steps, warmup, device, models=None, after_round=None,
+                    **_):
         for _ in range(n_rounds):
             after_round()
         return [rounds[layout[0]] for layout in layouts]
@@ -62,8 +63,8 @@ def test_a_table_records_each_costs_spread_the_load_beside_it_and_when_and_where
     rounds["dense"] = [14.0, 15.0, 15.0, 16.0, 20.0]  # differences 4, 5, 4, 6, 8: quartiles 4 and 6
     assert latency.measure_table(tiny_config(), VOCAB, ["dense"], rounds=5).timing["spread"]["inference"]["dense"] \
         == round(2 / 15, 4)
-    again = latency.LatencyTable.from_dict(json.loads(json.dumps(timed.to_dict())))
-    assert again == timed and again.to_dict()["version"] == latency.VERSION
+    again = latency_table.LatencyTable.from_dict(json.loads(json.dumps(timed.to_dict())))
+    assert again == timed and again.to_dict()["version"] == latency_table.VERSION
 
 
 def test_a_steady_table_timed_on_a_quiet_machine_is_cached(tmp_path, monkeypatch, rules):
@@ -108,7 +109,7 @@ def test_a_table_steady_at_the_second_try_is_cached(tmp_path, monkeypatch, rules
 def test_a_table_cached_before_tables_recorded_their_spread_is_timed_again_and_replaced(tmp_path, monkeypatch,
                                                                                        rules):
     old = table()
-    old = latency.LatencyTable(old.key, old.constant_ms, old.kinds_ms, old.n_reference)  # no timing record
+    old = latency_table.LatencyTable(old.key, old.constant_ms, old.kinds_ms, old.n_reference)  # no timing record
     path = latency_cache.cache_path(old.key, tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(old.to_dict()))
@@ -127,15 +128,15 @@ def test_tables_without_a_timing_record_still_load_and_say_so(tmp_path):
             data["constant_ms"] = {m: 5.0 for m in ("train", "inference")}
             data["kinds_ms"] = {k: {m: v["train"] for m in ("train", "inference")} for k, v in old["kinds_ms"].items()}
         (tmp_path / "t.json").write_text(json.dumps(data))
-        loaded = latency.load_table_for(tmp_path / "t.json", old["key"])
+        loaded = latency_table.load_table_for(tmp_path / "t.json", old["key"])
         assert loaded.timing is None and "no record of when, its spread or load" in latency_cache.describe(loaded)
 
 
 @pytest.mark.skipif(not H100.is_file(), reason=f"{H100} not found (the shared tables beside PARNAS_DATA_DIR)")
 def test_the_shared_h100_table_still_loads():
     par = load_config("wt2-par", ["data.batch_size=32", "data.seg_len=128", "model.mem_len=128"])
-    key = latency.table_key(par, 12000, ["attention", "dense", "identity"], __import__("torch").device("cpu"))
-    assert "NVIDIA H100" in latency_cache.describe(latency.load_table_for(H100, key))
+    key = latency_table.table_key(par, 12000, ["attention", "dense", "identity"], __import__("torch").device("cpu"))
+    assert "NVIDIA H100" in latency_cache.describe(latency_table.load_table_for(H100, key))
 
 
 def test_check_says_how_far_the_cache_is_off():
@@ -160,8 +161,8 @@ def test_parnas_latency_check_compares_the_cache_with_a_timing_now_and_writes_no
 
     def measure(cfg, vocab_size, kinds, device="cpu", **kw):
         t = next(timings)
-        return latency.LatencyTable(latency.table_key(cfg, vocab_size, kinds, device), t.constant_ms, t.kinds_ms,
-                                    t.n_reference, t.timing)
+        return latency_table.LatencyTable(latency_table.table_key(cfg, vocab_size, kinds, device), t.constant_ms,
+                                          t.kinds_ms, t.n_reference, t.timing)
 
     monkeypatch.setattr(latency, "measure_table", measure)
     assert main(["latency", *micro_sets(micro), "--out", str(tmp_path / "t.json")]) == 0

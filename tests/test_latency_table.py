@@ -9,7 +9,7 @@ import torch
 
 from parnas.cli import main
 from parnas.config import load_config
-from parnas.training import latency
+from parnas.training import latency, latency_table
 
 OTHER = "NVIDIA Claimed GPU"  # a device this machine is not: the run must name it, not its own
 H100 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent").parent / "latency" / "h100-wt2-par-gpu.json"
@@ -100,6 +100,7 @@ def test_the_pinned_table_carries_the_given_tables_device_and_costs(micro, timed
     assert nni_metric(result, latency_summary(costs, record, result.kinds, None))["latency_device"] == OTHER
 
 
+@pytest.mark.slow
 def test_a_search_for_the_generation_latency_is_priced_by_the_tables_generation_costs(micro, timed, tmp_path, capsys):
     """search.latency_target=generate: the costs, the budget's ratio, the record, the history and the printed line
     are the generated token's, not the train step's."""
@@ -122,6 +123,7 @@ def test_a_search_for_the_generation_latency_is_priced_by_the_tables_generation_
     assert all(line["latency_target"] == "generate" for line in lines if "exported_cost_ratio" in line)
 
 
+@pytest.mark.slow
 def test_a_version_1_table_prices_train_and_inference_and_refuses_generate(micro, timed, tmp_path, capsys):
     def version_1(table):
         table["version"] = 1
@@ -204,16 +206,16 @@ def test_latency_refuses_a_folder_as_its_output_and_a_table_with_flops(micro, tm
 def test_the_h100_table_prices_a_wt2_par_run_at_its_shapes_and_names_the_others():
     par = ["data.batch_size=32", "data.seg_len=128", "model.mem_len=128"]
     cfg = load_config("wt2-par", par)
-    key = latency.table_key(cfg, 12000, ["attention", "dense", "identity"], torch.device("cpu"))
-    table = latency.load_table_for(H100, key)
+    key = latency_table.table_key(cfg, 12000, ["attention", "dense", "identity"], torch.device("cpu"))
+    table = latency_table.load_table_for(H100, key)
     assert table.key["device"] == "NVIDIA H100 80GB HBM3" and table.key["precision"] == "bf16-mixed"
     assert table.block_ms("attention") > table.block_ms("dense") > 0  # PAR's premise, on that GPU
     assert table.key["seg_len"] == 128 and table.n_reference == 12
     from parnas.errors import ConfigError
 
     with pytest.raises(ConfigError, match="batch_size 32 .table. vs 16 .run.") as e:
-        default = latency.table_key(load_config("wt2-par"), 12000, key["kinds"], torch.device("cpu"))
-        latency.load_table_for(H100, default)
+        default = latency_table.table_key(load_config("wt2-par"), 12000, key["kinds"], torch.device("cpu"))
+        latency_table.load_table_for(H100, default)
     assert "seg_len 128 (table) vs 64 (run)" in str(e.value) and "model.mem_len" in str(e.value)
 
 
@@ -251,4 +253,4 @@ def test_a_kind_timed_no_slower_than_identity_is_not_free(monkeypatch):
     monkeypatch.setattr(latency, "_round_times", round_times)
     table = latency.measure_table(load_config("tiny"), 100, ["attention", "dense", "identity"])
     assert table.costs("train") == {"attention": latency.MIN_BLOCK_MS, "dense": latency.MIN_BLOCK_MS, "identity": 0.0}
-    assert latency.MIN_BLOCK_MS > 0 and latency.cost_problem(table) is None
+    assert latency.MIN_BLOCK_MS > 0 and latency_table.cost_problem(table) is None

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from parnas.search_spaces import PARTransformerXLSpace
 
 from parnas.config import load_config
 from parnas.errors import ConfigError
 from parnas.nn.model import build_fixed_model
+from parnas.search_spaces import PARTransformerXLSpace
 from parnas.training import memory
 
 VOCAB = 500

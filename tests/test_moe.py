@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from parnas.config import load_config
-from parnas.kinds.builtin import MoESettings, capacity
+from parnas.kinds.builtin import MoESettings
 from parnas.nn.model import build_fixed_model
 from parnas.nn.moe import MoEBlock
 
@@ -29,7 +29,7 @@ def reference(moe: MoEBlock, x: torch.Tensor) -> torch.Tensor:
     s, (L, B, _) = moe.settings, x.shape
     probs = moe.router(x).softmax(-1)
     gate, expert = probs.topk(s.top_k, -1)
-    C, taken, y = capacity(L * B, s), [0] * s.n_experts, torch.zeros_like(x)
+    C, taken, y = s.capacity(L * B), [0] * s.n_experts, torch.zeros_like(x)
     for t in range(L):
         for r in range(s.top_k):
             for b in range(B):
@@ -117,4 +117,4 @@ def test_more_experts_more_weights_and_the_same_flops_per_token():
     dense = flops_per_token("dense", small, 16, 8)
     for cfg in (small, large):
         assert dense < flops_per_token("moe", cfg, 16, 8) < 1.3 * dense  # the router, and at most capacity
-    assert capacity(128, MoESettings(n_experts=4, top_k=1, capacity_factor=1.25)) == 40
+    assert MoESettings(n_experts=4, top_k=1, capacity_factor=1.25).capacity(128) == 40

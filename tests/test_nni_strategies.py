@@ -10,10 +10,10 @@ import torch
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 from nni.nas.experiment import NasExperiment
 from nni.nas.strategy import DARTS, GumbelDARTS, Proxyless, RandomOneShot
-from parnas.search_spaces import PARTransformerXLSpace, fixed_model
-from parnas.strategies.arch_stream import NNIDartsTask
 
 from parnas.architecture import make_record, model_config
+from parnas.search_spaces import PARTransformerXLSpace, fixed_model
+from parnas.strategies.arch_stream import NNIDartsTask
 from parnas.training.data_module import SegmentData
 from parnas.training.trainer import build_trainer
 from tests.nni_stall import STALLED, rerun_on_stall
@@ -87,6 +87,7 @@ def test_under_nni_darts_the_validation_streams_memory_restarts_with_that_stream
     assert [i for i, empty in enumerate(arch) if empty] == [0, n_val]
 
 
+@pytest.mark.slow
 def test_importing_parnas_leaves_nni_strategies_importable():
     """NNI 3.0 swaps its one-shot strategies for failing placeholders when its strategy module is imported
     before ``nni.nas.strategy``: parnas's modules must not do that to a user who imports them first."""
@@ -159,7 +160,8 @@ def test_parnas_search_strategy_writes_a_record_that_retrain_accepts(micro, tmp_
     (["--strategy", "random", "--set", "search.trials=0"], "search.trials must be >= 1"),
     (["--strategy", "darts", "--set", "search.latency_budget=0.5"], "honoured by search.strategy=par-gumbel-darts"),
     (["--strategy", "darts", "--set", "search.penalty_weight=0.1"], "search.penalty_weight is honoured"),
-    (["--strategy", "proxyless", "--set", "search.mode=bilevel"], "search.mode=bilevel"),
+    (["--strategy", "proxyless", "--set", "search.par-gumbel-darts.mode=bilevel"],
+     "search.par-gumbel-darts.mode=bilevel"),
     (["--strategy", "darts", "--resume"], "cannot resume"),
 ])
 def test_strategies_refuse_what_they_cannot_do_in_one_line(tmp_path, capsys, args, needle):
@@ -176,9 +178,8 @@ def test_strategies_refuse_what_they_cannot_do_in_one_line(tmp_path, capsys, arg
 
 def test_the_multi_trial_evaluator_serializes_in_a_few_kb():
     """NNI pickles the evaluator into every trial and refuses more than 64 KB: it carries settings, not data."""
-    from parnas.strategies.multi_trial import evaluator, serialized_size
-
     from parnas.config import load_config
+    from parnas.strategies.multi_trial import evaluator, serialized_size
 
     cfg = load_config("wt2-par")  # a 12k-token vocabulary, WikiText-2's 2M training tokens: none of it travels
     size = serialized_size(evaluator(cfg, {"per_kind": {"attention": 3.0, "dense": 1.0, "identity": 0.0},
@@ -194,6 +195,7 @@ def test_the_tuner_channel_reads_a_trial_end_whose_parameters_hold_a_double_slas
 
     import nni
     from nni.runtime.command_channel.websocket import connection
+
     from parnas.strategies.multi_trial import commands_read_as_plain_json
 
     parameters = json.dumps({"parameter_id": 0, "parameters": {"cfg": {"__nni_obj__": "gAWVvgEAAAAAAAC//8AjA1w"}}})

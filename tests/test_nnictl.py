@@ -154,3 +154,82 @@ def test_the_preload_keeps_the_users_node_options():
     env = loopback_env({"NODE_OPTIONS": "--max-old-space-size=512", "PATH": "/bin"})
     assert env["NODE_OPTIONS"] == f'--max-old-space-size=512 --require "{LOOPBACK_JS}"' and env["PATH"] == "/bin"
     assert LOOPBACK_JS.is_file()
+
+
+@pytest.mark.slow
+def test_launch_wait_shows_the_trials_progress_and_ends_with_the_export_table(tmp_path, wt2_slice, capsys):
+    """What `make search` runs: trial k of n with its step while the trials run, then the end, the export table
+    and the next command, without the web UI."""
+    config = yaml.safe_load((REPO / "search.yaml").read_text())
+    config.update(
+        trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
+                      "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "
+                      "--set search.log_every=5 --set search.penalty_cost=flops"),
+        trialCodeDirectory=str(REPO), maxTrialNumber=1, trialConcurrency=1,
+        experimentWorkingDirectory=str(tmp_path / "experiments"))
+    config_path = tmp_path / "search.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    code = main(["launch", "--config", str(config_path), "--port", str(port), "--wait"])
+    out, err = capsys.readouterr()
+    experiment = re.search(r"experiment (\w+): web UI", out)[1]
+    try:
+        assert code == 0, out + err
+        assert "following it here until it is done (1 trial;" in out
+        assert re.search(r"trial 1 of 1 \(\w+\) finished at step 20", out), out
+        assert "architecture" in out and f"next: parnas export --experiment {experiment} --out found/" in out
+    finally:
+        nnictl("stop", experiment)
+
+
+@pytest.mark.slow
+def test_a_launch_that_loses_its_port_to_another_leaves_nothing_and_says_so_in_one_line(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Two launches racing for one port both find it free; the loser is one line, exit 2, with no experiment
+    folder left, no entry in nnictl's list and no address printed for a manager that died."""
+    import http.server
+    import threading
+
+    from parnas.report import experiments
+
+    class Other(http.server.BaseHTTPRequestHandler):  # the winner's manager, answering for its own experiment
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json.dumps({"id": "winner00"}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Other)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(experiments, "port_in_use", lambda port: False)  # as the racing launch found it
+    config = tmp_path / "probe.yaml"
+    config.write_text(yaml.safe_dump({**PROBE, "trialCodeDirectory": str(tmp_path),
+                                      "experimentWorkingDirectory": str(tmp_path / "experiments")}))
+    before = set(json.loads((Path.home() / "nni-experiments" / ".experiment").read_text())) if (
+        Path.home() / "nni-experiments" / ".experiment").is_file() else set()
+    try:
+        code = main(["launch", "--config", str(config), "--port", str(port)])
+    finally:
+        server.shutdown()
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert f"port {port}" in err and "Traceback" not in err
+    left = sorted(p.name for p in (tmp_path / "experiments").glob("*")) if (tmp_path / "experiments").is_dir() else []
+    assert left == [], (err, left)
+    after = set(json.loads((Path.home() / "nni-experiments" / ".experiment").read_text())) if (
+        Path.home() / "nni-experiments" / ".experiment").is_file() else set()
+    assert after <= before
+
+
+def test_nnictl_says_what_it_does_without_a_deprecation_warning_first():
+    """Every nnictl command a user runs (``nnictl stop`` after ``parnas launch``) imports pkg_resources; the
+    setuptools pyproject.toml allows keeps that import quiet (from 80.9 it is a UserWarning on every command).
+    A failure here means the environment is older than pyproject.toml: ``make install`` brings it in line."""
+    done = subprocess.run([str(Path(sys.executable).parent / "nnictl"), "--version"], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
+    assert done.returncode == 0 and done.stdout.strip() == "3.0"
+    assert "Warning" not in done.stderr, done.stderr

@@ -41,6 +41,7 @@ def test_the_distribution_is_named_apart_from_the_import_name(wheel):
     assert "parnas = parnas.cli:run" in wheel.read(entry_points).decode()
 
 
+@pytest.mark.slow
 def test_a_user_study_module_shadows_nothing(tmp_path):
     """A user's own study.py and strategies.py in the working folder: parnas's commands still import their own."""
     (tmp_path / "study.py").write_text("raise SystemExit('the user study module was imported')\n")

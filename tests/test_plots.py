@@ -187,6 +187,7 @@ def tensorboard_images(run):
     return events.Images(plots.TB_TAG)
 
 
+@pytest.mark.slow
 def test_plotting_twice_keeps_one_tensorboard_image(tmp_path, capsys):
     run = write_run(tmp_path / "run", steps=10)
     for _ in range(2):
@@ -196,6 +197,7 @@ def test_plotting_twice_keeps_one_tensorboard_image(tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # no temp folder left
 
 
+@pytest.mark.slow
 def test_short_history_and_subset_of_kinds(tmp_path):
     run = write_run(tmp_path / "run", steps=8, every=2, n_blocks=3, kinds=("attention", "dense"), arch=False)
     plots.plot_run(run, tensorboard=False)
@@ -303,6 +305,7 @@ def test_experiment_stopped_by_nnictl_has_no_running_trials(tmp_path):
     assert experiment_trials(exp, tmp_path)["t4"].status == "stopped"
 
 
+@pytest.mark.slow
 def test_old_records_are_left_out_of_the_pareto_plot(tmp_path):
     exp = make_experiment(tmp_path)
     write_run(tmp_path / exp / "trials" / "old", legacy=True, val_ppl=30.0)  # its 30.0 is the supernet's

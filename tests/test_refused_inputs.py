@@ -43,6 +43,7 @@ def test_a_set_value_nested_too_deep_is_one_line(capsys, tmp_path):
     assert_refused(code, err, "--set model.cutoffs", "more than 64 levels deep")
 
 
+@pytest.mark.slow
 def test_a_latency_table_too_deep_is_one_line(capsys, tmp_path):
     table = tmp_path / "table.json"
     table.write_text('{"format": "parnas.latency", "version": 2, "key": ' + NESTED + "}")
@@ -141,6 +142,7 @@ def test_nni_failing_to_create_its_experiment_is_one_line_and_leaves_nothing(mic
     """The port taken between NNI's own check and its manager's start: NNI's client then reads another
     server's answers (requests' JSONDecodeError). The search names the port, and its run folder is gone."""
     import nni.experiment.launcher
+
     from parnas.strategies.multi_trial import run_multi_trial
 
     monkeypatch.setattr(nni.experiment.launcher, "_ensure_port_idle", lambda *args, **kwargs: None)

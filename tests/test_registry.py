@@ -91,6 +91,7 @@ def test_config_validation_imports_neither_torch_nor_plugins():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_every_kind_has_a_flops_cost_and_a_measured_one(gelu):
     from parnas.strategies.costs import flops_costs
 

@@ -8,13 +8,13 @@ import zipfile
 
 import pytest
 import torch
-from parnas.retrain.run import retrain
-from parnas.search_spaces import fixed_model
 
 from parnas import architecture
 from parnas.cli import main
 from parnas.config import DataConfig, ModelConfig
 from parnas.data.corpora import ContextBatches, load_splits
+from parnas.retrain.run import retrain
+from parnas.search_spaces import fixed_model
 from parnas.training import checkpoint as ckpt
 
 SMALL = ["data.vocab_size=300", "model.cutoffs=[100, 200]"]
@@ -190,6 +190,7 @@ def test_resume_refuses_a_different_run(trained, tmp_path, capsys):
     assert code == 2 and "nothing to resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_damaged_last_checkpoint_names_the_intact_one_beside_it_and_resume_from_it_continues_exactly(
         micro, tmp_path, capsys):
     """``--resume`` refuses a damaged last.ckpt in one line naming the latest intact checkpoint beside it and the

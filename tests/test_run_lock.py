@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from parnas.errors import ParnasError
-from parnas.files import LOCK_FILE, check_not_held, hold_run_dir
+from parnas.run_folders import LOCK_FILE, check_not_held, hold_run_dir
 
 ROOT = Path(__file__).parents[1]
 HOLD = ("import sys, time\n"
-        "from parnas.files import hold_run_dir\n"
+        "from parnas.run_folders import hold_run_dir\n"
         "with hold_run_dir(sys.argv[1]):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(600)\n")
@@ -111,3 +111,69 @@ def test_a_second_run_or_a_resume_into_a_live_runs_folder_exits_2_naming_its_pro
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "metrics.json").is_file() and not (run / LOCK_FILE).exists()
+
+
+# --- the lock file cannot be pointed at another file ---------------------------------------------------------------
+
+def plant(folder: Path, how: str, victim: Path) -> None:
+    """Put something other than parnas's own lock at ``folder/.parnas.lock``; ``victim`` is a user's file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_FILE
+    if how == "link":
+        lock.symlink_to(victim)
+    elif how == "dangling link":
+        lock.symlink_to(victim.parent / "absent")
+    elif how == "hard link":
+        os.link(victim, lock)
+    elif how == "folder":
+        lock.mkdir()
+    elif how == "pipe":
+        os.mkfifo(lock)
+    else:  # a file of the user's own, not a process id
+        lock.write_text("my notes\n")
+
+
+@pytest.mark.parametrize("how, why", [("link", "symbolic link"), ("dangling link", "symbolic link"),
+                                      ("hard link", "hard link"), ("folder", "not a regular file"),
+                                      ("pipe", "not a regular file"), ("file", "other than a process id")])
+def test_a_lock_path_that_is_not_parnas_own_lock_is_refused_and_nothing_is_written_through_it(tmp_path, how, why):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's data\n")
+    folder = tmp_path / "run"
+    plant(folder, how, victim)
+    for attempt in (lambda: hold_run_dir(folder).__enter__(), lambda: check_not_held(folder)):
+        with pytest.raises(ParnasError, match=why) as refused:
+            attempt()
+        assert str(folder) in str(refused.value) and "\n" not in str(refused.value)
+    assert victim.read_text() == "the user's data\n"
+    assert os.path.lexists(folder / LOCK_FILE) and not (tmp_path / "absent").exists()  # left as it was
+
+
+def test_a_lock_left_by_a_killed_run_is_replaced_never_truncated(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_FILE).write_text("4194999\n")  # no such process holds it: its run was killed
+    stale = os.open(folder / LOCK_FILE, os.O_RDONLY)
+    try:
+        with hold_run_dir(folder):
+            assert (folder / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+            assert not os.path.samestat(os.fstat(stale), os.stat(folder / LOCK_FILE))  # a new file
+            assert os.pread(stale, 64, 0) == b"4194999\n"  # the old one was removed, not rewritten
+    finally:
+        os.close(stale)
+    assert not (folder / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("command", ["train", "retrain", "search"])
+def test_a_command_refuses_a_planted_lock_link_in_one_line_and_leaves_its_target(tmp_path, capsys, command):
+    from test_bad_input import assert_refused, cli
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's data\n")
+    run = tmp_path / "R"
+    plant(run, "link", victim)
+    head = {"train": ["train"], "retrain": ["retrain", "--arch", "transformer-xl"], "search": ["search"]}[command]
+    code, _, err = cli(capsys, *head, "--config", "tiny", "--set", f"train.out_dir={run}",
+                       "--set", f"search.out_dir={run}")
+    assert_refused(code, err, str(run), "symbolic link")
+    assert victim.read_text() == "the user's data\n" and os.listdir(run) == [LOCK_FILE]

@@ -1,19 +1,19 @@
-"""``search.forward: sampled``: a search step runs one sampled candidate per block, not all of them, and the logits
-learn from the loss (REINFORCE); evaluation still mixes every candidate; the step reads back the picks and
-nothing else."""
+"""``search.par-gumbel-darts.forward: sampled``: a search step runs one sampled candidate per block, not all of them,
+and the logits learn from the loss (REINFORCE); evaluation still mixes every candidate; the step reads back the
+picks and nothing else."""
 
 import numpy as np
 import pytest
 import torch
 from nni.nas.nn.pytorch import LayerChoice, ModelSpace
-from parnas.strategies.gumbel_darts import PARGumbelDARTS
-from parnas.strategies.sampled import BASELINE_DECAY, SampledMixedLayer, clear_picks, draw_picks, reinforce
-from parnas.strategies.search import build_search
 from test_search import SPLITS, VOCAB, alphas, search_config
 from torch import nn
 
 from parnas.config import load_config
 from parnas.errors import ConfigError
+from parnas.strategies.gumbel_darts import PARGumbelDARTS
+from parnas.strategies.sampled import BASELINE_DECAY, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.search import build_search
 
 
 class Counted(nn.Linear):
@@ -89,8 +89,8 @@ def test_reinforce_raises_the_odds_of_picks_that_did_better_than_usual_and_lower
 
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])
 def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_block(tmp_path, mode):
-    search = build_search(search_config("train.max_steps=3", f"search.mode={mode}", "search.forward=sampled"),
-                          SPLITS, VOCAB, tmp_path)
+    search = build_search(search_config("train.max_steps=3", f"search.par-gumbel-darts.mode={mode}",
+                                        "search.par-gumbel-darts.forward=sampled"), SPLITS, VOCAB, tmp_path)
     training = {}  # (block, candidate) -> forwards in training
 
     def count(module, args, out, key):
@@ -114,7 +114,7 @@ def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_blo
 def test_a_sampled_search_over_kinds_with_a_loss_of_their_own_steps(tmp_path):
     """A moe or ut candidate left out of a step keeps no loss from its last run: the step would otherwise
     backpropagate through a graph already freed."""
-    cfg = search_config("train.max_steps=6", "search.forward=sampled", "model.n_heads=2",
+    cfg = search_config("train.max_steps=6", "search.par-gumbel-darts.forward=sampled", "model.n_heads=2",
                         "search.candidates=[attention, moe, ut, identity]")
     search = build_search(cfg, SPLITS, VOCAB, tmp_path)
     before = alphas(search)
@@ -122,9 +122,10 @@ def test_a_sampled_search_over_kinds_with_a_loss_of_their_own_steps(tmp_path):
     assert all(not torch.equal(before[k], a) for k, a in alphas(search).items())
 
 
+@pytest.mark.slow
 def test_a_sampled_search_chooses_attention_where_the_task_needs_it(tmp_path):
-    search = build_search(search_config("train.max_steps=600", "search.arch_warmup_steps=200",
-                                        "search.forward=sampled"), SPLITS, VOCAB, tmp_path)
+    search = build_search(search_config("train.max_steps=600", "search.par-gumbel-darts.arch_warmup_steps=200",
+                                        "search.par-gumbel-darts.forward=sampled"), SPLITS, VOCAB, tmp_path)
     search.run()
     attention = [p["attention"] for p in search.module.probabilities().values()]
     assert max(attention) > 0.8, search.module.probabilities()
@@ -135,7 +136,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
     from parnas.strategies.costs import CostModel
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
-                               "search.latency_budget=0.9", "search.forward=sampled"])
+                               "search.latency_budget=0.9", "search.par-gumbel-darts.forward=sampled"])
     B, L = cfg.data.batch_size, cfg.data.seg_len
     ids = np.random.default_rng(0).integers(0, 1000, B * L * 20).astype(np.int64)
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
@@ -149,11 +150,10 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
 
 
 @pytest.mark.parametrize("settings, needle", [
-    (["search.forward=all"], "search.forward must be one of mixed, sampled, not 'all'"),
-    (["search.forward=sampled", "search.strategy=darts"],
-     "search.forward=sampled is not a mode of search.strategy=darts"),
-    (["search.forward=sampled", "train.devices=2", "data.batch_size=8", "data.eval_batch_size=8"],
-     "search.forward=sampled runs in one process, not 2"),
+    (["search.par-gumbel-darts.forward=all"],
+     "search.par-gumbel-darts.forward must be one of mixed, sampled, fair, not 'all'"),
+    (["search.par-gumbel-darts.forward=sampled", "train.devices=2", "data.batch_size=8", "data.eval_batch_size=8"],
+     "search.par-gumbel-darts.forward=sampled runs in one process, not 2"),
 ])
 def test_settings_a_sampled_search_cannot_honour_are_refused(settings, needle):
     with pytest.raises(ConfigError, match=f"^{needle}"):
@@ -168,8 +168,9 @@ def test_a_sampled_search_runs_on_cuda_and_draws_as_on_the_cpu(tmp_path, mode):
     the same seed draws the same (the resume test's premise)."""
     def search(out):
         torch.manual_seed(0)
-        s = build_search(search_config("train.max_steps=4", f"search.mode={mode}", "search.forward=sampled",
-                                       "train.accelerator=gpu"), SPLITS, VOCAB, out)
+        s = build_search(search_config("train.max_steps=4", f"search.par-gumbel-darts.mode={mode}",
+                                       "search.par-gumbel-darts.forward=sampled", "train.accelerator=gpu"),
+                         SPLITS, VOCAB, out)
         before = alphas(s)
         s.run()
         return before, {k: a.cpu() for k, a in alphas(s).items()}  # wherever Lightning left the model

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 from nni.nas.nn.pytorch import LayerChoice
+
+from parnas.config import BLOCK_KINDS, ModelConfig, load_config
 from parnas.search_spaces import PARTransformerXLSpace, fixed_model
 from parnas.strategies.arch_stream import PairedStreams
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import tau_at
 from parnas.strategies.search import build_search
-
-from parnas.config import BLOCK_KINDS, ModelConfig, load_config
 from parnas.training.evaluation import evaluate
 
 logging.getLogger("nni").setLevel(logging.WARNING)
@@ -90,7 +90,8 @@ def test_joint_mode_moves_weights_and_logits_from_the_training_batch_alone(tmp_p
 
 
 def test_bilevel_reads_the_other_stream_and_keeps_two_memories(tmp_path):
-    search = build_search(search_config("train.max_steps=2", "search.mode=bilevel"), SPLITS, VOCAB, tmp_path)
+    search = build_search(search_config("train.max_steps=2", "search.par-gumbel-darts.mode=bilevel"), SPLITS, VOCAB,
+                          tmp_path)
     before_alpha = alphas(search)
     search.run()
     train, arch = search.module.training_module.mems["train"], search.module.arch_stream.memory
@@ -101,7 +102,8 @@ def test_bilevel_reads_the_other_stream_and_keeps_two_memories(tmp_path):
 @pytest.mark.parametrize("mode", ["joint", "bilevel"])
 @pytest.mark.slow
 def test_search_chooses_attention_where_the_task_needs_it(tmp_path, mode):
-    search = run(tmp_path, "train.max_steps=600", "search.arch_warmup_steps=200", f"search.mode={mode}")
+    search = run(tmp_path, "train.max_steps=600", "search.par-gumbel-darts.arch_warmup_steps=200",
+                 f"search.par-gumbel-darts.mode={mode}")
     attention = [p["attention"] for p in search.module.probabilities().values()]
     assert max(attention) > 0.8, search.module.probabilities()
     assert "attention" in search.module.export().values()
@@ -134,7 +136,7 @@ def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, hinge, fix
     hinged (the argmax's, or the expected one as PLANER does) and whether lambda is found or fixed."""
     weight = [f"search.penalty_weight={fixed_lambda}"] if fixed_lambda else []
     search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300",
-                                        f"search.budget_hinge={hinge}", *weight),
+                                        f"search.par-gumbel-darts.budget_hinge={hinge}", *weight),
                           SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
     search.run()
     kinds, fitted = search.module.exported_kinds()
@@ -152,9 +154,8 @@ def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, hinge, fix
 def test_a_budget_derived_from_the_measured_table_is_met_and_one_below_its_floor_is_refused(tmp_path):
     """The device's own table (timed here, whatever the device): a budget halfway between the cheapest layout
     and Transformer-XL is met by what is exported; one under the cheapest layout is refused before training."""
-    from parnas.strategies.pricing import cost_model
-
     from parnas.errors import ParnasError
+    from parnas.strategies.pricing import cost_model
 
     cfg = search_config("train.max_steps=20", "train.eval_every=20")
     costs, _ = cost_model(cfg, VOCAB, torch.device("cpu"))  # cached: the search below reads the same table
@@ -195,7 +196,8 @@ def test_the_budget_hinge_pushes_only_while_its_cost_is_over_the_budget(tmp_path
     under the budget; over it, the excess of the argmax's cost (``exported``) or of the expected cost
     (``expected``), with the expected cost's gradient either way."""
     search = build_search(search_config("search.latency_budget=0.5", "search.penalty_weight=2",
-                                        f"search.budget_hinge={hinge}"), SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
+                                        f"search.par-gumbel-darts.budget_hinge={hinge}"), SPLITS, VOCAB, tmp_path,
+                          costs=FIXED_COSTS)
     module = search.module
     module.set_model(search.supernet)
     choices = module.choices()
@@ -242,6 +244,7 @@ def test_without_a_budget_the_same_search_keeps_attention(tmp_path):
 
 def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weights(tmp_path):
     from nni.nas.space import model_context
+
     from parnas.strategies.supernet_export import exported_nll
 
     search = run(tmp_path, "train.max_steps=20")
@@ -264,7 +267,7 @@ def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weight
 
 
 def test_evaluation_uses_no_gumbel_noise_and_is_deterministic(tmp_path):
-    search = run(tmp_path, "train.max_steps=20", "search.hard=true")
+    search = run(tmp_path, "train.max_steps=20", "search.par-gumbel-darts.hard=true")
     batches = search.data.batches("valid")
     first, second = evaluate(search.supernet, batches), evaluate(search.supernet, batches)
     assert first.nll == second.nll and math.isfinite(first.ppl)
@@ -303,15 +306,16 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
 @pytest.mark.parametrize("setting, needle", [
     ("search.nonsense=1", "unknown config key search.nonsense"),
     ("search.arch_lr=fast", "search.arch_lr must be float"),
-    ("search.tau_end=2.0", "must not exceed search.tau_start"),
+    ("search.par-gumbel-darts.tau_end=2.0", "search.par-gumbel-darts.tau_end (2.0) must not exceed tau_start"),
     ("search.candidates=[attention, convolution]", "unknown block kind 'convolution'"),
     ("search.penalty_weight=-0.1", "search.penalty_weight must be >= 0"),
     ("search.latency_budget=0", "search.latency_budget must be in (0, 1]"),
     ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),
     ("search.latency_budget=.nan", "search.latency_budget must be a finite number"),
     ("search.latency_budget=fast", "search.latency_budget must be float"),
-    ("search.budget_hinge=expected", "hinges the cost at search.latency_budget: set one"),
-    ("search.latency_budget=0.65 --set search.budget_hinge=mean", "search.budget_hinge must be one of exported"),
+    ("search.par-gumbel-darts.budget_hinge=expected", "hinges the cost at search.latency_budget: set one"),
+    ("search.latency_budget=0.65 --set search.par-gumbel-darts.budget_hinge=mean",
+     "search.par-gumbel-darts.budget_hinge must be one of exported"),
     ("search.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
 ])
 def test_search_refuses_bad_settings_with_one_line(tmp_path, capsys, setting, needle):
@@ -341,8 +345,8 @@ def test_launch_refuses_a_port_in_use(capsys):
 def test_usable_as_an_nni_nas_experiment(tmp_path):
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment
-    from parnas.strategies.gumbel_darts import PARGumbelDARTS
 
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
     from parnas.training.data_module import SegmentData
     from parnas.training.task import LanguageModelTask
     from parnas.training.trainer import build_trainer
@@ -387,11 +391,11 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
     also when each step runs only the candidates sampled (the same draws after the resume)."""
     from parnas.strategies.run_folder import prepare_run_dir
-
     from parnas.training import checkpoint
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
-              "model.dropout=0.1", f"search.mode={mode}", "search.latency_budget=0.5", f"search.forward={forward}")
+              "model.dropout=0.1", f"search.par-gumbel-darts.mode={mode}", "search.latency_budget=0.5",
+              f"search.par-gumbel-darts.forward={forward}")
 
     def search(run_dir, *extra, ckpt=None):
         torch.manual_seed(0)

@@ -24,7 +24,37 @@ def test_builtins_are_registered_once_with_a_family_and_the_default_is_named():
     assert len(set(names)) == len(names)
     assert strategy_registry.of_family(MULTI_TRIAL) == ("random", "regularized-evolution", "tpe", "grid")
     assert set(strategy_registry.of_family(ONE_SHOT)) | set(strategy_registry.of_family(MULTI_TRIAL)) == set(names)
-    assert strategy_registry.running("sampled") == ("par-gumbel-darts",)
+
+
+def test_nnis_strategies_are_one_list_that_the_registry_and_the_cli_read(capsys):
+    nni = strategy_registry.NNI_STRATEGIES
+    assert strategy_registry.names()[1:] == tuple(s.name for s in nni)  # every built-in but parnas's own
+    for spec in nni:
+        registered = strategy_registry.get(spec.name)
+        assert (registered.family, registered.what, registered.source) == (spec.family, spec.what,
+                                                                           strategy_registry.NNI)
+    assert main(["search", "--help"]) == 0
+    parser_help = " ".join(capsys.readouterr().out.split())
+    assert all(spec.name in parser_help for spec in nni) and "search.NAME.SETTING" in parser_help
+    with pytest.raises(StrategyError, match="not one of NNI's"):
+        strategy_registry.nni_strategy(strategy_registry.DEFAULT)
+
+
+@pytest.mark.slow
+def test_the_dispatch_builds_each_nni_strategy_from_the_list_with_the_runs_settings():
+    from nni.nas import strategy as nni_strategy
+
+    from parnas.strategies.nni_strategies import nni_strategy_object
+
+    for spec in strategy_registry.NNI_STRATEGIES:
+        if spec.name == "enas":  # its dependencies do not install (the registry's check refuses it)
+            continue
+        cfg = load_config("tiny", [f"search.strategy={spec.name}", "search.arch_lr=0.02",
+                                   "search.gumbel-darts.tau_start=2", "search.gumbel-darts.tau_end=0.5"])
+        made = nni_strategy_object(cfg)
+        assert isinstance(made, getattr(nni_strategy, spec.nni_class)), spec
+        assert getattr(made, "arc_learning_rate", None) == (0.02 if spec.logits else None)
+        assert getattr(made, "temperature", None) == ((2.0, 0.5) if spec.name == "gumbel-darts" else None)
 
 
 def test_every_builtin_runs_and_checks_through_its_registered_code():
@@ -37,7 +67,7 @@ def test_every_builtin_runs_and_checks_through_its_registered_code():
                 strategy.check_config(cfg, False)
         else:
             strategy.check_config(cfg, False)
-        if name != strategy_registry.PAR_GUMBEL_DARTS:  # only parnas's own search resumes
+        if name != strategy_registry.DEFAULT:  # only parnas's own search resumes
             with pytest.raises(ConfigError):
                 strategy.check_config(cfg, True)
 
@@ -153,10 +183,13 @@ def test_a_plugin_strategy_is_known_by_name_before_its_module_is_imported(instal
 def test_the_plugin_strategy_searches_from_the_cli_and_its_record_is_retrainable(installed_plugin, micro,
                                                                                   tmp_path, capsys):
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=3",
-            f"search.out_dir={tmp_path / 'search'}"]
+            f"search.out_dir={tmp_path / 'search'}", "search.random-layout.skip=[identity]"]  # its own setting
     assert main(["search", "--config", "tiny", "--strategy", "random-layout",
                  *(a for s in sets for a in ("--set", s))]) == 0
     record = architecture.read(tmp_path / "search" / "architecture.json")
     assert record["search"]["strategy"] == "random-layout" and len(record["architecture"]) == 3
-    assert set(record["architecture"].values()) <= {"attention", "dense", "identity"}
+    assert set(record["architecture"].values()) <= {"attention", "dense"}
     assert architecture.layout_string(architecture.layout(record)) in capsys.readouterr().out
+    assert main(["search", "--config", "tiny", "--strategy", "random-layout",
+                 "--set", "search.random-layout.skip=[attention, dense, identity]"]) == 2
+    assert capsys.readouterr().err.strip().endswith("search.random-layout.skip leaves no candidate to draw")

@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("parnas", "search_spaces", "strategies", "retrain", "study")  # the folders installed as parnas and its subpackages
+PACKAGES = ("parnas", "search_spaces", "strategies", "retrain", "study")  # installed as parnas and its subpackages
 SCRIPTS = ("benchmarks", "tools")
 
 # Private names of other libraries that have no public equivalent, each with why it is used.

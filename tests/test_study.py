@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from parnas.study.orderings import random_orderings, sandwich
-from parnas.study.report import summarise, verdicts
-from parnas.study.run import make_plan, search_config, settings_record
 
 from parnas import architecture
 from parnas.cli import main
@@ -19,6 +16,9 @@ from parnas.config import load_config
 from parnas.config import transformer_xl_layout as transformer_xl
 from parnas.nn.model import blocks_run as network
 from parnas.nn.model import build_fixed_model
+from parnas.study.orderings import random_orderings, sandwich
+from parnas.study.plan import make_plan, search_config, settings_record
+from parnas.study.verdicts import summarise, verdicts
 from tests.nni_stall import STALLED, rerun_on_stall
 
 SEEDS, RANDOM = 2, 1
@@ -257,11 +257,11 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_study_whose_budget_hinges_the_expected_cost_runs_to_its_ranking(small_corpus, tmp_path):
-    """PLANER's hinge (search.budget_hinge=expected) is valid only with a budget; the supernet read back for the
-    ranking is priced by nothing, and must still build."""
+    """PLANER's hinge (search.par-gumbel-darts.budget_hinge=expected) is valid only with a budget; the supernet read
+    back for the ranking is priced by nothing, and must still build."""
     out = tmp_path / "study"
     args = study_args(small_corpus, out, "--budgets", "0.9", "--seeds", "1", "--random-orderings", "0",
-                      "--set", "search.budget_hinge=expected")
+                      "--set", "search.par-gumbel-darts.budget_hinge=expected")
     assert main(args) == 0
     study = json.loads((out / "study.json").read_text())
     assert study["ranking"]["budget 0.9, seed 0"]["inherited"]
@@ -269,8 +269,8 @@ def test_a_study_whose_budget_hinges_the_expected_cost_runs_to_its_ranking(small
 
 def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tmp_path):
     """A budget's hinge on the expected cost needs a budget: --budgets gives it, as it does to each search."""
-    plan = make_plan("tiny", ["search.budget_hinge=expected"], 1, "0.6,0.8", tmp_path / "study")
-    assert plan.budgets == (0.6, 0.8) and plan.base.search.budget_hinge == "expected"
+    plan = make_plan("tiny", ["search.par-gumbel-darts.budget_hinge=expected"], 1, "0.6,0.8", tmp_path / "study")
+    assert plan.budgets == (0.6, 0.8) and plan.base.search.settings.budget_hinge == "expected"
     assert [search_config(plan, s).search.latency_budget for s in plan.searches] == [0.6, 0.8]
     assert not (tmp_path / "study").exists()
 
@@ -289,8 +289,9 @@ def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tm
     (["--widths", "33"], "divisible by model.n_heads"), (["--widths", "16,33"], "divisible by model.n_heads"),
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
-    (["--budgets", "none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
-    (["--budgets", "0.6,none", "--set", "search.budget_hinge=expected"], "search.latency_budget: set one"),
+    (["--budgets", "none", "--set", "search.par-gumbel-darts.budget_hinge=expected"], "search.latency_budget: set one"),
+    (["--budgets", "0.6,none", "--set", "search.par-gumbel-darts.budget_hinge=expected"],
+     "search.latency_budget: set one"),
     (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
     (["--every-network", "--strategies", "par-gumbel-darts,darts"], "cannot be combined with --strategies"),
     (["--census", "200", "--set", "model.n_blocks=6"], "--census 200: 6 blocks over attention, dense, identity make "
@@ -487,8 +488,8 @@ def space_rows(found_ppls, space):
 
 
 def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_below_the_front():
-    from parnas.study.report import _reaches
     from parnas.study.space import found_in_space_verdict, space_claim_verdict, space_front_verdict
+    from parnas.study.verdicts import _reaches
 
     space = [("AD", 0.4, 55.0), ("ADD", 0.5, 49.0), ("AAD", 0.6, 43.0), ("ADAD", 0.6, 46.0), ("AADD", 0.7, 43.5),
              ("ADADADAD", 1.0, 40.0), ("D", 0.2, 90.0)]
@@ -586,8 +587,8 @@ def test_a_census_of_the_whole_space_is_every_network_and_strata_share_the_sampl
 
 
 def test_the_space_verdicts_say_they_judge_a_sample():
-    from parnas.study.report import _reaches
     from parnas.study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict, space_name
+    from parnas.study.verdicts import _reaches
 
     assert space_name(0, 127) == EVERY
     name = space_name(40, 8191)

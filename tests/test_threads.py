@@ -116,3 +116,13 @@ def test_a_run_says_first_how_many_threads_it_uses_and_uses_them(micro, tmp_path
     first = capsys.readouterr().out.splitlines()[0]
     assert first == "threads: 2 (train.threads=2)" and torch.get_num_threads() == 2
     assert os.environ["OMP_NUM_THREADS"] == "2"  # what a DDP process Lightning starts reads
+
+
+def test_the_threads_line_names_the_limit_that_decided_and_never_counts_a_busy_core_free():
+    busy = threads.choose(64, TOKENS, environ={}, cores=2, load=3.5).line()
+    assert busy == "threads: 1 (2 cores, busy at load 3.5: one thread fights least)"
+    assert "free" not in threads.choose(WIDE, TOKENS, processes=4, environ={}, cores=2, load=2.0).line()
+    some = threads.choose(WIDE, TOKENS, environ={}, cores=8, load=5.0).line()  # the free cores decide
+    assert some == "threads: 3 (8 cores, 3 free at load 5.0; 1,024 tokens a step at width 256 would use 8)"
+    small = threads.choose(64, TOKENS, environ={}, cores=8, load=0.0).line()  # the step's size decides
+    assert small.startswith("threads: 1 (8 cores, all free at load 0.0; ") and small.endswith("second thread)")

@@ -107,6 +107,7 @@ def test_char_level_is_byte_level_with_newline_as_eos(tmp_path):
 # --- SentencePiece --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+@pytest.mark.slow
 def test_sentencepiece_trains_once_and_is_reused(tmp_path, monkeypatch, model_type):
     corpus = write_corpus(tmp_path / "c", text_slice(2000))
     cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200, sp_model_type=model_type)
@@ -184,6 +185,7 @@ def test_a_damaged_word_vocabulary_is_built_again(tmp_path, capsys):
     assert "damaged" in capsys.readouterr().err and again.sha256 == good.sha256
 
 
+@pytest.mark.slow
 def test_sentencepiece_writes_the_unknown_piece_as_unk(tmp_path):
     corpus = write_corpus(tmp_path / "c", text_slice(1000))
     tok = build_tokenizer(DataConfig(tokenizer="sentencepiece", vocab_size=200), corpus, tmp_path / "cache")
@@ -193,6 +195,7 @@ def test_sentencepiece_writes_the_unknown_piece_as_unk(tmp_path):
     assert text == "the <unk> cat" and "\u2047" not in text
 
 
+@pytest.mark.slow
 def test_word_starts_and_the_unknown_marker_for_every_kind(tmp_path):
     """A token may follow a whole word when its text does not begin with a letter or digit; an unknown
     token decodes as "<unk>" whatever the kind."""

@@ -10,7 +10,11 @@ wrong, no traceback, nothing written; a run killed (``kill -9``) or stopped (SIG
 and resumed as its line says ends bit-exact with the run done in one go, final metrics and weights; a second run
 into a live run's folder is refused naming its process; a full disk (a small tmpfs, where it can be mounted) costs
 one line and the last checkpoint survives; the web UI does not answer on the machine's other addresses unless
-``--listen-all``; every documented command runs or is skipped with its reason. One line per case (``ok``,
+``--listen-all``; a run whose loss explodes (train, retrain, search, --resume, evaluate) ends with one line and
+its metrics marked ``diverged``; hostile files and moments (YAML aliases without end, keys given twice, paths
+that read as YAML, a poisoned latency cache, SIGHUP and bursts of signals, an unusable cache folder, a run under
+``ulimit -v``, a pickle that would run code) end in one line; every documented command runs or is skipped with
+its reason. One line per case (``ok``,
 ``BAD`` or ``skip`` and what happened), then ``N of M answered well``; the exit status is 1 if any case is BAD.
 Work folders go to a temporary folder, removed at the end unless ``--keep``.
 """
@@ -32,12 +36,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.campaign_cases import faults, refusals  # noqa: E402  (this checkout's, as the commands run it)
+from tools.campaign_cases import divergence, faults, hostile, ownership, refusals  # noqa: E402  (this checkout's, as the commands run it)
 from tools.campaign_cases.bench import Bad, Bench, Case, Skip, last_words  # noqa: E402
 
 
 def all_cases() -> list[Case]:
-    cases = [*refusals.cases(), *faults.cases()]
+    cases = [*refusals.cases(), *faults.cases(), *divergence.cases(), *ownership.cases(), *hostile.cases()]
     names = [c.name for c in cases]
     assert len(set(names)) == len(names), "two cases share a name"
     return cases

@@ -9,11 +9,12 @@
 #   bash tools/gpu_checks.sh steps                    #   takes each of these three parts
 #   bash tools/gpu_checks.sh flex
 #
-# quick, in order of value: the CUDA tests (pytest -m gpu, each test under a minute where pytest-timeout is
-# installed); gpu_step.py at WT103 base, bf16 eager and compiled beside TF32 eager (tokens/s, MFU, peak memory);
-# gpu_step.py at wt2-par, the supernet's step (mixed and sampled) against the Transformer-XL's, and an
-# identity-heavy layout against its twin without the identity blocks; a version-2 latency table of the train,
-# inference and generate targets at wt2-par's GPU shapes.
+# quick, in order of value: the most valuable CUDA tests (every command on CUDA, bf16, CUDA graphs against
+# eager, the latency table by CUDA events; each under a minute where pytest-timeout is installed); gpu_step.py
+# at WT103 base, the Transformer-XL in bf16, eager; gpu_step.py at wt2-par, eager against CUDA graphs
+# (train.compile=reduce-overhead) beside the supernet; a version-2 latency table of the train, inference and
+# generate targets at wt2-par's GPU shapes. Then one table of every model timed: tokens/s, ms/step, MFU, peak
+# memory ($OUT/table.md).
 #
 # The rest: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
@@ -88,20 +89,19 @@ fi
 latency=(python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32 --set data.seg_len=128
          --set model.mem_len=128 --set train.precision=bf16-mixed --out "$out/gpu-wt2-par-v2.json")
 
-# quick's limits: 370 s, which with the install before it (.gpu/run.sh's pip install --no-deps -e .: 9 s on the
+# quick's limits: 360 s, which with the install before it (.gpu/run.sh's pip install --no-deps -e .: 9 s on the
 # 2-core development CPU) and the lines above makes about 6.5 minutes, so the one command ends within 7 even
-# when every step is cut (a step that ignores TERM is KILLed 10 s later). Estimates, not yet timed on a GPU:
-# the tests get most, being worth most (collecting the suite took 34 s on the loaded 2-core CPU, far less on a
-# GPU machine's 16 cores; each test's own limit keeps one hung test from taking the rest's time). The WT103
-# step compiles a 32-block model twice (the empty memory, then the full one), most of its time; the rest is
-# 4 models' builds and 53 steps each of tens of ms. The wt2-par step is 5 small launch-bound models: imports,
-# CUDA's start and NNI's supernet take most of it. The latency table trains the 12,000-word tokenizer on a bare
-# machine (8 s on that CPU) and decodes some 8,000 tokens one at a time, each read back by the host.
-step quick-tests 165 "${pytest_gpu[@]}" ${per_test:+"$per_test=60"}
-step quick-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --tf32 --rounds 5
-step quick-wt2par 40 python3 benchmarks/gpu_step.py --shape wt2-par --sampled --layout AIAIIIAIIDDD --twin \
-    --rounds 5
-step quick-latency 55 "${latency[@]}"
+# when every step is cut (a step that ignores TERM is KILLed 10 s later). From an H100 at e3d9426: a CUDA test
+# takes about 16 s (the whole -m gpu set about 8 minutes, so quick picks 7 of them); a WT103 compile took over
+# 110 s (quick times WT103 eager only: 3 models' builds took 4.6 s each); the wt2-par step with 5 eager models
+# took 22 s (CUDA graphs add a compile of the 12-block model); the latency table decodes a short run of tokens
+# per round now (it decoded some 8,000 before, and was cut at 55 s), timed by CUDA events.
+quick_k="test_search_export_retrain_evaluate_generate_compare_on_cuda or test_cuda_bf16_retrain_and_evaluate"
+quick_k+=" or test_cuda_graphs_train_like_eager or test_a_cuda_graphed_retrain or test_on_cuda_a_table_is_timed_by_events"
+step quick-tests 150 "${pytest_gpu[@]}" -k "$quick_k" ${per_test:+"$per_test=60"}
+step quick-wt103 60 python3 benchmarks/gpu_step.py --shape wt103-base --no-supernet --rounds 3
+step quick-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
+step quick-latency 60 "${latency[@]}"
 
 step tests 360 "${pytest_gpu[@]}" ${per_test:+"$per_test=150"}
 step syncs 40 python3 benchmarks/host_syncs.py
@@ -116,6 +116,26 @@ step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape 
 step flex-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --flex --compile default --rounds 5
 step flex-long 60 python3 benchmarks/gpu_step.py --shape long --flex --rounds 5
 step latency 80 "${latency[@]}"
+
+table() {  # one Markdown table of every model gpu_step.py timed in the logs given (its rows, parsed)
+    awk 'FNR == 1 { step = FILENAME; sub(/.*\//, "", step); sub(/\.log$/, "", step) }
+        /^[a-z0-9-]+: .* layers, d_model/ { shape = $1; sub(/:$/, "", shape) }
+        / tokens\/s +[0-9.]+ ms\/step +peak / {
+            match($0, /[0-9,]+ tokens\/s/); tps = substr($0, RSTART, RLENGTH - 9)
+            name = substr($0, 1, RSTART - 1); gsub(/^ +| +$/, "", name)
+            match($0, /[0-9.]+ ms\/step/); ms = substr($0, RSTART, RLENGTH - 8)
+            match($0, /peak +[0-9.]+ GiB/); peak = substr($0, RSTART + 5, RLENGTH - 9); gsub(/ /, "", peak)
+            mfu = "-"; if (match($0, /MFU [0-9.]+%/)) mfu = substr($0, RSTART + 4, RLENGTH - 4)
+            if (!rows++) print "| step | shape | model | tokens/s | ms/step | MFU | peak GiB |\n|---|---|---|---:|---:|---:|---:|"
+            printf "| %s | %s | %s | %s | %s | %s | %s |\n", step, shape, name, tps, ms, mfu, peak
+        }' "$@"
+}
+logs=()
+for log in "$out"/quick-wt*.log "$out"/steps-*.log "$out"/flex-*.log; do [ -f "$log" ] && logs+=("$log"); done
+if [ ${#logs[@]} -gt 0 ] && table "${logs[@]}" >"$out/table.md" && [ -s "$out/table.md" ]; then
+    echo "every model timed (also in $out/table.md):"
+    cat "$out/table.md"
+fi
 
 ms=$(( (${EPOCHREALTIME//[.,]/} - begin) / 1000 ))
 echo "gpu_checks: $ran steps, $((ran - failed)) passed, $failed failed or cut, in $((ms / 1000)) s; logs in $out"

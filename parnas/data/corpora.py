@@ -93,8 +93,22 @@ DATASETS: Mapping[str, DatasetSpec] = MappingProxyType({
 
 
 def default_cache_dir() -> Path:
-    """``$PARNAS_CACHE_DIR``, else ``~/.cache/parnas``."""
-    return Path(os.environ.get("PARNAS_CACHE_DIR") or "~/.cache/parnas").expanduser()
+    """``$PARNAS_CACHE_DIR``, else ``~/.cache/parnas``; refused in one line (DataError) when it cannot be a folder
+    this user writes: a file (``/dev/null``), a path under a file, a folder it may not write, a name too long.
+    Nothing is created here: the first write makes the folder."""
+    cache = Path(os.environ.get("PARNAS_CACHE_DIR") or "~/.cache/parnas").expanduser()
+    named = f"PARNAS_CACHE_DIR={cache}" if os.environ.get("PARNAS_CACHE_DIR") else f"the cache folder {cache}"
+    fix = "set PARNAS_CACHE_DIR to a folder this user may write"
+    if any(len(os.fsencode(part)) > 255 for part in cache.parts) or len(os.fsencode(str(cache))) > 3900:
+        raise DataError(f"{named}: the name is too long for a folder; {fix}")
+    existing = next(p for p in (cache, *cache.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        where = "is not a folder" if existing == cache else f"is under {existing}, which is not a folder"
+        raise DataError(f"{named} {where}; {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is a folder" if existing == cache else f"would be made in {existing}, a folder"
+        raise DataError(f"{named} {where} this user may not write; {fix}")
+    return cache
 
 
 def _is_corpus(folder: Path, *, required: bool = False) -> bool:

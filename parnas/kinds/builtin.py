@@ -88,6 +88,10 @@ class HeadsSettings:
     def __post_init__(self) -> None:
         _require(0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}")
 
+    def heads(self, n_heads: int) -> int:
+        """The heads a fewer-heads block keeps of ``model.n_heads``."""
+        return round(n_heads * self.fraction)
+
 
 @dataclass(frozen=True)
 class QuarterHeadsSettings(HeadsSettings):
@@ -102,6 +106,10 @@ class WidthSettings:
 
     def __post_init__(self) -> None:
         _require(self.ratio > 0, f"ratio must be > 0, got {self.ratio}")
+
+    def width(self, d_ff: int) -> int:
+        """The inner width of a feed-forward block of another width than ``model.d_ff``."""
+        return round(d_ff * self.ratio)
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,10 @@ class MoESettings:
         _require(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor}")
         _require(self.aux_weight >= 0, f"aux_weight must be >= 0, got {self.aux_weight}")
 
+    def capacity(self, tokens: int) -> int:
+        """Routings one expert takes from ``tokens`` tokens: ``capacity_factor`` x its even share, at least one."""
+        return max(1, math.ceil(self.capacity_factor * self.top_k * tokens / self.n_experts))
+
 
 # --- checks against the run's shapes ---------------------------------------------------------------
 
@@ -138,16 +150,6 @@ def _check_lsh(cfg: Any, s: LSHSettings) -> None:
     _require(s.n_buckets <= L, f"model.lsh.n_buckets ({s.n_buckets}) must not exceed data.seg_len ({L})")
 
 
-def heads(n_heads: int, s: HeadsSettings) -> int:
-    """The heads a fewer-heads block keeps."""
-    return round(n_heads * s.fraction)
-
-
-def width(d_ff: int, s: WidthSettings) -> int:
-    """The inner width of a feed-forward block of another width."""
-    return round(d_ff * s.ratio)
-
-
 def _whole_share(name: str, setting: str, of: str, unit: str) -> Check:
     """A check that ``model.<name>.<setting>`` times ``model.<of>`` is a whole number, at least one ``unit``."""
     def check(cfg: Any, s: Any) -> None:
@@ -156,11 +158,6 @@ def _whole_share(name: str, setting: str, of: str, unit: str) -> Check:
         _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"model.{name}.{setting} {share:g} of model.{of} "
                  f"({whole}) is {n:g} {unit}: choose a {setting} that gives whole {unit}")
     return check
-
-
-def capacity(tokens: int, s: MoESettings) -> int:
-    """Routings one expert takes from ``tokens`` tokens: ``capacity_factor`` x its even share, at least one."""
-    return max(1, math.ceil(s.capacity_factor * s.top_k * tokens / s.n_experts))
 
 
 # --- FLOPs per token ------------------------------------------------------------------------------
@@ -196,7 +193,7 @@ def _moe_flops(cfg: Any, seg_len: int, batch_size: int) -> float:
     """The router, then each routing through one expert: at most capacity x n_experts routings per batch."""
     s = cfg.settings_of("moe")
     tokens = seg_len * batch_size
-    routed = min(s.top_k * tokens, capacity(tokens, s) * s.n_experts) / tokens
+    routed = min(s.top_k * tokens, s.capacity(tokens) * s.n_experts) / tokens
     return 2 * cfg.d_model * s.n_experts + routed * 2 * 2 * cfg.d_model * cfg.d_ff
 
 
@@ -232,22 +229,22 @@ for _kind in (
               attends=True),
     BlockKind("attention_half", "parnas.nn.blocks:build_attention_half", True, "F", settings=HeadsSettings,
               check=_whole_share("attention_half", "fraction", "n_heads", "heads"),
-              flops=lambda cfg, L, B: attention_flops(cfg, L, B, heads(cfg.n_heads, cfg.settings_of("attention_half"))),
+              flops=lambda cfg, L, B: attention_flops(cfg, L, B, cfg.settings_of("attention_half").heads(cfg.n_heads)),
               source="Latifi et al. 2022 (PLANER), Wang et al. 2020 (HAT): attention with fewer heads, here 1/2",
               attends=True),
     BlockKind("attention_quarter", "parnas.nn.blocks:build_attention_quarter", True, "Q",
               settings=QuarterHeadsSettings, check=_whole_share("attention_quarter", "fraction", "n_heads", "heads"),
               flops=lambda cfg, L, B: attention_flops(cfg, L, B,
-                                                      heads(cfg.n_heads, cfg.settings_of("attention_quarter"))),
+                                                      cfg.settings_of("attention_quarter").heads(cfg.n_heads)),
               source="Latifi et al. 2022 (PLANER), Wang et al. 2020 (HAT): attention with fewer heads, here 1/4",
               attends=True),
     BlockKind("dense_half", "parnas.nn.blocks:build_dense_half", False, "N", settings=WidthSettings,
               check=_whole_share("dense_half", "ratio", "d_ff", "units"),
-              flops=_feed_forward(lambda cfg: width(cfg.d_ff, cfg.settings_of("dense_half"))),
+              flops=_feed_forward(lambda cfg: cfg.settings_of("dense_half").width(cfg.d_ff)),
               source="Tsai et al. 2020 (LTS), Wang et al. 2020 (HAT): a narrower feed-forward, here 1/2 d_ff"),
     BlockKind("dense_double", "parnas.nn.blocks:build_dense_double", False, "W", settings=DoubleWidthSettings,
               check=_whole_share("dense_double", "ratio", "d_ff", "units"),
-              flops=_feed_forward(lambda cfg: width(cfg.d_ff, cfg.settings_of("dense_double"))),
+              flops=_feed_forward(lambda cfg: cfg.settings_of("dense_double").width(cfg.d_ff)),
               source="Tsai et al. 2020 (LTS), Wang et al. 2020 (HAT): a wider feed-forward, here 2 d_ff"),
     BlockKind("moe", "parnas.nn.moe:MoEBlock", False, "E", settings=MoESettings, flops=_moe_flops, reversible=False,
               source="Fedus et al. 2021 (Switch Transformer), as in PLANER: a mixture of feed-forward experts"),

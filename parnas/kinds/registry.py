@@ -25,14 +25,13 @@ plugin module is imported the first time the kind is needed. Code can also
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, Union
 
 from parnas import plugins
 from parnas.errors import ConfigError, ParnasError
+from parnas.registry import Registry, is_settings_class
 
 if TYPE_CHECKING:
     from torch import nn
@@ -97,18 +96,20 @@ class BlockKind:
             raise KindError(f"block kind {self.name!r}: uses_memory, shared and attends must be True or False")
         if self.flops is not None and not callable(self.flops):
             raise KindError(f"block kind {self.name!r}: flops must be a callable (cfg, seg_len, batch_size) -> float")
-        settings = self.settings
-        if settings is not None and not (isinstance(settings, type) and dataclasses.is_dataclass(settings)
-                                         and settings.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        if self.settings is not None and not is_settings_class(self.settings):
             raise KindError(f"block kind {self.name!r}: settings must be a frozen dataclass, got {self.settings!r}")
         if self.check is not None and not callable(self.check):
             raise KindError(f"block kind {self.name!r}: check must be a callable (config, settings) -> None")
+
+    def settings_class(self) -> type | None:
+        """The class of this kind's settings (None: it has none), as a strategy's is read."""
+        return self.settings
 
     def build(self, cfg: ModelConfig) -> nn.Module:
         """A fresh block; ``kind`` and ``uses_memory`` are set on it from this record."""
         from torch import nn
 
-        factory = _resolve(self.factory, self.name) if isinstance(self.factory, str) else self.factory
+        factory = KINDS.load(self.name, "factory", self.factory) if isinstance(self.factory, str) else self.factory
         block = factory(cfg)
         if not isinstance(block, nn.Module):
             raise KindError(f"block kind {self.name!r}: its factory returned {type(block).__name__}, not an nn.Module")
@@ -116,88 +117,19 @@ class BlockKind:
         return block
 
 
-def _resolve(target: str, name: str) -> Any:
-    try:
-        return plugins.load_target(target)
-    except (ImportError, AttributeError) as e:
-        raise KindError(f"block kind {name!r}: cannot load its factory {target!r} ({type(e).__name__}: {e})") from None
-
-
 # --- the registry -------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, BlockKind] = {}
-_BUILTIN: set[str] = set()
-
-
-def register(kind: BlockKind, *, builtin: bool = False) -> BlockKind:
-    """Add ``kind``; a name or letter already taken is an error (registering the same record again is not).
-    ``builtin``: parnas's own kinds, which :func:`unregister` keeps."""
-    if not isinstance(kind, BlockKind):
-        raise KindError(f"register expects a parnas.kinds.BlockKind, got {type(kind).__name__}")
-    old = _REGISTRY.get(kind.name)
-    if old == kind:
-        return kind
-    if old is not None:
-        raise KindError(f"block kind {kind.name!r} is already registered"
-                        f"{' (built in)' if kind.name in _BUILTIN else ''}; choose another name")
-    taken = {k.letter: k.name for k in _REGISTRY.values()}
+def _letter_free(kind: BlockKind, registered: Mapping[str, BlockKind]) -> None:
+    taken = {k.letter: k.name for k in registered.values()}
     if kind.letter in taken:
         raise KindError(f"block kind {kind.name!r}: letter {kind.letter!r} is taken by {taken[kind.letter]!r}; "
                         f"letters in use: {''.join(sorted(taken))}")
-    _REGISTRY[kind.name] = kind
-    if builtin:
-        _BUILTIN.add(kind.name)
-    return kind
 
 
-def unregister(name: str) -> None:
-    """Remove a kind registered in this process (tests, notebooks); built-ins stay."""
-    if name in _BUILTIN:
-        raise KindError(f"block kind {name!r} is built in and cannot be removed")
-    _REGISTRY.pop(name, None)
-
-
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    """Installed plugin kinds by name; reading them imports no plugin."""
-    return plugins.entry_points(GROUP)
-
-
-def names() -> tuple[str, ...]:
-    """Every known kind: built-ins, then registered ones, then plugins not loaded yet. Stable order."""
-    plugins = sorted(set(_entry_points()) - set(_REGISTRY))
-    return (*_REGISTRY, *plugins)
-
-
-def is_known(name: str) -> bool:
-    return name in _REGISTRY or name in _entry_points()
-
-
-def loaded(name: str) -> BlockKind | None:
-    """The kind called ``name`` if it is registered already, else None: a plugin not needed yet stays unloaded
-    (config checks import neither it nor torch)."""
-    return _REGISTRY.get(name)
-
-
-def unknown_message(name: str) -> str:
-    return f"unknown block kind {name!r}; known kinds: {', '.join(names())}; {HOW_TO_REGISTER}"
-
-
-def get(name: str) -> BlockKind:
-    """The kind called ``name``, loading its plugin on first use."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    ep = _entry_points().get(name)
-    if ep is None:
-        raise KindError(unknown_message(name))
-    try:
-        kind = ep.load()
-    except Exception as e:  # a broken plugin is the user's to fix: say which and why, in one line
-        raise KindError(f"block kind {name!r}: cannot load entry point {ep.value!r} "
-                        f"({type(e).__name__}: {e})") from None
-    if not isinstance(kind, BlockKind) or kind.name != name:
-        raise KindError(f"entry point {name!r} ({ep.value}) must name a parnas.kinds.BlockKind called {name!r}, "
-                        f"got {kind!r:.80}")
-    return register(kind)
+KINDS: Registry[BlockKind] = Registry(BlockKind, "block kind", "kinds", GROUP, HOW_TO_REGISTER, KindError,
+                                      admit=_letter_free)
+register, unregister, names, is_known = KINDS.register, KINDS.unregister, KINDS.names, KINDS.is_known
+loaded, unknown_message, get = KINDS.loaded, KINDS.unknown_message, KINDS.get
 
 
 def check(kinds: Sequence[str], key: str) -> tuple[str, ...]:
@@ -231,7 +163,7 @@ def default_settings(name: str) -> Any:
 
 def with_settings() -> tuple[str, ...]:
     """The registered kinds that declare settings (plugins not loaded yet left out)."""
-    return tuple(name for name, kind in _REGISTRY.items() if kind.settings is not None)
+    return tuple(kind.name for kind in KINDS.records() if kind.settings is not None)
 
 
 def make_block(name: str, cfg: ModelConfig) -> nn.Module:

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from parnas.config import ModelConfig
-from parnas.kinds.builtin import heads, width
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> Tensor:
@@ -99,14 +98,34 @@ def rel_shift(x: Tensor) -> Tensor:
     return x.reshape(*batch, L * K1)[..., L:].view(*batch, L, K1 - 1)
 
 
-@functools.lru_cache(maxsize=32)
-def causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """0 where query i may see key j (j <= M+i), -inf elsewhere: (L, M+L), made once per shape.
+_CAUSAL_BIASES: dict[tuple[int, int, torch.device, torch.dtype], Tensor] = {}
+CAUSAL_BIAS_SHAPES = 32  # the most shapes kept (the oldest made goes first)
 
-    Made outside inference mode, so a table first made during evaluation also serves training."""
-    with torch.inference_mode(False), torch.no_grad():
-        future = torch.ones(L, M + L, dtype=torch.bool, device=device).triu_(M + 1)
-        return torch.zeros(L, M + L, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
+
+def causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """0 where query i may see key j (j <= M+i), -inf elsewhere: (L, M+L), made once per shape in eager mode.
+
+    Made outside inference mode, so a table first made during evaluation also serves training. Under
+    ``torch.compile`` it is made in the graph instead (a constant the compiler folds): Dynamo then traces no
+    cache (it warns of a ``functools.lru_cache``, and guards on what a cache holds)."""
+    if torch.compiler.is_compiling():
+        return _causal_bias(L, M, device, dtype)
+    key = (L, M, torch.device(device), dtype)
+    bias = _CAUSAL_BIASES.get(key)
+    if bias is None:
+        if len(_CAUSAL_BIASES) >= CAUSAL_BIAS_SHAPES:
+            del _CAUSAL_BIASES[next(iter(_CAUSAL_BIASES))]
+        with torch.inference_mode(False), torch.no_grad():
+            bias = _CAUSAL_BIASES[key] = _causal_bias(L, M, device, dtype)
+    return bias
+
+
+causal_bias.cache_clear = _CAUSAL_BIASES.clear  # type: ignore[attr-defined]  # as functools' caches have
+
+
+def _causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    future = torch.ones(L, M + L, dtype=torch.bool, device=device).triu(M + 1)
+    return torch.zeros(L, M + L, device=device, dtype=dtype).masked_fill(future, float("-inf"))
 
 
 # SDPA's fused CUDA kernels (memory-efficient, cuDNN) take head sizes in multiples of 8 in bf16/fp16 (4 in fp32 on
@@ -209,8 +228,8 @@ class AttentionBlock(nn.Module):
         self.kernel = kernel
         self.n_heads, self.d_head = n_heads, d_head or d_model // n_heads  # fewer heads keep the config's width
         inner = n_heads * self.d_head
-        self.q = nn.Linear(d_model, inner, bias=False)
-        self.kv = nn.Linear(d_model, 2 * inner, bias=False)
+        # queries, keys and values in one product over [memory; segment] (Dai et al.'s qkv_net): rows [q; k; v]
+        self.qkv = nn.Linear(d_model, 3 * inner, bias=False)
         self.r = nn.Linear(d_model, inner, bias=False)  # W_r: positions -> keys
         self.u = nn.Parameter(torch.zeros(n_heads, self.d_head))  # content bias
         self.v = nn.Parameter(torch.zeros(n_heads, self.d_head))  # position bias
@@ -218,6 +237,18 @@ class AttentionBlock(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.drop = Dropout(dropout)
         self.dropatt, self.pre_norm = dropatt, pre_norm
+        self.register_load_state_dict_pre_hook(merge_q_kv)
+
+    @property
+    def q(self) -> Projection:
+        """The query rows of :attr:`qkv`, as the separate projection they were."""
+        return Projection(self.qkv, 0, self.n_heads * self.d_head)
+
+    @property
+    def kv(self) -> Projection:
+        """The key and value rows of :attr:`qkv`, as the separate projection they were."""
+        inner = self.n_heads * self.d_head
+        return Projection(self.qkv, inner, 3 * inner)
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         # heads lead the batch order (H, B): the position scores are then one bmm per head over all
@@ -228,12 +259,15 @@ class AttentionBlock(nn.Module):
         c = torch.cat([mem, h], dim=1) if M else h  # (B, K, D)
         if self.pre_norm:
             c = self.norm(c)
-        q = self.q(c[:, M:] if self.pre_norm else h).view(B * L, H, Dh)  # (B*L, H, Dh)
-        k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 3, 0, 1, 4)  # 2 x (H, B, K, Dh)
+        # one product: the memory's queries are made and dropped (what M more rows cost is less than a second
+        # product, its backward and the gradients' sum where the host launches every op, as on a GPU)
+        qkv = self.qkv(c).view(B, K, 3, H, Dh)
+        q = qkv[:, M:, 0]  # (B, L, H, Dh), a view: the biases' sums below are the copies
+        k, v = qkv[:, :, 1:].permute(2, 3, 0, 1, 4)  # 2 x (H, B, K, Dh)
         r = F.pad(self.r(pos).view(K, H, Dh).permute(1, 2, 0), (1, 0))  # (H, Dh, 1+K), zero column first
         scale = 1.0 / math.sqrt(Dh)
-        position = torch.bmm((q + self.v).transpose(0, 1), r).view(H, B, L, 1 + K)  # (H, B, L, 1+K)
-        q = (q + self.u).view(B, L, H, Dh).permute(2, 0, 1, 3)  # (H, B, L, Dh)
+        position = torch.bmm((q + self.v).reshape(B * L, H, Dh).transpose(0, 1), r).view(H, B, L, 1 + K)
+        q = (q + self.u).permute(2, 0, 1, 3)  # (H, B, L, Dh)
         if self.kernel == "flex" and h.device.type != "cpu" and L > 1:
             a = flex(q, k, v, position, scale)
         else:
@@ -257,6 +291,29 @@ class AttentionBlock(nn.Module):
                                k.reshape(H * B, K, Dh).transpose(1, 2), alpha=scale)  # (H*B, L, K)
         weights = dropout(scores.softmax(-1), self.dropatt, self.training)
         return torch.bmm(weights, v.reshape(H * B, K, Dh)).view(H, B, L, Dh)
+
+
+class Projection:
+    """Rows ``[start, stop)`` of a fused projection read as the bias-free ``nn.Linear`` they were before it was
+    fused: ``.weight`` (a view) and a call."""
+
+    def __init__(self, fused: nn.Linear, start: int, stop: int) -> None:
+        self.fused, self.start, self.stop = fused, start, stop
+
+    @property
+    def weight(self) -> Tensor:
+        return self.fused.weight[self.start:self.stop]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+def merge_q_kv(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
+    """Loads a checkpoint written before queries, keys and values were one projection: its ``q.weight`` and
+    ``kv.weight`` become ``qkv.weight`` (the same rows in the same order, so the same model)."""
+    q, kv, qkv = f"{prefix}q.weight", f"{prefix}kv.weight", f"{prefix}qkv.weight"
+    if q in state_dict and kv in state_dict and qkv not in state_dict:
+        state_dict[qkv] = torch.cat([state_dict.pop(q), state_dict.pop(kv)])
 
 
 class DenseBlock(nn.Module):
@@ -300,7 +357,7 @@ def build_dense(cfg: ModelConfig) -> DenseBlock:
 
 def fewer_heads(cfg: ModelConfig, kind: str) -> AttentionBlock:
     """Attention with the ``kind``'s fraction of the config's heads, each of the config's head width."""
-    return AttentionBlock(cfg.d_model, heads(cfg.n_heads, cfg.settings_of(kind)), cfg.dropout, cfg.dropatt,
+    return AttentionBlock(cfg.d_model, cfg.settings_of(kind).heads(cfg.n_heads), cfg.dropout, cfg.dropatt,
                           cfg.pre_norm, cfg.attention_kernel, d_head=cfg.d_model // cfg.n_heads)
 
 
@@ -313,11 +370,11 @@ def build_attention_quarter(cfg: ModelConfig) -> AttentionBlock:
 
 
 def build_dense_half(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, width(cfg.d_ff, cfg.settings_of("dense_half")), cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, cfg.settings_of("dense_half").width(cfg.d_ff), cfg.dropout, cfg.pre_norm)
 
 
 def build_dense_double(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, width(cfg.d_ff, cfg.settings_of("dense_double")), cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, cfg.settings_of("dense_double").width(cfg.d_ff), cfg.dropout, cfg.pre_norm)
 
 
 def build_identity(cfg: ModelConfig) -> IdentityBlock:

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from parnas.config import ModelConfig
-from parnas.kinds.builtin import capacity
 from parnas.nn.blocks import Dropout, Keeper, dropout
 
 
@@ -66,7 +65,7 @@ class MoEBlock(Keeper):
         if N * k <= E:
             y, dropped = self._gathered(x, gate, expert), None
         else:
-            y, dropped = self._dispatched(x, gate, expert, B, capacity(N, s))
+            y, dropped = self._dispatched(x, gate, expert, B, s.capacity(N))
         if self.training:
             first = F.one_hot(expert[:, 0], E).float().mean(0)  # (E,) share of first choices
             balance = E * (first * probs.mean(0)).sum()

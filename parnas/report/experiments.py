@@ -202,6 +202,8 @@ def training_platforms(config: Path) -> list[str]:
     read: nnictl then says what is wrong with it)."""
     try:
         service = reading.parse_yaml(reading.read_text(config), str(config)).get("trainingService")
+    except ParnasError:  # too large or deep, aliases without end, a key twice: nnictl would hang or keep the last
+        raise
     except Exception:  # noqa: BLE001 - any unreadable config is nnictl's to report, in its own words
         return []
     services = service if isinstance(service, list) else [service]
@@ -234,11 +236,56 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
     if nnictl is None:
         raise ParnasError("nnictl not found: install parnas's dependencies (make install)")
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    root = working_root(config)
+    before = set(root.glob("*")) if root.is_dir() else set()
     done = subprocess.run([nnictl, "create", "--config", str(config), "--port", str(port)],
                           capture_output=True, text=True, env=env if listen_all else loopback_env(env))
     output = re.sub(r"\x1b\[\d+m", "", done.stdout + done.stderr)
     match = re.search(r"Experiment ID: (\w+)", output)
-    if done.returncode != 0 or match is None:
+    if done.returncode != 0 or match is None or not serves(port, match.group(1)):
+        made = [p for p in (set(root.glob("*")) if root.is_dir() else set()) - before if not (p / "db").exists()]
+        discard_failed_launch([*made, *([root / match.group(1)] if match else [])], match.group(1) if match else None)
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
+        if done.returncode == 0 and match is not None or "EADDRINUSE" in output or "not idle" in output:
+            raise ParnasError(f"port {port} was taken by another process while the experiment started (a second "
+                              "launch?): pass --port with a free one; nothing was left behind")
         raise ParnasError(f"nnictl create failed: {last[0].strip()}")
     return match.group(1)
+
+
+def serves(port: int, experiment_id: str, wait_s: float = 10.0) -> bool:
+    """Whether the manager answering on 127.0.0.1:``port`` is ``experiment_id``'s. Two launches racing for one port
+    both find it free; the second manager then dies on EADDRINUSE while nnictl's own check reaches the first's
+    server and reports success."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nni/experiment", timeout=3) as answer:
+                return json.loads(answer.read()).get("id") == experiment_id
+        except (OSError, ValueError, AttributeError):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+
+def working_root(config: Path) -> Path:
+    """The experiment config's ``experimentWorkingDirectory``, where nnictl makes each experiment's folder."""
+    try:
+        root = reading.parse_yaml(reading.read_text(config), str(config)).get("experimentWorkingDirectory")
+    except Exception:  # noqa: BLE001 - nnictl reads it too and says what is wrong; unreadable: the default
+        root = None
+    return Path(root).expanduser() if isinstance(root, str) else default_root()
+
+
+def discard_failed_launch(folders: list[Path], experiment_id: str | None) -> None:
+    """Remove what a failed ``nnictl create`` left: the experiment folders it made (new since the call, with no
+    manager's database: a racing launch that won has one) and its id's line in nnictl's list of experiments."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    if experiment_id is not None:
+        from nni.tools.nnictl.config_utils import Experiments
+
+        Experiments().remove_experiment(experiment_id)

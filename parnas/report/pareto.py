@@ -83,14 +83,16 @@ def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
         where = "" if p.step is None else f", step {p.step:,}"
         ax.annotate(f"{p.layout} ({p.trial}{where})", (p.cost, p.val_ppl), textcoords="offset points",
                     xytext=(5, 4), fontsize=8)
-    ax.set_xlabel(xlabel + "  \u2192 cheaper to the left", fontsize=9)
+    ax.set_xlabel(f"{xlabel}\n\u2190 cheaper", fontsize=9)  # two lines: a device's latency label is long
     ax.set_ylabel(EXPORTED_PPL_LABEL.replace(" (", "\n("), fontsize=9)
     what = "predicted latency" if xlabel.startswith("predicted ") else xlabel.split(" (")[0]
     fig.suptitle(f"Perplexity vs {what} of the found architectures \u2014 {title}", fontsize=11)
     ax.set_title(f"labels: architecture ({LETTER_CODE}), trial", fontsize=8, color="#555555")
     ax.grid(alpha=0.3)
     ax.margins(x=0.12, y=0.08)
-    ax.legend(frameon=False, fontsize=8)
+    # under the axis, not over the trials: wherever they lie, a legend inside could hide some
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False, fontsize=8)
     return fig
 
 

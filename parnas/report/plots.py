@@ -172,8 +172,12 @@ def lines_figure(history: History) -> Any:
             known = np.isfinite(values)
             twin.plot(history.val_steps[known], values[known], style, color=colour, markersize=3, label=label)
         twin.set_ylabel("validation perplexity")
-        twin.legend(loc="upper right", fontsize=8, frameon=False)
-    top.set_title("temperature" + (" and validation perplexity" if series else ""), fontsize=10)
+        # above the panel, not in it: wherever the lines start or end inside, a legend there would hide them
+        handles = [*top.get_legend_handles_labels()[0], *twin.get_legend_handles_labels()[0]]
+        twin.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=1, fontsize=8,
+                    frameon=False, borderaxespad=0.2)
+    else:
+        top.set_title("temperature", fontsize=10)
     first = None
     for i, block in enumerate(history.blocks):
         ax = fig.add_subplot(grid[1 + i // cols, i % cols], sharex=top, sharey=first)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -110,7 +111,9 @@ def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     fix = "use a checkpoint written by parnas (e.g. <run>/checkpoints/last.ckpt)"
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings(record=True) as said:  # a refusal below explains the file in its own line
+            warnings.simplefilter("always")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
     except IsADirectoryError:
@@ -122,6 +125,9 @@ def load(path: str | Path) -> dict[str, Any]:
                               f"so it was refused unread; {fix}") from None
     except (RuntimeError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{path} is truncated or not a torch checkpoint ({_first_line(e)}); {fix}") from None
+    for w in said:  # read: torch's warnings stand, but its advice about pickle protocols is not the user's to act on
+        if "pickle protocol" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return check_contents(checkpoint, str(path))
 
 

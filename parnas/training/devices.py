@@ -40,7 +40,13 @@ def training_device(train: TrainConfig) -> torch.device:
 
 def check_devices(train: TrainConfig) -> None:
     """Refuse, with one line (:class:`ConfigError`), a device or precision this machine lacks: a GPU
-    asked for where torch sees none, more CUDA processes than CUDA devices, bfloat16 on a GPU without it."""
+    asked for where torch sees none, more CUDA processes than CUDA devices, bfloat16 on a GPU without it, CUDA
+    graphs (``train.compile=reduce-overhead``) off CUDA."""
+    if train.compile == "reduce-overhead":
+        where = training_device(train).type
+        if where != "cuda":
+            raise ConfigError(f"train.compile=reduce-overhead replays CUDA graphs, which need CUDA: this run trains on "
+                              f"the {where.upper()}; use train.compile=default (or none)")
     wants_gpu = train.accelerator in (*CUDA_ACCELERATORS, "mps")
     bf16 = train.precision.startswith("bf16")
     if not wants_gpu and not (bf16 and train.accelerator == "auto"):

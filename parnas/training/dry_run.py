@@ -9,6 +9,10 @@ embedding projections and output head counted from their shapes, the adaptive so
 clusters weighted by the fraction of targets a Zipf (1/rank) law puts in them (the real fraction
 depends on the corpus, which a dry run does not read). Memory is :func:`parnas.training.memory.estimate_memory`'s
 lower bound. The vocabulary is ``data.vocab_size``: the tokenizer is not built.
+
+A dry run refuses what the real run refuses from the same settings before it reads data or builds anything
+(:func:`check_plan`: the device, the cutoffs against the vocabulary, the memory), in the same one line: a plan it
+prints is one the run gets past. What needs the corpus (a segment longer than a split) is left to the run.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ import numpy as np
 import torch
 
 from parnas.architecture import layout_string
-from parnas.config import Config, ModelConfig, cluster_widths
+from parnas.config import Config, DataConfig, ModelConfig, cluster_widths
 from parnas.kinds import make_block
 from parnas.nn.blocks import Keeper
 from parnas.nn.model import build_fixed_model
-from parnas.training.memory import estimate_memory, size
+from parnas.training.devices import check_devices
+from parnas.training.memory import check_memory, estimate_memory, size
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -73,11 +78,30 @@ def head_train_flops(m: ModelConfig, vocab_size: int) -> float:
     return 3 * (head + tails + embedding)
 
 
+def planned_vocabulary(data: DataConfig, recorded: int | None = None) -> int:
+    """The vocabulary the run will have, without reading its corpus: SentencePiece trains exactly
+    ``data.vocab_size`` pieces; a word or character vocabulary is the corpus's (``data.vocab_size`` is ignored
+    then), which an architecture's record knows (``recorded``) and ``data.vocab_size`` otherwise stands in for."""
+    if data.tokenizer == "sentencepiece" or recorded is None:
+        return data.vocab_size
+    return recorded
+
+
+def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> None:
+    """Raise the ConfigError the real run would, for the checks it makes from its settings before it builds
+    anything: a device or precision this machine lacks, cutoffs not below the vocabulary, training that does not
+    fit this machine's memory (the same functions the run calls, so the same line)."""
+    check_devices(cfg.train)
+    cfg.model.check_vocab(vocab_size)
+    check_memory(cfg, vocab_size, blocks)
+
+
 def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
-    """The report of ``--dry-run``: ``blocks`` holds each block's kinds (one for a fixed model, the candidates for
-    a search's supernet); ``what`` names the run (``transformer-xl``, ``architecture.json``, ``supernet``)."""
+    """The report of ``--dry-run``, after the run's own refusals (:func:`check_plan`): ``blocks`` holds each
+    block's kinds (one for a fixed model, the candidates for a search's supernet); ``what`` names the run
+    (``transformer-xl``, ``architecture.json``, ``supernet``)."""
     m, vocab = cfg.model, cfg.data.vocab_size
-    m.check_vocab(vocab)
+    check_plan(cfg, vocab, blocks)
     with torch.device("meta"):
         body = build_fixed_model(replace(m, blocks=()), vocab, ["identity"] * m.n_blocks)  # embedding, head, norm
         per_kind = {kind: _params(make_block(kind, m)) for kind in dict.fromkeys(k for b in blocks for k in b)}

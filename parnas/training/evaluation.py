@@ -3,6 +3,10 @@
 Evaluation runs on the device the model's weights are on (:func:`evaluate`), with
 bf16 autocast where training used it on a GPU, so it measures the arithmetic the model trained with.
 ``parnas train``/``retrain`` write these into ``metrics.json``; ``parnas evaluate`` reports the same.
+
+A diverged run is a result too: perplexity is ``inf`` where ``exp`` of the loss overflows (:func:`perplexity`),
+and a validation loss that is not finite or worse than guessing (:func:`diverged`) marks the run ``diverged``
+and ends it with :func:`parnas.training.task.diverged_error`'s line.
 """
 
 from __future__ import annotations
@@ -19,8 +23,70 @@ import torch
 from torch import Tensor, nn
 
 from parnas.data.corpora import ContextBatches
+from parnas.errors import ParnasError
 from parnas.nn.model import TransformerXL
-from parnas.training.task import on_device, segment_nll
+from parnas.training.task import diverged_error, on_device, segment_nll
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)``, the perplexity of a mean NLL in nats: ``inf`` where that overflows a float (a loss above
+    about 709.8, which a diverged run reaches), ``nan`` for ``nan``. Every perplexity computed on the host from a
+    loss goes through here, so a diverged run's figure is ``inf``, never an ``OverflowError``."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+# A validation loss this far (nats) above log(V), a uniform guess over the V tokens, is a diverged model. Not 0: an
+# untrained model sits a little above log(V) (5.217 against log(179) = 5.187 after one step with a plain softmax),
+# and a run of a step or two is not diverged; a diverged one is far above (123 or 1e5 nats on the tiny preset).
+DIVERGENCE_MARGIN = 1.0
+
+
+def diverged(loss: float | None, vocab_size: int) -> bool:
+    """Whether a mean validation loss (nats; None: not finite) says training diverged: not finite, or more than
+    ``DIVERGENCE_MARGIN`` above ``log(vocab_size)``, i.e. a perplexity above e times the vocabulary size."""
+    return loss is None or not math.isfinite(loss) or loss > math.log(vocab_size) + DIVERGENCE_MARGIN
+
+
+def divergence_reason(loss: float | None, vocab_size: int, what: str = "the validation loss") -> str:
+    """Why :func:`diverged` said so, in words, for the one line the run ends with."""
+    if loss is None or not math.isfinite(loss):
+        return f"{what} is not finite"
+    limit = math.log(vocab_size) + DIVERGENCE_MARGIN
+    return (f"{what} is {loss:.4g} nats, over log({vocab_size:,}) + {DIVERGENCE_MARGIN:g} = {limit:.2f}: "
+            f"worse than guessing among {vocab_size:,} tokens")
+
+
+def divergence_step(history: Iterable[dict[str, Any]], step: int, vocab_size: int) -> int:
+    """The step from which validation has stayed diverged up to the final evaluation at ``step``: the first of the
+    trailing evaluations in ``history`` (``{"step", "val_ppl"}`` lines, perplexity None or ``inf`` where not finite)
+    whose perplexity is diverged too, else ``step``."""
+    first = step
+    for line in sorted((h for h in history if h["step"] <= step), key=lambda h: h["step"], reverse=True):
+        ppl = line.get("val_ppl")
+        if ppl is not None and math.isfinite(ppl) and not diverged(math.log(ppl), vocab_size):
+            break
+        first = line["step"]
+    return first
+
+
+def divergence(loss: float | None, vocab_size: int, step: int, lr: float, what: str = "the validation loss",
+               measured_at: int | None = None) -> ParnasError | None:
+    """The error a run whose final ``loss`` (measured at step ``measured_at``, when that is not ``step``, the step
+    it diverged at) diverged ends with (:func:`parnas.training.task.diverged_error`), or None when it did not."""
+    if not diverged(loss, vocab_size):
+        return None
+    if measured_at is not None and measured_at != step:
+        what = f"{what} at step {measured_at}"
+    return diverged_error(step, divergence_reason(loss, vocab_size, what), lr)
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``value``, or None where it is not finite: JSON has no ``inf`` or ``nan`` (Python would write a file other
+    readers refuse)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 class SplitData(Protocol):
@@ -44,7 +110,7 @@ class Evaluation:
 
     @property
     def ppl(self) -> float:
-        return math.exp(self.loss)
+        return perplexity(self.loss)
 
     @property
     def tokens_per_s(self) -> float:
@@ -117,19 +183,22 @@ def split_metrics(model: TransformerXL, data: SplitData, split: str,
         evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, len(batches)))))
         result = evaluate(model, batches)
     name = "val" if split == "valid" else split
-    return {f"{name}_ppl": result.ppl if math.isfinite(result.ppl) else None, f"{name}_loss": result.loss,
-            f"{name}_ppl_batch_mean": result.batch_mean_ppl if math.isfinite(result.batch_mean_ppl) else None,
+    return {f"{name}_ppl": finite_or_none(result.ppl), f"{name}_loss": finite_or_none(result.loss),
+            f"{name}_ppl_batch_mean": finite_or_none(result.batch_mean_ppl),
             f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
             f"{name}_eval_tokens_per_s": tokens_per_s(result.tokens, result.seconds),
             f"{name}_eval_seconds": round(result.seconds, 3)}
 
 
-def final_metrics(model: TransformerXL, data: SplitData, precision: str = "32-true") -> dict[str, Any]:
+def final_metrics(model: TransformerXL, data: SplitData, precision: str = "32-true",
+                  test: bool = True) -> dict[str, Any]:
     """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
     on the device the model's weights are on, at the model's evaluation memory and position clamp (recorded
-    beside them: ``eval_mem_len``, ``eval_clamp_len``)."""
-    out = {**split_metrics(model, data, "valid", precision), **split_metrics(model, data, "test", precision)}
-    seconds = out["val_eval_seconds"] + out["test_eval_seconds"]
-    out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out["test_tokens"], seconds)
+    beside them: ``eval_mem_len``, ``eval_clamp_len``). ``test=False``: the validation split alone (a search's
+    short retrains, which choose by it and report no test perplexity)."""
+    out = {**split_metrics(model, data, "valid", precision),
+           **(split_metrics(model, data, "test", precision) if test else {})}
+    seconds = out["val_eval_seconds"] + out.get("test_eval_seconds", 0.0)
+    out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out.get("test_tokens", 0), seconds)
     out["eval_mem_len"], out["eval_clamp_len"] = model.eval_mem_len, model.clamp_len
     return out

@@ -12,6 +12,11 @@ flight (:mod:`parnas.training.interrupt`); the task restores the data position a
 memory from it and the training sampler starts where it stopped.
 A run without ``--resume`` refuses a folder that holds a run, and everything
 (folder, settings, data, resumability) is checked before any file is written.
+
+A run whose final validation loss diverged (:func:`parnas.training.evaluation.diverged`) still writes
+``metrics.json``, with ``diverged: true`` and ``diverged_step``, then ends with one line and exit status 2 (as a
+training loss that is not finite does); ``--resume`` of it says the same. Every other run records
+``diverged: false``.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ from parnas import architecture
 from parnas.config import Config
 from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
-from parnas.files import check_run_dir, hold_run_dir, resume_source, write_json_atomic
+from parnas.files import resume_source, write_json_atomic
 from parnas.kinds import attending
 from parnas.nn.model import TransformerXL, build_fixed_model
+from parnas.run_folders import take_run_dir
 from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
-from parnas.training.evaluation import final_metrics, peak_memory_mb
+from parnas.training.evaluation import divergence, divergence_step, final_metrics, finite_or_none, peak_memory_mb
 from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume, take_over
@@ -58,9 +64,14 @@ def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
 
 
 def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
-    """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics."""
+    """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics.
+    Takes ``train.out_dir`` (:func:`parnas.run_folders.take_run_dir`) unless the command around it has."""
+    with take_run_dir(cfg.train.out_dir, resume):
+        return _train(cfg, resume)
+
+
+def _train(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
     check_devices(cfg.train)
-    check_run_dir(cfg.train.out_dir, resume)
     tokenizer, splits = load_splits(cfg.data)
     layout = cfg.model.layout
     cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(layout)))
@@ -76,22 +87,24 @@ def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
 
 def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
         record: dict[str, Any], *, resume: bool | str | Path = False,
-        callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+        callbacks: Sequence[pl.Callback] = (), test: bool = True) -> dict[str, Any]:
     """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
 
     ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
     continues from ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must
-    exist and match ``cfg``; without it ``out_dir`` must hold no run. The run holds ``out_dir``
-    (:func:`parnas.files.hold_run_dir`) and checks everything before a file is written.
-    Returns the metrics on rank 0, ``{}`` on other ranks.
+    exist and match ``cfg``; without it ``out_dir`` must hold no run. The run takes ``out_dir``
+    (:func:`parnas.run_folders.take_run_dir`: held, and checked once for the whole command, so inside ``train``,
+    ``retrain`` or a command that took it already this neither checks nor locks again), and everything is
+    checked before a file is written. Returns the metrics on rank 0, ``{}`` on other ranks.
     """
-    with hold_run_dir(cfg.train.out_dir):
-        return _fit(cfg, model, tokenizer, splits, record, resume, callbacks)
+    with take_run_dir(cfg.train.out_dir, resume):
+        return _fit(cfg, model, tokenizer, splits, record, resume, callbacks, test)
 
 
 def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
-         record: dict[str, Any], resume: bool | str | Path, callbacks: Sequence[pl.Callback]) -> dict[str, Any]:
-    out_dir = check_run_dir(cfg.train.out_dir, resume)
+         record: dict[str, Any], resume: bool | str | Path, callbacks: Sequence[pl.Callback],
+         test: bool = True) -> dict[str, Any]:
+    out_dir = Path(cfg.train.out_dir)
     last, source = out_dir / "checkpoints" / "last.ckpt", resume_source(out_dir, resume)
     if source:
         check_resumable(load_to_resume(source), cfg, record, tokenizer, str(source))
@@ -115,8 +128,10 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
     with finishing(trainer, "the final evaluation"):
         device = trainer.strategy.root_device
         model.to(device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
-        metrics = final_metrics(model, data, cfg.train.precision)
+        metrics = final_metrics(model, data, cfg.train.precision, test=test)
         kinds = model.block_kinds
+        history = [{k: finite_or_none(v) if isinstance(v, float) else v for k, v in line.items()}
+                   for line in task.val_history]  # JSON has no inf
         metrics.update(
             steps=trainer.global_step, train_seconds=round(seconds, 2),
             train_tokens_per_s=round(throughput.tokens_per_s, 1) if throughput.tokens else None,  # None: none timed
@@ -125,8 +140,15 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
             parameters=sum(p.numel() for p in model.parameters()), attention_blocks=attending(kinds),
             architecture=architecture.layout_string(kinds), blocks=kinds, vocab_size=tokenizer.vocab_size,
             tokenizer=tokenizer.kind, device=str(device), world_size=trainer.world_size,
-            precision=cfg.train.precision, history=task.val_history, config=cfg.to_dict(),
+            precision=cfg.train.precision, history=history, config=cfg.to_dict(),
         )
+        # a diverged run is a result: its metrics are written, marked, and the run ends with one line
+        step = divergence_step(history, trainer.global_step, model.vocab_size)
+        failure = divergence(metrics["val_loss"], model.vocab_size, step, cfg.train.lr,
+                             measured_at=trainer.global_step)
+        metrics.update(diverged=failure is not None, **({"diverged_step": step} if failure is not None else {}))
         architecture.write(out_dir / "architecture.json", record)
         write_json_atomic(out_dir / "metrics.json", metrics)
+    if failure is not None:
+        raise failure
     return metrics

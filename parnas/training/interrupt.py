@@ -1,8 +1,9 @@
-"""Ctrl-C and SIGTERM during training: finish the step in flight, save, stop, say how to resume.
+"""Ctrl-C, SIGTERM and SIGHUP during training: finish the step in flight, save, stop, say how to resume.
 
 Lightning turns a ``KeyboardInterrupt`` into ``sys.exit(1)`` and SIGTERM into a stop that writes
-nothing, so work since the last periodic checkpoint was lost and nothing said how to go on.
-:class:`StopOnSignal` takes SIGINT and SIGTERM over while the training loop runs (from
+nothing, and a closed terminal's SIGHUP ends the process silently, so work since the last periodic
+checkpoint was lost and nothing said how to go on. :class:`StopOnSignal` takes the three
+(:data:`parnas.errors.STOP_SIGNALS`) over while the training loop runs (from
 ``on_train_start``, after Lightning has set its own handlers, which it restores when ``fit`` ends).
 The handler only records the signal; the loop reads that record once per optimiser step:
 
@@ -27,13 +28,13 @@ a search's export): a signal there stops it at once with :class:`Interrupted` na
 ``--resume`` finishes it from the checkpoint of the last step. Before the first step the CLI's own
 handler (:func:`parnas.cli.main`) raises :class:`Interrupted` with nothing saved.
 
-After the first signal both are back to their default action, so a second Ctrl-C ends the process
-at once. Under DDP every rank records its own signals and the ranks agree (a max over ranks, one
-scalar per optimiser step, only when there is more than one process) before any of them saves,
-since saving is collective. They agree over a gloo group of their own, on host tensors: an
-all-reduce over NCCL would put the scalar on the GPU, and reading it back would wait for every
-kernel queued before it, a host sync in each step that leaves the GPU idle while the next step is
-launched. A host collective only waits for the other ranks' hosts, which run ahead of their GPUs.
+After the first signal, a second one (a burst of Ctrl-C) ends the process at once, dying by the signal, after
+one line that says so (:func:`parnas.errors.stop_at_once`). Under DDP every rank records its own signals and
+the ranks agree (a max over ranks, one scalar per optimiser step, only when there is more than one process)
+before any of them saves, since saving is collective. They agree over a gloo group of their own, on host
+tensors: an all-reduce over NCCL would put the scalar on the GPU, and reading it back would wait for every
+kernel queued before it, a host sync in each step that leaves the GPU idle while the next step is launched. A
+host collective only waits for the other ranks' hosts, which run ahead of their GPUs.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from typing import Any, Protocol
 import pytorch_lightning as pl
 import torch
 
-from parnas.errors import Interrupted
+from parnas.errors import STOP_SIGNALS, Interrupted, stop_at_once_from_now
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = STOP_SIGNALS
 
 
 class Checkpointer(Protocol):
@@ -65,7 +66,7 @@ class Checkpointer(Protocol):
 
 
 class StopOnSignal(pl.Callback):
-    """On SIGINT or SIGTERM: checkpoint through ``checkpoint`` at the end of the step in flight, then
+    """On SIGINT, SIGTERM or SIGHUP: checkpoint through ``checkpoint`` at the end of the step in flight, then
     raise :class:`Interrupted` (see the module docstring)."""
 
     def __init__(self, checkpoint: Checkpointer) -> None:
@@ -81,11 +82,10 @@ class StopOnSignal(pl.Callback):
                 signal.signal(signum, self.record)
 
     def record(self, signum: int, frame: FrameType | None) -> None:
-        """The signal handler: remember the signal, give both signals back their default action."""
+        """The signal handler: remember the signal; a further one ends the process at once, in one line."""
         if self.signum is None:
             self.signum = signum
-        for other in SIGNALS:
-            signal.signal(other, signal.SIG_DFL)
+        stop_at_once_from_now()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if trainer.fit_loop._should_accumulate():  # inside an accumulation window: no step has ended
@@ -131,7 +131,7 @@ class StopOnSignal(pl.Callback):
 
 @contextmanager
 def finishing(trainer: pl.Trainer, what: str) -> Iterator[None]:
-    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: SIGINT or SIGTERM, or one
+    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: a stop signal, or one
     that came after the loop last looked (the run's :class:`StopOnSignal` recorded it), raises
     :class:`Interrupted` naming ``what`` and the checkpoint of the last step, from which ``--resume`` finishes it.
     The handlers in place before are put back on leaving."""
@@ -141,8 +141,7 @@ def finishing(trainer: pl.Trainer, what: str) -> Iterator[None]:
         raise Interrupted(stop.signum, step, path, rank, during=what)
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        for other in SIGNALS:  # a second signal ends the process at once
-            signal.signal(other, signal.SIG_DFL)
+        stop_at_once_from_now()  # a second signal ends the process at once
         raise Interrupted(signum, step, path, rank, during=what)
 
     main = threading.current_thread() is threading.main_thread()  # the only thread Python lets set handlers

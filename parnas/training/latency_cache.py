@@ -28,9 +28,10 @@ import torch
 
 from parnas import reading
 from parnas.config import Config, transformer_xl_layout
+from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.training import latency
-from parnas.training.latency import MODES, LatencyTable, table_key
+from parnas.training.latency_table import MODES, LatencyTable, cost_problem, table_key
 
 SPREAD_LIMIT = 0.10  # the most a cost's rounds may spread, as a fraction of the step it was read from
 TRIES = 3  # timings of a table before a run goes on with the steadiest, uncached
@@ -83,7 +84,7 @@ def _warn(line: str) -> None:
 
 def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
                   cache_dir: Path | None = None, refresh: bool = False,
-                  warn: Callable[[str], None] = _warn) -> tuple[LatencyTable, bool]:
+                  warn: Callable[[str], None] = _warn, targets: Sequence[str] = MODES) -> tuple[LatencyTable, bool]:
     """The cached table for these shapes on this device, timed now if absent (or ``refresh``); returns
     (table, was_cached). A table timed now is cached if steady (:func:`unsteady`), else timed again, up to
     ``TRIES`` times, and the steadiest returned uncached with one ``warn`` line naming its spread and load.
@@ -91,18 +92,22 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
     A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
     that cover them the newest is used: searches of different candidate sets started after one timing then
     price the kinds they share alike (timings of one kind taken at different times differ with the load).
+    Only ``targets`` are timed (a search its own); a cached table serves if it prices them all.
     """
     device = torch.device(device)
     kinds = sorted(set(kinds) | {"identity"})
     key = table_key(cfg, vocab_size, kinds, device)
+    targets = latency.check_targets(targets)
     path = cache_path(key, cache_dir)
+    if targets != MODES:  # a partial table beside the whole one, not over it
+        path = path.with_name(f"{path.stem}-{'-'.join(targets)}.json")
     if not refresh:
-        table = newest_covering(key, path.parent)
+        table = newest_covering(key, path.parent, targets, warn)
         if table is not None:
             return table, True
     timed = []
     for _ in range(TRIES):
-        table = latency.measure_table(cfg, vocab_size, kinds, device)
+        table = latency.measure_table(cfg, vocab_size, kinds, device, targets=targets)
         if unsteady(table) is None:
             write_json_atomic(path, table.to_dict())
             return table, False
@@ -113,9 +118,13 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
     return steadiest, False
 
 
-def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
-    """The newest readable, steady table in ``folder`` with ``key``'s shapes and device and at least its kinds,
-    restricted to them; None if there is none (unreadable, stale or unsteady files are skipped)."""
+def newest_covering(key: dict[str, Any], folder: Path, targets: Sequence[str] = MODES,
+                    warn: Callable[[str], None] = _warn) -> LatencyTable | None:
+    """The newest readable, steady table in ``folder`` with ``key``'s shapes and device, at least its kinds and
+    the ``targets``, restricted to those kinds; None if there is none (unreadable, stale or unsteady files are
+    skipped). A table that would serve passes the checks a ``search.latency_table`` file passes
+    (:func:`cached_problem`); one that fails them is removed with one ``warn`` line, never used, and the run
+    times the table again."""
     def shapes(of: dict[str, Any]) -> dict[str, Any]:  # the model's and the requested kinds' settings
         model = {k: v for k, v in of["model"].items() if not isinstance(v, dict) or k in key["kinds"]}
         return {k: v for k, v in of.items() if k != "kinds"} | {"model": model}
@@ -131,12 +140,30 @@ def newest_covering(key: dict[str, Any], folder: Path) -> LatencyTable | None:
             table = LatencyTable.from_dict(reading.read_json(file))
             covers = shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"])
             # a table cached before generation was timed, or before tables recorded their spread, is timed again
-            usable = covers and table.modes == MODES and unsteady(table) is None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            usable = covers and set(targets) <= set(table.modes) and unsteady(table) is None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ParnasError):  # ParnasError: too large
             continue
-        if usable:
+        problem = cached_problem(table) if usable else None
+        if problem:
+            try:
+                file.unlink(missing_ok=True)
+                removed = "removed"
+            except OSError:  # a cache this user may read but not change
+                removed = "left in place"
+            warn(f"the cached latency table {file} gives {problem}: {removed}, not used; timing the table again")
+        elif usable:
             return table.for_run(key)
     return None
+
+
+def cached_problem(table: LatencyTable) -> str | None:
+    """What keeps a cached table from serving: the costs :func:`parnas.training.latency_table.cost_problem` refuses in
+    a given table (each finite, none negative, only identity free, a positive constant), or a cost that is not
+    a number at all. ``measure_table`` writes neither: such a file was damaged or written by hand."""
+    try:
+        return cost_problem(table)
+    except (TypeError, KeyError, AttributeError):
+        return "costs that are not numbers"
 
 
 def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,

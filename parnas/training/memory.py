@@ -8,16 +8,21 @@ what the built-in blocks surely keep (a block's input and output, a feed-forward
 layer, attention's score matrix, the memories, the head's logits), or what validation keeps at
 the evaluation memory (``model.eval_mem_len``) where that is more. :func:`check_memory` refuses
 a run whose estimate exceeds the machine's memory (total RAM, or the free memory of each GPU it
-trains on) before anything is allocated, naming the settings that make it too large, instead of
-an allocator's traceback minutes later (or a machine swapping to a halt).
+trains on, and what this process may still map under its own limits: ``ulimit -v`` or ``-d``, a
+container's memory limit) before anything is allocated, naming the settings that make it too
+large, instead of an allocator's traceback minutes later (or a machine swapping to a halt). Being a
+lower bound it can pass a run that then fails to allocate: :func:`out_of_memory` words that failure
+in one line too, with the estimate and the settings to lower.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from parnas import kinds
 from parnas.config import Config
@@ -140,18 +145,103 @@ def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX
         return None
-    return float(ram), "of RAM", cfg.train.devices
+    what = "of RAM"
+    try:
+        container = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # cgroup v2; "max": no limit
+        if container != "max" and int(container) < ram:
+            ram, what = int(container), "under this container's memory limit"
+    except (OSError, ValueError):
+        pass
+    limited = process_limit()
+    if limited is not None and limited[0] < ram / cfg.train.devices:
+        return limited[0], limited[1], 1
+    return float(ram), what, cfg.train.devices
+
+
+def process_limit() -> tuple[float, str] | None:
+    """(bytes this process may still allocate, which limit) under its own limits, or None when none is set:
+    ``ulimit -v`` (address space, less what the process maps already: torch alone maps hundreds of MB) and
+    ``ulimit -d`` (data segment, less the process's data now)."""
+    import resource
+
+    found = []
+    for which, name, field in ((resource.RLIMIT_AS, "ulimit -v", "VmSize"), (resource.RLIMIT_DATA, "ulimit -d",
+                                                                               "VmData")):
+        soft = resource.getrlimit(which)[0]
+        if soft != resource.RLIM_INFINITY:
+            found.append((max(0.0, soft - _status_bytes(field)), f"left under this process's {name}"))
+    return min(found) if found else None
+
+
+def _status_bytes(field: str) -> float:
+    """A ``/proc/self/status`` size (``VmSize``: the address space mapped now), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith(f"{field}:"))
+        return float(line.split()[1]) * 1024  # kB
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0.0
+
+
+# Address space a training process maps beyond what it had when checked, over the estimate: allocator arenas,
+# optimiser temporaries, thread stacks (a 282 MiB estimate mapped 533 MiB more by its second step). Only a
+# limit on the process's own address space (ulimit -v, -d) is held to it; RAM is touched, not mapped.
+MAPPED = 2
+_checked: tuple[MemoryEstimate, str, int] | None = None  # the last check's estimate, advice and processes
 
 
 def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> MemoryEstimate:
-    """Raise ConfigError (one line, naming the settings) when training cannot fit this machine's memory."""
+    """Raise ConfigError (one line, naming the settings) when training cannot fit this machine's memory.
+    The estimate is kept for :func:`out_of_memory`, should an allocation fail later all the same."""
+    global _checked
     estimate = estimate_memory(cfg, vocab_size, blocks)
     available = machine_memory(cfg)
+    advice = _advice(cfg, vocab_size, estimate)
+    _checked = estimate, advice, available[2] if available else 1
     if available is None:
         return estimate
     free, what, processes = available
-    if estimate.total * processes <= free:
+    mapped = MAPPED if what.startswith("left under") else 1  # a process limit counts address space
+    if estimate.total * processes * mapped <= free:
         return estimate
+    maps = f", and a run maps about {mapped}x what it keeps" if mapped > 1 else ""
+    raise ConfigError(f"training needs {_needs(estimate, processes)} but this machine has {size(free)} {what}{maps}; "
+                      f"{advice}")
+
+
+def out_of_memory(e: BaseException) -> ConfigError | None:
+    """One line for an allocation that failed although :func:`check_memory` passed (its estimate is a lower
+    bound; the limit may have tightened since), else None: the allocator's own words, the estimate, and the
+    settings to lower. A CPU allocator's ``RuntimeError``, CUDA's ``OutOfMemoryError`` and ``MemoryError``."""
+    text = str(e)
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or isinstance(e, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)):
+        return None
+    asked = re.search(r"[Tt]ried to allocate (\d+) bytes|[Tt]ried to allocate ([\d.]+ \w+)", text)
+    said = (f"an allocation of {size(float(asked[1])) if asked[1] else asked[2]} failed" if asked else
+            " ".join(text.split())[:120] or type(e).__name__)
+    if _checked is None:  # before the run was estimated: loading the libraries, reading the data
+        limited = process_limit()
+        fix = (f"this process has {size(limited[0])} {limited[1]}: raise it (torch and Lightning alone map about "
+               "1 GiB)" if limited else "free some memory, or make the model or its batches smaller")
+        return ConfigError(f"could not allocate memory before training began ({said}); {fix}")
+    estimate, advice, processes = _checked
+    return ConfigError(f"could not allocate memory while training ({said}); parnas estimated it needs "
+                       f"{_needs(estimate, processes)}, a lower bound; {advice}")
+
+
+def _needs(estimate: MemoryEstimate, processes: int) -> str:
+    share = f" in each of {processes} processes" if processes > 1 else ""
+    if not math.isfinite(estimate.total):
+        return "more than 8 EiB of memory (more parameters than torch can count)"
+    return (f"at least {size(estimate.total)} of memory{share} ({estimate.parameters:.3g} parameters: "
+            f"{size(estimate.parameter_bytes)} with their gradients and Adam moments; activations: "
+            f"{size(estimate.activation_bytes)})")
+
+
+def _advice(cfg: Config, vocab_size: int, estimate: MemoryEstimate) -> str:
+    """The largest part of the estimate and the settings it grows with, those raised above their defaults
+    first: what to make smaller."""
     worst = max(estimate.terms, key=lambda t: t.bytes)
     memory = {"model.eval_mem_len": cfg.model.evaluation_memory}  # unset, it is the training memory
     defaults = _flat(Config()) | {"model.eval_mem_len": cfg.model.mem_len}
@@ -159,15 +249,7 @@ def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) 
     grown = sorted((s for s in worst.settings if values[s] > defaults.get(s, values[s])),
                    key=lambda s: values[s] / (defaults[s] or 1), reverse=True)
     named = ", ".join(f"{s}={values[s]}" for s in (grown or worst.settings))
-    share = f" in each of {processes} processes" if processes > 1 else ""
-    if math.isfinite(estimate.total):
-        needs = (f"at least {size(estimate.total)} of memory{share} ({estimate.parameters:.3g} parameters: "
-                 f"{size(estimate.parameter_bytes)} with their gradients and Adam moments; activations: "
-                 f"{size(estimate.activation_bytes)})")
-    else:
-        needs = "more than 8 EiB of memory (more parameters than torch can count)"
-    raise ConfigError(f"training needs {needs} but this machine has {size(free)} {what}; the {worst.what} grow with "
-                      f"{named}: make {'it' if len(grown) == 1 else 'them'} smaller")
+    return f"the {worst.what} grow with {named}: make {'it' if len(grown) == 1 else 'them'} smaller"
 
 
 def _flat(cfg: Config) -> dict[str, float]:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture
-from parnas.config import Config, upgrade_flat_settings
+from parnas.config import Config
+from parnas.config_upgrade import upgrade_config
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import write_atomic
@@ -28,7 +29,11 @@ RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train
                      "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
                      "data.path"}
 # A search may also move its run directory and log at another interval; its other search.* settings must match.
-SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every", "search.export_samples"}
+SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every",
+                                                 "search.par-gumbel-darts.export_samples",
+                                                 # the final pick runs after the supernet and replans when these change
+                                                 "search.select.k", "search.select.steps", "search.select.guard",
+                                                 "search.select.budget"}
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
@@ -50,7 +55,7 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
         raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
     may_change = RESUMABLE_CHANGES if record is not None else SEARCH_RESUMABLE_CHANGES
     # a setting newer than the checkpoint counts as its default (what the code that wrote it did)
-    written = meta["config"] | {"model": upgrade_flat_settings(meta["config"].get("model", {}))}
+    written = upgrade_config(meta["config"])
     old, new = _flatten(Config().to_dict()) | _flatten(written), _flatten(cfg.to_dict())
     for key in sorted((set(old) | set(new)) - may_change):
         if (record is None or not key.startswith("search.")) and _plain(old.get(key)) != _plain(new.get(key)):

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from parnas.config import TARGET_LABELS, Config, ModelConfig
-from parnas.training.latency import MODES, device_name, target_memories, time_layouts
+from parnas.training.latency import target_memories, time_layouts
+from parnas.training.latency_table import MODES, device_name
 
 
 def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], ModelConfig | None]],
@@ -24,17 +25,20 @@ def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequ
     """ms per train step, inference segment and generated token of every layout (name -> its kinds and its model
     settings, None for ``cfg``'s) at ``cfg``'s data shapes, in ``rounds`` alternating rounds on ``device``:
     ``{"<target>_step_ms": {name: ms}}``, with what they were timed with (device, threads, torch, shapes, and the
-    memory each target keeps)."""
+    memory each target keeps). ``progress(stage, i, n, line)`` hears of each target as it starts, and of a warm-up
+    or rounds of it that run over a few seconds, how far along they are (one line each)."""
     timing: dict[str, Any] = {"device": device_name(device), "threads": torch.get_num_threads(),
                               "torch": torch.__version__, "rounds": rounds, "batch_size": cfg.data.batch_size,
                               "seg_len": cfg.data.seg_len, "mem_len": cfg.model.mem_len,
                               "memory": target_memories(cfg)}
     for i, mode in enumerate(MODES):
-        if progress is not None:
-            progress("timing", i + 1, len(MODES), f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} "
-                     f"alternating rounds on {timing['device']} ...")
+        def line(text: str, i: int = i) -> None:  # a warm-up or rounds running long: how far along
+            if progress is not None:
+                progress("timing", i + 1, len(MODES), text)
+
+        line(f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} alternating rounds on {timing['device']} ...")
         ms = time_layouts([kinds for kinds, _ in layouts.values()], cfg, vocab_size, mode=mode, rounds=rounds,
-                          device=device, models=[model for _, model in layouts.values()])
+                          device=device, models=[model for _, model in layouts.values()], progress=line)
         timing[f"{mode}_step_ms"] = dict(zip(layouts, ms))
     return timing
 

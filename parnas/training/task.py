@@ -52,6 +52,16 @@ def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def diverged_error(step: int, why: str, lr: float) -> ParnasError:
+    """The one line a diverged run ends with, whatever noticed it (a training loss that is not finite, a final
+    validation loss worse than guessing, ``parnas evaluate`` of such a checkpoint): the step, why, and what to
+    change. A :class:`ParnasError`, so the command exits with status 2 after it, as for any setting that cannot
+    be honoured; unlike a refusal, what the run produced (its checkpoint, its ``metrics.json`` marked
+    ``diverged``) stays."""
+    return ParnasError(f"training diverged at step {step} ({why}, train.lr={lr:g}); lower train.lr "
+                       "(or clip with train.clip) and start again")
+
+
 def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None,
                 groups: TargetGroups | None = None) -> tuple[Tensor, Memory]:
     """Per-token NLL of one segment (B, L) and the memory for the next one; ``groups``: y's target groups."""
@@ -178,6 +188,14 @@ class LanguageModelTask(LightningModule):
         self.mems.pop("train", None)  # the streams start over; so does their memory
         self._restored_memory, self.data_position = None, 0
 
+    def train_memory(self, x: Tensor) -> list[Tensor | None] | None:
+        """The training stream's memory the next step starts from; a resumed run's restored memory is sliced in
+        first (once: the next call finds nothing left to restore)."""
+        if self._restored_memory is not None:
+            self.mems["train"] = self.local_memory(self._restored_memory, x)
+            self._restored_memory = None
+        return self.mems.get("train")
+
     def train_nll(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Per-token NLL (B, L) of the next training segment, with the bookkeeping exact resume needs:
         the restored memory is sliced in, dropout is reseeded, the data position advances.
@@ -185,11 +203,8 @@ class LanguageModelTask(LightningModule):
         x, y, groups = unpack(batch)
         if self.data_position >= self.trainer.num_training_batches:
             self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
-        if self._restored_memory is not None:
-            self.mems["train"] = self.local_memory(self._restored_memory, x)
-            self._restored_memory = None
         torch.manual_seed(self.seed_for_step())
-        nll, self.mems["train"] = segment_nll(self.model, x, y, self.mems.get("train"), groups)
+        nll, self.mems["train"] = segment_nll(self.model, x, y, self.train_memory(x), groups)
         self._note_nonfinite(nll)
         self.batches_seen += 1
         self.data_position += 1
@@ -210,8 +225,7 @@ class LanguageModelTask(LightningModule):
         """Stop with one line, not NaN metrics, once a training loss was not finite: the weights are past saving."""
         step = -1 if self._first_nonfinite is None else int(self._first_nonfinite)
         if step >= 0:
-            raise ParnasError(f"the training loss is not finite at step {step} (train.lr={self.train_cfg.lr:g}); "
-                              "lower train.lr (or clip with train.clip) and start again")
+            raise diverged_error(step, "the training loss is not finite", self.train_cfg.lr)
 
     def on_train_end(self) -> None:
         self.check_finite()

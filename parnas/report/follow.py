@@ -1,0 +1,174 @@
+"""Follow a launched nnictl experiment from the terminal until it is done: trial k of n, its step, the time left.
+
+``nnictl create`` returns as soon as the manager is up, and a newcomer then has no sign of when the search ends
+short of the web UI. :class:`Follower` reads what the trials write anyway (each trial's ``history.jsonl``, one
+line per logged step, and NNI's own record of the trials' statuses) and the manager's status over its REST API on
+127.0.0.1, so following adds nothing to the trials' work. It is done when NNI says the experiment is (every trial
+ended, or its duration ran out), or when the manager has gone.
+
+The time left is the steps still to run times the seconds per step seen so far *while following*, over the
+whole experiment (a trial's start-up and its evaluations included), so it needs a first trial step to say
+anything, and it settles as trials end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from parnas.report.experiments import FINISHED, STOPPED, default_root, experiment_stopped, experiment_trials
+
+ENDED = ("DONE", "STOPPED", "ERROR")  # NNI's experiment statuses after which no trial runs
+PRINT_EVERY_S = 15.0  # a progress line at most this often, besides a trial's start and end
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The step of the last complete line of ``run_dir/history.jsonl`` (None before the first). Reads the file's
+    tail only: a search logs thousands of lines."""
+    path = run_dir / "history.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 65536))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.split("\n")[:-1]):  # the part after the last newline may be half written
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return None
+
+
+def manager_status(port: int) -> str | None:
+    """NNI's experiment status from its REST API on 127.0.0.1 (``RUNNING``, ``NO_MORE_TRIAL``, ``DONE``, ...),
+    None when the manager does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nni/check-status", timeout=3) as answer:
+            return json.loads(answer.read()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Follower:
+    """The progress of one experiment of ``n_trials`` trials of ``max_steps`` steps each (None when unknown).
+
+    :meth:`poll` returns the lines to print now (none when nothing changed and the last line is recent), and
+    :attr:`done` says whether the experiment has ended."""
+
+    def __init__(self, experiment_id: str, port: int, n_trials: int | None, max_steps: int | None,
+                 root: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
+                 status: Callable[[int], str | None] = manager_status) -> None:
+        self.experiment_id, self.port, self.root = experiment_id, port, root
+        self.n_trials, self.max_steps = n_trials, max_steps
+        self.clock, self.status = clock, status
+        self.start = clock()
+        self.first_step: dict[str, int] = {}  # trial -> the first step seen: only steps run while following count
+        self.progress: dict[str, int] = {}  # trial -> steps run while following
+        self.announced: dict[str, str] = {}  # trial -> the status last printed
+        self.last_print = -PRINT_EVERY_S
+        self.done = False
+
+    def seconds_left(self, trials_running: dict[str, int], trials_ended: int) -> float | None:
+        steps_done = sum(self.progress.values())
+        if self.max_steps is None or self.n_trials is None or steps_done == 0:
+            return None
+        per_step = (self.clock() - self.start) / steps_done
+        to_run = sum(max(0, self.max_steps - s) for s in trials_running.values())
+        to_run += self.max_steps * max(0, self.n_trials - trials_ended - len(trials_running))
+        return per_step * to_run
+
+    def poll(self) -> list[str]:
+        trials = experiment_trials(self.experiment_id, self.root) if self._has_folder() else {}
+        lines, running, ended = [], {}, 0
+        for number, (trial, info) in enumerate(trials.items(), start=1):
+            step = last_step(info.run_dir)
+            if step is not None:
+                self.progress[trial] = step - self.first_step.setdefault(trial, step)
+            ended_now = info.status in (FINISHED, STOPPED) or (info.nni_status or "").endswith(("FAILED", "CANCELED"))
+            if ended_now:
+                ended += 1
+                what = "finished" if info.status == FINISHED else (info.nni_status or info.status).lower()
+                if self.announced.get(trial) != what:
+                    self.announced[trial] = what
+                    lines.append(f"trial {number}{self._of()} ({trial}) {what}" + (f" at step {step}" if step else ""))
+            else:
+                running[trial] = step or 0
+                if trial not in self.announced:
+                    self.announced[trial] = "running"
+                    lines.append(f"trial {number}{self._of()} ({trial}) started")
+        manager = self.status(self.port)
+        self.done = manager in ENDED or (manager is None and experiment_stopped(self.experiment_id, self.root))
+        now = self.clock()
+        if running and (lines or now - self.last_print >= PRINT_EVERY_S):
+            left = self.seconds_left(running, ended)
+            numbers = {t: i for i, t in enumerate(trials, start=1)}
+            steps = "; ".join(f"trial {numbers[t]}{self._of()} at step {s}"
+                              + (f" of {self.max_steps}" if self.max_steps else "") for t, s in running.items())
+            lines.append(f"{steps}; {ended} ended" + (f"; about {duration(left)} left" if left is not None else ""))
+        if lines:
+            self.last_print = now
+        return lines
+
+    def _has_folder(self) -> bool:
+        folder = Path(self.root).expanduser() if self.root else default_root()
+        return (folder / self.experiment_id).is_dir()
+
+    def _of(self) -> str:
+        return f" of {self.n_trials}" if self.n_trials else ""
+
+
+def follow(follower: Follower, out: Callable[[str], None] = print, every_s: float = 5.0,
+           sleep: Callable[[float], None] = time.sleep) -> None:
+    """Print the follower's lines until the experiment is done (KeyboardInterrupt goes to the caller)."""
+    while True:
+        for line in follower.poll():
+            out(line)
+        if follower.done:
+            return
+        sleep(every_s)
+
+
+def experiment_size(config: str | Path) -> tuple[int | None, int | None, str | None, str | None]:
+    """``(trials, steps a trial, preset, experimentWorkingDirectory)`` of an NNI experiment config whose
+    trials run ``parnas search --config PRESET [--set k=v ...]``; None for what cannot be told (another trial
+    command, or parameters the tuner draws for the step count)."""
+    import shlex
+
+    from parnas import reading
+    from parnas.config import load_config
+
+    try:
+        experiment = reading.parse_yaml(reading.read_text(Path(config)), str(config))
+        words = shlex.split(str(experiment.get("trialCommand", "")))
+    except Exception:  # noqa: BLE001 - nnictl has read it already; what it cannot tell stays unknown
+        return None, None, None, None
+    trials = experiment.get("maxTrialNumber")
+    trials = trials if isinstance(trials, int) and trials > 0 else None
+    root = experiment.get("experimentWorkingDirectory")
+    root = root if isinstance(root, str) else None
+    if "parnas" not in words or "--config" not in words:
+        return trials, None, None, root
+    words = words[words.index("parnas"):]
+    preset = words[words.index("--config") + 1] if words.index("--config") + 1 < len(words) else None
+    sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+    space = experiment.get("searchSpace") if isinstance(experiment.get("searchSpace"), dict) else {}
+    try:
+        steps = None if "train.max_steps" in space else load_config(preset, sets).train.max_steps
+    except Exception:  # noqa: BLE001 - the trials will say what is wrong with their config themselves
+        steps = None
+    return trials, steps, preset, root

@@ -1,0 +1,92 @@
+"""``forward: fair``: strict-fair supernet training (FairNAS, Chu et al. 2021): every candidate of every block is
+trained once a step, on the same batch.
+
+Why: a supernet is worth its cost only if the weights it leaves rank layouts as retraining does. Trained
+``mixed`` (every candidate run and summed by softmax(alpha)) or ``sampled`` (candidates drawn from softmax(alpha)),
+the candidates the logits favour early get more and larger updates, their inherited perplexity improves because
+they were trained more, the logits favour them further: the ranking measures training received, not quality. In
+PLANER's space such a supernet ranked layouts at chance (Kendall tau about 0 against retraining). Strict fairness
+removes that bias: a step runs ``K`` sub-steps (``K`` the number of candidates), each picking one candidate per
+block, the picks of each block a random permutation of its candidates (:func:`fair_picks`), so that each
+candidate runs exactly once; the sub-steps see the same batch and the same starting memory, their losses are
+averaged and the weights take one optimiser step on the accumulated gradients. Every candidate then gets one
+update from the same data each step, whatever the logits say. A step costs ``K`` single-path forwards and
+backwards, about what a ``mixed`` step of ``K`` candidates costs, and holds as many activations.
+
+What the logits learn from: each candidate's own sub-step loss. Block b's logits descend
+``sum_k softmax(alpha_b)[k] x (L_(b,k) - mean L)``, with ``L_(b,k)`` the loss of the sub-step that ran candidate
+``k`` in block b (the other blocks picked uniformly): the expected loss under the block's distribution of what
+was measured, which moves the probability towards the candidates whose loss was lower (:func:`fair_surrogate`).
+The picks are not drawn from softmax(alpha), so no score-function estimator is needed. In ``bilevel`` mode the
+architecture stream runs ``mixed`` as before: only the weights' training is made fair.
+
+The training stream's bookkeeping (its memory, data position and micro-batch count) advances once a step, through
+the last sub-step, which runs the task's own ``train_nll``: the memory carried to the next segment is that
+sub-step's. The picks and each sub-step's dropout are seeded by the step (:meth:`seed_for_step`), so a resumed
+search draws the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from parnas.strategies.sampled import SampledMixedLayer, clear_picks
+
+FAIR_SEED_OFFSET = 151_051
+"""Added to ``train.seed`` for a step's permutations (and, plus the sub-step's index, for the dropout of the
+sub-steps other than the last): distinct from the other streams' offsets, a prime only to be easy to tell apart."""
+
+
+def fair_picks(n_blocks: int, n_candidates: int, seed: int) -> list[list[int]]:
+    """``n_candidates`` rows of picks, one per sub-step; column b is a random permutation of block b's candidates,
+    so every candidate of every block is picked exactly once. Drawn on the host from a generator seeded with
+    ``seed``: nothing is read back from the device."""
+    generator = torch.Generator().manual_seed(seed)
+    columns = [torch.randperm(n_candidates, generator=generator).tolist() for _ in range(n_blocks)]
+    return [[column[j] for column in columns] for j in range(n_candidates)]
+
+
+def fair_surrogate(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], losses: Tensor) -> Tensor:
+    """``sum_b sum_j softmax(alpha_b)[picks[j][b]] x (losses[j] - mean)``, the losses' values only: its gradient in
+    block b's logits is that of the block's expected measured loss (see module docstring)."""
+    advantage = (losses.detach() - losses.detach().mean()).float()  # (K,)
+    total = advantage.new_zeros(())
+    for b, layer in enumerate(layers):
+        p = layer._arch_alpha.softmax(-1)
+        index = torch.tensor([row[b] for row in picks], device=p.device)
+        total = total + (p.index_select(0, index).to(advantage) * advantage).sum()
+    return total
+
+
+def _set_picks(layers: Sequence[SampledMixedLayer], row: Sequence[int]) -> None:
+    for layer, pick in zip(layers, row, strict=True):
+        layer.pick = pick
+
+
+def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[Any],
+              learns: bool) -> tuple[Tensor, Tensor | float]:
+    """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses (each candidate of
+    each block run once, same batch, same starting memory), whose one backward accumulates every sub-step's
+    gradient, and the logits' surrogate (0.0 unless ``learns``). The picks are cleared on return."""
+    if not layers:
+        return task.train_nll(batch).mean() + task.aux_loss(), 0.0
+    n_candidates = len(layers[0].names)
+    picks = fair_picks(len(layers), n_candidates, task.seed_for_step(FAIR_SEED_OFFSET))
+    start = task.train_memory(batch[0])
+    losses = []
+    try:
+        for j, row in enumerate(picks):
+            _set_picks(layers, row)
+            if j < len(picks) - 1:
+                nll, _ = task.side_stream_nll(batch, start, FAIR_SEED_OFFSET + 1 + j)
+            else:  # the task's own step: bookkeeping and the memory carried on
+                nll = task.train_nll(batch)
+            losses.append(nll.mean() + task.aux_loss())
+    finally:
+        clear_picks(layers)
+    stacked = torch.stack([torch.as_tensor(v) for v in losses])
+    return stacked.mean(), fair_surrogate(layers, picks, stacked) if learns else 0.0

@@ -1,0 +1,295 @@
+"""The final pick of a supernet search: short retrains that check the supernet's choice against the one-line
+alternative, taking blocks off Transformer-XL (settings: :class:`parnas.selection.SelectConfig`).
+
+Entrants: the ``search.select.k`` layouts the supernet prefers within the selection budget (the layout it exports
+when that fits, then the most probable networks under softmax(alpha) that fit), and the guard: the deepest
+depth-scaled Transformer-XL (attention and dense pairs, the blocks taken off left as identity blocks, which a fixed
+model skips, so it is exactly the shallower network) whose cost, priced as the budget is, is within it. Layouts
+that are one network (identity blocks elsewhere) enter once. Each is trained from scratch as a fixed model (the
+same class, seed and data as ``parnas retrain``) by successive halving: every round trains the survivors to the
+round's steps, continuing from their checkpoints, and the better half goes on; the last round's best is exported.
+An entrant whose training diverges is out.
+
+Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one folder per entrant, a training run
+(``metrics.json``, of the validation split only, ``checkpoints/``) with ``rounds.json`` (its perplexity at the end
+of each round). A search resumed with ``--resume`` goes on where the pick stopped: finished rounds are read back,
+an interrupted one continues from its checkpoint. Inside an nnictl trial the run folder is the trial's, and the
+same code runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pytorch_lightning as pl
+
+from parnas import architecture
+from parnas.architecture import layout_string
+from parnas.config import Config, transformer_xl_layout
+from parnas.errors import ParnasError
+from parnas.files import write_json_atomic
+from parnas.nn.model import SKIPPED_KIND, blocks_run
+from parnas.strategies.costs import CostModel
+from parnas.strategies.supernet_export import Evaluated, exported_nll
+
+if TYPE_CHECKING:
+    from parnas.data.tokenizer import Tokenizer
+
+
+class FinishedSearch(Protocol):
+    """What the pick reads of a finished search (a :class:`parnas.strategies.search.SupernetSearch`, which calls it)."""
+
+    supernet: Any
+    module: Any  # the strategy's module: its choices, evaluations and history
+    data: Any  # the search's SegmentData: its splits and validation batches
+    trainer: Any
+    costs: CostModel
+
+
+SELECT_DIR = "select"  # in the search's run folder
+
+
+def layout_ratio(costs: CostModel, kinds: Sequence[str]) -> float:
+    """A layout's cost relative to Transformer-XL's, priced as the budget is; an identity block costs what the
+    cost model says, nothing when it prices none (it is then no candidate: a guard's skipped blocks)."""
+    total = costs.constant + sum(costs.per_kind.get(k, 0.0) if k == SKIPPED_KIND else costs.per_kind[k]
+                                 for k in kinds)
+    return total / costs.reference
+
+
+def check_selection(cfg: Config, costs: CostModel) -> None:
+    """Before anything is written: a ``search.select.budget`` below the cheapest layout of the candidates could
+    enter nothing."""
+    select = cfg.search.select
+    if not select.enabled or select.budget is None:
+        return
+    cheapest = min(cfg.search.candidates, key=costs.per_kind.__getitem__)
+    floor = costs.ratio([cheapest] * cfg.model.n_blocks)
+    if floor > select.budget + 1e-9:
+        raise ParnasError(f"search.select.budget {select.budget} is out of reach: the cheapest layout (all "
+                          f"{cheapest}) costs {floor:.3f} of Transformer-XL's here; raise it, or leave it unset (the "
+                          "search's budget)")
+
+
+def selection_budget(cfg: Config, costs: CostModel, exported: Sequence[str]) -> tuple[float, str]:
+    """The cost ratio entrants must be within, and where it comes from."""
+    if cfg.search.select.budget is not None:
+        return cfg.search.select.budget, "search.select.budget"
+    if cfg.search.latency_budget is not None:
+        return cfg.search.latency_budget, "search.latency_budget"
+    return layout_ratio(costs, exported), "the cost of the layout the supernet exports"
+
+
+def guard_layout(costs: CostModel, n_blocks: int, candidates: Sequence[str], budget: float) -> list[str] | None:
+    """The deepest depth-scaled Transformer-XL (2, 4, ... blocks, the rest identity) within ``budget``, as a
+    layout of the space (None if none is: too low a budget, or a space without those kinds)."""
+    for depth in range(n_blocks - n_blocks % 2, 1, -2):
+        kinds = [*transformer_xl_layout(depth), *[SKIPPED_KIND] * (n_blocks - depth)]
+        if set(kinds) <= set(candidates) and layout_ratio(costs, kinds) <= budget + 1e-9:
+            return kinds
+    return None
+
+
+def most_probable(probabilities: Sequence[Mapping[str, float]], costs: CostModel, budget: float,
+                  count: int) -> list[list[str]]:
+    """Up to ``count`` distinct networks, most probable first under the blocks' independent distributions, whose
+    cost ratio is within ``budget``: a beam search over the blocks that drops a partial layout no completion of
+    which fits."""
+    floors = [min(costs.per_kind[k] for k in p) for p in probabilities]
+    rest = [sum(floors[i:]) for i in range(len(floors) + 1)]
+    limit = (budget + 1e-9) * costs.reference
+    beam: list[tuple[float, list[str], float]] = [(0.0, [], costs.constant)]
+    width = max(64, 16 * count)
+    for i, p in enumerate(probabilities):
+        grown = [(lp + math.log(max(q, 1e-30)), [*kinds, k], cost + costs.per_kind[k])
+                 for lp, kinds, cost in beam for k, q in p.items() if cost + costs.per_kind[k] + rest[i + 1] <= limit]
+        beam = sorted(grown, key=lambda t: -t[0])[:width]
+    out: list[list[str]] = []
+    seen: set[tuple[str, ...]] = set()
+    for _, kinds, _ in beam:
+        if blocks_run(kinds) not in seen and len(out) < count:
+            seen.add(blocks_run(kinds))
+            out.append(kinds)
+    return out
+
+
+def inherited_ppl(search: FinishedSearch, kinds: Sequence[str]) -> float:
+    """Validation perplexity of ``kinds`` with the supernet's weights (whole validation split)."""
+    sums = exported_nll(search.supernet, search.module.choices(), list(kinds), search.data.batches("valid"))
+    return math.exp(float(sums[0] / sums[1]))
+
+
+def entrants(cfg: Config, costs: CostModel, result: Evaluated, budget: float) -> list[dict[str, Any]]:
+    """The supernet's ``k`` most probable networks within ``budget`` (the layout it exports first, when that fits)
+    and the guard. Ranked by probability, not by perplexity with the supernet's weights: scoring each would cost a
+    validation pass, and the retrains judge them anyway."""
+    select, probabilities = cfg.search.select, list(result.probabilities.values())
+    pool = most_probable(probabilities, costs, budget, select.k)
+    if layout_ratio(costs, result.kinds) <= budget + 1e-9:
+        pool = [result.kinds, *[k for k in pool if blocks_run(k) != blocks_run(result.kinds)]][:select.k]
+    out = [_entrant(kinds, f"supernet #{rank}", costs, probabilities) for rank, kinds in enumerate(pool, 1)]
+    if out and out[0]["kinds"] == result.kinds:
+        out[0]["inherited_val_ppl"] = _round(result.val_ppl)
+    guard = guard_layout(costs, cfg.model.n_blocks, cfg.search.candidates, budget) if select.guard else None
+    if guard is not None:
+        same = [e for e in out if blocks_run(e["kinds"]) == blocks_run(guard)]
+        if same:
+            same[0]["role"] += ", guard"
+        else:
+            out.append(_entrant(guard, "guard", costs, probabilities))
+    return out
+
+
+def _entrant(kinds: Sequence[str], role: str, costs: CostModel,
+             probabilities: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    probability = math.prod(p.get(k, 0.0) for p, k in zip(probabilities, kinds))
+    return {"architecture": layout_string(kinds), "kinds": list(kinds), "role": role,
+            "cost_ratio": round(layout_ratio(costs, kinds), 4), "probability": float(f"{probability:.4g}"),
+            "inherited_val_ppl": None, "val_ppl": []}
+
+
+def _round(ppl: float) -> float | None:
+    return round(ppl, 4) if math.isfinite(ppl) else None
+
+
+def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: Path, tokenizer: Tokenizer,
+                  splits: Mapping[str, Any]) -> float | None:
+    """Validation perplexity of ``kinds`` trained to round ``round_index``'s steps in ``folder`` (None: not
+    finite): read back if that round finished, else trained, from its checkpoint if it has one."""
+    from parnas.search_spaces import fixed_model
+    from parnas.training.fit import fit
+
+    steps = cfg.search.select.steps
+    target, rounds_file, last = steps[round_index], folder / "rounds.json", folder / "checkpoints" / "last.ckpt"
+    rounds = json.loads(rounds_file.read_text()) if rounds_file.is_file() else {}
+    if str(target) in rounds:
+        return rounds[str(target)]
+    metrics_file = folder / "metrics.json"
+    metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else None
+    if metrics is None or metrics.get("steps") != target:  # else: trained, stopped before its round was noted
+        if not last.is_file() and folder.exists():
+            shutil.rmtree(folder)  # stopped before its first checkpoint: start clean
+        train = replace(cfg.train, max_steps=steps[-1], stop_at=0 if round_index == len(steps) - 1 else target,
+                        warmup_steps=min(cfg.train.warmup_steps, steps[0] // 2), eval_every=steps[-1] + 1,
+                        devices=1, num_nodes=1, out_dir=str(folder))
+        run = replace(cfg, model=replace(cfg.model, blocks=tuple(kinds)), train=train)
+        record = architecture.make_record({architecture.label(i): k for i, k in enumerate(kinds)},
+                                          replace(cfg.model, blocks=()), tokenizer.vocab_size,
+                                          tokenizer=tokenizer.identity(), search={"layout": "the search's final pick"})
+        pl.seed_everything(cfg.train.seed, verbose=False)
+        model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
+        try:
+            metrics = fit(run, model, tokenizer, dict(splits), record, resume=last.is_file(), test=False)
+        except ParnasError as error:  # a diverged entrant loses; anything else is the user's to fix
+            if "diverged" not in str(error) and "not finite" not in str(error):
+                raise
+            print(f"final pick: {layout_string(kinds)} diverged ({error}); it is out", flush=True)
+            metrics = {"val_ppl": None}
+    write_json_atomic(rounds_file, {**rounds, str(target): metrics.get("val_ppl")})
+    return metrics.get("val_ppl")
+
+
+def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
+    select = cfg.search.select
+    return {"entrants": [e["architecture"] for e in entered], "steps": list(select.steps), "seed": cfg.train.seed,
+            "supernet_steps": step}
+
+
+def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result: Evaluated,
+               run_dir: Path) -> tuple[Evaluated, dict[str, Any] | None]:
+    """The layout to export, and the record of the pick (None when ``search.select.steps`` is empty, or a
+    multi-process search: the short retrains run in one process). Prints what it does, and one line saying
+    the guard won when it did."""
+    select = cfg.search.select
+    if not select.enabled:
+        return result, None
+    if cfg.train.devices * cfg.train.num_nodes > 1:
+        print("final pick skipped: its short retrains run in one process, not under the search's "
+              f"{cfg.train.devices * cfg.train.num_nodes}; retrain the layouts to compare with parnas retrain",
+              flush=True)
+        return result, None
+    start = time.perf_counter()
+    budget, source = selection_budget(cfg, search.costs, result.kinds)
+    entered = entrants(cfg, search.costs, result, budget)
+    folder = run_dir / SELECT_DIR
+    plan = _plan(cfg, entered, search.trainer.global_step)
+    plan_file = folder / "plan.json"
+    if plan_file.is_file() and json.loads(plan_file.read_text()) != plan:
+        shutil.rmtree(folder)  # another supernet's pick: nothing of it applies
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(plan_file, plan)
+    alive = list(entered)
+    for r, target in enumerate(select.steps):
+        if len(alive) == 1:
+            break
+        for i, entrant in enumerate(alive, 1):
+            print(f"final pick, round {r + 1}/{len(select.steps)}: {entrant['architecture']} ({entrant['role']}) to "
+                  f"{target} steps [{i}/{len(alive)}]", flush=True)
+            entrant["val_ppl"].append(short_retrain(cfg, entrant["kinds"], r, folder / entrant["architecture"],
+                                                    tokenizer, search.data.splits))
+        alive = sorted(alive, key=lambda e: _finite(e["val_ppl"][-1]))[:select.kept(len(alive), r)]
+    winner = alive[0]
+    record = _record(cfg, entered, winner, budget, source, time.perf_counter() - start)
+    print(record["verdict_line"], flush=True)
+    if winner["kinds"] == result.kinds:
+        return result, record
+    search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
+    ppl = inherited_ppl(search, winner["kinds"])  # what the record's val_ppl is: with the supernet's weights
+    winner["inherited_val_ppl"] = record["entrants"][entered.index(winner)]["inherited_val_ppl"] = _round(ppl)
+    chosen = search.module.evaluated(winner["kinds"], False, ppl, result.supernet_val_ppl)
+    search.module.append_history(chosen.history_line())  # the history ends with what is exported
+    return chosen, record
+
+
+def _finite(ppl: float | None) -> float:
+    return math.inf if ppl is None or not math.isfinite(ppl) else ppl
+
+
+def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, Any], budget: float, source: str,
+            seconds: float) -> dict[str, Any]:
+    """What architecture.json keeps of the pick: every entrant with its perplexity after each round it ran, the
+    guard's, the verdict and the one line that says it."""
+    steps = cfg.search.select.steps
+    guard = next((e for e in entered if "guard" in e["role"]), None)
+    rivals = [e for e in entered if e is not guard and e["val_ppl"]]
+    won = guard is not None and winner is guard
+    last = len(winner["val_ppl"])
+    at = f"{steps[last - 1]} steps of retraining" if last else "no retraining (the only entrant)"
+    if guard is None:
+        verdict = "no guard"
+        line = (f"final pick: {winner['architecture']} after {at}; no shallower Transformer-XL is within the budget "
+                f"{budget:.2f}" if cfg.search.select.guard else f"final pick: {winner['architecture']} after {at}")
+    elif won and "supernet" not in guard["role"]:
+        verdict = "guard"
+        picks = ", ".join(f"{e['architecture']} {_ppl(e['val_ppl'])}" for e in rivals)
+        line = (f"the shallower Transformer-XL {guard['architecture']} beat the search's picks ({picks} against "
+                f"{_ppl(guard['val_ppl'])}, val ppl after retraining): exported it")
+    else:
+        verdict = "search"
+        out = f" after {steps[len(guard['val_ppl']) - 1]} steps" if guard["val_ppl"] else ""
+        line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); the shallower "
+                f"Transformer-XL {guard['architecture']}: {_ppl(guard['val_ppl'])}{out}")
+    return {"k": cfg.search.select.k, "steps": list(steps), "budget": round(budget, 4), "budget_from": source,
+            "val_ppl_is": "trained from scratch (train.seed) to each round's steps, whole validation split",
+            "entrants": [{**{k: v for k, v in e.items() if k != "kinds"}, "val_ppl": _rounded(e["val_ppl"])}
+                         for e in entered],
+            "winner": winner["architecture"],
+            "guard": None if guard is None else {"architecture": guard["architecture"],
+                                                 "val_ppl": _rounded(guard["val_ppl"]),
+                                                 "cost_ratio": guard["cost_ratio"]},
+            "verdict": verdict, "verdict_line": line, "seconds": round(seconds, 1)}
+
+
+def _rounded(values: Sequence[float | None]) -> list[float | None]:
+    return [None if v is None else round(v, 4) for v in values]
+
+
+def _ppl(values: Sequence[float | None]) -> str:
+    return "n/a" if not values else "not finite" if values[-1] is None else f"{values[-1]:.2f}"

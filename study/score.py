@@ -1,0 +1,186 @@
+"""``parnas study --score RUN --table TABLE``: a finished search judged against a ranking table
+(:mod:`parnas.study.table`) without retraining anything.
+
+Each of the table's layouts is evaluated with the weights the run's supernet left (each block fixed to the
+layout's kind, the whole validation split: :func:`parnas.strategies.search.inherited_perplexities`, as the
+study's ranking fidelity reads it). Against the table's retrained perplexities (each layout's mean over its
+seeds) the score reports:
+
+- Kendall's tau and Spearman's rho over every layout of the table, beside the table's noise ceiling;
+- the overlap of the 5 best layouts by either;
+- the **regret** at latency budgets 0.5, 0.65 and 0.8 (cost ratios to Transformer-XL, the run's
+  ``search.latency_target``, priced by the table's latency table): the table perplexity of the layout a search
+  would pick, minus the best table perplexity at no higher cost, in perplexity, in % of that best, and in units
+  of the two layouts' seed spreads combined. Two picks per budget: *ranked*, the layout of the table within the
+  budget whose inherited perplexity is lowest (the supernet used as a ranker, FairNAS/SPOS style), and, for a
+  run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports at that budget (its
+  argmax, or the most probable layout within the budget: the search's own rule, :func:`fit_budget`). A layout
+  the table lacks has no regret.
+
+Refused in one line before anything is evaluated: a run without a supernet checkpoint, a table of another space,
+model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from parnas.config import TARGET_LABELS, Config
+from parnas.errors import ConfigError
+from parnas.study.front import combined_spread
+from parnas.study.table import RankingTable, check_matches, load_table
+
+BUDGETS = (0.5, 0.65, 0.8)
+TOP = 5
+SUPERNET_SPACE = "PARTransformerXLSpace"  # what a search's checkpoint records as its architecture
+
+
+def correlations(inherited: Mapping[str, float], retrained: Mapping[str, float]) -> tuple[float | None, float | None]:
+    """Kendall's tau-b and Spearman's rho over the layouts both have (None: fewer than 3, or a constant side)."""
+    from scipy.stats import kendalltau, spearmanr
+
+    common = [k for k in retrained if k in inherited]
+    if len(common) < 3:
+        return None, None
+    a, b = [inherited[k] for k in common], [retrained[k] for k in common]
+    tau, rho = kendalltau(a, b).statistic, spearmanr(a, b).statistic
+    return (None if tau != tau else float(tau)), (None if rho != rho else float(rho))
+
+
+def top_overlap(inherited: Mapping[str, float], retrained: Mapping[str, float], top: int = TOP) -> int:
+    """How many of the ``top`` best layouts by retrained val ppl are among the ``top`` best by inherited val ppl."""
+    common = [k for k in retrained if k in inherited]
+    best = set(sorted(common, key=retrained.__getitem__)[:top])
+    return len(best & set(sorted(common, key=inherited.__getitem__)[:top]))
+
+
+def regret(layout: str | None, retrained: Mapping[str, float], costs: Mapping[str, float],
+           spreads: Mapping[str, float | None]) -> dict[str, Any] | None:
+    """The table perplexity of ``layout`` minus the best table perplexity among the layouts no costlier: in
+    perplexity, in % of that best, and in seed spreads (the two layouts' combined; None where neither has one,
+    or both are the same layout with none). None for no layout, or one the table lacks."""
+    if layout is None or layout not in retrained:
+        return None
+    cheaper = [k for k in retrained if costs[k] <= costs[layout] + 1e-9]
+    best = min(cheaper, key=retrained.__getitem__)
+    gap = retrained[layout] - retrained[best]
+    spread = combined_spread(spreads.get(layout), *([] if best == layout else [spreads.get(best)]))
+    return {"layout": layout, "val_ppl": retrained[layout], "cost_ratio": costs[layout], "best": best,
+            "best_val_ppl": retrained[best], "best_cost_ratio": costs[best], "regret": gap,
+            "regret_percent": gap / retrained[best] * 100,
+            "regret_spreads": gap / spread if spread else (0.0 if gap == 0 else None)}
+
+
+def ranked_pick(inherited: Mapping[str, float], costs: Mapping[str, float], budget: float) -> str | None:
+    """The layout within ``budget`` whose inherited perplexity is lowest (None: none is within it)."""
+    within = [k for k in inherited if costs[k] <= budget + 1e-9]
+    return min(within, key=inherited.__getitem__) if within else None
+
+
+def exported_pick(probabilities: Sequence[Mapping[str, float]], table: RankingTable, target: str,
+                  budget: float) -> list[str] | None:
+    """What a search with these softmax(alpha) exports at ``budget`` under the table's costs: the argmax, or the
+    most probable layout within the budget (None: no layout is)."""
+    from parnas.config import TARGET_UNITS
+    from parnas.strategies.costs import CostModel
+    from parnas.strategies.supernet_export import fit_budget
+
+    costs = CostModel(table.latency.costs(target), table.latency.constant_ms[target], TARGET_UNITS[target],
+                      table.n_blocks)
+    argmax = [max(p, key=p.__getitem__) for p in probabilities]
+    return argmax if costs.ratio(argmax) <= budget + 1e-9 else fit_budget(probabilities, costs, budget)
+
+
+def check_run(run_dir: str | Path, table: RankingTable, overrides: Sequence[str] = ()) -> tuple[Config, dict]:
+    """The run's config (``overrides`` applied: e.g. where its corpus is on this machine) and its
+    ``architecture.json`` record if it wrote one ({} if not); ConfigError for a run this table cannot score."""
+    from parnas import architecture
+    from parnas.overrides import from_dict, merge, parse_overrides
+    from parnas.training import checkpoint
+
+    run = Path(run_dir)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        raise ConfigError(f"--score: {run} holds no supernet checkpoint (checkpoints/last.ckpt): give the run "
+                          "directory of a search")
+    meta = checkpoint.load(ckpt)["parnas"]
+    space = meta["architecture"]
+    if space.get("space") != SUPERNET_SPACE or not isinstance(space.get("candidates"), list):
+        raise ConfigError(f"--score: {ckpt} is a fixed model's checkpoint, not a search's supernet")
+    cfg = from_dict(Config, merge(meta["config"], parse_overrides(list(overrides))))
+    check_matches(table, cfg, space["candidates"], meta["tokenizer"], str(run))
+    if cfg.search.latency_target not in table.targets():
+        raise ConfigError(f"--table {table.name}: its latency table has no {cfg.search.latency_target} costs, the "
+                          f"run's search.latency_target (it prices {', '.join(table.targets())})")
+    record = architecture.read(run / "architecture.json") if (run / "architecture.json").is_file() else {}
+    return cfg, record
+
+
+def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] = (),
+          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Score a finished search against a table (see the module docstring); returns the figures and ``lines``,
+    what is printed."""
+    from parnas.architecture import layout_string
+    from parnas.strategies.search import inherited_perplexities
+
+    table = load_table(table_path)
+    cfg, record = check_run(run_dir, table, overrides)
+    target = cfg.search.latency_target
+    log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts ...")
+    read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts])
+    inherited = {k: read[k] for k in table.layouts}
+    retrained = {k: table.val_ppl(k) for k in table.layouts}
+    spreads = {k: table.spread(k) for k in table.layouts}
+    costs = {k: table.cost_ratio(k, target) for k in table.layouts}
+    tau, rho = correlations(inherited, retrained)
+    probabilities = [record["probabilities"][b] for b in sorted(record.get("probabilities") or {},
+                                                                key=lambda b: int(b.split("_")[1]))]
+    budgets: dict[str, Any] = {}
+    for budget in BUDGETS:
+        exported = exported_pick(probabilities, table, target, budget) if probabilities else None
+        budgets[f"{budget:g}"] = {
+            "ranked": regret(ranked_pick(inherited, costs, budget), retrained, costs, spreads),
+            "exported": None if not probabilities else
+            regret(layout_string(exported), retrained, costs, spreads) if exported else None,
+            "exported_layout": layout_string(exported) if exported else None}
+    result = {"run": str(run_dir), "table": table.name, "layouts": len(table.layouts), "target": target,
+              "noise_ceiling": table.noise_ceiling, "kendall_tau": tau, "spearman_rho": rho,
+              "top_overlap": top_overlap(inherited, retrained), "top": TOP, "budgets": budgets,
+              "exports": bool(probabilities), "inherited": inherited}
+    result["lines"] = score_lines(result)
+    for line in result["lines"]:
+        log(line)
+    return result
+
+
+def _f(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def score_lines(result: Mapping[str, Any]) -> list[str]:
+    """What ``--score`` prints: the correlations against the noise ceiling, the top overlap, the regrets."""
+    n, top = result["layouts"], min(result["top"], result["layouts"])
+    lines = [f"{result['table']}: Kendall tau {_f(result['kendall_tau'])}, Spearman rho {_f(result['spearman_rho'])} "
+             f"between inherited-weight and retrained val ppl over {n} layouts (noise ceiling: Kendall tau "
+             f"{_f(result['noise_ceiling'])} between halves of the seeds)",
+             f"{result['table']}: top {top}: {result['top_overlap']} of the table's {top} best layouts are among the "
+             f"supernet's {top} best"]
+    what = TARGET_LABELS[result["target"]]
+    if not result["exports"]:
+        lines.append(f"{result['table']}: the run wrote no architecture.json: no softmax(alpha) to export, only the "
+                     "supernet's ranking is scored")
+    for budget, picks in result["budgets"].items():
+        for how in ("ranked", "exported") if result["exports"] else ("ranked",):
+            r, head = picks[how], f"{result['table']}: budget {budget} ({what}), {how}"
+            if r is None:
+                name = picks["exported_layout"] if how == "exported" else None
+                lines.append(f"{head}: no regret ({name + ' is not in the table' if name else 'no layout within it'})")
+                continue
+            lines.append(f"{head} {r['layout']} ({r['cost_ratio']:.2f}x, val ppl {r['val_ppl']:.2f}): regret "
+                         f"{r['regret']:+.2f} ({r['regret_percent']:+.1f}%, {_f(r['regret_spreads'], '{:.1f}')} seed "
+                         f"spreads) against {r['best']} ({r['best_cost_ratio']:.2f}x, val ppl "
+                         f"{r['best_val_ppl']:.2f})")
+    return lines

@@ -1,0 +1,91 @@
+"""``--dry-run`` refuses what the real run refuses: a plan it prints is one the run gets past. Each case runs
+the command twice, once with ``--dry-run`` and once without, and both must end in the same one line, exit 2,
+nothing written. The real runs read a few kB of WikiText-2 (a SentencePiece vocabulary of 150, so the
+vocabulary the dry run plans is the one the run builds); every case is refused before a model is built."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from parnas import architecture
+from parnas.cli import main
+from parnas.config import load_config
+
+VOCAB = 150
+
+
+def record(tmp_path, vocab: int, tokenizer: str = "sentencepiece") -> str:
+    """An architecture JSON as a search writes it: the tiny preset's Transformer-XL, searched at ``vocab``."""
+    model = dataclasses.replace(load_config("tiny").model, cutoffs=())
+    found = architecture.named_layout("transformer-xl", model, vocab)
+    found["tokenizer"] = {"kind": tokenizer, "vocab_size": vocab, "sha256": "0" * 64}
+    return str(architecture.write(tmp_path / "found" / "architecture.json", found))
+
+
+def refusals(capsys, tmp_path, micro, command, *args):
+    """The two refusals of ``parnas COMMAND`` on a few kB of text with ``ARGS`` last: with ``--dry-run`` and
+    without; each exit 2 and one line."""
+    data = ["--config", "tiny", "--set", f"data.path={micro}", "--set", f"data.vocab_size={VOCAB}",
+            "--set", "model.cutoffs=[]", "--set", f"train.out_dir={tmp_path}/run",
+            "--set", f"search.out_dir={tmp_path}/run"]
+    lines = []
+    for dry in (["--dry-run"], []):
+        code = main([*command, *data, *args, *dry])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, (dry, code, err)
+        assert not (tmp_path / "run").exists(), "a refused run wrote its folder"
+        lines.append(err)
+    return lines
+
+
+def test_an_architecture_searched_with_another_vocabulary_is_refused_by_both(capsys, tmp_path, micro):
+    dry, real = refusals(capsys, tmp_path, micro, ["retrain", "--arch", record(tmp_path, 1000)])
+    assert dry == real and "searched with a vocabulary of 1000" in real and f"tokenizer of {VOCAB}" in real
+
+
+def test_an_architecture_searched_with_another_tokenizer_is_refused_by_both(capsys, tmp_path, micro):
+    dry, real = refusals(capsys, tmp_path, micro, ["retrain", "--arch", record(tmp_path, VOCAB, "word")])
+    assert dry == real and "searched with a word tokenizer, not sentencepiece" in real
+
+
+@pytest.mark.parametrize("command", [["train"], ["search"], ["retrain", "--arch", "transformer-xl"]])
+def test_training_that_does_not_fit_this_machines_memory_is_refused_by_both(capsys, tmp_path, micro, command):
+    dry, real = refusals(capsys, tmp_path, micro, command, "--set", "model.d_model=32768", "--set",
+                         "model.d_ff=65536")
+    assert dry == real and "training needs at least" in real and "model.d_model=32768" in real
+
+
+@pytest.mark.parametrize("command", [["train"], ["search"], ["retrain", "--arch", "transformer-xl"]])
+def test_cutoffs_not_below_the_vocabulary_are_refused_by_both(capsys, tmp_path, micro, command):
+    dry, real = refusals(capsys, tmp_path, micro, command, "--set", f"model.cutoffs=[50,{VOCAB}]")
+    assert dry == real and "cutoffs" in real
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there to ask for")
+@pytest.mark.parametrize("command", [["train"], ["search"], ["retrain", "--arch", "transformer-xl"]])
+def test_a_gpu_this_machine_lacks_is_refused_by_both(capsys, tmp_path, micro, command):
+    dry, real = refusals(capsys, tmp_path, micro, command, "--set", "train.accelerator=gpu")
+    assert dry == real and "sees no CUDA device" in real
+
+
+@pytest.mark.parametrize("setting, needle", [("model.reversible=true", "model.reversible"),
+                                             ("train.compile=default", "train.compile=default"),
+                                             ("train.accumulate=2", "train.accumulate")])
+def test_what_a_searchs_supernet_cannot_run_is_refused_by_both(capsys, tmp_path, micro, setting, needle):
+    dry, real = refusals(capsys, tmp_path, micro, ["search"], "--set", setting)
+    assert dry == real and needle in real
+
+
+def test_a_strategy_that_cannot_honour_a_budget_is_refused_by_both(capsys, tmp_path, micro):
+    dry, real = refusals(capsys, tmp_path, micro, ["search", "--strategy", "darts"], "--set",
+                         "search.latency_budget=0.5")
+    assert dry == real and "search.latency_budget" in real
+
+
+def test_a_plan_the_run_gets_past_is_printed(capsys, tmp_path, micro):
+    """The refusals above are the run's, not a dry run grown strict: the same settings, fitting, dry-run."""
+    code = main(["retrain", "--arch", record(tmp_path, VOCAB), "--config", "tiny", "--set", f"data.path={micro}",
+                 "--set", f"data.vocab_size={VOCAB}", "--set", "model.cutoffs=[]", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"vocabulary {VOCAB}" in out and "nothing read" in out

@@ -1,0 +1,106 @@
+"""``forward: fair``: strict-fair supernet training: a step runs one sub-step per candidate on the same batch, each
+running a single candidate per block, so every candidate of every block is run and trained exactly once a step;
+one optimiser step follows; the logits move towards the candidates whose sub-step loss was lower."""
+
+import pytest
+import torch
+from test_search import SPLITS, VOCAB, search_config
+
+from parnas.config import load_config
+from parnas.strategies.fair import fair_picks, fair_surrogate
+from parnas.strategies.search import build_search
+
+FAIR = "search.par-gumbel-darts.forward=fair"
+
+
+@pytest.mark.parametrize("n_blocks, n_candidates", [(1, 2), (4, 3), (6, 5)])
+def test_each_block_picks_each_candidate_exactly_once_a_step_and_a_seed_draws_the_same(n_blocks, n_candidates):
+    picks = fair_picks(n_blocks, n_candidates, seed=7)
+    assert len(picks) == n_candidates and all(len(row) == n_blocks for row in picks)
+    for b in range(n_blocks):
+        assert sorted(row[b] for row in picks) == list(range(n_candidates))
+    assert fair_picks(n_blocks, n_candidates, seed=7) == picks
+    if n_blocks * n_candidates > 4:  # the permutations follow the seed
+        assert any(fair_picks(n_blocks, n_candidates, seed=s) != picks for s in range(8, 12))
+
+
+class Block:
+    def __init__(self, alpha):
+        self._arch_alpha = torch.nn.Parameter(torch.tensor(alpha))
+
+
+def test_the_surrogate_moves_each_blocks_logits_towards_its_candidates_with_the_lower_sub_step_loss():
+    blocks = [Block([0.0, 0.0, 0.0]), Block([0.0, 0.0, 0.0])]
+    picks = [[0, 2], [1, 0], [2, 1]]  # sub-step j runs candidate picks[j][b] in block b
+    losses = torch.tensor([1.0, 2.0, 3.0])  # sub-step 0 did best
+    fair_surrogate(blocks, picks, losses).backward()
+    first, second = (b._arch_alpha.grad for b in blocks)
+    assert first.argmin() == 0 and first.argmax() == 2  # descending the gradient raises candidate 0 of block 0
+    assert second.argmin() == 2 and second.argmax() == 1  # and candidate 2 of block 1 (its pick in sub-step 0)
+    assert torch.allclose(first.sum(), torch.tensor(0.0), atol=1e-7)  # only the odds move
+
+
+def test_fair_is_a_forward_mode_of_the_search():
+    assert load_config("tiny", [FAIR]).search.settings.forward == "fair"
+
+
+def test_every_candidate_of_every_block_runs_alone_once_and_is_trained_every_step(tmp_path):
+    steps = 2
+    cfg = search_config(f"train.max_steps={steps}", FAIR, "search.candidates=[attention, dense, identity]",
+                        "train.warmup_steps=0")
+    search = build_search(cfg, SPLITS, VOCAB, tmp_path)
+    choices = sorted((m for m in search.supernet.modules() if hasattr(m, "_arch_alpha")),
+                     key=lambda m: int(m.label.rsplit("_", 1)[1]))
+    names = choices[0].names
+    calls: list[tuple[int, str]] = []
+    for b, choice in enumerate(choices):
+        for name in names:
+            choice[name].register_forward_hook(
+                lambda module, args, out, key=(b, name): calls.append(key) if module.training else None)
+    weights = {(b, n): [p.detach().clone() for p in c[n].parameters()] for b, c in enumerate(choices) for n in names}
+    alphas = [c._arch_alpha.detach().clone() for c in choices]
+    search.run()
+
+    per_forward = [calls[i:i + len(choices)] for i in range(0, len(calls), len(choices))]
+    assert len(per_forward) == steps * len(names)  # K sub-steps a step
+    assert all([b for b, _ in f] == list(range(len(choices))) for f in per_forward)  # one candidate a block each
+    for s in range(steps):  # over a step's sub-steps, each candidate of each block once
+        step_calls = sorted(k for f in per_forward[s * len(names):(s + 1) * len(names)] for k in f)
+        assert step_calls == sorted((b, n) for b in range(len(choices)) for n in names)
+    for (b, name), before in weights.items():  # every candidate with weights was trained
+        after = list(choices[b][name].parameters())
+        assert all(not torch.equal(x, y.detach()) for x, y in zip(before, after)), (b, name)
+    assert all(not torch.equal(a, c._arch_alpha.detach()) for a, c in zip(alphas, choices))  # the logits learn
+    assert search.trainer.global_step == steps  # one optimiser step per step, not one per sub-step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["joint", "bilevel"])
+def test_a_killed_fair_search_resumes_to_the_same_logits_and_history(tmp_path, mode):
+    """Stopped at step 10 and resumed to 20 == 20 steps straight through: the same permutations, the same dropout
+    of every sub-step, and the training memory restored where the step starts (the sub-steps share it)."""
+    from test_search import FIXED_COSTS, alphas, history
+
+    from parnas.strategies.run_folder import prepare_run_dir
+    from parnas.training import checkpoint
+
+    common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
+              "model.dropout=0.1", f"search.par-gumbel-darts.mode={mode}", "search.latency_budget=0.5", FAIR)
+
+    def search(run_dir, *extra, ckpt=None):
+        torch.manual_seed(0)
+        cfg = search_config(*common, *extra)
+        meta = {"config": cfg.to_dict(), "architecture": {}, "tokenizer": {}}
+        s = build_search(cfg, SPLITS, VOCAB, run_dir, ckpt=ckpt, meta=meta, costs=FIXED_COSTS)
+        s.run()
+        return s
+
+    straight = search(tmp_path / "straight")
+    search(tmp_path / "killed", "train.stop_at=10")
+    ckpt = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    prepare_run_dir(tmp_path / "killed", checkpoint.load(ckpt)["global_step"])
+    resumed = search(tmp_path / "killed", ckpt=ckpt)
+    for a, b in zip(alphas(straight).values(), alphas(resumed).values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert resumed.module.last_evaluation.val_ppl == straight.module.last_evaluation.val_ppl
+    assert history(tmp_path / "killed") == history(tmp_path / "straight")

@@ -1,0 +1,39 @@
+"""``tools/first_hour.py`` is where the README's first-hour times come from: it runs the README's own lines and
+rewrites only their times."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tools.first_hour import README, first_hour_lines, rewrite, timed
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_it_times_the_readme_lines_that_state_a_time():
+    lines = [line for line in first_hour_lines(README.read_text()) if timed(line)]
+    commands = [line.split("  #")[0].strip() for line in lines]
+    assert commands[0] == "make search" and any(c.startswith("parnas compare") for c in commands)
+    assert not any("--accelerator gpu" in c or c.startswith(("nnictl", "tensorboard")) for c in commands)
+
+
+def test_the_rewrite_changes_the_times_and_the_load_sentence_only():
+    readme = README.read_text()
+    lines = [line for line in first_hour_lines(readme) if timed(line)]
+    times = {line.split("  #")[0].strip(): 12.0 + i for i, line in enumerate(lines)}
+    new = rewrite(readme, times, load=1.2)
+    assert "at a load average of about 1.2" in new and "`python tools/first_hour.py --write`" in new
+    changed = [(a, b) for a, b in zip(readme.splitlines(), new.splitlines()) if a != b]
+    assert all(a.split("  #")[0] == b.split("  #")[0] for a, b in changed if "  #" in a)  # commands kept
+    for line in first_hour_lines(new):
+        command = line.split("  #")[0].strip()
+        if command in times and any(ch.isdigit() for ch in line.split("  #", 1)[1]):
+            assert f"{times[command]:.0f} s" in line, line
+    assert len(new.splitlines()) == len(readme.splitlines())
+
+
+def test_the_dry_run_runs_nothing():
+    done = subprocess.run([sys.executable, "tools/first_hour.py", "--dry-run"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines()[0].startswith("parnas launch --config search.yaml")
+    assert "--wait" in done.stdout.splitlines()[0]

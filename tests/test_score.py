@@ -1,0 +1,171 @@
+"""``parnas study --score RUN --table FILE``: a search judged against a ranking table without retraining: the
+correlations, the top-5 overlap and the regret at each budget follow the numbers; a table of another space,
+vocabulary or model, and a run without a supernet checkpoint, are refused in one line with nothing written."""
+
+import json
+
+import pytest
+
+from parnas import architecture
+from parnas.cli import main
+from parnas.study.score import BUDGETS, correlations, exported_pick, ranked_pick, regret, score, top_overlap
+from parnas.study.table import config_section, load_table, table_record
+from parnas.training import checkpoint
+
+
+def refusal(err: str) -> str:
+    """The one line a refused command prints (a deprecated setting's note aside); fails on more."""
+    lines = [line for line in err.strip().splitlines() if "deprecated" not in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+CANDIDATES = ("attention", "dense", "identity")
+MODES = ("train", "inference", "generate")
+
+
+def test_regret_is_the_gap_to_the_best_layout_no_costlier_in_perplexity_percent_and_seed_spreads():
+    ppl = {"a": 10.0, "b": 12.0, "c": 11.0, "d": 9.0}
+    costs = {"a": 0.5, "b": 0.6, "c": 0.4, "d": 0.9}
+    spreads = {"a": 0.3, "b": 0.4, "c": None, "d": 0.1}
+    r = regret("b", ppl, costs, spreads)
+    assert (r["best"], r["regret"]) == ("a", 2.0)  # d is better but costlier: not counted
+    assert r["regret_percent"] == pytest.approx(20.0) and r["regret_spreads"] == pytest.approx(2.0 / 0.5)
+    assert regret("c", ppl, costs, spreads)["regret"] == 0.0 == regret("c", ppl, costs, spreads)["regret_spreads"]
+    assert regret("zz", ppl, costs, spreads) is None and regret(None, ppl, costs, spreads) is None
+
+
+def test_the_ranked_pick_is_the_supernets_best_within_the_budget_and_the_top_overlap_counts_shared_bests():
+    inherited = {"a": 3.0, "b": 1.0, "c": 2.0}
+    costs = {"a": 0.4, "b": 0.9, "c": 0.6}
+    assert [ranked_pick(inherited, costs, b) for b in (0.3, 0.5, 0.65, 1.0)] == [None, "a", "c", "b"]
+    assert top_overlap(inherited, {"a": 1.0, "b": 2.0, "c": 3.0}, top=1) == 0
+    assert top_overlap(inherited, {"a": 1.0, "b": 2.0, "c": 3.0}, top=2) == 1
+    assert correlations(inherited, {"a": 30.0, "b": 10.0, "c": 20.0}) == pytest.approx((1.0, 1.0))
+    assert correlations(inherited, {"a": 10.0, "b": 30.0, "c": 20.0}) == pytest.approx((-1.0, -1.0))
+    assert correlations(inherited, {"a": 1.0, "b": 2.0}) == (None, None)
+
+
+class Priced:
+    """A table's latency part: attention 3 ms a block, dense 1, identity 0, 2 ms constant."""
+
+    n_blocks = 2
+    modes = MODES
+    latency = None
+
+    def __init__(self):
+        from parnas.training.latency_table import LatencyTable
+
+        self.latency = LatencyTable({"device": "x", "model": {}}, dict.fromkeys(MODES, 2.0),
+                                    {"attention": dict.fromkeys(MODES, 3.0), "dense": dict.fromkeys(MODES, 1.0),
+                                     "identity": dict.fromkeys(MODES, 0.0)}, 2)
+
+
+def test_the_exported_pick_is_the_argmax_or_the_most_probable_layout_within_the_budget():
+    probabilities = [{"attention": 0.6, "dense": 0.3, "identity": 0.1}, {"attention": 0.5, "dense": 0.4,
+                                                                        "identity": 0.1}]
+    table = Priced()  # Transformer-XL (AD) costs 6; AA 8, DA 6, DD 4, DI 3
+    assert exported_pick(probabilities, table, "train", 1.5) == ["attention", "attention"]
+    assert exported_pick(probabilities, table, "train", 0.8) == ["dense", "dense"]  # AI costs 5/6: over it
+    assert exported_pick(probabilities, table, "train", 0.3) is None  # nothing costs less than the constant
+
+
+# --- a tiny search, scored ------------------------------------------------------------------------------------
+
+SETTINGS = ["model.cutoffs=[20, 40]", "model.n_blocks=2", "data.tokenizer=char", "search.penalty_cost=flops",
+            "train.max_steps=4", "data.eval_batch_size=16"]
+LAYOUTS = ["II", "AI", "DI", "AA", "AD", "DA", "DD"]  # every network of 2 blocks, shallower ones padded
+
+
+@pytest.fixture(scope="module")
+def searched(micro, tmp_path_factory):
+    """A finished 4-step search of 2 blocks over attention, dense and identity, and its supernet's inherited val
+    ppl of every layout of the space."""
+    from parnas.config import Config
+    from parnas.overrides import from_dict
+    from parnas.strategies.search import inherited_perplexities
+
+    run = tmp_path_factory.mktemp("search") / "run"
+    args = [a for s in [f"data.path={micro}", *SETTINGS, f"search.out_dir={run}"] for a in ("--set", s)]
+    assert main(["search", "--config", "tiny", *args]) == 0
+    meta = checkpoint.load(run / "checkpoints" / "last.ckpt")["parnas"]
+    cfg = from_dict(Config, meta["config"])
+    kinds = {"A": "attention", "D": "dense", "I": "identity"}
+    inherited = inherited_perplexities(run, cfg, [[kinds[c] for c in k] for k in LAYOUTS])
+    vocab = {k: meta["tokenizer"][k] for k in ("kind", "vocab_size", "sha256")}  # the tokenizer's identity
+    return run, cfg, vocab, inherited
+
+
+def make_table(tmp_path, searched, ppl, name="table.json", **changes):
+    """A table of the searched space whose layouts' val ppl are ``ppl`` (two seeds, 1% apart)."""
+    run, cfg, vocab, _ = searched
+    latency = Priced().latency.to_dict()
+    seeds = {k: [p, p * 1.01] for k, p in ppl.items()}
+    data = table_record("tiny-adi2", CANDIDATES, cfg, config_section(cfg, "tiny", SETTINGS, vocab), latency, seeds)
+    for key, value in changes.items():
+        section, _, field = key.partition(".")
+        if field:
+            data[section] = {**data[section], field: value}
+        else:
+            data[key] = value
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.slow
+def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_regret(searched, tmp_path, capsys):
+    run, _, _, inherited = searched
+    agreeing = make_table(tmp_path, searched, {k: 2 * inherited[k] for k in LAYOUTS})
+    before = sorted(p.name for p in run.rglob("*"))
+    result = score(run, agreeing, log=lambda line: None)
+    assert result["kendall_tau"] == pytest.approx(1.0) and result["spearman_rho"] == pytest.approx(1.0)
+    assert result["top_overlap"] == 5 and result["noise_ceiling"] == pytest.approx(1.0)
+    assert set(result["budgets"]) == {f"{b:g}" for b in BUDGETS}
+    table = load_table(agreeing)
+    for budget, picks in result["budgets"].items():
+        ranked = picks["ranked"]
+        assert ranked["regret"] == pytest.approx(0.0) and table.cost_ratio(ranked["layout"], "train") <= float(budget)
+        exported = picks["exported"]  # the run wrote architecture.json: its softmax(alpha) exports a layout
+        assert exported is None or exported["regret"] >= 0
+    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
+
+    reversed_ = make_table(tmp_path, searched, {k: 1000 / inherited[k] for k in LAYOUTS}, name="reversed.json")
+    assert main(["study", "--score", str(run), "--table", str(reversed_)]) == 0
+    out = capsys.readouterr().out
+    assert "Kendall tau -1.00, Spearman rho -1.00" in out and "over 7 layouts" in out
+    assert "budget 0.65 (train step), ranked" in out and "budget 0.65 (train step), exported" in out
+    ranked = sorted(LAYOUTS, key=inherited.get)  # the table's 5 best are the supernet's 5 worst: 3 of 7 are both
+    assert len(set(ranked[:5]) & set(ranked[-5:])) == 3 and "top 5: 3 of the table's 5 best" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, message", [
+    ({"space.n_blocks": 3}, "searched 2 blocks over attention, dense, identity; the table's space is 3 blocks"),
+    ({"config.vocab": {"kind": "char", "vocab_size": 88, "sha256": "0" * 64}}, "has another vocabulary"),
+    ({"config.seg_len": 999}, "data.seg_len"),
+])
+def test_a_table_of_another_space_vocabulary_or_model_is_refused_in_one_line(searched, tmp_path, capsys, change,
+                                                                           message):
+    run = searched[0]
+    table = make_table(tmp_path, searched, {k: 10.0 + i for i, k in enumerate(LAYOUTS)}, **change)
+    if "space.n_blocks" in change:  # a deeper space's layouts
+        data = json.loads(table.read_text())
+        data["layouts"] = {k + "I": v for k, v in data["layouts"].items()}
+        table.write_text(json.dumps(data))
+    assert main(["study", "--score", str(run), "--table", str(table)]) == 2
+    assert message in refusal(capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_a_table_of_another_model_and_a_run_without_a_supernet_are_refused(searched, tmp_path, capsys):
+    run, cfg, _, _ = searched
+    model = {**config_section(cfg, None, [], {})["model"], "d_model": 64, "mem_len": 99}
+    table = make_table(tmp_path, searched, {k: 10.0 + i for i, k in enumerate(LAYOUTS)}, **{"config.model": model})
+    assert main(["study", "--score", str(run), "--table", str(table)]) == 2
+    assert "another model than the table's: model.d_model 64 (table) vs 32 (run)" in refusal(capsys.readouterr().err)
+    empty = tmp_path / "no-run"
+    empty.mkdir()
+    good = make_table(tmp_path, searched, {k: 10.0 + i for i, k in enumerate(LAYOUTS)}, name="good.json")
+    assert main(["study", "--score", str(empty), "--table", str(good)]) == 2
+    assert "holds no supernet checkpoint" in refusal(capsys.readouterr().err) and not any(empty.iterdir())
+    assert architecture.read(run / "architecture.json")  # the scored run is left as it was

@@ -1,0 +1,174 @@
+"""The search's final pick: short retrains of the supernet's best layouts against the shallower Transformer-XL."""
+
+import itertools
+import json
+import math
+import signal
+
+import pytest
+
+from parnas.cli import main
+from parnas.errors import Interrupted, ParnasError
+from parnas.strategies import select
+from parnas.strategies.costs import CostModel
+
+COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 0.0, "ms", 4)  # Transformer-XL: 8
+
+
+def micro_search(corpus, *extra: str) -> list[str]:
+    """A search of 3 steps on a few kB (char tokenizer), priced by FLOPs (nothing timed)."""
+    sets = [f"data.path={corpus}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=3",
+            "search.penalty_cost=flops", *extra]
+    return ["search", "--config", "tiny", *[a for s in sets for a in ("--set", s)]]
+
+
+def test_the_entrants_are_the_most_probable_networks_within_the_budget_each_once():
+    blocks = [{"attention": 0.6, "dense": 0.3, "identity": 0.1}] * 2 + [{"attention": 0.1, "dense": 0.5,
+                                                                          "identity": 0.4}] * 2
+
+    def logp(kinds):
+        return sum(math.log(p[k]) for p, k in zip(blocks, kinds))
+
+    found = select.most_probable(blocks, COSTS, 0.5, 4)
+    assert len(found) == 4 and all(COSTS.ratio(kinds) <= 0.5 for kinds in found)
+    networks = [tuple(k for k in kinds if k != "identity") for kinds in found]
+    assert len(set(networks)) == len(networks)  # identity blocks elsewhere: the same network, entered once
+    best: dict[tuple, float] = {}  # every network within the budget, at its most probable layout
+    for kinds in itertools.product(*blocks):
+        network = tuple(k for k in kinds if k != "identity")
+        if COSTS.ratio(kinds) <= 0.5:
+            best[network] = max(best.get(network, -math.inf), logp(kinds))
+    assert [logp(kinds) for kinds in found] == pytest.approx(sorted(best.values(), reverse=True)[:4])
+
+
+def test_the_guard_is_the_deepest_shallower_transformer_xl_within_the_budget():
+    space = ("attention", "dense", "identity")
+    assert select.guard_layout(COSTS, 4, space, 1.0) == ["attention", "dense", "attention", "dense"]
+    assert select.guard_layout(COSTS, 4, space, 0.9) == ["attention", "dense", "identity", "identity"]
+    assert select.guard_layout(COSTS, 4, space, 0.4) is None  # below two blocks of it
+    assert select.guard_layout(COSTS, 4, ("attention", "dense"), 0.9) is None  # no identity: not a layout of it
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ("search.select.k=0", "search.select.k must be >= 1"),
+    ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
+])
+def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(capsys, tmp_path, setting, needle):
+    code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_selection_budget_below_the_cheapest_layout_is_refused_before_anything_is_written(capsys, tmp_path, micro):
+    code = main(micro_search(micro, "search.candidates=[attention, dense]", "search.select.steps=[2, 4]",
+                             "search.select.budget=0.05",
+                             f"search.out_dir={tmp_path}/run"))
+    err = capsys.readouterr().err
+    assert code == 2 and "search.select.budget 0.05 is out of reach" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_better_shallower_transformer_xl_is_exported_and_said(capsys, tmp_path, micro, monkeypatch):
+    trained = []
+
+    def retrain(cfg, kinds, round_index, folder, tokenizer, splits):  # the guard trains best
+        trained.append((tuple(kinds), round_index))
+        return 100.0 if list(kinds) == guard else 200.0 + len(trained)
+
+    guard = ["attention", "dense", "identity", "identity"]  # at 0.5 of Transformer-XL's FLOPs
+    monkeypatch.setattr(select, "short_retrain", retrain)
+    most_probable = select.most_probable  # the supernet's picks other than the guard, for it to beat them
+    monkeypatch.setattr(select, "most_probable", lambda *a: [k for k in most_probable(*a) if k != guard])
+    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+                             f"search.out_dir={tmp_path}"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    record = json.loads((tmp_path / "architecture.json").read_text())
+    assert list(record["architecture"].values()) == guard  # exported
+    assert "the shallower Transformer-XL ADII beat the search's picks (" in out and ": exported it" in out
+    selection = record["search"]["selection"]
+    assert selection["verdict"] == "guard" and selection["winner"] == "ADII" and selection["guard"]["val_ppl"][0] == 100
+    runners = [e for e in selection["entrants"] if e["role"] != "guard"]
+    assert len(runners) == 2 and all(e["val_ppl"] and e["cost_ratio"] <= 0.6 for e in runners)  # recorded
+    assert {r for _, r in trained} == {0, 1} and len(trained) == 3 + 2  # three entrants, then the better two
+    last = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
+    assert last["architecture"] == "ADII"  # the history ends with what is exported
+
+
+@pytest.mark.slow
+def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_trial(capsys, tmp_path, micro,
+                                                                                   monkeypatch):
+    import nni
+
+    from parnas.training import fit as fitting
+
+    final = []
+    monkeypatch.setenv("NNI_PLATFORM", "local")
+    monkeypatch.setenv("NNI_OUTPUT_DIR", str(tmp_path / "trial"))
+    monkeypatch.setattr(nni, "get_next_parameter", lambda: {})
+    monkeypatch.setattr(nni, "report_intermediate_result", lambda metric: None)
+    monkeypatch.setattr(nni, "report_final_result", final.append)
+    real, calls = select.short_retrain, []
+
+    def stopped_at_the_second(*args):
+        calls.append(args[3].name)
+        if len(calls) == 2:
+            raise Interrupted(signal.SIGTERM)
+        return real(*args)
+
+    command = micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6")
+    monkeypatch.setattr(select, "short_retrain", stopped_at_the_second)
+    assert main(command) == 128 + signal.SIGTERM
+    run = tmp_path / "trial"
+    assert not (run / "architecture.json").exists()
+    first = calls[0]
+    done = json.loads((run / "select" / first / "rounds.json").read_text())
+
+    monkeypatch.setattr(select, "short_retrain", real)
+    trained = []
+    real_fit = fitting.fit
+    monkeypatch.setattr(fitting, "fit", lambda cfg, *a, **k: trained.append(
+        (cfg.train.out_dir.rsplit("/", 1)[-1], cfg.train.stop_at)) or real_fit(cfg, *a, **k))
+    capsys.readouterr()
+    assert main([*command, "--resume"]) == 0
+    assert (first, 2) not in trained  # its first round was read back, not trained again
+    record = json.loads((run / "architecture.json").read_text())
+    selection = record["search"]["selection"]
+    (entry,) = [e for e in selection["entrants"] if e["architecture"] == first]
+    assert entry["val_ppl"][0] == round(done["2"], 4)
+    assert selection["winner"] == "".join(k[0].upper() for k in record["architecture"].values())
+    assert final and final[-1]["architecture"] == selection["winner"]  # what the trial reports is what it exported
+
+
+@pytest.mark.slow
+def test_a_search_resumed_with_the_pick_turned_on_runs_it(tmp_path, micro):
+    command = micro_search(micro, "train.max_steps=6", f"search.out_dir={tmp_path}")
+    assert main([*command, "--set", "train.stop_at=3"]) == 0  # the pick off (the tiny preset's)
+    assert main([*command, "--set", "search.select.k=1", "--set", "search.select.steps=[2]", "--resume"]) == 0
+    record = json.loads((tmp_path / "architecture.json").read_text())
+    assert record["search"]["steps"] == 6 and record["search"]["selection"]["steps"] == [2]
+
+
+@pytest.mark.slow
+def test_an_entrant_whose_training_diverges_is_out_and_the_pick_goes_on(capsys, tmp_path, micro, monkeypatch):
+    from parnas.training import fit as fitting
+
+    real_fit, failed = fitting.fit, []
+
+    def first_diverges(cfg, *args, **kwargs):
+        if not failed:
+            failed.append(cfg.train.out_dir.rsplit("/", 1)[-1])
+            raise ParnasError("training diverged at step 2 (the training loss is not finite, train.lr=0.003)")
+        return real_fit(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(fitting, "fit", first_diverges)
+    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2]", "search.select.budget=0.6",
+                             f"search.out_dir={tmp_path}"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
+    (out_entrant,) = [e for e in selection["entrants"] if e["architecture"] == failed[0]]
+    assert out_entrant["val_ppl"] == [None] and selection["winner"] != failed[0]
+    assert f"final pick: {failed[0]} diverged" in out

@@ -1,0 +1,159 @@
+"""Ranking tables: a study converts to one, the loader refuses a damaged one in one line, and the noise ceiling is
+the Kendall tau between halves of the seeds."""
+
+import json
+
+import pytest
+import torch
+
+from parnas import architecture
+from parnas.cli import main
+from parnas.config import load_config
+from parnas.study.table import config_section, load_table, noise_ceiling, table_record
+from parnas.training.latency_table import table_key
+
+
+def refusal(err: str) -> str:
+    """The one line a refused command prints (a deprecated setting's note aside); fails on more."""
+    lines = [line for line in err.strip().splitlines() if "deprecated" not in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+CANDIDATES = ("attention", "dense", "identity")
+SEEDS = {"ADIIII": [30.0, 31.0], "AIIIII": [40.0, 41.0], "DIIIII": [50.0, 52.0], "ADADAD": [20.0, 20.5],
+         "DDDDDD": [45.0, None]}
+
+
+def config():
+    return load_config("wt2-cpu")
+
+
+def latency_table(cfg, vocab_size=1000, **changes):
+    """A latency table for ``cfg``'s shapes: attention costs 3 ms a block, dense 1, the rest 2."""
+    key = table_key(cfg, vocab_size, sorted({*CANDIDATES}), torch.device("cpu"))
+    modes = ("train", "inference", "generate")
+    costs = {"attention": 3.0, "dense": 1.0, "identity": 0.0}
+    return {"format": "parnas.latency", "version": 2, "key": key, "constant_ms": dict.fromkeys(modes, 2.0),
+            "kinds_ms": {k: dict.fromkeys(modes, c) for k, c in costs.items()}, "n_reference": 6, "timing": None,
+            **changes}
+
+
+VOCAB = {"kind": "sentencepiece", "vocab_size": 1000, "sha256": "ab" * 32}
+
+
+def record(seeds=SEEDS, **changes):
+    cfg = config()
+    out = table_record("t", CANDIDATES, cfg, config_section(cfg, "wt2-cpu", [], VOCAB), latency_table(cfg), seeds,
+                       commit="abc")
+    return {**out, **changes}
+
+
+def write(tmp_path, data, name="table.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_table_loads_with_its_means_spreads_and_costs_relative_to_transformer_xl(tmp_path):
+    table = load_table(write(tmp_path, record()))
+    assert table.n_blocks == 6 and table.candidates == CANDIDATES and table.commit == "abc"
+    assert table.val_ppl("DDDDDD") == 45.0 and table.spread("DDDDDD") is None  # a seed without a perplexity
+    assert table.val_ppl("ADIIII") == 30.5 and table.spread("ADIIII") == pytest.approx(0.7071, abs=1e-4)
+    assert table.cost_ratio("ADADAD", "train") == 1.0
+    assert table.cost_ratio("ADIIII", "generate") == pytest.approx((2 + 3 + 1) / (2 + 3 * 4))
+    assert table.kinds("ADIIII") == ("attention", "dense", *["identity"] * 4)
+    assert table.memory["evaluation_memory"] == config().model.evaluation_memory
+
+
+def test_the_noise_ceiling_ranks_the_layouts_by_the_even_seeds_against_the_odd_ones():
+    agree = {"a": [1.0, 1.1, 1.0], "b": [2.0, 2.1, 2.0], "c": [3.0, 3.1, 3.0]}
+    assert noise_ceiling(agree) == pytest.approx(1.0)
+    crossed = {"a": [1.0, 3.0], "b": [2.0, 2.0], "c": [3.0, 1.0]}
+    assert noise_ceiling(crossed) == pytest.approx(-1.0)
+    assert noise_ceiling({"a": [1.0, 2.0], "b": [2.0, 1.0], "c": [3.0]}) is None  # c has one seed: 2 layouts left
+    # the means of the halves (seeds 0, 2 against 1, 3), not single seeds
+    assert noise_ceiling({"a": [1.0, 2.0, 1.0, 2.0], "b": [2.0, 1.5, 2.0, 1.5], "c": [3.0, 3.0, 3.0, 3.0]}) == \
+        pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"format": "parnas.study"}, "not a parnas ranking table"),
+    ({"version": 9}, "version 9 is not supported"),
+    ({"space": {"candidates": ["attention", "nope"], "n_blocks": 6}}, "nope"),
+    ({"layouts": {"ADIIII": {"val_ppl_seeds": [1.0], "val_ppl_std": None}}}, "at least 3 layouts"),
+    ({"noise_ceiling": 0.99}, "noise ceiling 0.99 is not its seeds'"),
+    ({"latency_table": {"format": "parnas.latency"}}, "not a parnas latency table"),
+])
+def test_a_damaged_table_is_refused_in_one_line(tmp_path, capsys, change, message):
+    path = write(tmp_path, record(**change))
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    assert main(["study", "--score", str(run), "--table", str(path)]) == 2
+    assert message in refusal(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "table.json"]
+
+
+def test_edited_seeds_are_refused_by_their_recorded_spread(tmp_path):
+    data = record()
+    data["layouts"]["ADIIII"]["val_ppl_seeds"] = [30.0, 39.0]
+    with pytest.raises(Exception, match="ADIIII: val_ppl_std 0.707"):
+        load_table(write(tmp_path, data))
+    data["layouts"]["ADIIII"] = {"val_ppl_seeds": [30.0, -1.0], "val_ppl_std": None}
+    with pytest.raises(Exception, match="positive perplexities"):
+        load_table(write(tmp_path, data))
+    data["layouts"]["ADX"] = data["layouts"].pop("ADIIII")
+    with pytest.raises(Exception, match="'ADX' is not 6 letters of the candidates"):
+        load_table(write(tmp_path, data))
+
+
+def study_folder(tmp_path, priced=True):
+    """A finished study's files as `parnas study` leaves them (rows with each retrain seed's val ppl, a search's
+    architecture.json), without running it."""
+    cfg, out = config(), tmp_path / "adi6"
+    lat = write(tmp_path, latency_table(cfg), "latency.json")
+    kinds = {"A": "attention", "D": "dense", "I": "identity"}
+    search = out / "search" / "bnone-s0"
+    search.mkdir(parents=True)
+    architecture.write(search / "architecture.json", architecture.make_record(
+        {architecture.label(i): kinds[c] for i, c in enumerate("ADADAD")}, cfg.model, 1000, tokenizer=VOCAB))
+    rows = [{"role": "transformer-xl", "layout": "ADADAD", "val_ppl": 20.25, "val_ppl_seeds": [20.0, 20.5]},
+            {"role": "front", "layout": "AD", "val_ppl": 30.5, "val_ppl_seeds": [30.0, 31.0]},
+            {"role": "front", "layout": "ADADAD-d32", "val_ppl": 25.0, "val_ppl_seeds": [25.0, 25.0]},
+            {"role": "space", "layout": "A", "val_ppl": 40.5, "val_ppl_seeds": [40.0, 41.0]},
+            {"role": "space", "layout": "D", "val_ppl": 51.0, "val_ppl_seeds": [50.0, 52.0]},
+            {"role": "found", "layout": "ADIIII", "val_ppl": 30.4, "val_ppl_seeds": [30.2, 30.6]}]
+    timing = {"priced_by": {"table": str(lat), "device": "cpu", "targets": ["train"]}} if priced else {}
+    (out / "study.json").write_text(json.dumps({
+        "format": "parnas.study", "version": 1, "config": "wt2-cpu", "overrides": [], "retrain_steps": 600,
+        "retrain_seeds": 2, "candidate_sets": [], "rows": rows, "timing": timing}))
+    return out, lat
+
+
+def test_a_study_converts_to_a_table_of_its_layouts_at_the_searches_depth(tmp_path, capsys):
+    out, _ = study_folder(tmp_path)
+    target = tmp_path / "adi6.json"
+    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target)]) == 0
+    assert "written" in capsys.readouterr().out
+    table = load_table(target)
+    # the shallower layouts padded with identity blocks; the narrower front point left out; a layout retrained
+    # twice (AD as the front, ADIIII as found) is the first one's seeds, with both roles
+    assert table.layouts == ["ADADAD", "ADIIII", "AIIIII", "DIIIII"]
+    assert table.seeds["ADIIII"] == (30.0, 31.0) and table.roles["ADIIII"] == ("found", "front")
+    assert table.noise_ceiling == pytest.approx(1.0)
+    assert table.config["vocab"] == VOCAB and table.config["retrain_steps"] == 600
+    assert table.rebuild.startswith("parnas study --config wt2-cpu --seeds 1 --budgets none --retrain-steps 600 "
+                                    "--retrain-seeds 2 --every-network")
+    assert len(table.commit) == 40 or table.commit == "unknown"
+
+
+def test_a_conversion_without_costs_or_onto_an_existing_file_is_refused_and_writes_nothing(tmp_path, capsys):
+    out, lat = study_folder(tmp_path, priced=False)
+    target = tmp_path / "t.json"
+    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target)]) == 2
+    assert "--latency-table" in refusal(capsys.readouterr().err) and not target.exists()
+    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(lat)]) == 2
+    assert "exists" in refusal(capsys.readouterr().err)
+    other = write(tmp_path, latency_table(load_config("tiny")), "tiny-latency.json")
+    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target),
+                 "--latency-table", str(other)]) == 2
+    assert "timed at other shapes" in refusal(capsys.readouterr().err) and not target.exists()

@@ -1,0 +1,153 @@
+"""Rerun the README's first hour as a newcomer would, time every step, and (with ``--write``) put the times in
+the README.
+
+    python tools/first_hour.py                 # run and print the table (about 10 minutes on 2 cores)
+    python tools/first_hour.py --write         # the same, then rewrite the README's times from it
+    python tools/first_hour.py --dry-run       # the commands it would run, nothing run
+
+It runs each timed line of the README's "First hour" block in order, in a scratch folder with a fresh ``HOME``
+(so no cache of an earlier run: the tokenizer is trained and the latency table timed as a newcomer's are), with
+the environment a newcomer has: no ``OMP_NUM_THREADS`` (what ``search.yaml``'s trial command sets stays), data
+from ``PARNAS_DATA_DIR`` where set (as ``make`` sets it in this checkout). ``<id>`` and ``<trial>`` are taken
+from what the search printed. The load average is read before and after each step: a time is only as good as
+the machine was quiet. ``--write`` replaces the first ``N s`` / ``N min`` of each timed README line's comment
+and the sentence that says when and at what load the times were taken; nothing else in the README changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+TIMED = ("make search", "parnas export", "parnas retrain --arch found", "parnas retrain --arch transformer-xl",
+         "parnas compare", "parnas plot")  # the README lines whose comment states a time this script measures
+WHEN = re.compile(r"Times were measured on this\nproject's 2-core development machine.*?\]\(docs/benchmarks\.md"
+                  r"#the-first-hour-timed\)\.", re.S)
+
+
+def first_hour_lines(readme: str) -> list[str]:
+    """The README's first-hour commands, in order (the bash block under "## First hour")."""
+    section = readme.split("## First hour", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def command_of(line: str) -> str:
+    return line.split("  #", 1)[0].strip()
+
+
+def timed(line: str) -> bool:
+    """A line this script times: a CPU step of the README's list (the GPU retrain and the commands that serve or
+    stop are not timed)."""
+    command = command_of(line)
+    return any(command.startswith(prefix) for prefix in TIMED) and "--accelerator gpu" not in command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def rewrite(readme: str, times: dict[str, float], load: float) -> str:
+    """The README with each timed line's first time replaced by ``times[command]`` and the when-and-load
+    sentence rewritten; lines not timed are left as they are."""
+    out = []
+    in_block = False
+    for line in readme.splitlines(keepends=True):
+        if line.startswith("```bash") and not in_block and "## First hour" in "".join(out):
+            in_block = True
+        elif line.startswith("```") and in_block:
+            in_block = False
+        command = command_of(line)
+        if in_block and "#" in line and command in times:
+            head, comment = line.split("  #", 1)
+            comment = re.sub(r"\d+(?:\.\d+)? (?:s|min)\b", seconds_text(times[command]), comment, count=1)
+            line = f"{head}  #{comment}"
+        out.append(line)
+    text = "".join(out)
+    sentence = (f"Times were measured on this\nproject's 2-core development machine (x86-64, no GPU) on {date.today()} "
+                f"at a load average of about {load:.1f},\nwith a newcomer's defaults (no `OMP_NUM_THREADS`) by "
+                "`python tools/first_hour.py --write`, which reruns them;\nthe table it printed is in "
+                "[docs/benchmarks.md](docs/benchmarks.md#the-first-hour-timed).")
+    return WHEN.sub(sentence.replace("\\", "\\\\"), text, count=1)
+
+
+def run(lines: list[str], dry_run: bool) -> tuple[dict[str, float], list[tuple[str, float, float, float]]]:
+    scratch = Path(tempfile.mkdtemp(prefix="first-hour-"))
+    home = scratch / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    work = scratch / "work"
+    shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(".git", ".venv", ".lint", "runs", "__pycache__"))
+    port, found = free_port(), {}
+    times, rows = {}, []
+    try:
+        for line in lines:
+            command = command_of(line)
+            if not timed(line):
+                continue
+            words = command.replace("<id>", found.get("id", "<id>")).replace("<trial>", found.get("trial", "<trial>"))
+            if command.startswith("make search"):
+                words = f"parnas launch --config search.yaml --port {port} --wait"
+            if dry_run:
+                print(words)
+                continue
+            before = os.getloadavg()[0]
+            start = time.monotonic()
+            done = subprocess.run(words, shell=True, cwd=work, env=env, capture_output=True, text=True)
+            seconds = time.monotonic() - start
+            after = os.getloadavg()[0]
+            if done.returncode != 0:
+                raise SystemExit(f"first_hour: `{words}` failed ({done.returncode}): "
+                                 f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+            if command.startswith("make search"):
+                found["id"] = re.search(r"experiment (\w+): web UI", done.stdout)[1]
+                found["trial"] = re.search(r"--arch found/(\w+)\.json", done.stdout)[1]
+            times[command] = seconds
+            rows.append((words, seconds, before, after))
+            print(f"{seconds_text(seconds):>8}  load {before:.1f} -> {after:.1f}  {words}", flush=True)
+    finally:
+        if "id" in found:
+            subprocess.run(["nnictl", "stop", found["id"]], env=env, capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return times, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the README's times from this run")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    readme = README.read_text()
+    times, rows = run(first_hour_lines(readme), args.dry_run)
+    if args.dry_run:
+        return 0
+    load = max(max(b, a) for _, _, b, a in rows)
+    print("\n| command | wall time | load before -> after |\n|---|---|---|")
+    for words, seconds, before, after in rows:
+        print(f"| `{words}` | {seconds_text(seconds)} | {before:.1f} -> {after:.1f} |")
+    if args.write:
+        README.write_text(rewrite(readme, times, load))
+        print(f"rewrote {README.relative_to(REPO)}'s first-hour times (load up to {load:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
