@@ -74,6 +74,16 @@ def regret(layout: str | None, retrained: Mapping[str, float], costs: Mapping[st
             "regret_spreads": gap / spread if spread else (0.0 if gap == 0 else None)}
 
 
+def table_layout(layout: str, layouts: Sequence[str]) -> str:
+    """The table's key for the network ``layout`` runs: itself when the table has it, else a key with the same
+    blocks other than identity in the same order (a fixed model skips identity blocks, so where they sit does not
+    change the network; the table keeps each network once, its identity blocks last); ``layout`` when none."""
+    if layout in layouts:
+        return layout
+    blocks = layout.replace("I", "")
+    return next((k for k in layouts if k.replace("I", "") == blocks), layout)
+
+
 def ranked_pick(inherited: Mapping[str, float], costs: Mapping[str, float], budget: float) -> str | None:
     """The layout within ``budget`` whose inherited perplexity is lowest (None: none is within it)."""
     within = [k for k in inherited if costs[k] <= budget + 1e-9]
@@ -144,7 +154,8 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
         budgets[f"{budget:g}"] = {
             "ranked": regret(ranked_pick(inherited, costs, budget), retrained, costs, spreads),
             "exported": None if not probabilities else
-            regret(layout_string(exported), retrained, costs, spreads) if exported else None,
+            regret(table_layout(layout_string(exported), table.layouts), retrained, costs, spreads)
+            if exported else None,
             "exported_layout": layout_string(exported) if exported else None}
     result = {"run": str(run_dir), "table": table.name, "layouts": len(table.layouts), "target": target,
               "noise_ceiling": table.noise_ceiling, "kendall_tau": tau, "spearman_rho": rho,

@@ -169,3 +169,13 @@ def test_a_table_of_another_model_and_a_run_without_a_supernet_are_refused(searc
     assert main(["study", "--score", str(empty), "--table", str(good)]) == 2
     assert "holds no supernet checkpoint" in refusal(capsys.readouterr().err) and not any(empty.iterdir())
     assert architecture.read(run / "architecture.json")  # the scored run is left as it was
+
+
+def test_an_exported_layout_is_found_in_the_table_as_the_network_it_runs():
+    """A fixed model skips identity blocks, so IAID is the network the table keeps as ADII."""
+    from parnas.study.score import table_layout
+
+    layouts = ["AIII", "ADII", "DAII", "DIDD", "DDDI"]
+    assert table_layout("IAID", layouts) == "ADII"
+    assert table_layout("DIDD", layouts) == "DIDD"  # the table's own key first
+    assert table_layout("IIID", layouts) == "IIID"  # a network the table lacks stays itself (no regret)

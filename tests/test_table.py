@@ -157,3 +157,18 @@ def test_a_conversion_without_costs_or_onto_an_existing_file_is_refused_and_writ
     assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target),
                  "--latency-table", str(other)]) == 2
     assert "timed at other shapes" in refusal(capsys.readouterr().err) and not target.exists()
+
+
+def test_the_shipped_tables_load_and_rank_themselves_as_recorded():
+    """Every table in benchmarks/spaces/ passes the loader's checks (its spreads and noise ceiling are its seeds'
+    own) and covers its space: a user scoring against it gets every network."""
+    from pathlib import Path
+
+    from parnas.study.table import load_table
+
+    tables = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "spaces").glob("*.json"))
+    assert tables
+    for path in tables:
+        table = load_table(path)
+        networks = {k.replace("I", "") for k in table.layouts} - {""}
+        assert len(networks) == 2 ** (table.n_blocks + 1) - 2, path.name  # every network of 1..n non-identity blocks
