@@ -197,6 +197,9 @@ PLANS: list[tuple[str, Skip | Run]] = [
                                         "tests/test_campaign.py runs --quick")),
     (r"--accelerator gpu", Run(needs=("found", "arch"), gpu=True, extra=("--set", "train.precision=32-true"))),
     (r"^parnas study \.\.\. ", Skip("elides its arguments (the line above, with another target)")),
+    (r"^parnas study --(score|to-table) ", Skip("needs the finished study or search of the lines above (minutes to "
+                                                "hours at their size); tests/test_score.py and tests/test_table.py "
+                                                "run both on tiny runs")),
     (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
     (r"^parnas study ", Skip(HOURS)),
     (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "
