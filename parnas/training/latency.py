@@ -76,8 +76,6 @@ def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(seed).choice(vocab_size, size=n, p=p / p.sum()))
 
 
-_sync = sync
-
 
 def _autocast(device: torch.device, precision: str) -> Any:
     if device.type == "cuda" and precision.startswith("bf16"):
