@@ -50,7 +50,7 @@ from parnas.nn.model import build_fixed_model
 from parnas.threads import machine_load, runnable_elsewhere, usable_cores
 from parnas.training.latency_table import MODES, LatencyTable, device_name, table_key
 from parnas.training.task import adam
-from parnas.training.timing import Phase, device_failures_said, stderr_line, sync, time_ms
+from parnas.training.timing import Phase, device_failures_said, stderr_line, time_ms
 
 MIN_BLOCK_MS = 1e-3  # what a kind costs that timed no slower than identity (identity alone costs 0)
 DECODE_TOKENS = 32  # tokens a generation round decodes per model: a short decode, not a segment per step
