@@ -54,9 +54,10 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def benchmark():
-    """``benchmark(name)`` imports the script ``benchmarks/<name>.py`` as it runs (its folder on sys.path:
-    the scripts import each other's helpers)."""
+def benchmark_script():
+    """``benchmark_script(name)`` imports the script ``benchmarks/<name>.py`` as it runs (its folder on sys.path:
+    the scripts import each other's helpers). Not named ``benchmark``: pytest-benchmark, installed on the GPU
+    images, owns that fixture name and aborts the whole session when another fixture returns something else."""
     import importlib
     import sys
 

@@ -66,10 +66,10 @@ def test_a_supernets_parameters_are_every_candidates(monkeypatch):
 
 
 @pytest.mark.parametrize("cutoffs", [[], [250, 2500]])
-def test_training_flops_are_the_gpu_benchmarks_hand_count(benchmark, cutoffs):
+def test_training_flops_are_the_gpu_benchmarks_hand_count(benchmark_script, cutoffs):
     """torch's own count of each block on meta tensors, plus the head from its shapes, agrees with the formula
     benchmarks/gpu_shapes.py states in its docstring."""
-    gpu_shapes = benchmark("gpu_shapes")
+    gpu_shapes = benchmark_script("gpu_shapes")
     cfg = load_config("wt2-seed", [f"model.cutoffs={cutoffs}"])
     kinds, vocab = list(cfg.model.layout), 12000
     ours = head_train_flops(cfg.model, vocab) + sum(block_train_flops(k, cfg) for k in kinds)

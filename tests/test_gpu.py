@@ -267,11 +267,11 @@ def test_bf16_mixed_trains_within_the_fp32_seed_spread(wt2_slice, tmp_path):
 
 @pytest.mark.parametrize("cutoffs, precision", [("[]", "32-true"), ("[]", "bf16-mixed"), ("[100, 400]", "32-true"),
                                                 ("[100, 400]", "bf16-mixed")])
-def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(benchmark, cutoffs, precision):
+def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(benchmark_script, cutoffs, precision):
     """CUDA's own sync counter (set_sync_debug_mode) around one step with the memory full agrees with the
     recorder: the adaptive softmax reads its cluster sizes back once when the loss groups its targets, and with
     the targets grouped on the host, as the training loop groups them, nothing waits at all."""
-    host_syncs = benchmark("host_syncs")
+    host_syncs = benchmark_script("host_syncs")
     cfg = load_config("tiny", [f"model.cutoffs={cutoffs}", "model.dropout=0.1", "model.dropatt=0.1"])
     torch.manual_seed(0)
     model = build_fixed_model(cfg.model, 1000).cuda().train()

@@ -17,13 +17,13 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
 @pytest.fixture
-def gpu_step(benchmark):
-    return benchmark("gpu_step")
+def gpu_step(benchmark_script):
+    return benchmark_script("gpu_step")
 
 
 @pytest.fixture
-def gpu_shapes(benchmark):
-    return benchmark("gpu_shapes")
+def gpu_shapes(benchmark_script):
+    return benchmark_script("gpu_shapes")
 
 
 def test_flops_per_token_match_a_hand_count(gpu_shapes):

@@ -14,8 +14,8 @@ VOCAB = 1000
 
 
 @pytest.fixture
-def host_syncs(benchmark):
-    return benchmark("host_syncs")
+def host_syncs(benchmark_script):
+    return benchmark_script("host_syncs")
 
 
 def test_the_recorder_sees_reads_back_and_uploads_and_nothing_else(host_syncs):

@@ -90,8 +90,8 @@ def test_training_logs_the_experts_load(tmp_path):
     assert {"moe/balance_loss", "moe/dropped"} <= set(trainer.callback_metrics)
 
 
-def test_the_step_reads_nothing_back(benchmark):
-    host_syncs = benchmark("host_syncs")
+def test_the_step_reads_nothing_back(benchmark_script):
+    host_syncs = benchmark_script("host_syncs")
     cfg = load_config("tiny", ["model.blocks=[moe, attention, moe, dense]", "model.moe.top_k=2"])
     model = build_fixed_model(cfg.model, VOCAB)
     B, L = cfg.data.batch_size, cfg.data.seg_len

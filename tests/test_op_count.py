@@ -12,8 +12,8 @@ def tiny():
     return load_config("tiny", ["model.cutoffs=[20, 40]", "data.batch_size=2", "data.seg_len=8", "model.mem_len=8"])
 
 
-def test_a_training_step_dispatches_no_more_ops_than_its_budget(benchmark):
-    op_count = benchmark("op_count")
+def test_a_training_step_dispatches_no_more_ops_than_its_budget(benchmark_script):
+    op_count = benchmark_script("op_count")
     counted = {name: sum(ops.values()) for name, ops in op_count.counts(tiny(), 64).items()}
     assert set(counted) == set(BUDGET)
     for name, budget in BUDGET.items():
@@ -21,10 +21,10 @@ def test_a_training_step_dispatches_no_more_ops_than_its_budget(benchmark):
         assert counted[name] > budget // 2, f"{name}: {counted[name]} ops: lower its budget to match"
 
 
-def test_the_counter_leaves_views_out_and_counts_backward(benchmark):
+def test_the_counter_leaves_views_out_and_counts_backward(benchmark_script):
     import torch
 
-    op_count = benchmark("op_count")
+    op_count = benchmark_script("op_count")
     x = torch.randn(4, 4, requires_grad=True)
 
     def work():

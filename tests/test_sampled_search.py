@@ -132,7 +132,7 @@ def test_a_sampled_search_chooses_attention_where_the_task_needs_it(tmp_path):
     assert "attention" in search.module.export().values()
 
 
-def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, benchmark):
+def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, benchmark_script):
     from parnas.strategies.costs import CostModel
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
@@ -142,7 +142,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
     search = build_search(cfg, {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}, 1000,
                           tmp_path, costs=costs)
-    record = benchmark("host_syncs").RecordStep(3)
+    record = benchmark_script("host_syncs").RecordStep(3)
     search.trainer.callbacks.append(record)
     search.run()
     assert record.recorder.total == 1 and all("draw_picks" in site for site in record.recorder.sites), \

@@ -358,13 +358,13 @@ def test_blocks_keep_their_checkpoint_keys():
 
 
 @pytest.mark.parametrize("part", ["dropout", "attention", "memory", "head", "clusters", "identity", "adam"])
-def test_each_previous_path_of_the_training_benchmark_still_takes_a_step(benchmark, part):
+def test_each_previous_path_of_the_training_benchmark_still_takes_a_step(benchmark_script, part):
     """``benchmarks/train_step.py --ablate`` times parnas with one part on its previous path; each must still run
     the model's step as it is called now (the loss given the targets' host groups among them)."""
     from parnas.config import load_config
     from parnas.training.latency import zipf_ids
 
-    train_step = benchmark("train_step")
+    train_step = benchmark_script("train_step")
     cfg = load_config("tiny", ["model.dropout=0.1"])
     B, L = cfg.data.batch_size, cfg.data.seg_len
     step = train_step.parnas_step(cfg, 1000, list(cfg.model.layout), (part,))

@@ -214,3 +214,17 @@ def test_word_starts_and_the_unknown_marker_for_every_kind(tmp_path):
 
     word = build_tokenizer(DataConfig(tokenizer="word"), write_corpus(tmp_path / "w", " a b \n"), tmp_path / "cache")
     assert word.word_starts().all() and word.decode([word.unk_id]) == "<unk>"
+
+
+def test_training_a_tokenizer_on_a_large_corpus_says_so_first_and_a_cached_one_says_nothing(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """Seconds to tens of seconds of SentencePiece on a fresh machine are announced, not sat through."""
+    import parnas.data.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "SAY_TRAINING_OVER", 0)  # the test's corpus stands in for a large one
+    corpus = write_corpus(tmp_path / "c", text_slice(1000))
+    cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200)
+    build_tokenizer(cfg, corpus, tmp_path / "cache")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("parnas: training a 200-piece SentencePiece tokenizer on ") and "cached under" in line
+    assert build_tokenizer(cfg, corpus, tmp_path / "cache").from_cache and capsys.readouterr().err == ""

@@ -10,8 +10,11 @@ version, thread count and every shape that changes the cost) only when
 - the other processes' runnable threads, sampled between rounds, left the timing its threads: at most
   ``cores - threads`` of them on average.
 
-Otherwise it is timed again, up to ``TRIES`` times; then the run goes on with the steadiest of them, uncached,
-and one warning that names its spread and load. A cached table written before tables recorded this is timed
+Otherwise it is used uncached, with one warning that names its spread and load, and timed again (up to
+``TRIES`` times, each try said in one line, the steadiest kept) only where other processes took the cores: a
+table timed with the machine to itself spreads by the device's own jitter, which another try repeats (on an H100
+three tries at load 0 spread 29%, 17% and 29% and kept a GPU search silent for 35 s; on the 2-core CPU at load 0,
+three tries spread 17-18%). A cached table written before tables recorded this is timed
 again too. :func:`check` says how far the cache is from a timing taken now (``parnas latency --check``).
 """
 
@@ -32,6 +35,7 @@ from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.training import latency
 from parnas.training.latency_table import MODES, LatencyTable, cost_problem, table_key
+from parnas.training.timing import stderr_line
 
 SPREAD_LIMIT = 0.10  # the most a cost's rounds may spread, as a fraction of the step it was read from
 TRIES = 3  # timings of a table before a run goes on with the steadiest, uncached
@@ -84,10 +88,12 @@ def _warn(line: str) -> None:
 
 def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torch.device | str = "cpu", *,
                   cache_dir: Path | None = None, refresh: bool = False,
-                  warn: Callable[[str], None] = _warn, targets: Sequence[str] = MODES) -> tuple[LatencyTable, bool]:
+                  warn: Callable[[str], None] = _warn, targets: Sequence[str] = MODES,
+                  progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, bool]:
     """The cached table for these shapes on this device, timed now if absent (or ``refresh``); returns
-    (table, was_cached). A table timed now is cached if steady (:func:`unsteady`), else timed again, up to
-    ``TRIES`` times, and the steadiest returned uncached with one ``warn`` line naming its spread and load.
+    (table, was_cached). A table timed now is cached if steady (:func:`unsteady`); else it is timed again, up to
+    ``TRIES`` times, only while other processes crowd the cores (:func:`crowded`), each try said in one
+    ``progress`` line, and the steadiest returned uncached with one ``warn`` line naming its spread and load.
 
     A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
     that cover them the newest is used: searches of different candidate sets started after one timing then
@@ -105,17 +111,30 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
         table = newest_covering(key, path.parent, targets, warn)
         if table is not None:
             return table, True
-    timed = []
-    for _ in range(TRIES):
-        table = latency.measure_table(cfg, vocab_size, kinds, device, targets=targets)
-        if unsteady(table) is None:
+    timed: list[LatencyTable] = []
+    while len(timed) < TRIES:
+        table = latency.measure_table(cfg, vocab_size, kinds, device, targets=targets, progress=progress)
+        why = unsteady(table)
+        if why is None:
             write_json_atomic(path, table.to_dict())
             return table, False
         timed.append(table)
+        if not crowded(table) or len(timed) == TRIES:
+            break
+        if progress is not None:
+            progress(f"latency table: {why}; timing it again ({len(timed) + 1} of at most {TRIES})")
     steadiest = min(timed, key=lambda t: (largest_spread(t) or (float("inf"), ""))[0])
-    warn(f"the latency table was timed {TRIES} times and never steadily ({unsteady(steadiest)}); this run uses the "
-         f"steadiest, not cached: {describe(steadiest)}")
+    times = f"timed {len(timed)} times and never steadily" if len(timed) > 1 else "not timed steadily"
+    warn(f"the latency table was {times} ({unsteady(steadiest)}); this run uses "
+         f"{'the steadiest' if len(timed) > 1 else 'it'}, not cached: {describe(steadiest)}")
     return steadiest, False
+
+
+def crowded(table: LatencyTable) -> bool:
+    """Whether other processes kept more threads runnable, on average, than the cores the timing left free: the
+    one unsteadiness that another try can cure."""
+    timing = table.timing or {}
+    return bool(timing) and timing["load"] > timing["cores"] - timing["threads"]
 
 
 def newest_covering(key: dict[str, Any], folder: Path, targets: Sequence[str] = MODES,
