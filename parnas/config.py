@@ -348,6 +348,11 @@ class Config:
         settings = self.search.settings if strategy is not None and strategy.settings is not None else None
         if hasattr(settings, "check"):  # what the strategy's own settings need of the rest of the config
             settings.check(self)
+        if self.train.compile == "reduce-overhead":
+            syncing = [kind for kind in dict.fromkeys(self.model.layout) if not kinds.get(kind).capturable]
+            _require(not syncing, f"train.compile=reduce-overhead replays the step as CUDA graphs, and "
+                     f"{', '.join(syncing)} blocks read values back to the host in their forward, which a graph "
+                     "cannot hold: use train.compile=default (or none) for this layout")
         offered = [*self.model.layout, *self.search.candidates, *self.model.kind_settings]
         for kind in dict.fromkeys(offered):  # each kind a run may build, or was given settings for, against the shapes
             registered = kinds.loaded(kind)  # a plugin is checked once loaded: its settings given, or its block built

@@ -119,8 +119,9 @@ def test_the_compiled_model_trains_like_the_eager_one_and_compiles_nothing_once_
 
 
 @pytest.mark.slow
-def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, tmp_path):
-    """``train.compile`` changes no checkpoint key and no step: a killed compiled run resumes exactly."""
+def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, tmp_path, capsys):
+    """``train.compile`` changes no checkpoint key and no step: a killed compiled run resumes exactly. Its first
+    steps, which compile, are said before they start and timed after."""
     import json
 
     from parnas import architecture
@@ -141,6 +142,11 @@ def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, t
     torch._dynamo.reset()
     try:
         whole = retrain(str(arch), "tiny", [*common, f"train.out_dir={tmp_path / 'whole'}"])
+        said = capsys.readouterr().out.splitlines()
+        start = said.index(next(line for line in said if line.startswith("compiling the model (train.compile="
+                                                                           "default): the first steps build")))
+        assert said[start + 1].startswith("compiled: the first step took ") or said[start + 2].startswith(
+            "compiled: the first step took "), said
         split = [*common, f"train.out_dir={tmp_path / 'split'}"]
         with pytest.raises(RuntimeError, match="killed"):
             retrain(str(arch), "tiny", split, callbacks=[kill_at(4)])

@@ -138,3 +138,17 @@ def test_cuda_graphs_off_cuda_are_refused_in_one_line_before_anything_is_written
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "train.compile=reduce-overhead replays CUDA graphs, which need CUDA" in err and "on the CPU" in err
     assert not out.exists()
+
+
+def test_cuda_graphs_of_a_kind_that_reads_back_to_the_host_are_refused_in_one_line_before_any_model(capsys,
+                                                                                                  tmp_path):
+    """Adaptive computation reads a halting flag back every step: a CUDA graph cannot hold it, on any machine."""
+    from parnas.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--config", "tiny", "--set", "model.n_blocks=2", "--set", "model.blocks=[ut, dense]",
+                 "--set", "train.compile=reduce-overhead", "--set", f"train.out_dir={out}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "train.compile=reduce-overhead" in err and "ut blocks read values back to the host" in err, err
+    assert not out.exists()

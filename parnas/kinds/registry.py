@@ -69,6 +69,9 @@ class BlockKind:
     ``reversible``: its block can be recomputed in a reversible pair's backward pass.
     ``attends``: its block mixes tokens by attention (with fewer heads, over a compressed memory, in hashed
     chunks, ...): an attention block where summaries and studies count them and place them early or late.
+    ``capturable``: its forward runs at static shapes and reads nothing back to the host, so a training step
+    holding it can be replayed as CUDA graphs (``train.compile=reduce-overhead``); a kind that syncs (adaptive
+    computation's halting flag) says False, and such a capture is refused before any model is built.
     """
 
     name: str
@@ -82,6 +85,7 @@ class BlockKind:
     check: Check | None = None
     reversible: bool = True
     attends: bool = False
+    capturable: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -92,8 +96,9 @@ class BlockKind:
         if not (isinstance(self.letter, str) and len(self.letter) == 1 and self.letter.isascii()
                 and self.letter.isalnum()):
             raise KindError(f"block kind {self.name!r}: letter must be one ASCII letter or digit, got {self.letter!r}")
-        if not all(isinstance(flag, bool) for flag in (self.uses_memory, self.shared, self.attends)):
-            raise KindError(f"block kind {self.name!r}: uses_memory, shared and attends must be True or False")
+        if not all(isinstance(flag, bool) for flag in (self.uses_memory, self.shared, self.attends, self.capturable)):
+            raise KindError(f"block kind {self.name!r}: uses_memory, shared, attends and capturable must be True or "
+                            "False")
         if self.flops is not None and not callable(self.flops):
             raise KindError(f"block kind {self.name!r}: flops must be a callable (cfg, seg_len, batch_size) -> float")
         if self.settings is not None and not is_settings_class(self.settings):

@@ -166,6 +166,28 @@ class PlainProgress(pl.Callback):
             print(f"step {trainer.global_step:,}: validation perplexity {float(ppl):.2f}", flush=True)
 
 
+class CompileNotice(pl.Callback):
+    """A compiled model's first steps build its graphs (a CUDA-graphed wt2-par Transformer-XL: 48 s on an H100
+    before its first timed step), which no progress line covers: one line says so before training starts, and
+    one after the first step says how long it took, on rank 0."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.start = mode, 0.0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start = time.perf_counter()
+        if trainer.is_global_zero:
+            graphs = "CUDA graphs" if self.mode == "reduce-overhead" else "kernels"
+            print(f"compiling the model (train.compile={self.mode}): the first steps build its {graphs}, one set "
+                  "for each memory length while the memory fills (often tens of seconds)", flush=True)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.start and trainer.global_step >= 1:
+            if trainer.is_global_zero:
+                print(f"compiled: the first step took {time.perf_counter() - self.start:.1f} s", flush=True)
+            self.start = 0.0
+
+
 def quiet_libraries() -> None:
     """Lightning's and NNI's info messages (devices found, tips, "fit stopped") only when the
     ``parnas`` logger asks for info (``parnas --verbose``). Called once they are imported,
@@ -201,7 +223,8 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
         strategy="ddp_find_unused_parameters_true" if cfg.devices * cfg.num_nodes > 1 else "auto",
         use_distributed_sampler=False,
         logger=StepsTakenLogger(out_dir, name="tensorboard", version=""),
-        callbacks=[Throughput(), checkpoint, progress, StopOnSignal(checkpoint)],
+        callbacks=[Throughput(), checkpoint, progress, StopOnSignal(checkpoint),
+                   *([CompileNotice(cfg.compile)] if cfg.compile != "none" else [])],
         enable_progress_bar=isinstance(progress, TQDMProgressBar),
         plugins=[ckpt.SafeCheckpointIO()], enable_checkpointing=False,
         log_every_n_steps=cfg.log_every, num_sanity_val_steps=0,
