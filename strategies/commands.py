@@ -30,9 +30,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     strategy = strategy_registry.get(cfg.search.strategy)
     strategy.check_config(cfg, args.resume)  # a dry run refuses what the search refuses
     if args.dry_run:
+        from parnas.strategies.pricing import dry_run_budget
+        from parnas.strategies.run_folder import check_search_dir
         from parnas.training.dry_run import dry_run
 
-        print(dry_run(cfg, [list(cfg.search.candidates)] * cfg.model.n_blocks, "search (the supernet)"))
+        check_search_dir(run_dir_of(cfg), args.resume)  # the folder the search would take, as it checks it
+        report, budget = dry_run(cfg, [list(cfg.search.candidates)] * cfg.model.n_blocks, "search (the supernet)"), \
+            dry_run_budget(cfg)
+        if budget is not None:  # before the report's last line, "dry run: nothing read, allocated or written"
+            body, last = report.rsplit("\n", 1)
+            report = f"{body}\n{budget}\n{last}"
+        print(report)
         return 0
     run_dir = run_dir_of(cfg)  # an nnictl trial's own, else search.out_dir
     with take_search_dir(run_dir, args.resume):  # held and checked once, for the search's life

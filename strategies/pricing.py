@@ -16,7 +16,7 @@ from parnas.errors import ParnasError
 from parnas.strategies.costs import CostModel, flops_model, latency_costs
 from parnas.training.devices import check_devices, training_device
 from parnas.training.latency import check_targets, target_memories
-from parnas.training.latency_cache import check_cache, describe, latency_table, unsteady
+from parnas.training.latency_cache import cache_path, check_cache, describe, latency_table, newest_covering, unsteady
 from parnas.training.latency_table import MODES, LatencyTable, load_table_for, read_table, table_key
 
 PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
@@ -111,3 +111,28 @@ def check_budget(cfg: Config, costs: CostModel) -> None:
                           f"(all {cheapest}) is predicted at {floor:.3f} of Transformer-XL's step time here "
                           "(embedding, head and optimiser cost the same in every layout); raise the budget")
 
+
+def dry_run_budget(cfg: Config) -> str | None:
+    """``--dry-run``'s check of ``search.latency_budget``, timing nothing: against the table the search would
+    price with (the one given as ``search.latency_table``, else this machine's cached one for these shapes), a
+    budget out of reach is refused as the search refuses it (:func:`check_budget`). Without such a table, one line
+    says the budget is checked once the search times it. None without a budget."""
+    from parnas.training.dry_run import planned_vocabulary
+
+    budget, given, target = cfg.search.latency_budget, cfg.search.latency_table, cfg.search.latency_target
+    if budget is None or cfg.search.penalty_cost == "flops":
+        return None
+    key = table_key(cfg, planned_vocabulary(cfg.data), sorted({*cost_kinds(cfg), "identity"}),
+                    training_device(cfg.train))
+    if given is not None:
+        table, where = load_table_for(given, key, target=target), f"the given table {given}"
+    else:
+        table, where = newest_covering(key, cache_path(key).parent, (target,)), "this machine's cached table"
+    if table is None:
+        return (f"  latency budget {budget}: checked once the search times its latency table (none is cached for "
+                "these shapes on this machine)")
+    costs = latency_costs(table, cfg.model.n_blocks, target)
+    check_budget(cfg, costs)
+    cheapest = min(cfg.search.candidates, key=costs.per_kind.__getitem__)
+    return (f"  latency budget {budget}: within reach by {where} (the cheapest layout, all {cheapest}, at "
+            f"{costs.ratio([cheapest] * cfg.model.n_blocks):.3f} of Transformer-XL's)")

@@ -23,7 +23,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -122,21 +122,35 @@ def most_probable(probabilities: Sequence[Mapping[str, float]], costs: CostModel
 
 def inherited_ppl(search: FinishedSearch, kinds: Sequence[str]) -> float:
     """Validation perplexity of ``kinds`` with the supernet's weights (whole validation split)."""
+    search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
     sums = exported_nll(search.supernet, search.module.choices(), list(kinds), search.data.batches("valid"))
     return math.exp(float(sums[0] / sums[1]))
 
 
-def entrants(cfg: Config, costs: CostModel, result: Evaluated, budget: float) -> list[dict[str, Any]]:
-    """The supernet's ``k`` most probable networks within ``budget`` (the layout it exports first, when that fits)
-    and the guard. Ranked by probability, not by perplexity with the supernet's weights: scoring each would cost a
-    validation pass, and the retrains judge them anyway."""
+def entrants(cfg: Config, costs: CostModel, result: Evaluated, budget: float,
+             score: Callable[[Sequence[str]], float] | None = None) -> list[dict[str, Any]]:
+    """The supernet's ``k`` networks within ``budget``, and the guard. With ``search.select.rank=probability``
+    its most probable (the layout it exports first, when that fits): scoring each by perplexity would cost a
+    validation pass, and the retrains judge them anyway. With ``inherited``, ``score(kinds)`` (the validation
+    perplexity with the supernet's weights) ranks its ``pool`` most probable networks and the ``k`` lowest enter."""
     select, probabilities = cfg.search.select, list(result.probabilities.values())
-    pool = most_probable(probabilities, costs, budget, select.k)
-    if layout_ratio(costs, result.kinds) <= budget + 1e-9:
-        pool = [result.kinds, *[k for k in pool if blocks_run(k) != blocks_run(result.kinds)]][:select.k]
-    out = [_entrant(kinds, f"supernet #{rank}", costs, probabilities) for rank, kinds in enumerate(pool, 1)]
-    if out and out[0]["kinds"] == result.kinds:
-        out[0]["inherited_val_ppl"] = _round(result.val_ppl)
+    fits = layout_ratio(costs, result.kinds) <= budget + 1e-9
+    if select.rank == "inherited" and score is not None:
+        pool = most_probable(probabilities, costs, budget, select.pool)
+        if fits and all(blocks_run(k) != blocks_run(result.kinds) for k in pool):
+            pool = [result.kinds, *pool]
+        print(f"final pick: ranking {len(pool)} networks within the budget by val ppl with the supernet's weights",
+              flush=True)
+        scored = sorted(((_finite(score(kinds)), i, kinds) for i, kinds in enumerate(pool)))[:select.k]
+        out = [{**_entrant(kinds, f"supernet #{rank}", costs, probabilities), "inherited_val_ppl": _round(ppl)}
+               for rank, (ppl, _, kinds) in enumerate(scored, 1)]
+    else:
+        pool = most_probable(probabilities, costs, budget, select.k)
+        if fits:
+            pool = [result.kinds, *[k for k in pool if blocks_run(k) != blocks_run(result.kinds)]][:select.k]
+        out = [_entrant(kinds, f"supernet #{rank}", costs, probabilities) for rank, kinds in enumerate(pool, 1)]
+        if out and out[0]["kinds"] == result.kinds:
+            out[0]["inherited_val_ppl"] = _round(result.val_ppl)
     guard = guard_layout(costs, cfg.model.n_blocks, cfg.search.candidates, budget) if select.guard else None
     if guard is not None:
         same = [e for e in out if blocks_run(e["kinds"]) == blocks_run(guard)]
@@ -217,7 +231,7 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
         return result, None
     start = time.perf_counter()
     budget, source = selection_budget(cfg, search.costs, result.kinds)
-    entered = entrants(cfg, search.costs, result, budget)
+    entered = entrants(cfg, search.costs, result, budget, lambda kinds: inherited_ppl(search, kinds))
     folder = run_dir / SELECT_DIR
     plan = _plan(cfg, entered, search.trainer.global_step)
     plan_file = folder / "plan.json"
@@ -240,8 +254,8 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
     print(record["verdict_line"], flush=True)
     if winner["kinds"] == result.kinds:
         return result, record
-    search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
-    ppl = inherited_ppl(search, winner["kinds"])  # what the record's val_ppl is: with the supernet's weights
+    # what the record's val_ppl is: with the supernet's weights (the pick's ranking scored it already)
+    ppl = winner["inherited_val_ppl"] or inherited_ppl(search, winner["kinds"])
     winner["inherited_val_ppl"] = record["entrants"][entered.index(winner)]["inherited_val_ppl"] = _round(ppl)
     chosen = search.module.evaluated(winner["kinds"], False, ppl, result.supernet_val_ppl)
     search.module.append_history(chosen.history_line())  # the history ends with what is exported

@@ -31,8 +31,7 @@ from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic, write_text_atomic
 from parnas.overrides import as_given
 from parnas.run_folders import check_sub_dirs, hold_run_dir, own_sub_dir
-
-PAR = strategy_registry.PAR_GUMBEL_DARTS  # the strategy the study asks about; the others are its baselines
+from parnas.strategy_registry import PAR_GUMBEL_DARTS
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
@@ -56,8 +55,8 @@ def run_search_with(config: str | None, sets: Sequence[str], cfg: Config) -> dic
     """One search of ``cfg.search.strategy``; returns its record. PAR's runs here; NNI's each run in a process of
     their own (``parnas search``), since an NNI experiment leaves state in its process that garbles the command
     channel of the next one."""
-    if cfg.search.strategy == PAR:
-        return strategy_registry.get(PAR).runner()(cfg, resume=False)
+    if cfg.search.strategy == PAR_GUMBEL_DARTS:
+        return strategy_registry.get(PAR_GUMBEL_DARTS).runner()(cfg, resume=False)
     command = [sys.executable, "-m", "parnas.cli", "search", *(["--config", config] if config else []),
                *(a for s in sets for a in ("--set", s))]
     if subprocess.run(command).returncode:
@@ -155,8 +154,8 @@ def verdict(summary: Sequence[Mapping[str, Any]]) -> list[str]:
     if not ranked:
         return ["no strategy's architecture retrained to a finite perplexity"]
     lines = [f"best retrained val ppl: {ranked[0]['strategy']} ({ranked[0]['val_ppl']:.2f})"]
-    par = next((s for s in ranked if s["strategy"] == PAR), None)
-    others = [s for s in ranked if s["strategy"] != PAR]
+    par = next((s for s in ranked if s["strategy"] == PAR_GUMBEL_DARTS), None)
+    others = [s for s in ranked if s["strategy"] != PAR_GUMBEL_DARTS]
     if par and others:
         best = others[0]
         spread = max((s for s in (par["val_ppl_std"], best["val_ppl_std"]) if s is not None), default=None)
@@ -167,7 +166,7 @@ def verdict(summary: Sequence[Mapping[str, Any]]) -> list[str]:
             judged = f"not distinguishable (within the seed spread ±{spread:.2f})"
         else:
             judged = "better" if gap < 0 else "worse"
-        lines.append(f"{PAR} {par['val_ppl']:.2f} at {par['cost_ratio'] or float('nan'):.2f}x vs the best "
+        lines.append(f"{PAR_GUMBEL_DARTS} {par['val_ppl']:.2f} at {par['cost_ratio'] or float('nan'):.2f}x vs the best "
                      f"of NNI's, {best['strategy']} {best['val_ppl']:.2f} at {best['cost_ratio'] or float('nan'):.2f}x:"
                      f" {judged}")
     return lines

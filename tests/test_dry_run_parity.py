@@ -89,3 +89,42 @@ def test_a_plan_the_run_gets_past_is_printed(capsys, tmp_path, micro):
                  "--set", f"data.vocab_size={VOCAB}", "--set", "model.cutoffs=[]", "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0 and f"vocabulary {VOCAB}" in out and "nothing read" in out
+
+
+def test_a_latency_budget_below_the_given_tables_cheapest_layout_is_refused_by_both(capsys, tmp_path, micro):
+    """The dry run prices the budget with the table the search would use (given here: nothing is timed)."""
+    from parnas.files import write_json_atomic
+    from parnas.training.latency_table import MODES, LatencyTable, table_key
+
+    cfg = load_config("tiny", [f"data.vocab_size={VOCAB}", "model.cutoffs=[]"])
+    key = table_key(cfg, VOCAB, ["attention", "dense", "identity"], torch.device("cpu"))
+    timing = {"timed_at": "2026-01-01T00:00:00+00:00", "host": "here", "device": key["device"], "threads": 1,
+              "cores": 2, "load": 0.0, "rounds": 7,
+              "spread": {m: {"constant": 0.01, "attention": 0.01, "dense": 0.01} for m in MODES}}
+    kinds = {"attention": dict.fromkeys(MODES, 2.0), "dense": dict.fromkeys(MODES, 1.0),
+             "identity": dict.fromkeys(MODES, 0.0)}
+    table = tmp_path / "table.json"
+    write_json_atomic(table, LatencyTable(key, dict.fromkeys(MODES, 4.0), kinds, 2, timing).to_dict())
+    # Transformer-XL (4 blocks, ADAD): 4 + 2 x 3 = 10 ms; all dense: 4 + 4 = 8 ms, a floor of 0.8
+    dry, real = refusals(capsys, tmp_path, micro, ["search"], "--set", "search.candidates=[attention, dense]",
+                         "--set", f"search.latency_table={table}", "--set", "search.latency_budget=0.5")
+    assert dry == real and "search.latency_budget 0.5 is out of reach" in real and "0.800" in real, real
+    assert main(["search", "--config", "tiny", "--set", f"data.vocab_size={VOCAB}", "--set", "model.cutoffs=[]",
+                 "--set", "search.candidates=[attention, dense]", "--set", f"search.latency_table={table}",
+                 "--set", "search.latency_budget=0.9", "--set", f"search.out_dir={tmp_path}/run", "--dry-run"]) == 0
+    assert "latency budget 0.9: within reach by the given table" in capsys.readouterr().out
+
+
+def test_a_search_folder_that_holds_a_run_is_refused_by_both(capsys, tmp_path, micro):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").write_bytes(b"a run's checkpoint")
+    data = ["--config", "tiny", "--set", f"data.path={micro}", "--set", f"data.vocab_size={VOCAB}",
+            "--set", "model.cutoffs=[]", "--set", f"search.out_dir={tmp_path}/run"]
+    lines = []
+    for dry in (["--dry-run"], []):
+        code = main(["search", *data, *dry])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, (dry, err)
+        lines.append(err)
+    assert lines[0] == lines[1] and "already holds a run" in lines[1] and "--resume" in lines[1]
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["checkpoints", "last.ckpt"]

@@ -41,6 +41,36 @@ def test_the_entrants_are_the_most_probable_networks_within_the_budget_each_once
     assert [logp(kinds) for kinds in found] == pytest.approx(sorted(best.values(), reverse=True)[:4])
 
 
+def test_ranked_by_inherited_perplexity_the_k_lowest_of_the_pool_enter_with_their_perplexities(capsys):
+    """A strict-fair supernet's logits export badly while its weights rank well: ``rank=inherited`` scores its
+    most probable networks with the supernet's weights and enters the best, whatever their probability."""
+    from dataclasses import replace
+
+    from parnas.config import load_config
+    from parnas.strategies.supernet_export import Evaluated
+
+    blocks = [{"attention": 0.2, "dense": 0.7, "identity": 0.1}] * 4
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.k=2", "search.select.pool=6",
+                               "search.select.rank=inherited", "search.select.guard=false"])
+    exported = ["dense"] * 4
+    result = Evaluated(10, 0.1, {f"block_{i}": p for i, p in enumerate(blocks)}, exported, 80.0, 70.0, 0.5)
+    pool = select.most_probable(list(result.probabilities.values()), COSTS, 1.0, 6)
+    ppl = {tuple(kinds): 100.0 - 10 * i for i, kinds in enumerate(pool)}  # the least probable rank best
+    scored = []
+
+    def score(kinds):
+        scored.append(tuple(kinds))
+        return ppl[tuple(kinds)]
+
+    got = select.entrants(cfg, COSTS, result, 1.0, score)
+    assert [e["kinds"] for e in got] == [pool[5], pool[4]]  # the two lowest, not the likeliest
+    assert [e["inherited_val_ppl"] for e in got] == [50.0, 60.0] and set(scored) == set(ppl)
+    assert "ranking 6 networks within the budget" in capsys.readouterr().out
+    by_probability = select.entrants(replace(cfg, search=replace(cfg.search, select=replace(
+        cfg.search.select, rank="probability"))), COSTS, result, 1.0, score)
+    assert by_probability[0]["kinds"] == exported and len(scored) == 6  # nothing scored: the exported one first
+
+
 def test_the_guard_is_the_deepest_shallower_transformer_xl_within_the_budget():
     space = ("attention", "dense", "identity")
     assert select.guard_layout(COSTS, 4, space, 1.0) == ["attention", "dense", "attention", "dense"]
@@ -52,6 +82,8 @@ def test_the_guard_is_the_deepest_shallower_transformer_xl_within_the_budget():
 @pytest.mark.parametrize("setting, needle", [
     ("search.select.k=0", "search.select.k must be >= 1"),
     ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
+    ("search.select.rank=best", "search.select.rank must be one of probability, inherited"),
+    ("search.select.pool=2", "search.select.pool (2) must be at least search.select.k (4)"),
 ])
 def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(capsys, tmp_path, setting, needle):
     code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
@@ -172,3 +204,16 @@ def test_an_entrant_whose_training_diverges_is_out_and_the_pick_goes_on(capsys, 
     (out_entrant,) = [e for e in selection["entrants"] if e["architecture"] == failed[0]]
     assert out_entrant["val_ppl"] == [None] and selection["winner"] != failed[0]
     assert f"final pick: {failed[0]} diverged" in out
+
+
+@pytest.mark.slow
+def test_a_pick_ranked_by_inherited_perplexity_enters_the_supernets_best_scored_and_exports_one_of_them(tmp_path,
+                                                                                                       micro):
+    command = micro_search(micro, "train.max_steps=4", "search.select.k=2", "search.select.pool=4",
+                           "search.select.steps=[2]", "search.select.rank=inherited", f"search.out_dir={tmp_path}")
+    assert main(command) == 0
+    selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
+    ranked = [e for e in selection["entrants"] if e["role"].startswith("supernet")]
+    inherited = [e["inherited_val_ppl"] for e in ranked]
+    assert len(ranked) == 2 and None not in inherited and inherited == sorted(inherited), ranked
+    assert selection["winner"] in [e["architecture"] for e in selection["entrants"]]
