@@ -1,5 +1,6 @@
-"""What the import checks cannot see: a module reading another's private members, and two public functions or
-classes of one name (a reader cannot tell from a call which is meant)."""
+"""What the import checks cannot see: a module reading another's private members, two public functions or
+classes of one name (a reader cannot tell from a call which is meant), and a loop closed by a kind's factory named
+as a string."""
 
 import ast
 from collections import defaultdict
@@ -99,3 +100,39 @@ def test_no_two_public_functions_or_classes_share_a_name():
                 where[node.name].append(path)
     shared = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in SHARED_INTERFACES}
     assert not shared, f"one name, several definitions: {shared}"
+
+
+def module_imports(name: str) -> set[str]:
+    """The ``parnas`` modules that module ``name`` imports when it loads: its top-level imports, not those under
+    ``if TYPE_CHECKING`` or inside functions."""
+    path = ROOT / (name.replace(".", "/") + ".py")
+    if not path.is_file():
+        path = ROOT / name.replace(".", "/") / "__init__.py"
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("parnas"):
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("parnas")}
+    return {m for m in found if (ROOT / (m.replace(".", "/") + ".py")).is_file()
+            or (ROOT / m.replace(".", "/") / "__init__.py").is_file()}
+
+
+def test_no_kind_factory_named_by_a_string_imports_the_registry_back():
+    """A built-in kind names its factory as ``"module:attribute"`` (the registry imports no torch), an arrow
+    import-linter cannot see: the module it names must not load, even through others, what imports the registry
+    (``parnas.kinds``, ``parnas.config``), or the string closes a loop."""
+    from parnas import kinds
+
+    for name in kinds.names():
+        factory = kinds.get(name).factory
+        if not isinstance(factory, str):
+            continue
+        seen, todo = set(), [factory.split(":")[0]]
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo.extend(module_imports(module))
+        loops = seen & {"parnas.kinds", "parnas.kinds.builtin", "parnas.kinds.registry", "parnas.config"}
+        assert not loops, f"{name}: {factory} loads {sorted(loops)}"

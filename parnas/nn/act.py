@@ -16,11 +16,15 @@ saves is the steps no position needs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from parnas.config import ModelConfig
 from parnas.nn.blocks import AttentionBlock, DenseBlock, Keeper, sinusoid
+
+if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
+    from parnas.config import ModelConfig
 
 EPS = 0.01  # a position halts once its cumulative halting probability passes 1 - EPS
 

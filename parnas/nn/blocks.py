@@ -14,13 +14,15 @@ import functools
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from parnas.config import ModelConfig
+if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
+    from parnas.config import ModelConfig
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> Tensor:

@@ -15,12 +15,16 @@ kind, hands them over in ``memory`` before calling the block, and gets the next 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.config import ModelConfig
 from parnas.nn.blocks import AttentionBlock, Keeper, sinusoid
+
+if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
+    from parnas.config import ModelConfig
 
 
 class CompressiveBlock(AttentionBlock, Keeper):

@@ -24,13 +24,16 @@ with positions after every real one, which no query sees.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.config import ModelConfig
 from parnas.nn.blocks import Dropout
+
+if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
+    from parnas.config import ModelConfig
 
 SELF = -1e5  # a query's score against itself: used only when nothing else is visible
 HIDDEN = -1e9  # a key in the query's future

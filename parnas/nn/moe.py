@@ -24,12 +24,16 @@ share x E) and ``moe/dropped`` (routings over capacity) per step, for TensorBoar
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.config import ModelConfig
 from parnas.nn.blocks import Dropout, Keeper, dropout
+
+if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
+    from parnas.config import ModelConfig
 
 
 class MoEBlock(Keeper):

@@ -15,12 +15,16 @@ pre-norm ``h + f(norm(h))`` with ``model.pre_norm``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.config import ModelConfig
 from parnas.nn.blocks import AttentionBlock, DenseBlock, sinusoid
+
+if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
+    from parnas.config import ModelConfig
 
 
 def _residual(block: nn.Module, h: Tensor, f) -> Tensor:
