@@ -15,7 +15,10 @@ seeds) the score reports:
   budget whose inherited perplexity is lowest (the supernet used as a ranker, FairNAS/SPOS style), and, for a
   run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports at that budget (its
   argmax, or the most probable layout within the budget: the search's own rule, :func:`fit_budget`). A layout
-  the table lacks has no regret.
+  the table lacks has no regret. For a run that ended with the final pick, the layout it exported, against every
+  layout no costlier.
+
+:func:`pick_regret` scores an exported layout alone, evaluating nothing.
 
 Refused in one line before anything is evaluated: a run without a supernet checkpoint, a table of another space,
 model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written.
@@ -157,10 +160,13 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
             regret(table_layout(layout_string(exported), table.layouts), retrained, costs, spreads)
             if exported else None,
             "exported_layout": layout_string(exported) if exported else None}
+    picked = (record.get("search") or {}).get("selection")
+    final = layout_string(list(record["architecture"].values())) if picked else None
     result = {"run": str(run_dir), "table": table.name, "layouts": len(table.layouts), "target": target,
               "noise_ceiling": table.noise_ceiling, "kendall_tau": tau, "spearman_rho": rho,
               "top_overlap": top_overlap(inherited, retrained), "top": TOP, "budgets": budgets,
-              "exports": bool(probabilities), "inherited": inherited}
+              "exports": bool(probabilities), "inherited": inherited, "final_layout": final,
+              "final": regret(table_layout(final, table.layouts), retrained, costs, spreads) if final else None}
     result["lines"] = score_lines(result)
     for line in result["lines"]:
         log(line)
@@ -194,4 +200,18 @@ def score_lines(result: Mapping[str, Any]) -> list[str]:
                          f"{r['regret']:+.2f} ({r['regret_percent']:+.1f}%, {_f(r['regret_spreads'], '{:.1f}')} seed "
                          f"spreads) against {r['best']} ({r['best_cost_ratio']:.2f}x, val ppl "
                          f"{r['best_val_ppl']:.2f})")
+    r, head = result.get("final"), f"{result['table']}: exported after the final pick {result.get('final_layout')}"
+    if result.get("final_layout"):
+        lines.append(f"{head}: not in the table" if r is None else
+                     f"{head}: {r['cost_ratio']:.2f}x, val ppl {r['val_ppl']:.2f}: regret {r['regret']:+.2f} "
+                     f"({r['regret_percent']:+.1f}%, {_f(r['regret_spreads'], '{:.1f}')} seed spreads) against "
+                     f"{r['best']} ({r['best_cost_ratio']:.2f}x, val ppl {r['best_val_ppl']:.2f})")
     return lines
+
+
+def pick_regret(layout: str, table: RankingTable, target: str = "train") -> dict[str, Any] | None:
+    """The regret of an exported ``layout`` (e.g. a final pick's) against the table: its retrained perplexity minus
+    the best of the layouts no costlier (:func:`regret`); None for a layout the table lacks."""
+    retrained = {k: table.val_ppl(k) for k in table.layouts}
+    return regret(table_layout(layout, table.layouts), retrained,
+                  {k: table.cost_ratio(k, target) for k in table.layouts}, {k: table.spread(k) for k in table.layouts})

@@ -8,7 +8,17 @@ import pytest
 
 from parnas import architecture
 from parnas.cli import main
-from parnas.study.score import BUDGETS, correlations, exported_pick, ranked_pick, regret, score, top_overlap
+from parnas.study.score import (
+    BUDGETS,
+    correlations,
+    exported_pick,
+    pick_regret,
+    ranked_pick,
+    regret,
+    score,
+    score_lines,
+    top_overlap,
+)
 from parnas.study.table import config_section, load_table, table_record
 from parnas.training import checkpoint
 
@@ -32,6 +42,18 @@ def test_regret_is_the_gap_to_the_best_layout_no_costlier_in_perplexity_percent_
     assert r["regret_percent"] == pytest.approx(20.0) and r["regret_spreads"] == pytest.approx(2.0 / 0.5)
     assert regret("c", ppl, costs, spreads)["regret"] == 0.0 == regret("c", ppl, costs, spreads)["regret_spreads"]
     assert regret("zz", ppl, costs, spreads) is None and regret(None, ppl, costs, spreads) is None
+
+
+def test_the_layout_a_final_pick_exported_is_scored_in_one_line_and_one_the_table_lacks_said():
+    base = {"table": "t", "layouts": 3, "top": 5, "top_overlap": 1, "kendall_tau": 0.5, "spearman_rho": 0.6,
+            "noise_ceiling": 0.7, "target": "train", "exports": True, "budgets": {}}
+    final = regret("b", {"a": 10.0, "b": 12.0}, {"a": 0.5, "b": 0.6}, {"a": 0.3, "b": 0.4})
+    (line,) = score_lines({**base, "final_layout": "IB", "final": final})[2:]
+    assert line == ("t: exported after the final pick IB: 0.60x, val ppl 12.00: regret +2.00 (+20.0%, 4.0 seed "
+                    "spreads) against a (0.50x, val ppl 10.00)")
+    assert score_lines({**base, "final_layout": "ZZ", "final": None})[2:] == [
+        "t: exported after the final pick ZZ: not in the table"]
+    assert len(score_lines({**base, "final_layout": None, "final": None})) == 2  # no pick: no line
 
 
 def test_the_ranked_pick_is_the_supernets_best_within_the_budget_and_the_top_overlap_counts_shared_bests():
@@ -128,6 +150,8 @@ def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_re
         exported = picks["exported"]  # the run wrote architecture.json: its softmax(alpha) exports a layout
         assert exported is None or exported["regret"] >= 0
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
+    best = min(LAYOUTS, key=table.val_ppl)
+    assert pick_regret(best, table)["regret"] == 0.0 and pick_regret("Z" * table.n_blocks, table) is None
 
     reversed_ = make_table(tmp_path, searched, {k: 1000 / inherited[k] for k in LAYOUTS}, name="reversed.json")
     assert main(["study", "--score", str(run), "--table", str(reversed_)]) == 0
