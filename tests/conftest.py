@@ -9,10 +9,29 @@ WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
 needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
 
 
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    """The session's cache, with the presets' WikiText-2 tokenizer trained into it before any test runs: a
+    tokenizer trained on a corpus that large says so in a line on stderr, which would otherwise land in the
+    output of whichever test first needed it (a refusal's one line among them)."""
+    import contextlib
+    import io
+
+    cache = tmp_path_factory.getbasetemp() / "parnas-cache"
+    if (WT2 / "train.txt").is_file():
+        from parnas.config import load_config
+        from parnas.data.tokenizer import build_tokenizer
+
+        with contextlib.redirect_stderr(io.StringIO()):
+            for preset in ("tiny", "wt2-cpu"):
+                build_tokenizer(load_config(preset).data, WT2, cache)
+    return cache
+
+
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path_factory, monkeypatch):
+def private_cache(session_cache, monkeypatch):
     """Tokenizers and token ids go to a per-session cache, never ~/.cache."""
-    monkeypatch.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
+    monkeypatch.setenv("PARNAS_CACHE_DIR", str(session_cache))
 
 
 @pytest.fixture(scope="session")
