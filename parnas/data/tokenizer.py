@@ -1,11 +1,10 @@
 """Tokenizers: SentencePiece, word level and character (byte) level.
 
 Each is trained once on a corpus's train split and cached under
-``<cache_dir>/tokenizers/<train sha256[:16]>-<kind>[-<model_type>-<vocab_size>]/``. That
-directory is built in a temporary directory and renamed into place, so it is complete
-or absent: a crash, or a second DDP rank racing the first, never sees half a tokenizer.
+``<cache_dir>/tokenizers/<train sha256[:16]>-<kind>[-<model_type>-<vocab_size>]/``, built in a temporary
+directory and renamed into place: complete or absent, a crash or a racing DDP rank never sees half of one.
 A cached tokenizer that cannot be loaded (a damaged or emptied file) is reported in one
-line and built again.
+line and built again; training on a corpus over a MiB says so first, in one line.
 
 A tokenizer's identity (``sha256``, recorded in architecture JSONs and checkpoints) is a
 digest of what it does, not of incidental bytes: ``spm.model`` embeds the paths it was
@@ -270,10 +269,7 @@ class CharTokenizer(Tokenizer):
         return starts
 
 
-# --- training -----------------------------------------------------------------------------------
-
-SAY_TRAINING_OVER = 1 << 20  # bytes of corpus over which training a tokenizer takes seconds (WikiText-2's 11 MB at
-# 12,000 pieces: 11.6 s on a 2-core CPU; a GPU search on a fresh machine sat 35 s silent through this and its table)
+SAY_TRAINING_OVER = 1 << 20  # corpus bytes over which training takes seconds (WikiText-2's 11 MB: 11.6 s, 2 cores)
 
 
 def train_sentencepiece(train_file: Path, model_prefix: Path, vocab_size: int, model_type: str) -> None:
