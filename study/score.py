@@ -145,9 +145,7 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
     log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts ...")
     read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts])
     inherited = {k: read[k] for k in table.layouts}
-    retrained = {k: table.val_ppl(k) for k in table.layouts}
-    spreads = {k: table.spread(k) for k in table.layouts}
-    costs = {k: table.cost_ratio(k, target) for k in table.layouts}
+    retrained, costs, spreads = table_figures(table, target)
     tau, rho = correlations(inherited, retrained)
     probabilities = [record["probabilities"][b] for b in sorted(record.get("probabilities") or {},
                                                                 key=lambda b: int(b.split("_")[1]))]
@@ -212,6 +210,11 @@ def score_lines(result: Mapping[str, Any]) -> list[str]:
 def pick_regret(layout: str, table: RankingTable, target: str = "train") -> dict[str, Any] | None:
     """The regret of an exported ``layout`` (e.g. a final pick's) against the table: its retrained perplexity minus
     the best of the layouts no costlier (:func:`regret`); None for a layout the table lacks."""
-    retrained = {k: table.val_ppl(k) for k in table.layouts}
-    return regret(table_layout(layout, table.layouts), retrained,
-                  {k: table.cost_ratio(k, target) for k in table.layouts}, {k: table.spread(k) for k in table.layouts})
+    return regret(table_layout(layout, table.layouts), *table_figures(table, target))
+
+
+def table_figures(table: RankingTable, target: str) -> tuple[dict[str, float], dict[str, float],
+                                                               dict[str, float | None]]:
+    """Each layout's retrained val ppl (mean over seeds), cost ratio for ``target`` and seed spread, by layout."""
+    return ({k: table.val_ppl(k) for k in table.layouts}, {k: table.cost_ratio(k, target) for k in table.layouts},
+            {k: table.spread(k) for k in table.layouts})

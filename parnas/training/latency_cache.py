@@ -48,6 +48,13 @@ def largest_spread(table: LatencyTable) -> tuple[float, str] | None:
     return max(spreads) if spreads else None
 
 
+def crowded(table: LatencyTable) -> bool:
+    """Whether other processes kept more threads runnable, on average, than the cores the timing left free: the
+    one unsteadiness that another try can cure."""
+    timing = table.timing or {}
+    return bool(timing) and timing["load"] > timing["cores"] - timing["threads"]
+
+
 def unsteady(table: LatencyTable) -> str | None:
     """Why ``table`` may not be cached (its spread, or the load it was timed under), or None if it may."""
     timing = table.timing
@@ -56,8 +63,7 @@ def unsteady(table: LatencyTable) -> str | None:
     spread, where = largest_spread(table)
     if spread > SPREAD_LIMIT:
         return f"spread {spread:.0%} ({where}) is over {SPREAD_LIMIT:.0%}"
-    room = timing["cores"] - timing["threads"]
-    if timing["load"] > room:
+    if crowded(table):
         return (f"other processes kept {timing['load']:.1f} threads runnable beside its {timing['threads']} on "
                 f"{timing['cores']} cores")
     return None
@@ -128,13 +134,6 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
     warn(f"the latency table was {times} ({unsteady(steadiest)}); this run uses "
          f"{'the steadiest' if len(timed) > 1 else 'it'}, not cached: {describe(steadiest)}")
     return steadiest, False
-
-
-def crowded(table: LatencyTable) -> bool:
-    """Whether other processes kept more threads runnable, on average, than the cores the timing left free: the
-    one unsteadiness that another try can cure."""
-    timing = table.timing or {}
-    return bool(timing) and timing["load"] > timing["cores"] - timing["threads"]
 
 
 def newest_covering(key: dict[str, Any], folder: Path, targets: Sequence[str] = MODES,
