@@ -2,7 +2,8 @@
 
 :class:`SyncRecorder` (a ``TorchFunctionMode``) records every call that needs a tensor's value on the host:
 ``.item()``, ``.tolist()``, ``.cpu()``/``.to("cpu")``, ``.numpy()``, ``bool()``/``int()``/``float()`` of a
-tensor, ``nonzero`` and the ops built on it (``masked_select``, ``unique``, boolean-mask indexing), with the
+tensor, ``nonzero`` and the ops built on it (``masked_select``, ``unique``, boolean-mask indexing), ``bincount``
+(on CUDA it reads its input's range back), with the
 first line outside torch that made it; and every tensor made from Python numbers on a named device
 (``torch.tensor(x, device=...)``, ``new_tensor``, ``as_tensor``: on a GPU an upload from pageable memory
 that waits for the stream, as Lightning's ``self.log`` of a Python number is). On a CPU nothing waits, but
@@ -39,7 +40,8 @@ _REPO = Path(__file__).resolve().parents[1]  # call sites are named relative to 
 SYNCING = {Tensor.item, Tensor.tolist, Tensor.cpu, Tensor.numpy, Tensor.__bool__, Tensor.__int__,
            Tensor.__float__, Tensor.__index__, Tensor.nonzero, torch.nonzero, Tensor.masked_select,
            torch.masked_select, Tensor.unique, torch.unique, torch.argwhere, Tensor.argwhere, Tensor.equal,
-           torch.equal, torch.allclose, Tensor.allclose, torch.is_nonzero, Tensor.is_nonzero}
+           torch.equal, torch.allclose, Tensor.allclose, torch.is_nonzero, Tensor.is_nonzero,
+           torch.bincount, Tensor.bincount}  # bincount on CUDA reads its input's min and max back to size its output
 # Inside torch, only what reads a value the device computed counts. torch's optimisers keep their step
 # counters on the host unless fused or capturable (their .item() waits for nothing), and .to(device) moves
 # data to the device the step runs on (on a CPU-only machine that device is "cpu": not a read-back).

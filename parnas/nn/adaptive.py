@@ -55,7 +55,9 @@ def group_by_cluster(ids: Tensor, cutoffs: Tensor, groups: TargetGroups | None =
         if groups.order.shape != ids.shape:
             raise ValueError(f"target groups of {groups.order.numel()} rows for {ids.numel()} targets")
         return cluster, groups.order, groups.sizes
-    return cluster, cluster.argsort(stable=True), torch.bincount(cluster, minlength=len(cutoffs) + 1).tolist()
+    # counted by comparison, not torch.bincount: on CUDA bincount reads the ids' min and max back to size its output
+    counts = (cluster[:, None] == torch.arange(len(cutoffs) + 1, device=ids.device)).sum(0)  # (clusters,)
+    return cluster, cluster.argsort(stable=True), counts.tolist()
 
 
 def group_targets(y: Tensor, cutoffs: Sequence[int]) -> TargetGroups:
