@@ -41,6 +41,7 @@ test-gpu: install
 lint: install
 	$(VENV)/bin/ruff check .
 	rm -rf .lint && $(PY) -m pip install -q --no-deps --no-build-isolation --target .lint . && cp -r benchmarks tools .lint/
+	rm -rf build *.egg-info  # the build's leftovers: metadata in the working folder would shadow the installed one
 	cd .lint && ../$(VENV)/bin/lint-imports ../pyproject.toml
 
 # Starts search.yaml's NNI experiment and shows its trials' progress until it is done, then the architectures

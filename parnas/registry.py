@@ -3,7 +3,10 @@ found through entry points and loaded on first use, the one-line messages, and e
 
 A :class:`Registry` holds frozen records that have a ``name``. Built-ins are registered once and cannot be
 removed; code may :meth:`~Registry.register` more; an installed package adds one with an entry point in the
-registry's group, whose name is read without importing it. A record may own a settings class: a frozen
+registry's group, whose name is read without importing it. A registry whose built-ins live in a package above it
+(the search strategies, in ``parnas.strategies``, which import the registry) finds them the way it finds
+plugins, through an entry point of parnas's own distribution (``builtins``): the registry names no module above
+it, so no import, string or not, runs back up the layers. A record may own a settings class: a frozen
 dataclass, every field defaulted, that a config fills under ``<section>.<name>.<field>``
 (:func:`build_settings`). Imports no torch: configs are checked before it loads.
 """
@@ -26,19 +29,42 @@ class Registry(Generic[Record]):
     """Records of type ``record`` by name. ``what``: how messages call one (``"block kind"``); ``plural``: how
     they call several (``"kinds"``); ``group``: the entry-point group plugins declare; ``how_to_register``: the
     help every "unknown" message ends with; ``error``: the error raised; ``admit(record, records)``: an extra
-    check before a record joins (a letter already taken, ...)."""
+    check before a record joins (a letter already taken, ...); ``builtins``: an entry-point group each of whose
+    entries names a sequence of built-in records, registered in that order the first time the registry is read."""
 
     def __init__(self, record: type, what: str, plural: str, group: str, how_to_register: str,
-                 error: type[ParnasError], admit: Callable[[Any, Mapping[str, Any]], None] | None = None) -> None:
+                 error: type[ParnasError], admit: Callable[[Any, Mapping[str, Any]], None] | None = None,
+                 builtins: str | None = None) -> None:
         self.record, self.what, self.plural, self.group = record, what, plural, group
         self.how_to_register, self.error, self.admit = how_to_register, error, admit
         self._records: dict[str, Record] = {}
         self._builtin: set[str] = set()
         self._type_name = f"{record.__module__}.{record.__qualname__}"
+        self._builtins_group = builtins  # None once they are registered (or where there are none)
+
+    def _load_builtins(self) -> None:
+        """The built-ins an entry point of ``builtins`` names, registered before anything else is read."""
+        group, self._builtins_group = self._builtins_group, None
+        if group is None:
+            return
+        found = plugins.entry_points(group)
+        if not found:
+            raise self.error(f"parnas's own {self.plural} are not installed (no entry point in group {group!r}): "
+                             "install parnas with pip (pip install -e . in a checkout), not from a path, and remove "
+                             "any stale *.egg-info in the working folder (its metadata shadows the installed one)")
+        for ep in found.values():
+            try:
+                records = ep.load()
+            except Exception as e:  # an install that lost a file: say which, in one line
+                raise self.error(f"parnas's own {self.plural} do not load from {ep.value!r} "
+                                 f"({type(e).__name__}: {e}); reinstall parnas") from None
+            for record in records:
+                self.register(record, builtin=True)
 
     def register(self, record: Record, *, builtin: bool = False) -> Record:
         """Add ``record``; a name already taken is an error (registering the same record again is not).
         ``builtin``: parnas's own, which :meth:`unregister` keeps."""
+        self._load_builtins()
         if not isinstance(record, self.record):
             raise self.error(f"register expects a {self._type_name}, got {type(record).__name__}")
         name = record.name  # type: ignore[attr-defined]
@@ -57,6 +83,7 @@ class Registry(Generic[Record]):
 
     def unregister(self, name: str) -> None:
         """Remove a record registered in this process (tests, notebooks); built-ins stay."""
+        self._load_builtins()
         if name in self._builtin:
             raise self.error(f"{self.what} {name!r} is built in and cannot be removed")
         self._records.pop(name, None)
@@ -67,18 +94,22 @@ class Registry(Generic[Record]):
 
     def names(self) -> tuple[str, ...]:
         """Every known name: built-ins, then registered ones, then plugins not loaded yet. Stable order."""
+        self._load_builtins()
         return (*self._records, *sorted(set(self.entry_points()) - set(self._records)))
 
     def is_known(self, name: str) -> bool:
+        self._load_builtins()
         return name in self._records or name in self.entry_points()
 
     def loaded(self, name: str) -> Record | None:
         """The record called ``name`` if it is registered already, else None: a plugin not needed yet stays
         unloaded (config checks import neither it nor torch)."""
+        self._load_builtins()
         return self._records.get(name)
 
     def records(self) -> Iterator[Record]:
         """The registered records (plugins once loaded), in registry order."""
+        self._load_builtins()
         return iter(tuple(self._records.values()))
 
     def load(self, name: str, field: str, target: str) -> Any:
@@ -95,6 +126,7 @@ class Registry(Generic[Record]):
 
     def get(self, name: str) -> Record:
         """The record called ``name``, loading its plugin on first use."""
+        self._load_builtins()
         if name in self._records:
             return self._records[name]
         ep = self.entry_points().get(name)

@@ -9,10 +9,12 @@ A strategy owns its settings, as a block kind does: ``SearchStrategy.settings`` 
 and checks in ``__post_init__``) that a config fills under ``search.<strategy>.<setting>``, e.g.
 ``search.par-gumbel-darts.tau_end``; :class:`parnas.config.SearchConfig` holds only what every search has.
 
-This module imports no torch and no NNI: configs are checked before they load. A strategy's code is named by
+This module imports no torch and no NNI: configs are checked before they load. parnas's own strategies
+(:mod:`parnas.strategies.builtin`: its Gumbel-DARTS and NNI's, one list) live in the package above this one and
+register the way a plugin does, through an entry point of parnas's distribution (group :data:`BUILTINS`), read
+the first time the registry is: nothing here names a module above it. A plugin's code may be named by
 ``"module:attribute"`` strings, imported the first time it runs; a settings class named so must live in a module
-that imports no torch. NNI's own strategies are one list, :data:`NNI_STRATEGIES`, which their dispatch, the CLI,
-the docs and the tests read.
+that imports no torch.
 
 User strategies come from Python entry points in group ``parnas.strategies``: a plugin package declares
 ``[project.entry-points."parnas.strategies"] my-search = "mypkg.search:STRATEGY"`` with ``STRATEGY`` a
@@ -31,6 +33,7 @@ from parnas.errors import ParnasError
 from parnas.registry import Registry, is_settings_class
 
 GROUP = "parnas.strategies"
+BUILTINS = "parnas.builtin"  # the entry-point group of parnas's own strategies (a sequence of records each)
 HOW_TO_REGISTER = (f"a plugin registers one with an entry point in group {GROUP!r} "
                    "(docs/reference.md, 'Search strategies'), or code calls parnas.strategy_registry.register")
 ONE_SHOT, MULTI_TRIAL = "one-shot", "multi-trial"
@@ -111,7 +114,7 @@ class SearchStrategy:
 # --- the registry -------------------------------------------------------------------------------
 
 STRATEGIES: Registry[SearchStrategy] = Registry(SearchStrategy, "search strategy", "strategies", GROUP,
-                                                HOW_TO_REGISTER, StrategyError)
+                                                HOW_TO_REGISTER, StrategyError, builtins=BUILTINS)
 names, is_known, loaded = STRATEGIES.names, STRATEGIES.is_known, STRATEGIES.loaded
 unknown_message, get, unregister = STRATEGIES.unknown_message, STRATEGIES.get, STRATEGIES.unregister
 
@@ -126,69 +129,8 @@ def of_family(family: str) -> tuple[str, ...]:
     return tuple(strategy.name for strategy in STRATEGIES.records() if strategy.family == family)
 
 
-# --- built-in strategies -------------------------------------------------------------------------
+# --- the built-in strategies' names (their records: parnas.strategies.builtin) -----------------------
 
 PAR_GUMBEL_DARTS = "par-gumbel-darts"  # parnas's own search (parnas.strategies.search)
 DEFAULT = PAR_GUMBEL_DARTS  # what search.strategy is unless set
 NNI = "NNI 3.0"  # the source of NNI's own strategies, run on the PAR space
-
-
-@dataclass(frozen=True)
-class NNIStrategy:
-    """One of NNI's own strategies as parnas runs it on the PAR space: ``nni_class`` (in ``nni.nas.strategy``)
-    built with the fixed ``arguments``; where ``logits``, also with the run's ``search.arch_lr``, ``train.clip``
-    and ``search.log_every`` (the strategy learns architecture logits); where ``settings`` (as
-    :attr:`SearchStrategy.settings`), with what its settings' ``nni_arguments()`` returns. ``refused``: why parnas
-    does not run it (its check says so in one line)."""
-
-    name: str
-    family: str
-    nni_class: str
-    what: str
-    arguments: tuple[tuple[str, Any], ...] = ()
-    logits: bool = False
-    settings: str | None = None
-    refused: str = ""
-
-
-NNI_STRATEGIES = (
-    NNIStrategy("darts", ONE_SHOT, "DARTS", "first-order DARTS, the logits stepped on the validation stream",
-                logits=True),
-    NNIStrategy("gumbel-darts", ONE_SHOT, "GumbelDARTS", "DARTS with Gumbel-softmax samples, tau annealed per epoch",
-                logits=True, settings="parnas.strategies.nni_strategies:NNIGumbelSettings"),
-    NNIStrategy("random-oneshot", ONE_SHOT, "RandomOneShot", "uniform random paths through the supernet, no logits"),
-    NNIStrategy("proxyless", ONE_SHOT, "Proxyless", "one sampled binary-gated path per block", logits=True),
-    NNIStrategy("enas", ONE_SHOT, "ENAS",
-                "a reinforcement-learned controller (refused: its dependencies do not install)",
-                refused="needs NNI's optional reinforcement-learning dependencies (tianshou<1 and gym), which do not "
-                        "install beside this torch"),
-    NNIStrategy("random", MULTI_TRIAL, "Random", "architectures drawn at random, no repeats", (("dedup", True),)),
-    NNIStrategy("regularized-evolution", MULTI_TRIAL, "RegularizedEvolution", "aging evolution, population 4, "
-                "sample 2", (("population_size", 4), ("sample_size", 2))),
-    # as the other strategies: the larger metric is the better
-    NNIStrategy("tpe", MULTI_TRIAL, "TPE", "NNI's TPE tuner driving the choices", (("optimize_mode", "maximize"),)),
-    NNIStrategy("grid", MULTI_TRIAL, "GridSearch", "every architecture in turn"),
-)
-_NNI_RUN = {ONE_SHOT: "parnas.strategies.nni_strategies:run_nni_search",
-            MULTI_TRIAL: "parnas.strategies.multi_trial:run_multi_trial"}
-
-
-def nni_strategy(name: str) -> NNIStrategy:
-    """NNI's strategy ``name`` as parnas runs it (StrategyError for a name that is not one of NNI's)."""
-    for strategy in NNI_STRATEGIES:
-        if strategy.name == name:
-            return strategy
-    raise StrategyError(f"search strategy {name!r} is not one of NNI's: "
-                        f"{', '.join(s.name for s in NNI_STRATEGIES)}")
-
-
-STRATEGIES.register(SearchStrategy(
-    PAR_GUMBEL_DARTS, ONE_SHOT, "parnas.strategies.search:run_search",
-    check="parnas.strategies.par_settings:check_par_search", settings="parnas.strategies.par_settings:PARSettings",
-    what="Gumbel-softmax DARTS with tau annealed every step, a latency penalty or budget, exact resume",
-    source="Mandava et al. 2020 (PAR); parnas's own"), builtin=True)
-for _nni in NNI_STRATEGIES:
-    STRATEGIES.register(SearchStrategy(_nni.name, _nni.family, _NNI_RUN[_nni.family],
-                                       "parnas.strategies.nni_strategies:check_nni_strategy", settings=_nni.settings,
-                                       what=_nni.what, source=NNI), builtin=True)
-del _nni

@@ -7,7 +7,7 @@ that reports to NNI (validation perplexity at every evaluation; at the end ``def
 and its predicted cost ratio from block costs priced once, before the trials), and the trainer is NNI's
 traced ``Trainer`` with plain arguments. :func:`evaluator` builds it; :func:`serialized_size` measures it.
 
-Strategies: NNI 3.0's multi-trial ones in :data:`parnas.strategy_registry.NNI_STRATEGIES` (``Random``,
+Strategies: NNI 3.0's multi-trial ones in :data:`parnas.strategies.nni_specs.NNI_STRATEGIES` (``Random``,
 ``RegularizedEvolution``, ``TPE``, its hyper-parameter tuner driving the architecture choices, and ``GridSearch``),
 through ``NasExperiment`` on the local training service, one trial at a time.
 """

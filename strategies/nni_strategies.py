@@ -23,73 +23,21 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parnas import strategy_registry
 from parnas.config import Config
-from parnas.errors import ConfigError
+from parnas.strategies.nni_specs import nni_strategy
 from parnas.strategies.nni_trial import in_nni_trial
-from parnas.strategies.par_settings import PARSettings
-from parnas.strategy_registry import MULTI_TRIAL, ONE_SHOT
-
-
-@dataclass(frozen=True)
-class NNIGumbelSettings:
-    """NNI's ``gumbel-darts``'s own settings (``search.gumbel-darts.<setting>``): its temperature falls from
-    ``tau_start`` to ``tau_end`` over the epochs (NNI's ``temperature`` pair)."""
-
-    tau_start: float = 1.0
-    tau_end: float = 0.1
-
-    def __post_init__(self) -> None:
-        if not 0 < self.tau_end <= self.tau_start:
-            raise ConfigError(f"tau_end ({self.tau_end}) must be > 0 and not exceed tau_start ({self.tau_start})")
-
-    def nni_arguments(self) -> dict[str, Any]:
-        return {"temperature": (self.tau_start, self.tau_end)}
-
-
-def check_nni_strategy(cfg: Config, resume: bool) -> None:
-    """Refuse, in one line, what NNI's strategy ``search.strategy`` cannot do (before anything is read or written):
-    the registry's check for NNI's one-shot and multi-trial strategies. Imports no torch."""
-    name, search, spec = cfg.search.strategy, cfg.search, strategy_registry.nni_strategy(cfg.search.strategy)
-    multi_trial = spec.family == MULTI_TRIAL
-    if multi_trial and (in_nni_trial() or resume):
-        raise ConfigError(f"search.strategy={name} starts an NNI experiment of its own: run it outside nnictl, "
-                          "without --resume")
-    if spec.refused:
-        runnable = [s.name for s in strategy_registry.NNI_STRATEGIES if s.family == ONE_SHOT and not s.refused]
-        raise ConfigError(f"search.strategy={name} {spec.refused}; use {', '.join(runnable)} or "
-                          f"{strategy_registry.DEFAULT}")
-    unpriced = "does not price latency: drop it, or compare the exported costs with parnas study"
-    for setting, value, why in (("search.latency_budget", search.latency_budget, unpriced),
-                                ("search.penalty_weight", search.penalty_weight or None, unpriced)):
-        if value is not None:
-            raise ConfigError(f"{setting} is honoured by search.strategy={strategy_registry.DEFAULT} only; NNI's "
-                              f"{name} {why}")
-    for owner, given in search.strategy_settings.items():  # PAR's own settings, given and not at their defaults
-        for key, why in (("export_samples", "exports its own choice"), ("forward", "has its own loop"),
-                         ("mode", "has its own loop")):
-            value, applies = getattr(given, key, None), key != "mode" or not multi_trial  # trials train fixed models
-            if isinstance(given, PARSettings) and applies and value != getattr(PARSettings(), key):
-                raise ConfigError(f"search.{owner}.{key}={value} is {owner}'s setting; NNI's {name} {why}")
-    if resume:
-        raise ConfigError(f"--resume continues a {strategy_registry.DEFAULT} search; NNI's {name} cannot resume: "
-                          "start it again")
-    if cfg.train.devices * cfg.train.num_nodes != 1:
-        raise ConfigError(f"search.strategy={name} runs in one process (train.devices=1): NNI's one-shot modules "
-                          "do not keep the logits alike across ranks")
 
 
 def nni_strategy_object(cfg: Config) -> Any:
-    """NNI's strategy object for ``search.strategy`` (:data:`parnas.strategy_registry.NNI_STRATEGIES`): its fixed
+    """NNI's strategy object for ``search.strategy`` (:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`): its fixed
     arguments, the run's architecture learning rate, clipping and logging where it learns logits, and its own
     settings' arguments (gumbel-darts's tau range)."""
     from nni.nas import strategy as nni_strategies
 
-    spec = strategy_registry.nni_strategy(cfg.search.strategy)
+    spec = nni_strategy(cfg.search.strategy)
     arguments = dict(spec.arguments)
     if spec.logits:
         arguments |= {"arc_learning_rate": cfg.search.arch_lr, "gradient_clip_val": cfg.train.clip or None,
@@ -148,7 +96,7 @@ def fixed_weights(supernet_state: Mapping[str, Any], architecture: Mapping[str, 
 
 def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     """Search with NNI's one-shot ``cfg.search.strategy`` and export as PAR's search does; returns the record.
-    NNI's loops cannot resume (:func:`check_nni_strategy` refuses ``resume``)."""
+    NNI's loops cannot resume (:func:`parnas.strategies.nni_specs.check_nni_strategy` refuses ``resume``)."""
     import pytorch_lightning as pl
     from nni.nas.evaluator.pytorch import Lightning, Trainer
     from nni.nas.experiment import NasExperiment

@@ -13,6 +13,7 @@ from parnas import architecture, strategy_registry
 from parnas.cli import main
 from parnas.config import SearchConfig, load_config
 from parnas.errors import ConfigError
+from parnas.strategies import nni_specs
 from parnas.strategy_registry import MULTI_TRIAL, ONE_SHOT, SearchStrategy, StrategyError
 
 ROOT = Path(__file__).parents[1]
@@ -27,7 +28,7 @@ def test_builtins_are_registered_once_with_a_family_and_the_default_is_named():
 
 
 def test_nnis_strategies_are_one_list_that_the_registry_and_the_cli_read(capsys):
-    nni = strategy_registry.NNI_STRATEGIES
+    nni = nni_specs.NNI_STRATEGIES
     assert strategy_registry.names()[1:] == tuple(s.name for s in nni)  # every built-in but parnas's own
     for spec in nni:
         registered = strategy_registry.get(spec.name)
@@ -37,7 +38,7 @@ def test_nnis_strategies_are_one_list_that_the_registry_and_the_cli_read(capsys)
     parser_help = " ".join(capsys.readouterr().out.split())
     assert all(spec.name in parser_help for spec in nni) and "search.NAME.SETTING" in parser_help
     with pytest.raises(StrategyError, match="not one of NNI's"):
-        strategy_registry.nni_strategy(strategy_registry.DEFAULT)
+        nni_specs.nni_strategy(strategy_registry.DEFAULT)
 
 
 @pytest.mark.slow
@@ -46,7 +47,7 @@ def test_the_dispatch_builds_each_nni_strategy_from_the_list_with_the_runs_setti
 
     from parnas.strategies.nni_strategies import nni_strategy_object
 
-    for spec in strategy_registry.NNI_STRATEGIES:
+    for spec in nni_specs.NNI_STRATEGIES:
         if spec.name == "enas":  # its dependencies do not install (the registry's check refuses it)
             continue
         cfg = load_config("tiny", [f"search.strategy={spec.name}", "search.arch_lr=0.02",
