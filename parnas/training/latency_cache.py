@@ -1,21 +1,20 @@
-"""The cache of latency tables: only a table timed steadily, on a machine that left the timing its cores, is kept.
+"""The cache of latency tables: a table is kept only if it was timed on a machine that left the timing its cores.
 
 A table timed while other processes take the cores prices the kinds as that moment did: on a busy 2-core
 machine one such table had a constant part 8x and attention's price over dense's 2.8x instead of 1.9x, and
 every later search reused it. So a table is cached (under ``<cache>/latency/``, keyed by device name, torch
-version, thread count and every shape that changes the cost) only when
+version, thread count and every shape that changes the cost) only when the other processes' runnable threads,
+sampled between rounds, left the timing its threads: at most ``cores - threads`` of them on average. Otherwise
+it is timed again (up to ``TRIES`` times, each try said in one line) and the steadiest used uncached, with one
+warning that names its spread and load.
 
-- every cost's rounds spread by at most ``SPREAD_LIMIT`` of the step they were read from
-  (:func:`parnas.training.latency.relative_spread`), and
-- the other processes' runnable threads, sampled between rounds, left the timing its threads: at most
-  ``cores - threads`` of them on average.
-
-Otherwise it is used uncached, with one warning that names its spread and load, and timed again (up to
-``TRIES`` times, each try said in one line, the steadiest kept) only where other processes took the cores: a
-table timed with the machine to itself spreads by the device's own jitter, which another try repeats (on an H100
-three tries at load 0 spread 29%, 17% and 29% and kept a GPU search silent for 35 s; on the 2-core CPU at load 0,
-three tries spread 17-18%). A cached table written before tables recorded this is timed
-again too. :func:`check` says how far the cache is from a timing taken now (``parnas latency --check``).
+A table timed with the machine to itself whose costs still spread by more than ``SPREAD_LIMIT`` of the step
+they were read from (:func:`parnas.training.latency.relative_spread`) spreads by the device's own jitter, which
+another try repeats: on an H100 at load 0 three tries spread 29%, 17% and 29%, and timing each search's table
+again kept a GPU search silent for 35 s and priced every run of the same search differently. It is cached with
+one warning naming its spread; ``parnas latency --refresh`` times it again. A cached table written before
+tables recorded their timing is timed again too. :func:`check_cache` says how far the cache is from a timing
+taken now (``parnas latency --check``).
 """
 
 from __future__ import annotations
@@ -56,17 +55,23 @@ def crowded(table: LatencyTable) -> bool:
 
 
 def unsteady(table: LatencyTable) -> str | None:
-    """Why ``table`` may not be cached (its spread, or the load it was timed under), or None if it may."""
+    """Why ``table`` may not be cached (no record of its timing, or the load it was timed under), or None if it
+    may. A spread over ``SPREAD_LIMIT`` on a machine left to the timing does not keep it out (:func:`jitter`)."""
     timing = table.timing
     if not timing or largest_spread(table) is None:
         return "no record of its spread (an older table, or a single round)"
-    spread, where = largest_spread(table)
-    if spread > SPREAD_LIMIT:
-        return f"spread {spread:.0%} ({where}) is over {SPREAD_LIMIT:.0%}"
     if crowded(table):
-        return (f"other processes kept {timing['load']:.1f} threads runnable beside its {timing['threads']} on "
-                f"{timing['cores']} cores")
+        spread, where = largest_spread(table)
+        return (f"spread {spread:.0%} ({where}) while other processes kept {timing['load']:.1f} threads runnable "
+                f"beside its {timing['threads']} on {timing['cores']} cores")
     return None
+
+
+def jitter(table: LatencyTable) -> str | None:
+    """The table's largest spread, said, where it is over ``SPREAD_LIMIT``; else None."""
+    spread = largest_spread(table)
+    return f"spread {spread[0]:.0%} ({spread[1]}) is over {SPREAD_LIMIT:.0%}" if spread and spread[0] > SPREAD_LIMIT \
+        else None
 
 
 def describe(table: LatencyTable) -> str:
@@ -97,9 +102,10 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
                   warn: Callable[[str], None] = _warn, targets: Sequence[str] = MODES,
                   progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, bool]:
     """The cached table for these shapes on this device, timed now if absent (or ``refresh``); returns
-    (table, was_cached). A table timed now is cached if steady (:func:`unsteady`); else it is timed again, up to
-    ``TRIES`` times, only while other processes crowd the cores (:func:`crowded`), each try said in one
-    ``progress`` line, and the steadiest returned uncached with one ``warn`` line naming its spread and load.
+    (table, was_cached). A table timed now is cached unless other processes crowded the cores (:func:`unsteady`),
+    with one ``warn`` line where its rounds still spread widely (:func:`jitter`); a crowded one is timed again, up
+    to ``TRIES`` times, each try said in one ``progress`` line, and the steadiest returned uncached with one
+    ``warn`` line naming its spread and load.
 
     A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
     that cover them the newest is used: searches of different candidate sets started after one timing then
@@ -121,8 +127,12 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
     while len(timed) < TRIES:
         table = latency.measure_table(cfg, vocab_size, kinds, device, targets=targets, progress=progress)
         why = unsteady(table)
-        if why is None:
+        if why is None:  # the machine left it its cores: as steady as this device times
             write_json_atomic(path, table.to_dict())
+            if jitter(table):
+                warn(f"the latency table's rounds spread widely ({jitter(table)}) on a machine that left the timing "
+                     "its cores: the device's own jitter, which another try repeats; cached and used: "
+                     f"{describe(table)}; `parnas latency --refresh` times it again")
             return table, False
         timed.append(table)
         if not crowded(table) or len(timed) == TRIES:
@@ -138,11 +148,11 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
 
 def newest_covering(key: dict[str, Any], folder: Path, targets: Sequence[str] = MODES,
                     warn: Callable[[str], None] = _warn) -> LatencyTable | None:
-    """The newest readable, steady table in ``folder`` with ``key``'s shapes and device, at least its kinds and
-    the ``targets``, restricted to those kinds; None if there is none (unreadable, stale or unsteady files are
-    skipped). A table that would serve passes the checks a ``search.latency_table`` file passes
-    (:func:`cached_problem`); one that fails them is removed with one ``warn`` line, never used, and the run
-    times the table again."""
+    """The newest readable table in ``folder`` timed on a machine that left it its cores (:func:`unsteady`), with
+    ``key``'s shapes and device, at least its kinds and the ``targets``, restricted to those kinds; None if there
+    is none (unreadable, stale or crowded files are skipped). A table that would serve passes the checks a
+    ``search.latency_table`` file passes (:func:`cached_problem`); one that fails them is removed with one
+    ``warn`` line, never used, and the run times the table again."""
     def shapes(of: dict[str, Any]) -> dict[str, Any]:  # the model's and the requested kinds' settings
         model = {k: v for k, v in of["model"].items() if not isinstance(v, dict) or k in key["kinds"]}
         return {k: v for k, v in of.items() if k != "kinds"} | {"model": model}
