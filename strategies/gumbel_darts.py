@@ -61,7 +61,7 @@ from parnas.config import SearchConfig
 from parnas.strategies.arch_stream import ArchStream, PairedStreams
 from parnas.strategies.costs import CostModel
 from parnas.strategies.fair import fair_loss
-from parnas.strategies.par_settings import par_settings
+from parnas.strategies.par_settings import par_settings, resolved_par
 from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from parnas.training.evaluation import perplexity
@@ -98,7 +98,7 @@ class PARDartsModule(DartsLightningModule):
                  history_path: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(training_module, arc_learning_rate=search.arch_lr, gradient_clip_val=gradient_clip_val,
                          log_prob_every_n_step=search.log_every)
-        self.search, self.par, self.max_steps, self.costs = search, par_settings(search), max_steps, costs
+        self.search, self.par, self.max_steps, self.costs = search, resolved_par(search), max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = self.par.tau_start
         self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
@@ -374,7 +374,7 @@ class PARGumbelDARTS(GumbelDARTS):
                          mutation_hooks=[SampledMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
         if (search.penalty_weight or search.latency_budget is not None) and costs is None:
             raise ValueError("a cost penalty or a latency budget needs a CostModel")
-        self.search, self.par, self.max_steps, self.costs = search, par_settings(search), max_steps, costs
+        self.search, self.par, self.max_steps, self.costs = search, resolved_par(search), max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
 
     def configure_softmax(self) -> GumbelSoftmax:

@@ -108,7 +108,9 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
                                     pinned=run_dir / PINNED_TABLE if ckpt else None,
                                     warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
-    strategy = PARGumbelDARTS(cfg.search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
+    par = par_settings(cfg.search).resolved(len(cfg.search.candidates), cfg.train.devices * cfg.train.num_nodes)
+    search = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: par})
+    strategy = PARGumbelDARTS(search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
     supernet = strategy.mutate_model(space)
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,

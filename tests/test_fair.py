@@ -104,3 +104,26 @@ def test_a_killed_fair_search_resumes_to_the_same_logits_and_history(tmp_path, m
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert resumed.module.last_evaluation.val_ppl == straight.module.last_evaluation.val_ppl
     assert history(tmp_path / "killed") == history(tmp_path / "straight")
+
+
+@pytest.mark.parametrize("sets, processes, forward", [
+    (["search.candidates=planer"], 1, "fair"),  # eight kinds a block: the ranking tables' choice
+    ([], 1, "mixed"),  # PAR's three: fair exported the all-dense network at 4 blocks
+    (["search.candidates=planer", "train.devices=2"], 2, "mixed"),  # fair runs in one process
+    (["search.candidates=planer", "search.par-gumbel-darts.forward=mixed"], 1, "mixed"),  # as given
+    (["search.par-gumbel-darts.forward=fair"], 1, "fair"),
+])
+def test_the_default_forward_trains_strictly_fair_above_pars_three_kinds_in_one_process(sets, processes, forward):
+    from parnas.strategies.par_settings import par_settings, resolved_par
+
+    cfg = load_config("tiny", ["train.accelerator=cpu", "model.n_heads=4", *sets])
+    assert par_settings(cfg.search).resolved(len(cfg.search.candidates), processes).forward == forward
+    if processes == 1:
+        assert resolved_par(cfg.search).forward == forward
+    assert load_config("tiny").search.settings.forward == "auto"
+
+
+def test_a_search_of_more_than_three_kinds_trains_fair_and_records_it(tmp_path):
+    search = build_search(search_config("search.candidates=[attention, dense, identity, dense_half]"), SPLITS, VOCAB,
+                          tmp_path)
+    assert search.module.par.forward == "fair"

@@ -151,7 +151,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
 
 @pytest.mark.parametrize("settings, needle", [
     (["search.par-gumbel-darts.forward=all"],
-     "search.par-gumbel-darts.forward must be one of mixed, sampled, fair, not 'all'"),
+     "search.par-gumbel-darts.forward must be one of auto, mixed, sampled, fair, not 'all'"),
     (["search.par-gumbel-darts.forward=sampled", "train.devices=2", "data.batch_size=8", "data.eval_batch_size=8"],
      "search.par-gumbel-darts.forward=sampled runs in one process, not 2"),
 ])
