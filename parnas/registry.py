@@ -37,16 +37,20 @@ class Registry(Generic[Record]):
                  builtins: str | None = None) -> None:
         self.record, self.what, self.plural, self.group = record, what, plural, group
         self.how_to_register, self.error, self.admit = how_to_register, error, admit
-        self._records: dict[str, Record] = {}
+        self._loaded: dict[str, Record] = {}  # read through _records, which registers the built-ins first
         self._builtin: set[str] = set()
         self._type_name = f"{record.__module__}.{record.__qualname__}"
         self._builtins_group = builtins  # None once they are registered (or where there are none)
 
-    def _load_builtins(self) -> None:
-        """The built-ins an entry point of ``builtins`` names, registered before anything else is read."""
-        group, self._builtins_group = self._builtins_group, None
-        if group is None:
-            return
+    @property
+    def _records(self) -> dict[str, Record]:
+        """The records by name, the built-ins an entry point of ``builtins`` names registered first, on first read."""
+        if self._builtins_group is not None:
+            self._load_builtins(self._builtins_group)
+        return self._loaded
+
+    def _load_builtins(self, group: str) -> None:
+        self._builtins_group = None  # once: registering them reads the records
         found = plugins.entry_points(group)
         if not found:
             raise self.error(f"parnas's own {self.plural} are not installed (no entry point in group {group!r}): "
@@ -64,7 +68,6 @@ class Registry(Generic[Record]):
     def register(self, record: Record, *, builtin: bool = False) -> Record:
         """Add ``record``; a name already taken is an error (registering the same record again is not).
         ``builtin``: parnas's own, which :meth:`unregister` keeps."""
-        self._load_builtins()
         if not isinstance(record, self.record):
             raise self.error(f"register expects a {self._type_name}, got {type(record).__name__}")
         name = record.name  # type: ignore[attr-defined]
@@ -83,10 +86,10 @@ class Registry(Generic[Record]):
 
     def unregister(self, name: str) -> None:
         """Remove a record registered in this process (tests, notebooks); built-ins stay."""
-        self._load_builtins()
+        records = self._records  # the built-ins registered first, so that they are known to stay
         if name in self._builtin:
             raise self.error(f"{self.what} {name!r} is built in and cannot be removed")
-        self._records.pop(name, None)
+        records.pop(name, None)
 
     def entry_points(self) -> dict[str, metadata.EntryPoint]:
         """Installed plugins by name; reading them imports no plugin."""
@@ -94,22 +97,18 @@ class Registry(Generic[Record]):
 
     def names(self) -> tuple[str, ...]:
         """Every known name: built-ins, then registered ones, then plugins not loaded yet. Stable order."""
-        self._load_builtins()
         return (*self._records, *sorted(set(self.entry_points()) - set(self._records)))
 
     def is_known(self, name: str) -> bool:
-        self._load_builtins()
         return name in self._records or name in self.entry_points()
 
     def loaded(self, name: str) -> Record | None:
         """The record called ``name`` if it is registered already, else None: a plugin not needed yet stays
         unloaded (config checks import neither it nor torch)."""
-        self._load_builtins()
         return self._records.get(name)
 
     def records(self) -> Iterator[Record]:
         """The registered records (plugins once loaded), in registry order."""
-        self._load_builtins()
         return iter(tuple(self._records.values()))
 
     def load(self, name: str, field: str, target: str) -> Any:
@@ -126,7 +125,6 @@ class Registry(Generic[Record]):
 
     def get(self, name: str) -> Record:
         """The record called ``name``, loading its plugin on first use."""
-        self._load_builtins()
         if name in self._records:
             return self._records[name]
         ep = self.entry_points().get(name)

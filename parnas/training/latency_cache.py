@@ -129,8 +129,9 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
         why = unsteady(table)
         if why is None:  # the machine left it its cores: as steady as this device times
             write_json_atomic(path, table.to_dict())
-            if jitter(table):
-                warn(f"the latency table's rounds spread widely ({jitter(table)}) on a machine that left the timing "
+            wide = jitter(table)
+            if wide:
+                warn(f"the latency table's rounds spread widely ({wide}) on a machine that left the timing "
                      "its cores: the device's own jitter, which another try repeats; cached and used: "
                      f"{describe(table)}; `parnas latency --refresh` times it again")
             return table, False
