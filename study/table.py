@@ -277,7 +277,7 @@ def table_from_study(study_path: str | Path, latency_table: str | Path | None = 
     return table_record(path.parent.name, candidates, cfg, config, latency.to_dict(),
                         {k: v["val_ppl_seeds"] for k, v in layouts.items()},
                         roles={k: v["roles"] for k, v in layouts.items()},
-                        commit=study.get("commit") or _commit(), rebuild=rebuild_command(study, path))
+                        commit=study.get("commit") or _commit(), rebuild=rebuild_command(study, path, latency_table))
 
 
 def table_record(name: str, candidates: Sequence[str], cfg: Config, config: Mapping[str, Any],
@@ -341,13 +341,31 @@ def _commit() -> str:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
-def rebuild_command(study: Mapping[str, Any], path: Path) -> str:
-    """The commands that rebuild the table: the study (its searches are not what the table keeps, one seed
-    suffices) and the conversion."""
+def rebuild_command(study: Mapping[str, Any], path: Path, latency_table: str | Path | None = None) -> str:
+    """The commands that rebuild the table: the latency table that priced it (when the study named one by
+    ``search.latency_table``, or at the conversion by ``latency_table``; with the study's model, data and thread
+    settings, which change what it prices),
+    the study with the settings that chose its layouts (its searches' seeds, budgets and steps pick the found
+    layouts, and a census is stratified by their costs; the random orderings add layouts), and the conversion."""
+    overrides = list(study.get("overrides") or [])
+    config = [f"--config {study['config']}"] if study.get("config") else []
     census = study.get("census")
-    parts = ["parnas study", *([f"--config {study['config']}"] if study.get("config") else []),
-             *(f"--set {shlex.quote(o)}" for o in study.get("overrides") or []), "--seeds 1 --budgets none",
+    latency = [o.split("=", 1)[1] for o in overrides if o.startswith("search.latency_table=")]
+    latency += [str(latency_table)] if latency_table is not None else []
+    priced_by = ("model.", "data.", "train.threads=", "search.candidates=")
+    timing = [" ".join(["parnas latency", *config,
+                        *(f"--set {shlex.quote(o)}" for o in overrides if o.startswith(priced_by)),
+                        f"--out {shlex.quote(latency[-1])} --refresh"])] if latency else []
+    budgets = ",".join(str(b) for b in study.get("budgets") or ["none"])
+    parts = ["parnas study", *config, *(f"--set {shlex.quote(o)}" for o in overrides),
+             f"--seeds {study.get('seeds') or 1} --budgets {budgets}",
+             *([f"--search-steps {study['search_steps']}"] if study.get("search_steps") else []),
              *([f"--retrain-steps {study['retrain_steps']}"] if study.get("retrain_steps") else []),
              f"--retrain-seeds {study.get('retrain_seeds') or 1}",
-             f"--census {census['networks']}" if census else "--every-network", f"--out {path.parent}"]
-    return " ".join(parts) + f" && parnas study --to-table {path} --table TABLE.json"
+             f"--random-orderings {study.get('random_orderings', 3)}",
+             *([f"--census {census['networks']}"] if census else
+               ["--every-network"] if any(r.get("role") == "space" for r in study.get("rows") or []) else []),
+             f"--out {path.parent}"]
+    convert = f"parnas study --to-table {path} --table TABLE.json" + (
+        f" --latency-table {shlex.quote(str(latency_table))}" if latency_table is not None else "")
+    return " && ".join([*timing, " ".join(parts), convert])

@@ -2,6 +2,7 @@
 the Kendall tau between halves of the seeds."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from parnas import architecture
 from parnas.cli import main
 from parnas.config import load_config
-from parnas.study.table import config_section, load_table, noise_ceiling, table_record
+from parnas.study.table import config_section, load_table, noise_ceiling, rebuild_command, table_record
 from parnas.training.latency_table import table_key
 
 
@@ -125,7 +126,8 @@ def study_folder(tmp_path, priced=True):
     timing = {"priced_by": {"table": str(lat), "device": "cpu", "targets": ["train"]}} if priced else {}
     (out / "study.json").write_text(json.dumps({
         "format": "parnas.study", "version": 1, "config": "wt2-cpu", "overrides": [], "retrain_steps": 600,
-        "retrain_seeds": 2, "candidate_sets": [], "rows": rows, "timing": timing}))
+        "retrain_seeds": 2, "candidate_sets": [], "rows": rows, "timing": timing, "seeds": 3, "budgets": ["0.6"],
+        "random_orderings": 0}))
     return out, lat
 
 
@@ -141,8 +143,9 @@ def test_a_study_converts_to_a_table_of_its_layouts_at_the_searches_depth(tmp_pa
     assert table.seeds["ADIIII"] == (30.0, 31.0) and table.roles["ADIIII"] == ("found", "front")
     assert table.noise_ceiling == pytest.approx(1.0)
     assert table.config["vocab"] == VOCAB and table.config["retrain_steps"] == 600
-    assert table.rebuild.startswith("parnas study --config wt2-cpu --seeds 1 --budgets none --retrain-steps 600 "
-                                    "--retrain-seeds 2 --every-network")
+    # the study's own searches chose its found layouts: the rebuild repeats them, not one unbudgeted search
+    assert table.rebuild.startswith("parnas study --config wt2-cpu --seeds 3 --budgets 0.6 --retrain-steps 600 "
+                                    "--retrain-seeds 2 --random-orderings 0 --every-network")
     assert len(table.commit) == 40 or table.commit == "unknown"
 
 
@@ -179,3 +182,17 @@ def test_the_shipped_tables_load_and_rank_themselves_as_recorded():
             assert len(networks) >= 60 and min(map(len, table.seeds.values())) >= 3, path.name
             roles = {role for rs in table.roles.values() for role in rs}
             assert {"transformer-xl", "front"} <= roles, (path.name, roles)
+
+
+def test_the_rebuild_commands_time_the_latency_table_the_study_was_priced_by_first():
+    study = {"config": "wt2-cpu", "overrides": ["model.n_heads=4", "search.candidates=planer",
+                                                 "search.latency_table=runs/p.json", "train.threads=1"],
+             "seeds": 3, "budgets": ["0.6"], "retrain_steps": 600, "retrain_seeds": 3, "random_orderings": 0,
+             "census": {"networks": 60}}
+    latency, study_command, convert = rebuild_command(study, Path("runs/planer/study.json")).split(" && ")
+    # the latency table gets the settings that change what it prices (threads too), not the search's own
+    assert latency == ("parnas latency --config wt2-cpu --set model.n_heads=4 --set search.candidates=planer "
+                       "--set train.threads=1 --out runs/p.json --refresh")
+    assert study_command.endswith("--seeds 3 --budgets 0.6 --retrain-steps 600 --retrain-seeds 3 "
+                                  "--random-orderings 0 --census 60 --out runs/planer")
+    assert convert == "parnas study --to-table runs/planer/study.json --table TABLE.json"
