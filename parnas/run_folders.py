@@ -341,6 +341,19 @@ def remove_own_tree(folder: str | Path, what: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def remove_own_runs(folder: str | Path) -> None:
+    """Remove ``folder`` and the runs in it, all made by the command that calls this (a search's final-pick
+    retrains, replanned or restarted): a symbolic link is removed, not what it points to; a live run in it (one
+    started there by hand, or the same pick in another process) is refused in one line, nothing removed."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        folder.unlink()
+        return
+    for run, _ in runs_within(folder):
+        check_not_held(run)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 # --- sub-folders of a parent command ----------------------------------------------------------------------------
 
 OWNER_FILE = ".parnas-owner"  # written by a parent command (a study) into each sub-folder it makes

@@ -23,20 +23,23 @@ class SelectConfig:
     ``steps``: the training steps each surviving candidate has reached at the end of each round (strictly
     increasing; training continues from the previous round's checkpoint, one learning-rate schedule spanning
     the last round's steps); after every round but the last the better half goes on, and the last round's best
-    is exported; the warm-up is ``train.warmup_steps``, at most half the first round's steps. Empty: no final pick
-    (the supernet's layout is exported, as before). ``k``: how many of the
-    supernet's layouts enter, at least 1. ``guard``: enter the shallower Transformer-XL too. ``budget``: the
-    cost ratio (to Transformer-XL's) the entrants must be within; None: ``search.latency_budget``, or without
-    one the cost of the layout the supernet exports. ``rank``: how the supernet's ``k`` are chosen:
-    ``probability`` (its most probable networks under softmax(alpha), the exported one first) or ``inherited``
-    (of its ``pool`` most probable networks within the budget, the ``k`` with the lowest validation perplexity
-    with the supernet's weights: one validation pass each). A strict-fair supernet ranks well but exports badly
-    (4 blocks: its logits' pick 13.1% above the front, its inherited ranking's within 1.8%): rank it by
-    ``inherited``.
+    is exported; the warm-up is ``train.warmup_steps``, at most half the first round's steps. None (the
+    default): half of ``train.max_steps``, then all of it, so the last round trains the finalists exactly as
+    ``parnas retrain`` will train the exported one. Shorter rounds misjudge the shallower Transformer-XL: in
+    PLANER's space, after 150 and 300 steps of a 300-step schedule the 2-block guard lost to 5-block networks
+    that it beats after 600 steps by 1-2%. Empty: no final pick (the supernet's layout is exported, as before).
+    ``k``: how many of the supernet's layouts enter, at least 1. ``guard``: enter the shallower Transformer-XL
+    too; it goes on to the last round whatever its rank. ``budget``: the cost ratio (to Transformer-XL's) the
+    entrants must be within; None: ``search.latency_budget``, or without one the cost of the layout the
+    supernet exports. ``rank``: how the supernet's ``k`` are chosen: ``probability`` (its most probable
+    networks under softmax(alpha), the exported one first) or ``inherited`` (of its ``pool`` most probable
+    networks within the budget, the ``k`` with the lowest validation perplexity with the supernet's weights:
+    one validation pass each). A strict-fair supernet ranks well but exports badly (4 blocks: its logits' pick
+    13.1% above the front, its inherited ranking's within 1.8%): rank it by ``inherited``.
     """
 
     k: int = 4
-    steps: tuple[int, ...] = (150, 300)
+    steps: tuple[int, ...] | None = None
     guard: bool = True
     budget: float | None = None
     rank: str = "probability"
@@ -46,9 +49,10 @@ class SelectConfig:
         if self.k < 1:
             raise ConfigError(f"search.select.k must be >= 1 (the supernet's layouts the final pick retrains), got "
                               f"{self.k}; set search.select.steps=[] to turn the final pick off")
-        if any(s <= 0 for s in self.steps) or any(a >= b for a, b in zip(self.steps, self.steps[1:])):
+        steps = self.steps or ()
+        if any(s <= 0 for s in steps) or any(a >= b for a, b in zip(steps, steps[1:])):
             raise ConfigError(f"search.select.steps must be positive and strictly increasing (the steps each round "
-                              f"ends at), got {list(self.steps)}")
+                              f"ends at), got {list(steps)}")
         if self.rank not in RANKS:
             raise ConfigError(f"search.select.rank must be one of {', '.join(RANKS)} (how the supernet's entrants are "
                               f"chosen), got {self.rank!r}")
@@ -62,9 +66,16 @@ class SelectConfig:
     @property
     def enabled(self) -> bool:
         """Whether the search ends with the final pick."""
-        return bool(self.steps)
+        return self.steps != ()
 
-    def kept(self, entrants: int, round_index: int) -> int:
-        """How many of ``entrants`` go on after round ``round_index``: the better half (rounded up), one after the
-        last round."""
-        return 1 if round_index == len(self.steps) - 1 else max(1, -(-entrants // 2))
+    def rounds(self, max_steps: int) -> tuple[int, ...]:
+        """The steps each round ends at, for a retrain of ``max_steps`` (``train.max_steps``)."""
+        if self.steps is not None:
+            return self.steps
+        return (max_steps,) if max_steps < 2 else (max_steps // 2, max_steps)
+
+    @staticmethod
+    def kept(entrants: int, round_index: int, n_rounds: int) -> int:
+        """How many of ``entrants`` go on after round ``round_index`` of ``n_rounds``: the better half (rounded
+        up), one after the last round."""
+        return 1 if round_index == n_rounds - 1 else max(1, -(-entrants // 2))

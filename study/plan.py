@@ -186,6 +186,9 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
         settings["train.max_steps"] = plan.search_steps
+    if plan.base.search.select.steps is None:  # the final pick judges its finalists as the study's retrains train
+        settings["search.select.steps"] = list(plan.base.search.select.rounds(plan.retrain_steps
+                                                                              or plan.base.train.max_steps))
     if search.budget is not None or "latency_budget" in {f.name for f in dataclasses.fields(SearchConfig)}:
         settings["search.latency_budget"] = search.budget  # "none" overrides a budget the config may set
     if search.candidates is not None:

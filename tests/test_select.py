@@ -79,6 +79,17 @@ def test_the_guard_is_the_deepest_shallower_transformer_xl_within_the_budget():
     assert select.guard_layout(COSTS, 4, ("attention", "dense"), 0.9) is None  # no identity: not a layout of it
 
 
+def test_by_default_the_pick_ends_where_a_retrain_of_the_exported_layout_would():
+    """Half of train.max_steps, then all of it: the finalists are judged as ``parnas retrain`` trains them."""
+    from parnas.config import load_config
+
+    assert select.pick_rounds(load_config("wt2-cpu")) == (300, 600)
+    assert select.pick_rounds(load_config("wt2-cpu", ["train.max_steps=901"])) == (450, 901)
+    assert select.pick_rounds(load_config("tiny", ["search.select.steps=null", "train.max_steps=1"])) == (1,)
+    assert select.pick_rounds(load_config("wt2-cpu", ["search.select.steps=[10, 20]"])) == (10, 20)
+    assert not load_config("tiny").search.select.enabled  # steps: [] turns it off
+
+
 @pytest.mark.parametrize("setting, needle", [
     ("search.select.k=0", "search.select.k must be >= 1"),
     ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
@@ -127,6 +138,29 @@ def test_a_better_shallower_transformer_xl_is_exported_and_said(capsys, tmp_path
     assert {r for _, r in trained} == {0, 1} and len(trained) == 3 + 2  # three entrants, then the better two
     last = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
     assert last["architecture"] == "ADII"  # the history ends with what is exported
+
+
+@pytest.mark.slow
+def test_the_guard_goes_on_to_the_last_round_however_its_first_went(capsys, tmp_path, micro, monkeypatch):
+    """An early round is a poor judge of the shallower Transformer-XL: it is judged at the longest retrain."""
+    trained = []
+
+    def retrain(cfg, kinds, round_index, folder, tokenizer, splits):  # the guard: last at first, then first
+        trained.append((folder.name, round_index))
+        if list(kinds) == guard:
+            return 300.0 if round_index == 0 else 100.0
+        return 200.0 + len(trained)
+
+    guard = ["attention", "dense", "identity", "identity"]
+    monkeypatch.setattr(select, "short_retrain", retrain)
+    most_probable = select.most_probable
+    monkeypatch.setattr(select, "most_probable", lambda *a: [k for k in most_probable(*a) if k != guard])
+    assert main(micro_search(micro, "search.select.k=3", "search.select.steps=[2, 4, 6]", "search.select.budget=0.6",
+                             f"search.out_dir={tmp_path}")) == 0
+    selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
+    assert [r for name, r in trained if name == "ADII"] == [0, 1, 2]  # never cut, though last in the first round
+    assert len(trained) == 4 + 3 + 2  # 3 entrants and the guard; the better 2 and the guard; 1 and the guard
+    assert selection["verdict"] == "guard" and selection["winner"] == "ADII"
 
 
 @pytest.mark.slow
@@ -217,3 +251,38 @@ def test_a_pick_ranked_by_inherited_perplexity_enters_the_supernets_best_scored_
     inherited = [e["inherited_val_ppl"] for e in ranked]
     assert len(ranked) == 2 and None not in inherited and inherited == sorted(inherited), ranked
     assert selection["winner"] in [e["architecture"] for e in selection["entrants"]]
+
+
+@pytest.mark.slow
+def test_a_finished_search_resumed_with_another_ranking_replans_its_pick_and_never_follows_a_link(tmp_path, micro):
+    """The supernet is trained once; the pick may be rerun with another ``rank``/``pool``/``k``. Its old pick is
+    discarded, but a ``select`` folder that is a link is unlinked: what it points to is kept."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    command = micro_search(micro, "train.max_steps=4", "search.select.k=1", "search.select.steps=[2]",
+                           f"search.out_dir={run}")
+    assert main(command) == 0
+    (run / "select").rename(elsewhere)
+    (run / "select").symlink_to(elsewhere, target_is_directory=True)
+    kept = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
+    (run / "architecture.json").unlink()
+    assert main([*command, "--set", "search.select.rank=inherited", "--set", "search.select.pool=4",
+                 "--set", "search.select.k=2", "--resume"]) == 0
+    assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == kept
+    assert (run / "select").is_dir() and not (run / "select").is_symlink()
+    selection = json.loads((run / "architecture.json").read_text())["search"]["selection"]
+    assert selection["rank"] == "inherited"
+    ranked = [e for e in selection["entrants"] if e["role"].startswith("supernet")]
+    assert len(ranked) == 2 and all(e["inherited_val_ppl"] is not None for e in ranked)
+
+
+def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
+    from parnas.config import load_config
+
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.steps=[2, 4]"])
+    guard = ["attention", "dense", "identity", "identity"]
+    both = {**select._entrant(guard, "supernet #1, guard", COSTS, []), "val_ppl": [60.0, 50.0]}
+    other = {**select._entrant(["dense"] * 4, "supernet #2", COSTS, []), "val_ppl": [70.0, 55.0]}
+    record = select._record(cfg, [both, other], both, 0.6, "search.latency_budget", 1.0)
+    assert record["winner"] == "ADII" and record["verdict"] == "search"
+    assert record["verdict_line"] == ("final pick: ADII (val ppl 50.00 after 4 steps of retraining), the shallower "
+                                      "Transformer-XL, which the supernet picked too")

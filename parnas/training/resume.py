@@ -33,7 +33,7 @@ SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_ev
                                                  "search.par-gumbel-darts.export_samples",
                                                  # the final pick runs after the supernet and replans when these change
                                                  "search.select.k", "search.select.steps", "search.select.guard",
-                                                 "search.select.budget"}
+                                                 "search.select.budget", "search.select.rank", "search.select.pool"}
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
