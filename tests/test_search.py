@@ -386,10 +386,14 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
 
 
-@pytest.mark.parametrize("mode, forward", [("joint", "mixed"), ("bilevel", "mixed"), ("joint", "sampled")])
+@pytest.mark.parametrize("mode, forward", [("joint", "mixed"), ("bilevel", "mixed"), ("joint", "sampled"),
+                                           *(pytest.param(m, "fair", marks=pytest.mark.slow)
+                                             for m in ("joint", "bilevel"))])
 def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode, forward):
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
-    also when each step runs only the candidates sampled (the same draws after the resume)."""
+    also when each step runs only the candidates sampled (the same draws after the resume), and strictly fair
+    (the same permutations, the same dropout of every sub-step, the training memory restored where the step
+    starts: the sub-steps share it)."""
     from parnas.strategies.run_folder import prepare_run_dir
     from parnas.training import checkpoint
 
