@@ -19,9 +19,11 @@ starts compute with the same. Only the standard library is imported here.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +199,33 @@ def use_threads(d_model: int, tokens: int, setting: int = 0, processes: int = 1,
     process Lightning or torchrun starts has ``LOCAL_RANK`` > 0 and the line from its rank 0)."""
     choice = choose(d_model, tokens, setting, processes)
     prepare(choice)
-    if show is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+    shown = show is not None and os.environ.get("LOCAL_RANK", "0") == "0"
+    if shown:
         show(choice.line())
+    load_torch(show if shown else None)
     return choice
+
+
+# Said when loading torch takes longer than this: on a fresh GPU machine (a cold file cache, CUDA's libraries
+# read from disk) the imports alone took 17 s, with nothing printed after the threads line.
+SLOW_LOAD_S = 3.0
+
+
+def load_torch(show: Callable[[str], None] | None = print, after_s: float = SLOW_LOAD_S, module: str = "torch") -> None:
+    """Import ``module`` (torch) now, once the thread settings it reads at load are in the environment, and say
+    so in one line if that takes longer than ``after_s`` (nothing is printed when it is quick, or loaded)."""
+    if module in sys.modules:
+        return
+
+    def say() -> None:
+        if show is not None:
+            show("loading PyTorch (a first run on a fresh machine reads it from disk: 10-20 s) ...")
+            sys.stdout.flush()
+
+    timer = threading.Timer(after_s, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        importlib.import_module(module)
+    finally:
+        timer.cancel()

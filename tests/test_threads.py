@@ -126,3 +126,17 @@ def test_the_threads_line_names_the_limit_that_decided_and_never_counts_a_busy_c
     assert some == "threads: 3 (8 cores, 3 free at load 5.0; 1,024 tokens a step at width 256 would use 8)"
     small = threads.choose(64, TOKENS, environ={}, cores=8, load=0.0).line()  # the step's size decides
     assert small.startswith("threads: 1 (8 cores, all free at load 0.0; ") and small.endswith("second thread)")
+
+
+def test_a_slow_load_of_torch_is_said_in_one_line_and_a_quick_one_not_at_all(tmp_path, monkeypatch):
+    """A fresh machine reads torch from a cold disk for many seconds: after the threads line, the run says why
+    it is quiet instead of printing nothing."""
+    (tmp_path / "slow_to_load.py").write_text("import time\ntime.sleep(0.5)\n")
+    (tmp_path / "quick_to_load.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    said: list[str] = []
+    threads.load_torch(said.append, after_s=0.05, module="slow_to_load")
+    assert len(said) == 1 and said[0].startswith("loading PyTorch")
+    threads.load_torch(said.append, after_s=0.05, module="quick_to_load")
+    threads.load_torch(said.append, after_s=0.05, module="slow_to_load")  # loaded already: nothing to wait for
+    assert len(said) == 1
