@@ -333,12 +333,9 @@ def check_no_other_run(folder: str | Path, what: str) -> None:
 def remove_own_tree(folder: str | Path, what: str) -> None:
     """Remove ``folder``, this run's own ``what`` (e.g. stale logs), unless another run is found in it
     (:func:`check_no_other_run`: one line, nothing removed). A symbolic link is removed, not what it points to."""
-    folder = Path(folder)
-    if folder.is_symlink():
-        folder.unlink()
-        return
-    check_no_other_run(folder, what)
-    shutil.rmtree(folder, ignore_errors=True)
+    if not Path(folder).is_symlink():
+        check_no_other_run(folder, what)
+    remove_own_runs(folder)
 
 
 def remove_own_runs(folder: str | Path) -> None:

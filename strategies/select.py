@@ -256,11 +256,10 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
                   f"{target} steps [{i}/{len(alive)}]", flush=True)
             entrant["val_ppl"].append(short_retrain(cfg, entrant["kinds"], r, folder / entrant["architecture"],
                                                     tokenizer, search.data.splits))
-        ranked = sorted(alive, key=lambda e: _finite(e["val_ppl"][-1]))
-        guard = [e for e in alive if "guard" in e["role"] and math.isfinite(_finite(e["val_ppl"][-1]))]
-        alive = ranked[:select.kept(len(alive), r, len(steps))]
-        if r < len(steps) - 1 and guard and guard[0] not in alive:
-            alive.append(guard[0])  # the known alternative is judged at the longest retrain only (docstring)
+        guard = next((e for e in alive if "guard" in e["role"] and math.isfinite(_finite(e["val_ppl"][-1]))), None)
+        alive = sorted(alive, key=lambda e: _finite(e["val_ppl"][-1]))[:select.kept(len(alive), r, len(steps))]
+        if r < len(steps) - 1 and guard is not None and guard not in alive:
+            alive.append(guard)  # the known alternative is judged at the longest retrain only (docstring)
     winner = alive[0]
     record = _record(cfg, entered, winner, budget, source, time.perf_counter() - start)
     print(record["verdict_line"], flush=True)
