@@ -11,11 +11,11 @@ max relative error.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 
 import torch
+from model_args import model_parser
 
 from parnas.architecture import layout_string
 from parnas.config import load_config, transformer_xl_layout
@@ -24,10 +24,7 @@ from parnas.training.latency_cache import latency_table
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="wt2-par")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--vocab-size", type=int, default=12000)
+    parser = model_parser(__doc__, "wt2-par")
     parser.add_argument("--layouts", type=int, default=8, help="random layouts to check (default 8)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)

@@ -17,13 +17,13 @@ of the pytorch/ folder of github.com/kimiyoung/transformer-xl, at the same confi
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from model_args import model_parser
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -120,10 +120,7 @@ def counts(cfg: Config, vocab_size: int, peer_dir: Path | None = None) -> dict[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="wt2-seed")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--vocab-size", type=int, default=12000)
+    parser = model_parser(__doc__, "wt2-seed")
     parser.add_argument("--n-blocks", type=int, default=12, help="blocks (default 12: Dai et al.'s 6 layers)")
     parser.add_argument("--peer-dir", type=Path, help="local checkout of transformer-xl's pytorch/ folder")
     parser.add_argument("--top", type=int, default=0, help="also list each model's N most frequent ops")

@@ -11,22 +11,19 @@ time, for the recomputation's price.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
+from model_args import model_parser
 
 from parnas.config import load_config
 from parnas.nn.model import build_fixed_model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="wt2-seed")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser = model_parser(__doc__, "wt2-seed")
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16, 32])
-    parser.add_argument("--vocab-size", type=int, default=12000)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = load_config(args.config, args.set)

@@ -16,11 +16,11 @@ figures are medians over rounds, and ratios medians of same-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
 import torch
+from model_args import model_parser
 from torch import Tensor
 from train_step import alternating_rounds, ratio_line, segment_runner, training_step, zipf_ids
 
@@ -51,10 +51,7 @@ class Sampling(torch.nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="wt2-seed")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--vocab-size", type=int, default=12000)
+    parser = model_parser(__doc__, "wt2-seed")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per model per round (default 5)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=3)

@@ -31,7 +31,6 @@ Implementations:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import resource
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from model_args import model_parser
 from torch import Tensor, nn
 
 from parnas.architecture import layout_string
@@ -285,10 +285,7 @@ def reference_model(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="wt2-seed")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--vocab-size", type=int, default=12000)
+    parser = model_parser(__doc__, "wt2-seed")
     parser.add_argument("--blocks", default="", help="letter code, e.g. ADADAD (default: the standard "
                         "Transformer-XL, attention and dense alternating, 12 blocks)")
     parser.add_argument("--rounds", type=int, default=5)
