@@ -76,8 +76,10 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(f"written {args.table}: {len(table['layouts'])} layouts, noise ceiling {table['noise_ceiling']}")
         return 0
     from parnas.study.score import score
+    from parnas.threads import use_threads
 
-    score(args.score, args.table, args.set, log=lambda line: print(line, flush=True))
+    score(args.score, args.table, args.set, log=lambda line: print(line, flush=True),
+          before=lambda cfg: use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads))
     return 0
 
 

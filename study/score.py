@@ -133,14 +133,17 @@ def check_run(run_dir: str | Path, table: RankingTable, overrides: Sequence[str]
 
 
 def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] = (),
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+          log: Callable[[str], None] = print, before: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Score a finished search against a table (see the module docstring); returns the figures and ``lines``,
-    what is printed."""
+    what is printed. ``before`` is handed the run's config once it is checked, before any model runs (the
+    command sets the threads there, as ``train.threads`` says)."""
     from parnas.architecture import layout_string
     from parnas.strategies.search import inherited_perplexities
 
     table = load_table(table_path)
     cfg, record = check_run(run_dir, table, overrides)
+    if before is not None:
+        before(cfg)
     target = cfg.search.latency_target
     log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts ...")
     read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts])

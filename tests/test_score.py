@@ -154,8 +154,9 @@ def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_re
     assert pick_regret(best, table)["regret"] == 0.0 and pick_regret("Z" * table.n_blocks, table) is None
 
     reversed_ = make_table(tmp_path, searched, {k: 1000 / inherited[k] for k in LAYOUTS}, name="reversed.json")
-    assert main(["study", "--score", str(run), "--table", str(reversed_)]) == 0
+    assert main(["study", "--score", str(run), "--table", str(reversed_), "--set", "train.threads=1"]) == 0
     out = capsys.readouterr().out
+    assert "threads: 1 (train.threads=1)" in out  # it runs models: as many threads as the run's config says
     assert "Kendall tau -1.00, Spearman rho -1.00" in out and "over 7 layouts" in out
     assert "budget 0.65 (train step), ranked" in out and "budget 0.65 (train step), exported" in out
     ranked = sorted(LAYOUTS, key=inherited.get)  # the table's 5 best are the supernet's 5 worst: 3 of 7 are both
