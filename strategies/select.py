@@ -293,9 +293,15 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
                 f"{budget:.2f}" if cfg.search.select.guard else f"final pick: {winner['architecture']} after {at}")
     elif won and "supernet" not in guard["role"]:
         verdict = "guard"
-        picks = ", ".join(f"{e['architecture']} {_ppl(e['val_ppl'])}" for e in rivals)
-        line = (f"the shallower Transformer-XL {guard['architecture']} beat the search's picks ({picks} against "
-                f"{_ppl(guard['val_ppl'])}, val ppl after retraining): exported it")
+        rounds: dict[int, list[str]] = {}  # each rival by the round it went out in, its perplexity then
+        for e in rivals:
+            rounds.setdefault(len(e["val_ppl"]), []).append(f"{e['architecture']} {_ppl(e['val_ppl'])}")
+        finals = ", ".join(rounds.pop(last, []))
+        parts = [f"{finals} against {_ppl(guard['val_ppl'])}" if finals else _ppl(guard["val_ppl"]),
+                 *(f"out after {steps[n - 1]} steps: {', '.join(names)}" for n, names in sorted(rounds.items(),
+                                                                                                 reverse=True))]
+        line = (f"the shallower Transformer-XL {guard['architecture']} beat the search's picks after {at} (val ppl "
+                f"{'; '.join(parts)}): exported it")
     elif won:
         verdict = "search"
         line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}), the shallower "
