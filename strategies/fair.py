@@ -28,6 +28,7 @@ search draws the same.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,23 +44,26 @@ sub-steps other than the last): distinct from the other streams' offsets, a prim
 
 def fair_picks(n_blocks: int, n_candidates: int, seed: int) -> list[list[int]]:
     """``n_candidates`` rows of picks, one per sub-step; column b is a random permutation of block b's candidates,
-    so every candidate of every block is picked exactly once. Drawn on the host from a generator seeded with
-    ``seed``: nothing is read back from the device."""
-    generator = torch.Generator().manual_seed(seed)
-    columns = [torch.randperm(n_candidates, generator=generator).tolist() for _ in range(n_blocks)]
+    so every candidate of every block is picked exactly once. Drawn by Python's generator seeded with ``seed``:
+    no tensor is made, so nothing is read back from a device."""
+    generator = random.Random(seed)
+    columns = [generator.sample(range(n_candidates), n_candidates) for _ in range(n_blocks)]
     return [[column[j] for column in columns] for j in range(n_candidates)]
 
 
 def fair_surrogate(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], losses: Tensor) -> Tensor:
     """``sum_b sum_j softmax(alpha_b)[picks[j][b]] x (losses[j] - mean)``, the losses' values only: its gradient in
-    block b's logits is that of the block's expected measured loss (see module docstring)."""
-    advantage = (losses.detach() - losses.detach().mean()).float()  # (K,)
-    total = advantage.new_zeros(())
-    for b, layer in enumerate(layers):
-        p = layer._arch_alpha.softmax(-1)
-        index = torch.tensor([row[b] for row in picks], device=p.device)
-        total = total + (p.index_select(0, index).to(advantage) * advantage).sum()
-    return total
+    block b's logits is that of the block's expected measured loss (see module docstring). The advantages are
+    laid out by candidate from the device's own values, so no index is uploaded: on a GPU an upload from the
+    host waits for the stream."""
+    advantage = (losses.detach() - losses.detach().mean()).float().unbind()  # K scalars, sub-step j's at j
+    by_candidate = [[0] * len(picks) for _ in layers]  # by_candidate[b][k]: the sub-step that ran k in block b
+    for j, row in enumerate(picks):
+        for b, k in enumerate(row):
+            by_candidate[b][k] = j
+    measured = torch.stack([advantage[j] for column in by_candidate for j in column]).view(len(layers), -1)  # (B, K)
+    probs = torch.stack([layer._arch_alpha for layer in layers]).softmax(-1)  # (B, K)
+    return (probs.to(measured) * measured).sum()
 
 
 def _set_picks(layers: Sequence[SampledMixedLayer], row: Sequence[int]) -> None:
@@ -67,17 +71,29 @@ def _set_picks(layers: Sequence[SampledMixedLayer], row: Sequence[int]) -> None:
         layer.pick = pick
 
 
+def merged_block_metrics(sub_steps: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The model's ``block_metrics`` of a step's sub-steps as one forward of every candidate would report them:
+    each block's own (``act/steps/block_3``), from the sub-step that ran the candidate reporting it, and each
+    name's mean over those blocks (``act/steps``). A sub-step alone reports only the candidates it picked."""
+    per_block = {k: v for metrics in sub_steps for k, v in metrics.items() if "/block_" in k}
+    names: dict[str, list[Tensor]] = {}
+    for key, value in per_block.items():
+        names.setdefault(key.rsplit("/", 1)[0], []).append(value)
+    return {name: torch.stack(values).mean() for name, values in names.items()} | per_block
+
+
 def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[Any],
               learns: bool) -> tuple[Tensor, Tensor | float]:
     """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses (each candidate of
     each block run once, same batch, same starting memory), whose one backward accumulates every sub-step's
-    gradient, and the logits' surrogate (0.0 unless ``learns``). The picks are cleared on return."""
+    gradient, and the logits' surrogate (0.0 unless ``learns``). The picks are cleared on return; the model's
+    ``block_metrics`` are those of every sub-step (:func:`merged_block_metrics`)."""
     if not layers:
         return task.train_nll(batch).mean() + task.aux_loss(), 0.0
     n_candidates = len(layers[0].names)
     picks = fair_picks(len(layers), n_candidates, task.seed_for_step(FAIR_SEED_OFFSET))
     start = task.train_memory(batch[0])
-    losses = []
+    losses, metrics = [], []
     try:
         for j, row in enumerate(picks):
             _set_picks(layers, row)
@@ -86,7 +102,9 @@ def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[An
             else:  # the task's own step: bookkeeping and the memory carried on
                 nll = task.train_nll(batch)
             losses.append(nll.mean() + task.aux_loss())
+            metrics.append(dict(getattr(task.model, "block_metrics", {})))
     finally:
         clear_picks(layers)
+    task.model.block_metrics = merged_block_metrics(metrics)
     stacked = torch.stack([torch.as_tensor(v) for v in losses])
     return stacked.mean(), fair_surrogate(layers, picks, stacked) if learns else 0.0

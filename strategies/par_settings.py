@@ -16,10 +16,6 @@ from parnas.errors import ConfigError
 MODES = ("joint", "bilevel")  # logits and weights from one batch, or first-order DARTS on the validation stream
 TAU_SCHEDULES = ("exponential", "linear", "cosine")  # how tau moves from tau_start to tau_end, every step
 SEARCH_FORWARDS = ("auto", "mixed", "sampled", "fair")  # what a step runs in each block (strategies.sampled, .fair)
-# forward=auto trains strictly fair above this many kinds a block (PAR's three), else mixed: on the ranking tables
-# (benchmarks/spaces) fair ranked PLANER's eight kinds at Kendall tau 0.62-0.67 (mixed 0.37-0.42, sampled
-# 0.29-0.40), and PAR's three best too, but exported the all-dense network at 4 blocks, where mixed did not
-AUTO_FAIR_OVER = 3
 BUDGET_HINGES = ("exported", "expected")  # which cost a latency budget's hinge is on (parnas.strategies.gumbel_darts)
 
 
@@ -40,8 +36,7 @@ class PARSettings:
     straight-through samples. ``forward``: what a step runs in each block, ``mixed`` (every candidate, weighted by
     the Gumbel sample), ``sampled`` (one candidate drawn from softmax(alpha), the logits learning by REINFORCE;
     one process), ``fair`` (every candidate of every block once a step, on the same batch: strict-fair training,
-    :mod:`parnas.strategies.fair`; one process) or ``auto`` (:meth:`resolved`: fair where a block offers more
-    than PAR's three kinds and the search runs in one process, else mixed).
+    :mod:`parnas.strategies.fair`; one process) or ``auto`` (:meth:`resolved`: fair in one process, mixed in several).
     The logits' optimiser has ``arch_weight_decay`` and stays still
     for ``arch_warmup_steps``.
     ``budget_hinge``: the cost a ``search.latency_budget``'s hinge is on, ``exported`` (the argmax layout's) or
@@ -86,13 +81,27 @@ class PARSettings:
                  "DDP would wait for the gradients of candidates a rank did not run")
 
 
-    def resolved(self, n_kinds: int, processes: int) -> PARSettings:
-        """These settings with ``forward: auto`` made concrete for a search of ``n_kinds`` candidates a block in
-        ``processes`` processes: ``fair`` above ``AUTO_FAIR_OVER`` kinds in one process (the ranking tables'
-        choice), else ``mixed``; any other forward as given."""
+    def resolved(self, processes: int) -> PARSettings:
+        """These settings with ``forward: auto`` made concrete for a search in ``processes`` processes: ``fair``
+        in one, ``mixed`` in several (DDP would wait for the gradients of candidates a rank did not run); any
+        other forward as given. Why fair: on both ranking tables (``benchmarks/spaces``) a strictly fair
+        supernet ordered the layouts best at equal training compute, Kendall tau 0.62-0.67 in PLANER's eight
+        kinds (mixed 0.37-0.42, sampled 0.29-0.40) and 0.53-0.66 in PAR's three (mixed 0.35-0.41); its logits
+        alone can export a poor layout (the all-dense network at 4 blocks), which the final pick's retrains
+        and its guard catch."""
         if self.forward != "auto":
             return self
-        return replace(self, forward="fair" if n_kinds > AUTO_FAIR_OVER and processes == 1 else "mixed")
+        return replace(self, forward="fair" if processes == 1 else "mixed")
+
+    def unread(self) -> list[str]:
+        """The Gumbel sample's settings given away from their defaults that these (resolved) settings never
+        read: ``tau_*`` and ``hard`` shape the sample that mixes the candidates, which a ``fair`` or ``sampled``
+        step does not draw (its picks are permutations, or drawn from softmax(alpha)); in ``bilevel`` mode the
+        logits' stream still mixes, and reads them."""
+        if self.forward == "mixed" or self.mode == "bilevel":
+            return []
+        return [key for key in ("tau_start", "tau_end", "tau_schedule", "hard")
+                if getattr(self, key) != getattr(PARSettings, key)]
 
 
 def par_settings(search: Any) -> PARSettings:
@@ -108,7 +117,7 @@ def par_settings(search: Any) -> PARSettings:
 def resolved_par(search: Any) -> PARSettings:
     """The PAR settings of ``search``, ``forward: auto`` made concrete for one process (:meth:`PARSettings.resolved`);
     a search in several processes is handed its settings resolved already (fair runs in one)."""
-    return par_settings(search).resolved(len(search.candidates), processes=1)
+    return par_settings(search).resolved(processes=1)
 
 
 def check_par_search(cfg: Any, resume: bool) -> None:

@@ -18,6 +18,7 @@ rules (:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strate
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -108,7 +109,11 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
                                     pinned=run_dir / PINNED_TABLE if ckpt else None,
                                     warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
-    par = par_settings(cfg.search).resolved(len(cfg.search.candidates), cfg.train.devices * cfg.train.num_nodes)
+    par = par_settings(cfg.search).resolved(cfg.train.devices * cfg.train.num_nodes)
+    if (unread := par.unread()) and trainer.is_global_zero:
+        print(f"parnas: search.{cfg.search.strategy}.{', '.join(unread)} set, but a {par.forward} step draws no "
+              f"Gumbel sample: not read (set search.{cfg.search.strategy}.forward=mixed to anneal one)",
+              file=sys.stderr)
     search = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: par})
     strategy = PARGumbelDARTS(search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)

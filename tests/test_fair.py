@@ -76,32 +76,66 @@ def test_every_candidate_of_every_block_runs_alone_once_and_is_trained_every_ste
 
 @pytest.mark.parametrize("sets, processes, forward", [
     (["search.candidates=planer"], 1, "fair"),  # eight kinds a block: the ranking tables' choice
-    ([], 1, "mixed"),  # PAR's three: fair exported the all-dense network at 4 blocks
+    ([], 1, "fair"),  # PAR's three: ranked best on table (a) too
+    ([], 2, "mixed"),  # DDP: fair runs in one process
     (["search.candidates=planer", "train.devices=2"], 2, "mixed"),  # fair runs in one process
     (["search.candidates=planer", "search.par-gumbel-darts.forward=mixed"], 1, "mixed"),  # as given
     (["search.par-gumbel-darts.forward=fair"], 1, "fair"),
 ])
-def test_the_default_forward_trains_strictly_fair_above_pars_three_kinds_in_one_process(sets, processes, forward):
+def test_the_default_forward_trains_strictly_fair_in_one_process(sets, processes, forward):
     from parnas.strategies.par_settings import par_settings, resolved_par
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "model.n_heads=4", *sets])
-    assert par_settings(cfg.search).resolved(len(cfg.search.candidates), processes).forward == forward
+    assert par_settings(cfg.search).resolved(processes).forward == forward
     if processes == 1:
         assert resolved_par(cfg.search).forward == forward
     assert load_config("tiny").search.settings.forward == "auto"
 
 
-def test_a_search_of_more_than_three_kinds_trains_fair_and_records_it(tmp_path):
+def test_a_search_in_one_process_trains_fair_and_records_it(tmp_path):
     search = build_search(search_config("search.candidates=[attention, dense, identity, dense_half]"), SPLITS, VOCAB,
                           tmp_path)
     assert search.module.par.forward == "fair"
+
+
+def test_a_fair_supernets_weights_do_not_depend_on_what_the_logits_learn(tmp_path):
+    """Strict fairness: every candidate is trained once a step whatever softmax(alpha) says, so two searches of
+    one seed under different latency penalties train bit-identical weights; only the logits differ."""
+    trained = []
+    for run, penalty in enumerate(("0", "5")):
+        torch.manual_seed(0)  # as parnas search seeds before it builds the supernet
+        search = build_search(search_config("train.max_steps=6", "train.warmup_steps=0", "search.penalty_cost=flops",
+                                            f"search.penalty_weight={penalty}"), SPLITS, VOCAB, tmp_path / str(run))
+        search.run()
+        assert search.module.par.forward == "fair"
+        trained.append({k: v.detach().clone() for k, v in search.supernet.state_dict().items()})
+    logits = [k for k in trained[0] if k.endswith("_arch_alpha")]
+    assert logits and all(not torch.equal(trained[0][k], trained[1][k]) for k in logits)
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0] if k not in logits)
+
+
+@pytest.mark.parametrize("sets, unread", [
+    (["search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.hard=true"], "tau_end, hard"),
+    (["search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.forward=mixed"], None),  # mixed anneals
+    (["search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.mode=bilevel"], None),  # the logits' stream
+    ([], None),
+])
+def test_gumbel_settings_a_fair_step_never_reads_are_named_in_one_line(tmp_path, capsys, sets, unread):
+    """A user who tunes tau under the default (fair) forward is told it changes nothing, and how to make it."""
+    build_search(search_config(*sets), SPLITS, VOCAB, tmp_path)
+    err = [line for line in capsys.readouterr().err.splitlines() if "draws no Gumbel sample" in line]
+    if unread is None:
+        assert err == []
+    else:
+        assert err == [f"parnas: search.par-gumbel-darts.{unread} set, but a fair step draws no Gumbel sample: not "
+                       "read (set search.par-gumbel-darts.forward=mixed to anneal one)"]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_a_fair_search_of_planers_kinds_trains_every_candidate_on_cuda(tmp_path, precision):
-    """The default forward for more than three kinds, on the GPU: every candidate of every block (attention with
+    """The default forward in one process, on the GPU, in PLANER's space: every candidate of every block (attention with
     fewer heads, the wider and narrower dense blocks, the mixture of experts) is trained, the logits learn and stay
     finite, and the search's record says where and how it trained."""
     cfg = search_config("train.max_steps=3", "model.n_heads=4", "search.candidates=planer", "train.warmup_steps=0",

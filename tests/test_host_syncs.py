@@ -63,10 +63,11 @@ def test_targets_not_grouped_on_the_host_cost_the_adaptive_softmax_one_read_back
 
 def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_path):
     """One whole loop iteration (batch start to the next), without a progress bar (a log, an NNI trial), reads
-    nothing back, in a plain step and in a search under a latency budget alike, whichever cost its hinge is on
-    and whether its multiplier is found or fixed: the adaptive softmax's targets are grouped on the host before
-    the batch moves, the finite-loss check, the budget's argmax and its multiplier stay on the device, and no
-    metric is read back for a progress bar."""
+    nothing back, in a plain step and in a search under a latency budget alike, whichever cost its hinge is on,
+    whether its multiplier is found or fixed and whether its step is fair or mixed: the adaptive softmax's
+    targets are grouped on the host before the batch moves, the finite-loss check, the budget's argmax and its
+    multiplier stay on the device, a fair step's picks are drawn on the host, and no metric is read back for a
+    progress bar."""
     from parnas.strategies.costs import CostModel
     from parnas.strategies.search import build_search
     from parnas.training.data_module import SegmentData
@@ -90,7 +91,9 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     for run, hinge in enumerate(([], ["search.par-gumbel-darts.budget_hinge=expected"],
                                  ["search.par-gumbel-darts.budget_hinge=expected", "search.penalty_weight=2"],
                                  # bilevel: each batch pairs a weight and a logit segment
-                                 ["search.par-gumbel-darts.mode=bilevel"])):
+                                 ["search.par-gumbel-darts.mode=bilevel"],
+                                 # every candidate mixed (the default is fair in one process; mixed under DDP)
+                                 ["search.par-gumbel-darts.forward=mixed"])):
         search = build_search(load_config("tiny", [*cfg_overrides, *hinge]), splits, VOCAB,
                               tmp_path / "search" / str(run), costs=costs)
         record = host_syncs.RecordStep(3)
