@@ -330,7 +330,7 @@ class PARDartsModule(DartsLightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.training_module.on_save_checkpoint(checkpoint)
         arch_memory = self.arch_stream.state(self.training_module)
-        checkpoint["parnas"]["search"] = {"lambda": self.dual, "arch_memory": arch_memory,
+        checkpoint["parnas"]["search"] = {"lambda": self.dual, "arch_memory": arch_memory, "forward": self.par.forward,
                                           "baseline": None if self._baseline is None else float(self._baseline),
                                           "last_evaluation": asdict(self.last_evaluation)
                                           if self.last_evaluation else None}

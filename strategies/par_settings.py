@@ -8,10 +8,13 @@ without loading it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from parnas.config_upgrade import upgrade_config
 from parnas.errors import ConfigError
+from parnas.strategy_registry import PAR_GUMBEL_DARTS
 
 MODES = ("joint", "bilevel")  # logits and weights from one batch, or first-order DARTS on the validation stream
 TAU_SCHEDULES = ("exponential", "linear", "cosine")  # how tau moves from tau_start to tau_end, every step
@@ -81,17 +84,18 @@ class PARSettings:
                  "DDP would wait for the gradients of candidates a rank did not run")
 
 
-    def resolved(self, processes: int) -> PARSettings:
+    def resolved(self, processes: int, trained: str | None = None) -> PARSettings:
         """These settings with ``forward: auto`` made concrete for a search in ``processes`` processes: ``fair``
         in one, ``mixed`` in several (DDP would wait for the gradients of candidates a rank did not run); any
         other forward as given. Why fair: on both ranking tables (``benchmarks/spaces``) a strictly fair
         supernet ordered the layouts best at equal training compute, Kendall tau 0.62-0.67 in PLANER's eight
         kinds (mixed 0.37-0.42, sampled 0.29-0.40) and 0.53-0.66 in PAR's three (mixed 0.35-0.41); its logits
         alone can export a poor layout (the all-dense network at 4 blocks), which the final pick's retrains
-        and its guard catch."""
+        and its guard catch. ``trained``: the forward a resumed search's checkpoint trained with
+        (:func:`trained_forward`), which ``auto`` keeps: a search continues as it started."""
         if self.forward != "auto":
             return self
-        return replace(self, forward="fair" if processes == 1 else "mixed")
+        return replace(self, forward=trained or ("fair" if processes == 1 else "mixed"))
 
     def unread(self) -> list[str]:
         """The Gumbel sample's settings given away from their defaults that these (resolved) settings never
@@ -102,6 +106,26 @@ class PARSettings:
             return []
         return [key for key in ("tau_start", "tau_end", "tau_schedule", "hard")
                 if getattr(self, key) != getattr(PARSettings, key)]
+
+
+def written_forward(checkpoint: Mapping[str, Any]) -> str:
+    """The ``forward`` setting of the config a PAR search's ``checkpoint`` was started with (as
+    :func:`parnas.training.checkpoint.load` reads it): ``mixed`` where it has none (the default before ``auto``)."""
+    search = upgrade_config(checkpoint["parnas"]["config"], note=False).get("search") or {}
+    return (search.get(PAR_GUMBEL_DARTS) or {}).get("forward", "mixed")
+
+
+def trained_forward(checkpoint: Mapping[str, Any]) -> str:
+    """The forward a PAR search's ``checkpoint`` trained with. Recorded in it since ``auto`` trains fair in every
+    one-process search; an older checkpoint says it by its config (:func:`written_forward`): a concrete one, or
+    ``auto``, which then trained fair above three kinds a block in one process and mixed otherwise."""
+    meta = checkpoint["parnas"]
+    forward = (meta.get("search") or {}).get("forward") or written_forward(checkpoint)
+    if forward != "auto":
+        return forward
+    search, train = meta["config"].get("search") or {}, meta["config"].get("train") or {}
+    processes = train.get("devices", 1) * train.get("num_nodes", 1)
+    return "fair" if len(search.get("candidates") or ()) > 3 and processes == 1 else "mixed"
 
 
 def par_settings(search: Any) -> PARSettings:

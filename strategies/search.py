@@ -42,7 +42,7 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
-from parnas.strategies.par_settings import check_par_search, par_settings
+from parnas.strategies.par_settings import check_par_search, par_settings, trained_forward, written_forward
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
 from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
@@ -89,12 +89,14 @@ class SupernetSearch:
 
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
-                 meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> SupernetSearch:
+                 meta: dict[str, Any] | None = None, costs: CostModel | None = None,
+                 trained_forward: str | None = None) -> SupernetSearch:
     """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
 
     ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
     model to search with instead of the device's latency table (nothing is timed; the budget is checked
-    against it), for studying the search itself under known costs.
+    against it), for studying the search itself under known costs. ``trained_forward``: what the checkpoint
+    a search resumes trained with, which ``forward: auto`` keeps (:func:`keep_trained_forward`).
     """
     if cfg.train.accumulate != 1:
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
@@ -109,7 +111,7 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
                                     pinned=run_dir / PINNED_TABLE if ckpt else None,
                                     warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
-    par = par_settings(cfg.search).resolved(cfg.train.devices * cfg.train.num_nodes)
+    par = par_settings(cfg.search).resolved(cfg.train.devices * cfg.train.num_nodes, trained=trained_forward)
     if (unread := par.unread()) and trainer.is_global_zero:
         print(f"parnas: search.{cfg.search.strategy}.{', '.join(unread)} set, but a {par.forward} step draws no "
               f"Gumbel sample: not read (set search.{cfg.search.strategy}.forward=mixed to anneal one)",
@@ -121,6 +123,25 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,
                                                     fit_kwargs={"ckpt_path": str(ckpt) if ckpt else None}))
     return SupernetSearch(supernet, strategy, evaluator, data, costs, latency)
+
+
+def keep_trained_forward(cfg: Config, checkpoint: dict[str, Any]) -> tuple[Config, str]:
+    """``cfg`` to resume ``checkpoint`` with, and the forward it trained with (:func:`trained_forward`). A search
+    continues as it started: ``forward: auto`` takes the checkpoint's forward, whatever this version's ``auto``
+    would choose (one line says so where they differ), and a checkpoint whose config named a forward outright (as
+    before ``auto`` existed) is resumed with that. Any other forward must match the checkpoint's
+    (:func:`parnas.training.resume.check_resumable`)."""
+    par, trained = par_settings(cfg.search), trained_forward(checkpoint)
+    if par.forward != "auto":
+        return cfg, trained
+    now = par.resolved(cfg.train.devices * cfg.train.num_nodes).forward
+    if trained != now:
+        print(f"parnas: resuming with search.{cfg.search.strategy}.forward={trained}, as the checkpoint trained "
+              f"(forward: auto starts a new search {now})", file=sys.stderr)
+    if written_forward(checkpoint) == "auto":
+        return cfg, trained
+    settings = {**cfg.search.strategy_settings, cfg.search.strategy: replace(par, forward=trained)}
+    return replace(cfg, search=replace(cfg.search, strategy_settings=settings)), trained
 
 
 def final_evaluation(search: SupernetSearch) -> Evaluated:
@@ -184,7 +205,9 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
+    trained = None
     if saved is not None:  # the same search: the settings, the tokenizer and the space it was started with
+        cfg, trained = keep_trained_forward(cfg, saved)
         check_resumable(saved, cfg, None, tokenizer, str(source))
     ckpt = run_dir / "checkpoints" / "last.ckpt" if source is not None else None  # the source, copied there
     check_segments(cfg, splits)  # a segment longer than a split fails here, before tensorboard/ exists
@@ -197,7 +220,8 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
-    search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
+    search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta,
+                          trained_forward=trained)
     check_selection(cfg, search.costs)
     # everything checked (latency budget included): now files may be touched
     prepare_run_dir(run_dir, saved["global_step"] if saved else None, source)

@@ -386,6 +386,41 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("written, recorded, resumed_with", [
+    ("auto", "fair", "fair"),  # this version's checkpoint: it records what it trained with
+    ("auto", None, "mixed"),  # the version before: auto trained three kinds mixed, and recorded nothing
+    ("mixed", None, "mixed"),  # a checkpoint from before auto: its config names the forward
+])
+def test_a_resumed_search_keeps_the_forward_its_checkpoint_trained_with(tmp_path, wt2_slice, capsys, written,
+                                                                        recorded, resumed_with):
+    """A search continues as it started: `forward: auto` of a newer version does not switch a half-trained
+    supernet to another training, and says so where it would have."""
+    import json
+
+    from parnas.cli import main
+    from parnas.training import checkpoint as saving
+
+    common = ["--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=300",
+              "--set", "model.cutoffs=[100, 200]", "--set", f"search.out_dir={tmp_path}", "--set", "train.max_steps=8",
+              "--set", "train.ckpt_every=4", "--set", "train.eval_every=100", "--set", "search.select.steps=[]"]
+    assert main(["search", *common, "--set", "train.stop_at=4"]) == 0
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    assert checkpoint["parnas"]["search"]["forward"] == "fair"  # auto's choice in one process, recorded
+    checkpoint["parnas"]["config"]["search"]["par-gumbel-darts"]["forward"] = written  # as an older version wrote
+    if recorded is None:
+        del checkpoint["parnas"]["search"]["forward"]
+    saving.save(checkpoint, path)  # sealed again, as that version sealed it
+    capsys.readouterr()
+    assert main(["search", *common, "--resume"]) == 0
+    assert json.loads((tmp_path / "architecture.json").read_text())["search"]["forward"] == resumed_with
+    said = [line for line in capsys.readouterr().err.splitlines() if "as the checkpoint trained" in line]
+    assert said == ([] if resumed_with == "fair" else ["parnas: resuming with search.par-gumbel-darts.forward=mixed, "
+                                                       "as the checkpoint trained (forward: auto starts a new search "
+                                                       "fair)"])
+
+
 @pytest.mark.parametrize("mode, forward", [("joint", "mixed"), ("bilevel", "mixed"), ("joint", "sampled"),
                                            *(pytest.param(m, "fair", marks=pytest.mark.slow)
                                              for m in ("joint", "bilevel"))])
