@@ -167,8 +167,10 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     if plan.widths and plan.base.search.latency_table is not None:
         raise ConfigError("--widths cannot be priced by search.latency_table (a table prices one width): time the "
                           "study on its device instead")
-    for search in plan.searches:
-        search_config(plan, search)
+    from parnas.strategies.par_settings import check_par_search
+
+    for search in plan.searches:  # what a search would refuse, refused here: before the study writes anything
+        check_par_search(search_config(plan, search), resume=False)
     from parnas.study.space import check_space
 
     check_space(plan)  # a space too large to retrain whole, a census it cannot give

@@ -250,6 +250,18 @@ def test_an_output_path_under_a_file_or_too_long_is_one_line(capsys, tmp_path, o
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+@pytest.mark.parametrize("setting, said", [
+    ("train.compile=default", "a search's supernet runs eager: leave train.compile=none for search"),
+    ("train.accumulate=2", "search does not support train.accumulate > 1"),
+])
+def test_a_study_whose_searches_would_be_refused_is_refused_before_it_writes(capsys, tmp_path, setting, said):
+    """What its first search would refuse, a study refuses at the top: not after its folder and settings exist."""
+    code, out, err = cli(capsys, "study", "--config", "tiny", "--set", setting, "--out", tmp_path / "study",
+                         "--seeds", "1", "--search-steps", "2", "--retrain-steps", "2")
+    assert_refused(code, err, said)
+    assert "threads:" not in out and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_a_process_limit_below_the_estimate_is_refused_before_training():
     """``ulimit -v`` 50 MB above what the process maps: RAM would hold the run, the process may not."""
