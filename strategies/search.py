@@ -42,7 +42,7 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
-from parnas.strategies.par_settings import check_par_search, par_settings, trained_forward, written_forward
+from parnas.strategies.par_settings import par_settings, trained_forward, written_forward
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
 from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
@@ -125,12 +125,14 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     return SupernetSearch(supernet, strategy, evaluator, data, costs, latency)
 
 
-def keep_trained_forward(cfg: Config, checkpoint: dict[str, Any]) -> tuple[Config, str]:
+def keep_trained_forward(cfg: Config, checkpoint: dict[str, Any]) -> tuple[Config, str | None]:
     """``cfg`` to resume ``checkpoint`` with, and the forward it trained with (:func:`trained_forward`). A search
     continues as it started: ``forward: auto`` takes the checkpoint's forward, whatever this version's ``auto``
     would choose (one line says so where they differ), and a checkpoint whose config named a forward outright (as
     before ``auto`` existed) is resumed with that. Any other forward must match the checkpoint's
-    (:func:`parnas.training.resume.check_resumable`)."""
+    (:func:`parnas.training.resume.check_resumable`, which also refuses a fixed model's checkpoint: left to it)."""
+    if "space" not in checkpoint["parnas"]["architecture"]:
+        return cfg, None
     par, trained = par_settings(cfg.search), trained_forward(checkpoint)
     if par.forward != "auto":
         return cfg, trained
@@ -187,15 +189,16 @@ def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, A
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
     The search holds its run directory (:func:`parnas.run_folders.hold_run_dir`), and everything is checked (run
-    directory, checkpoint, corpus, tokenizer) before a file is touched. ``resume``: from ``last.ckpt``, or from
-    the checkpoint it names. The registry's ``par-gumbel-darts``: ``parnas search`` runs another
+    directory, checkpoint, corpus, tokenizer) before a file is touched; what the strategy refuses
+    (:func:`parnas.strategies.par_settings.check_par_search`, the registry's check) its callers refuse first,
+    at their top: ``parnas search`` and both studies. ``resume``: from ``last.ckpt``, or from the checkpoint it
+    names. The registry's ``par-gumbel-darts``: ``parnas search`` runs another
     ``search.strategy`` with that strategy's own ``run`` (:mod:`parnas.strategy_registry`)."""
     with hold_run_dir(run_dir_of(cfg)):
         return _run_search(cfg, resume)
 
 
 def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
-    check_par_search(cfg, resume)  # the registry's check, made again for a caller other than parnas search
     check_devices(cfg.train)
     trial, run_dir = in_nni_trial(), run_dir_of(cfg)
     check_writable_dir(run_dir)

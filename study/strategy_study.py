@@ -73,8 +73,9 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
                         ("--trials", trials), ("--retrain-seeds", retrain_seeds)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    for strategy in strategies:  # every config checked before anything runs
-        load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
+    for strategy in strategies:  # every config checked, and what its strategy refuses refused, before anything runs
+        cfg = load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
+        strategy_registry.get(strategy).check_config(cfg, False)
     with hold_run_dir(out):
         check_sub_dirs(out, ("search", "retrain"), "study")  # it uses only the sub-folders it made
         return _run_strategy_study(config, overrides, strategies, seeds, out, search_steps=search_steps,
