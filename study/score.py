@@ -27,6 +27,7 @@ model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -133,10 +134,12 @@ def check_run(run_dir: str | Path, table: RankingTable, overrides: Sequence[str]
 
 
 def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] = (),
-          log: Callable[[str], None] = print, before: Callable[[Any], None] | None = None) -> dict[str, Any]:
+          log: Callable[[str], None] = print, before: Callable[[Any], None] | None = None,
+          progress_every_s: float = 30.0) -> dict[str, Any]:
     """Score a finished search against a table (see the module docstring); returns the figures and ``lines``,
     what is printed. ``before`` is handed the run's config once it is checked, before any model runs (the
-    command sets the threads there, as ``train.threads`` says)."""
+    command sets the threads there, as ``train.threads`` says). A line says how many layouts are scored at
+    most every ``progress_every_s`` seconds (a table of 128 takes minutes on a CPU)."""
     from parnas.architecture import layout_string
     from parnas.strategies.search import inherited_perplexities
 
@@ -146,7 +149,15 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
         before(cfg)
     target = cfg.search.latency_target
     log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts ...")
-    read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts])
+    start, shown = time.monotonic(), [time.monotonic()]
+
+    def progress(done: int) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= progress_every_s and done < len(table.layouts):
+            shown[0] = now
+            log(f"  {done}/{len(table.layouts)} layouts scored ({now - start:.0f} s)")
+
+    read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts], progress)
     inherited = {k: read[k] for k in table.layouts}
     retrained, costs, spreads = table_figures(table, target)
     tau, rho = correlations(inherited, retrained)

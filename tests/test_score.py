@@ -139,7 +139,10 @@ def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_re
     run, _, _, inherited = searched
     agreeing = make_table(tmp_path, searched, {k: 2 * inherited[k] for k in LAYOUTS})
     before = sorted(p.name for p in run.rglob("*"))
-    result = score(run, agreeing, log=lambda line: None)
+    said = []
+    result = score(run, agreeing, log=said.append, progress_every_s=0)  # a progress line after every layout
+    assert [line.split(" layouts")[0].strip() for line in said if "layouts scored" in line] == [
+        f"{k}/{len(LAYOUTS)}" for k in range(1, len(LAYOUTS))]  # none after the last: the figures follow
     assert result["kendall_tau"] == pytest.approx(1.0) and result["spearman_rho"] == pytest.approx(1.0)
     assert result["top_overlap"] == 5 and result["noise_ceiling"] == pytest.approx(1.0)
     assert set(result["budgets"]) == {f"{b:g}" for b in BUDGETS}
