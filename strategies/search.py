@@ -90,12 +90,12 @@ class SupernetSearch:
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
                  meta: dict[str, Any] | None = None, costs: CostModel | None = None,
-                 trained_forward: str | None = None) -> SupernetSearch:
+                 resumed_forward: str | None = None) -> SupernetSearch:
     """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
 
     ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
     model to search with instead of the device's latency table (nothing is timed; the budget is checked
-    against it), for studying the search itself under known costs. ``trained_forward``: what the checkpoint
+    against it), for studying the search itself under known costs. ``resumed_forward``: what the checkpoint
     a search resumes trained with, which ``forward: auto`` keeps (:func:`keep_trained_forward`).
     """
     if cfg.train.accumulate != 1:
@@ -111,7 +111,7 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
                                     pinned=run_dir / PINNED_TABLE if ckpt else None,
                                     warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
-    par = par_settings(cfg.search).resolved(cfg.train.devices * cfg.train.num_nodes, trained=trained_forward)
+    par = par_settings(cfg.search).resolved(cfg.train.devices * cfg.train.num_nodes, trained=resumed_forward)
     if (unread := par.unread()) and trainer.is_global_zero:
         print(f"parnas: search.{cfg.search.strategy}.{', '.join(unread)} set, but a {par.forward} step draws no "
               f"Gumbel sample: not read (set search.{cfg.search.strategy}.forward=mixed to anneal one)",
@@ -224,7 +224,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
     search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta,
-                          trained_forward=trained)
+                          resumed_forward=trained)
     check_selection(cfg, search.costs)
     # everything checked (latency budget included): now files may be touched
     prepare_run_dir(run_dir, saved["global_step"] if saved else None, source)
