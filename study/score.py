@@ -149,12 +149,13 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
         before(cfg)
     target = cfg.search.latency_target
     log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts ...")
-    start, shown = time.monotonic(), [time.monotonic()]
+    start = shown = time.monotonic()
 
     def progress(done: int) -> None:
+        nonlocal shown
         now = time.monotonic()
-        if now - shown[0] >= progress_every_s and done < len(table.layouts):
-            shown[0] = now
+        if now - shown >= progress_every_s and done < len(table.layouts):
+            shown = now
             log(f"  {done}/{len(table.layouts)} layouts scored ({now - start:.0f} s)")
 
     read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts], progress)
