@@ -109,13 +109,15 @@ def train_flops_per_token(model: ModelConfig, kinds: Sequence[str], batch: int, 
                           fractions: Sequence[float] = ()) -> float:
     """Matrix-product FLOPs of one training step per token (module docstring); ``kinds``: the blocks
     (``choice`` for a supernet block, which runs attention and dense; ``sampled`` for one that runs one of
-    attention, dense and identity at even odds, a third of each on average); ``fractions``: targets per tail
-    cluster."""
+    attention, dense and identity at even odds, a third of each on average; ``fair`` for a block of a fair step,
+    which runs each of the three once, in a step of three forwards that each compute the output layer);
+    ``fractions``: targets per tail cluster."""
     D, F, L, K = model.d_model, model.d_ff, seg_len, model.mem_len + seg_len
     attention = 6 * D * D * (1 + 3 * K / L) + 4 * D * D * K / (batch * L) + 6 * D * (3 * K + 1)
     dense = 12 * D * F
-    n_attention = sum(k in ("attention", "choice") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
-    n_dense = sum(k in ("dense", "choice") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
+    n_attention = sum(k in ("attention", "choice", "fair") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
+    n_dense = sum(k in ("dense", "choice", "fair") for k in kinds) + sum(k == "sampled" for k in kinds) / 3
+    passes = 3 if "fair" in kinds else 1  # the output layer's forwards a step
     if not model.cutoffs:
         output = 6 * D * vocab
     else:
@@ -125,4 +127,4 @@ def train_flops_per_token(model: ModelConfig, kinds: Sequence[str], batch: int, 
             d_i = int(D // model.div_value ** i)  # as torch's AdaptiveLogSoftmaxWithLoss sizes it
             tails += p * (D * d_i + d_i * size)
         output = 6 * (D * (model.cutoffs[0] + len(sizes)) + tails)
-    return n_attention * attention + n_dense * dense + output
+    return n_attention * attention + n_dense * dense + passes * output

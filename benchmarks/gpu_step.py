@@ -10,6 +10,7 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --unpadded-heads    # + heads of 41 as they are
     python benchmarks/gpu_step.py --shape wt103-base --flex              # + attention by FlexAttention
     python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
+    python benchmarks/gpu_step.py --shape wt2-par --fair                 # + the supernet's fair step
     python benchmarks/gpu_step.py --shape wt103-base --tf32              # + the Transformer-XL in TF32, beside bf16
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --twin  # + AAADDD: its identities dropped
     python benchmarks/gpu_step.py --shape wt103-base --no-supernet      # the Transformer-XL alone, eager
@@ -88,12 +89,13 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
 
-def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
+def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed"
                   ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
-    """The search's supernet and its joint training step: weights and logits. Every candidate runs in every
-    block; with ``sampled`` (``search.par-gumbel-darts.forward: sampled``), one drawn from softmax(alpha), the logits as
-    initialised (even odds: the search's start)."""
-    from search_step import Sampling
+    """The search's supernet and its joint training step: weights and logits, by
+    ``search.par-gumbel-darts.forward``: ``mixed``, every candidate runs in every block, weighted; ``sampled``, one
+    drawn from softmax(alpha), the logits as initialised (even odds: the search's start); ``fair``, every candidate
+    of every block once, in as many forwards as a block has candidates, with one backward."""
+    from search_step import Sampling, fair_step
 
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.gumbel_darts import PARGumbelDARTS
@@ -102,16 +104,23 @@ def supernet_step(cfg: Config, vocab: int, precision: str, sampled: bool = False
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()
     alphas = [p for name, p in supernet.named_parameters() if name.endswith("_arch_alpha")]
     weights = [p for name, p in supernet.named_parameters() if not name.endswith("_arch_alpha")]
-    model = Sampling(supernet) if sampled else supernet
+    if forward == "fair":
+        optimizers = _optimizers([weights, alphas], cfg)
+        return supernet, fair_step(supernet, optimizers, weights, cfg.train.clip, lambda: precision_context(precision))
+    model = Sampling(supernet) if forward == "sampled" else supernet
     return supernet, _step(model, [weights, alphas], cfg, precision)
 
 
 def _step(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]], cfg: Config,
           precision: str) -> Callable[[Tensor], None]:
     """Forward, loss, backward, clipping of ``groups[0]``, one Adam per group (the logits': betas 0.5, 0.999)."""
+    return training_step(model, _optimizers(groups, cfg), groups[0], cfg.train.clip,
+                         lambda: precision_context(precision))
+
+
+def _optimizers(groups: list[list[torch.nn.Parameter]], cfg: Config) -> list[torch.optim.Optimizer]:
     optimizers = [adam(groups[0], lr=cfg.train.lr, precision=cfg.train.precision)]
-    optimizers += [torch.optim.Adam(g, lr=cfg.search.arch_lr, betas=(0.5, 0.999)) for g in groups[1:]]
-    return training_step(model, optimizers, groups[0], cfg.train.clip, lambda: precision_context(precision))
+    return optimizers + [torch.optim.Adam(g, lr=cfg.search.arch_lr, betas=(0.5, 0.999)) for g in groups[1:]]
 
 
 # --- running -------------------------------------------------------------------------------------------
@@ -121,6 +130,7 @@ ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
 UNPADDED = "txl, unpadded"  # --unpadded-heads's model
 FLEX = "txl, flex"  # --flex's model
 SAMPLED = "supernet, sampled"  # --sampled's model
+FAIR = "supernet, fair"  # --fair's model
 TF32 = "txl, tf32"  # --tf32's model
 
 
@@ -167,6 +177,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--sampled", action="store_true",
                         help="add the supernet whose step runs one sampled candidate per block "
                              "(search.par-gumbel-darts.forward: sampled), at even odds")
+    parser.add_argument("--fair", action="store_true",
+                        help="add the supernet whose step runs every candidate of every block once, in as many "
+                             "forwards as a block has candidates (search.par-gumbel-darts.forward: fair, the "
+                             "default of a one-process search)")
     parser.add_argument("--flex", action="store_true",
                         help="add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it "
                              "compiled too)")
@@ -213,17 +227,19 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         kinds = [LAYOUT_LETTERS[c] for c in layout] if layout else standard
         return Timed(kinds, lambda cfg, vocab: fixed_step(cfg, vocab, precision, kinds, **options), precision)
 
-    def supernet(sampled: bool) -> Timed:
-        return Timed(["sampled" if sampled else "choice"] * n,
-                     lambda cfg, vocab: supernet_step(cfg, vocab, precision, sampled), precision)
+    def supernet(forward: str) -> Timed:
+        return Timed([{"mixed": "choice"}.get(forward, forward)] * n,
+                     lambda cfg, vocab: supernet_step(cfg, vocab, precision, forward), precision)
 
-    models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet(False)})
+    models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet("mixed")})
     if args.groups_on_device and shape.cutoffs:
         models[ONE_SYNC] = fixed()  # its loss groups the targets: bench_shape hands it none
     if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
         models[UNPADDED] = fixed(head_multiple=1)
     if args.sampled:
-        models[SAMPLED] = supernet(True)
+        models[SAMPLED] = supernet("sampled")
+    if args.fair:
+        models[FAIR] = supernet("fair")
     if args.flex:
         models[FLEX] = fixed(attention_kernel="flex")
     if args.tf32:

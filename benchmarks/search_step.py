@@ -1,14 +1,15 @@
 """Cost of a search step against a step of the fixed standard Transformer-XL it prices layouts against.
 
 The supernet's step is the search's, joint mode: every block (attention, dense, identity by default) mixes its
-candidates by Gumbel-softmax weights (``search.par-gumbel-darts.forward: mixed``), or runs only a candidate drawn from
-softmax(alpha) (``sampled``; its REINFORCE term, a few scalar products, is left out), and both the weights and
-the logits step. The baseline is the standard
-Transformer-XL at the same ``n_blocks`` (attention, dense, ...: what the search's cost ratios divide by). All
-carry their memory, on Zipf token ids; the logits stay as initialised (uniform), so a sampled step costs the
-mean of the candidates, as at the start of a search (it moves towards the found layout's cost as the logits do).
-The three take ``--steps`` steps each per round, in rotating order, over ``--rounds`` rounds after a warm-up;
-figures are medians over rounds, and ratios medians of same-round ratios.
+candidates by Gumbel-softmax weights (``search.par-gumbel-darts.forward: mixed``); or runs only a candidate drawn
+from softmax(alpha) (``sampled``; its REINFORCE term, a few scalar products, is left out); or, as a one-process
+search does by default (``fair``), runs every candidate of every block once on the same segment from the same
+memory, in as many forwards as a block has candidates, with one backward. Both the weights and the logits step.
+The baseline is the standard Transformer-XL at the same ``n_blocks`` (attention, dense, ...: what the search's
+cost ratios divide by). All carry their memory, on Zipf token ids; the logits stay as initialised (uniform), so
+a sampled step costs the mean of the candidates, as at the start of a search (it moves towards the found
+layout's cost as the logits do). The four take ``--steps`` steps each per round, in rotating order, over
+``--rounds`` rounds after a warm-up; figures are medians over rounds, and ratios medians of same-round ratios.
 
     python benchmarks/search_step.py                        # the wt2-seed configuration
     python benchmarks/search_step.py --config wt2-cpu --rounds 7
@@ -16,21 +17,24 @@ figures are medians over rounds, and ratios medians of same-round ratios.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from model_args import model_parser
 from torch import Tensor
-from train_step import alternating_rounds, ratio_line, segment_runner, training_step, zipf_ids
+from train_step import alternating_rounds, descend, ratio_line, segment_runner, training_step, zipf_ids
 
 from parnas.config import load_config, transformer_xl_layout
 from parnas.nn.model import build_fixed_model
 from parnas.search_spaces import PARTransformerXLSpace
+from parnas.strategies.fair import fair_loss
 from parnas.strategies.gumbel_darts import PARGumbelDARTS
 from parnas.strategies.sampled import SampledMixedLayer, draw_picks
 from parnas.training.latency import full_memory_steps
-from parnas.training.task import adam
+from parnas.training.task import adam, segment_nll
 
 
 class Sampling(torch.nn.Module):
@@ -50,6 +54,53 @@ class Sampling(torch.nn.Module):
         return self.supernet.nll(*args)
 
 
+class FairTask:
+    """The part of the training task that the search's fair step (:func:`fair_loss`) calls, around a bare supernet:
+    the training stream's memory, its per-step seeds, and the side streams' forwards. So the benchmark times the
+    search's own fair step without a Lightning trainer."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.mems, self.steps = model, None, 0
+
+    def seed_for_step(self, offset: int = 0) -> int:
+        return offset + self.steps
+
+    def train_memory(self, x: Tensor) -> Any:
+        return self.mems
+
+    def side_stream_nll(self, batch: Any, memory: Any, seed_offset: int) -> tuple[Tensor, Any]:
+        x, y, groups = batch
+        torch.manual_seed(self.seed_for_step(seed_offset))
+        return segment_nll(self.model, x, y, memory, groups)
+
+    def train_nll(self, batch: Any) -> Tensor:
+        x, y, groups = batch
+        torch.manual_seed(self.seed_for_step())
+        nll, self.mems = segment_nll(self.model, x, y, self.mems, groups)
+        self.steps += 1
+        return nll
+
+    def aux_loss(self) -> Tensor | float:
+        return getattr(self.model, "aux_loss", 0.0)
+
+
+def fair_step(supernet: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],
+              clipped: list[torch.nn.Parameter], clip: float,
+              context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., None]:
+    """``step(tokens, groups=None)``: one fair step of the search's joint mode on a (B, L+1) segment, as
+    :func:`training_step` takes one of a model: the mean of the sub-steps' losses plus the logits' surrogate inside
+    ``context()``, one backward, clipping of ``clipped``, every optimiser."""
+    task = FairTask(supernet)
+    layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
+
+    def step(tokens: Tensor, groups: Any = None) -> None:
+        with context():
+            loss, surrogate = fair_loss(layers, task, (tokens[:, :-1], tokens[:, 1:], groups), learns=True)
+            loss = loss.float() + surrogate
+        descend(loss, optimizers, clipped, clip)
+    return step
+
+
 def main() -> None:
     parser = model_parser(__doc__, "wt2-seed")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per model per round (default 5)")
@@ -65,14 +116,15 @@ def main() -> None:
 
     fixed = build_fixed_model(cfg.model, args.vocab_size, transformer_xl_layout(cfg.model.n_blocks)).train()
     models = {"transformer-xl": fixed, "supernet, mixed": supernet(),
-              "supernet, sampled": Sampling(supernet())}
+              "supernet, sampled": Sampling(supernet()), "supernet, fair": supernet()}
     steps = {}
     for name, model in models.items():
         groups = [[p for n, p in model.named_parameters() if not n.endswith("_arch_alpha")],
                   [p for n, p in model.named_parameters() if n.endswith("_arch_alpha")]]
         optimizers = [adam(groups[0], lr=cfg.train.lr)] + ([torch.optim.Adam(groups[1], lr=cfg.search.arch_lr,
                                                                               betas=(0.5, 0.999))] if groups[1] else [])
-        steps[name] = training_step(model, optimizers, groups[0], cfg.train.clip)
+        make = fair_step if name == "supernet, fair" else training_step
+        steps[name] = make(model, optimizers, groups[0], cfg.train.clip)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     warmup = max(args.warmup, full_memory_steps(cfg))
     stream = zipf_ids(B * (L * (warmup + args.rounds * args.steps) + 1), args.vocab_size).view(B, -1)
@@ -84,9 +136,10 @@ def main() -> None:
           f"{list(cfg.search.candidates)}; median of {args.rounds} rounds of {args.steps} steps")
     for name, ms in figures.items():
         print(f"{name:20s} {statistics.median(ms):8.1f} ms/step")
-    for name in ("supernet, mixed", "supernet, sampled"):
+    for name in ("supernet, mixed", "supernet, sampled", "supernet, fair"):
         print(ratio_line(name, "transformer-xl", figures, f"step {name} / transformer-xl"))
     print(ratio_line("supernet, sampled", "supernet, mixed", figures, "step sampled / mixed"))
+    print(ratio_line("supernet, fair", "supernet, mixed", figures, "step fair / mixed"))
 
 
 if __name__ == "__main__":

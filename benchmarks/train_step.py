@@ -78,13 +78,19 @@ def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optim
             h, mems = model(tokens[:, :-1], mems)
             y = tokens[:, 1:]
             loss = model.nll(h, y, groups).float().mean()
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(clipped, clip)
-        for optimizer in optimizers:
-            optimizer.step()
+        descend(loss, optimizers, clipped, clip)
     return step
+
+
+def descend(loss: Tensor, optimizers: Sequence[torch.optim.Optimizer], clipped: list[torch.nn.Parameter],
+            clip: float) -> None:
+    """The end of every timed step: gradients cleared, ``loss`` backward, ``clipped`` clipped, every optimiser."""
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(clipped, clip)
+    for optimizer in optimizers:
+        optimizer.step()
 
 
 def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], rounds: int, steps: int,

@@ -146,10 +146,15 @@ def test_a_fair_search_of_planers_kinds_trains_every_candidate_on_cuda(tmp_path,
     weights = {(b, n): [p.detach().clone() for p in c[n].parameters()]
                for b, c in enumerate(choices) for n in c.names}
     before = [c._arch_alpha.detach().clone() for c in choices]
+    ran_on = {}  # (block, candidate) -> where its training forwards ran (Lightning hands the model back on the CPU)
+    for b, c in enumerate(choices):
+        for n in c.names:
+            c[n].register_forward_hook(lambda m, args, out, key=(b, n): m.training and ran_on.setdefault(
+                key, set()).add(args[0].device.type))
     search.run()
+    assert ran_on == {key: {"cuda"} for key in weights}
     for (b, name), old in weights.items():
         new = list(choices[b][name].parameters())
-        assert new[0].device.type == "cuda", (b, name)
         assert all(not torch.equal(x.to(y.device), y.detach()) for x, y in zip(old, new)), (b, name)
     after = [c._arch_alpha.detach() for c in choices]
     assert all(torch.isfinite(a).all() and not torch.equal(x.to(a.device), a) for x, a in zip(before, after))

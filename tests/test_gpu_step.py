@@ -106,11 +106,11 @@ def test_the_flags_add_their_models_in_order_each_in_its_precision(gpu_step, gpu
         "transformer-xl": bf16, "supernet": bf16, "txl, tf32": "tf32", "compiled (default)": bf16}
     assert models["txl, tf32"].kinds == models["transformer-xl"].kinds == ["attention", "dense"] * 16
 
-    args = gpu_step.parse_args(["--shape", "wt2-par", "--sampled", "--layout", "AIAIIIAIIDDD", "--layout", "ADI",
-                                "--layout", "ADAD", "--twin"])
+    args = gpu_step.parse_args(["--shape", "wt2-par", "--sampled", "--fair", "--layout", "AIAIIIAIIDDD",
+                                "--layout", "ADI", "--layout", "ADAD", "--twin"])
     models = gpu_step.timed_models(gpu_shapes.SHAPES["wt2-par"], args)
-    assert list(models) == ["transformer-xl", "supernet", "supernet, sampled", "AIAIIIAIIDDD", "ADI", "ADAD",
-                            "AAADDD", "AD"]
+    assert list(models) == ["transformer-xl", "supernet", "supernet, sampled", "supernet, fair", "AIAIIIAIIDDD",
+                            "ADI", "ADAD", "AAADDD", "AD"]
     assert gpu_step.twins(args.layout) == {"AIAIIIAIIDDD": "AAADDD", "ADI": "AD"}
     assert models["AAADDD"].kinds == ["attention"] * 3 + ["dense"] * 3
     model = gpu_shapes.SHAPES["wt2-par"].config().model
@@ -134,6 +134,31 @@ def test_a_layout_and_its_twin_build_the_models_they_name_and_step(gpu_step, gpu
         before = [p.detach().clone() for p in net.parameters()]
         step(tokens)
         assert any(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
+
+
+def test_the_fair_supernet_takes_the_searchs_fair_step(gpu_step, gpu_shapes, monkeypatch):
+    """What --fair times, built on the CPU (``.cuda()`` made a no-op): the search's own fair step, which trains
+    every candidate of every block in one step and moves every block's logits, counted as three forwards of the
+    output layer and one run of each candidate."""
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    args = gpu_step.parse_args(["--shape", "wt2-par", "--precision", "32-true", "--fair", "--no-supernet"])
+    shape = gpu_shapes.SHAPES["wt2-par"]
+    cfg = shape.config("32-true")
+    timed = gpu_step.timed_models(shape, args)["supernet, fair"]
+    torch.manual_seed(0)
+    net, step = timed.build(cfg, shape.vocab)
+    choices = [m for m in net.modules() if hasattr(m, "_arch_alpha")]
+    weights = {(b, n): [p.detach().clone() for p in c[n].parameters()] for b, c in enumerate(choices) for n in c.names}
+    alphas = [c._arch_alpha.detach().clone() for c in choices]
+    step(torch.randint(0, shape.vocab, (2, 9)))
+    for (b, name), old in weights.items():
+        assert all(not torch.equal(x, y) for x, y in zip(old, choices[b][name].parameters())), (b, name)
+    assert all(not torch.equal(a, c._arch_alpha) for a, c in zip(alphas, choices))
+    model = cfg.model
+    flops = {kind: gpu_shapes.train_flops_per_token(model, [kind] * 12, 32, 128, 12000, [0.2, 0.1])
+             for kind in ("choice", "fair")}
+    one_output = gpu_shapes.train_flops_per_token(model, [], 32, 128, 12000, [0.2, 0.1])
+    assert timed.kinds == ["fair"] * 12 and flops["fair"] == flops["choice"] + 2 * one_output
 
 
 def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_shapes):

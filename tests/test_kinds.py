@@ -274,3 +274,22 @@ def test_every_kind_that_attends_is_an_attention_block_in_summaries_and_studies(
     layout = ["attention", "attention_half", "attention_quarter", "lsh", "dense", "dense_half", "moe", "identity"]
     assert kinds.attending(layout) == 4 and kinds.attending(["conv", "glu", "nope"]) == 0
     assert attention_early("QDDN") is True and attention_early("DNQF") is False and attention_early("NNWE") is None
+
+
+@pytest.mark.parametrize("kind", [k for k in kinds.names() if k not in ("attention", "dense", "identity")])
+def test_every_kind_trains_under_bf16_autocast(kind):
+    """``train.precision: bf16-mixed`` on any device: a layout holding the kind steps under bf16 autocast (on the
+    CPU here, as on a GPU) with a finite loss and a gradient for every weight the kind owns (the compressive
+    memory's compression through its own auxiliary loss, as training adds it). A kind that adds
+    bf16 products into an fp32 buffer (the mixture of experts' dispatch did) fails here before a GPU retrain."""
+    model = make(("attention", kind, "dense"), moe=MoESettings(top_k=2, capacity_factor=1.0))
+    model.train()
+    x = torch.randint(0, VOCAB, (4, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h, mems = model(x[:, :6])
+        h, _ = model(x[:, 6:], mems)
+        loss = model.nll(h[:, :-1], x[:, 7:]).float().mean() + getattr(model, "aux_loss", 0.0)  # as the task adds
+    loss.backward()
+    assert torch.isfinite(loss)
+    block = model.blocks[1]
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in block.parameters()), kind

@@ -111,5 +111,5 @@ class MoEBlock(Keeper):
         out = torch.baddbmm(self.b_out[:, None], hidden, self.w_out).view(E * C, D)  # (E*C, D)
         out = torch.cat([out, out.new_zeros(1, D)])  # a dropped routing adds nothing
         weight = (queue(gate) * kept).to(out.dtype)  # (k*N,)
-        y = x.new_zeros(N, D).index_add(0, token, out[slot] * weight[:, None])  # (N, D)
+        y = out.new_zeros(N, D).index_add(0, token, out[slot] * weight[:, None])  # (N, D), in the experts' dtype
         return y, 1.0 - kept.float().mean()
