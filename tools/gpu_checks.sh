@@ -98,7 +98,7 @@ latency=(python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32
 # per round now (it decoded some 8,000 before, and was cut at 55 s), timed by CUDA events. At 276e6c8 on an H100
 # (benchmarks/tables/README.md) every step finished, in 284 s: tests 136 s, WT103 20 s, wt2-par 75 s (48 s of it
 # the CUDA-graphed model's compile), latency 47 s (three unsteady tries then; one try since). On an H200 at
-# 19ae4ba+ (2026-11-28), in 323 s: tests 160 s, WT103 21 s, wt2-par 84 s (54 s compiling; the fair supernet
+# 35e0848 (2026-11-28), in 323 s: tests 160 s, WT103 21 s, wt2-par 84 s (54 s compiling; the fair supernet
 # added), latency 39 s (the tokenizer trained first): the limits below keep that much and more room (WT103 the
 # least: one eager model), and still add up to 360 s.
 quick_k="test_search_export_retrain_evaluate_generate_compare_on_cuda or test_cuda_bf16_retrain_and_evaluate"
