@@ -153,6 +153,32 @@ def twins(layouts: Sequence[str]) -> dict[str, str]:
     return {layout: layout.replace("I", "") for layout in layouts if layout.replace("I", "") not in ("", layout)}
 
 
+ADDED_BY_FLAG = {  # the store_true flags: the model each adds to those timed (or, last, leaves out)
+    "--groups-on-device":
+        "add the Transformer-XL whose loss groups its targets by cluster on the device and reads their sizes back"
+        " (one host sync a step), as it did before the data module grouped them on the host",
+    "--unpadded-heads":
+        "add the Transformer-XL whose heads reach SDPA as they are where their size is not a multiple of 8 "
+        "(wt103-base's 41: SDPA's unfused math path), as before they were padded",
+    "--sampled":
+        "add the supernet whose step runs one sampled candidate per block (search.par-gumbel-darts.forward: "
+        "sampled), at even odds",
+    "--fair":
+        "add the supernet whose step runs every candidate of every block once, in as many forwards as a block has"
+        " candidates (search.par-gumbel-darts.forward: fair, the default of a one-process search)",
+    "--flex":
+        "add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it compiled too)",
+    "--tf32":
+        "add the Transformer-XL in fp32 with TF32 matmuls, eager, timed beside --precision's models (bf16's "
+        "speed-up over TF32 in the same rounds); its MFU against the data sheet's TF32 peak",
+    "--twin":
+        "add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD: AAADDD), and the"
+        " layout's step time over the twin's",
+    "--no-supernet":
+        "leave the supernet out (a quick look at the Transformer-XL and what flags add)",
+}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser = ArgumentParser(prog="gpu_step.py", description=f"{__doc__}\n{gpu_shapes.__doc__}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,32 +193,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
                         help="also time the Transformer-XL under torch.compile in this mode (default none)")
     parser.add_argument("--layout", action="append", type=_layout, default=[], metavar="LAYOUT",
                         help="repeatable: also time a fixed model of this layout, e.g. AIAIIIAIIDDD")
-    parser.add_argument("--groups-on-device", action="store_true",
-                        help="add the Transformer-XL whose loss groups its targets by cluster on the device and "
-                             "reads their sizes back (one host sync a step), as it did before the data module "
-                             "grouped them on the host")
-    parser.add_argument("--unpadded-heads", action="store_true",
-                        help="add the Transformer-XL whose heads reach SDPA as they are where their size is not a "
-                             "multiple of 8 (wt103-base's 41: SDPA's unfused math path), as before they were padded")
-    parser.add_argument("--sampled", action="store_true",
-                        help="add the supernet whose step runs one sampled candidate per block "
-                             "(search.par-gumbel-darts.forward: sampled), at even odds")
-    parser.add_argument("--fair", action="store_true",
-                        help="add the supernet whose step runs every candidate of every block once, in as many "
-                             "forwards as a block has candidates (search.par-gumbel-darts.forward: fair, the "
-                             "default of a one-process search)")
-    parser.add_argument("--flex", action="store_true",
-                        help="add the Transformer-XL with model.attention_kernel=flex (and, with --compile, it "
-                             "compiled too)")
-    parser.add_argument("--tf32", action="store_true",
-                        help="add the Transformer-XL in fp32 with TF32 matmuls, eager, timed beside --precision's "
-                             "models (bf16's speed-up over TF32 in the same rounds); its MFU against the data "
-                             "sheet's TF32 peak")
-    parser.add_argument("--twin", action="store_true",
-                        help="add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD:"
-                             " AAADDD), and the layout's step time over the twin's")
-    parser.add_argument("--no-supernet", action="store_true",
-                        help="leave the supernet out (a quick look at the Transformer-XL and what flags add)")
+    for flag, text in ADDED_BY_FLAG.items():
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
