@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import traceback
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -120,16 +121,23 @@ class SyncRecorder(TorchFunctionMode):
 
 class RecordStep(pl.Callback):
     """Records one whole loop iteration of a Lightning fit: from the start of batch ``step`` (optimiser steps
-    taken) to the start of the next, or to the end of training."""
+    taken) to the start of the next, or to the end of training. With ``cuda``, CUDA's own sync counter
+    (``torch.cuda.set_sync_debug_mode("warn")``) runs over the same iteration, and ``cuda_waits`` lists the
+    warnings of the operations that made the host wait."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, cuda: bool = False) -> None:
         self.step, self.recorder, self._active = step, SyncRecorder(), False
+        self.cuda, self.cuda_waits, self._warnings = cuda, [], warnings.catch_warnings(record=True)
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         if self._active:
             self._stop()
         elif trainer.global_step == self.step:
             self.recorder.__enter__()
+            if self.cuda:
+                self._caught = self._warnings.__enter__()
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
             self._active = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -138,6 +146,12 @@ class RecordStep(pl.Callback):
 
     def _stop(self) -> None:
         self.recorder.__exit__(None, None, None)
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+            self._warnings.__exit__(None, None, None)
+            # only what waited: setting the mode also warns, once a process, that it is a prototype
+            self.cuda_waits = [str(w.message) for w in self._caught
+                               if "called a synchronizing CUDA operation" in str(w.message)]
         self._active = False
 
 

@@ -315,6 +315,29 @@ def test_the_training_step_waits_for_the_gpu_only_where_the_cpu_recorder_says(be
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("forward", ["fair", "mixed"])
+def test_a_search_step_on_cuda_waits_for_the_gpu_nowhere(benchmark_script, tmp_path, forward):
+    """CUDA's own sync counter over one whole loop iteration of a search under a latency budget (batch start to
+    the next: the loop, the step, the logits, the callbacks), fair as one process runs it by default and mixed:
+    nothing waits, as the CPU recorder says of the same iteration (tests/test_host_syncs.py)."""
+    from parnas.strategies.costs import CostModel
+    from parnas.strategies.search import build_search
+
+    host_syncs, vocab = benchmark_script("host_syncs"), 1000
+    cfg = load_config("tiny", ["train.accelerator=gpu", "train.max_steps=5", "train.log_every=5",
+                               "search.latency_budget=0.9", f"search.par-gumbel-darts.forward={forward}"])
+    B, L = cfg.data.batch_size, cfg.data.seg_len
+    ids = zipf_ids(B * L * 20, vocab).numpy().astype(np.int64)
+    splits = {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}
+    costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
+    search = build_search(cfg, splits, vocab, tmp_path, costs=costs)
+    assert search.module.par.forward == forward
+    record = host_syncs.RecordStep(3, cuda=True)
+    search.trainer.callbacks.append(record)
+    search.run()
+    assert record.recorder.total == 0 and record.cuda_waits == [], (record.recorder.sites, record.cuda_waits)
+
+
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 def test_forward_and_loss_compile_without_breaks_or_recompiles_on_cuda(graphs_made):
     """Off the CPU, dropout is torch's own (traced): with a full softmax, forward and loss are one graph, and no
