@@ -96,7 +96,7 @@ def test_by_default_the_pick_ends_where_a_retrain_of_the_exported_layout_would()
     ("search.select.k=0", "search.select.k must be >= 1"),
     ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
     ("search.select.rank=best", "search.select.rank must be one of probability, inherited"),
-    ("search.select.pool=2", "search.select.pool (2) must be at least search.select.k (4)"),
+    ("search.select.pool=2", "search.select.pool (2) must be at least search.select.k (3)"),
 ])
 def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(capsys, tmp_path, setting, needle):
     code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
