@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.first_hour import README, first_hour_lines, rewrite, timed
+from tools.first_hour import README, first_hour_lines, report, rewrite, timed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,3 +37,15 @@ def test_the_dry_run_runs_nothing():
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.splitlines()[0].startswith("parnas launch --config search.yaml")
     assert "--wait" in done.stdout.splitlines()[0]
+
+
+def test_the_report_shows_the_times_then_what_the_search_the_export_and_the_compare_found():
+    rows = [("parnas launch --config search.yaml --port 1 --wait", 300.0, 0.2, 1.0,
+             "".join(f"progress {i}\n" for i in range(40)) + "trial  val ppl  architecture\nAbCdE  55.1  ADADDD\n"),
+            ("parnas export --experiment Ab12 --out found/", 0.1, 1.0, 1.0, "AbCdE  55.1  ADADDD\n"),
+            ("parnas plot --experiment Ab12", 19.0, 1.0, 1.0, "wrote pareto.png\n")]
+    text = report(rows)
+    assert "| `parnas plot --experiment Ab12` | 19 s | 1.0 -> 1.0 |" in text
+    assert "$ parnas export --experiment Ab12 --out found/  (its last 25 lines)\nAbCdE  55.1  ADADDD" in text
+    assert "AbCdE  55.1  ADADDD" in text.split("$ parnas launch")[1] and "progress 16\n" not in text
+    assert "progress 17" in text and "wrote pareto.png" not in text  # the last 25 lines; plot prints no finding

@@ -10,8 +10,10 @@ It runs each timed line of the README's "First hour" block in order, in a scratc
 the environment a newcomer has: no ``OMP_NUM_THREADS`` (what ``search.yaml``'s trial command sets stays), data
 from ``PARNAS_DATA_DIR`` where set (as ``make`` sets it in this checkout). ``<id>`` and ``<trial>`` are taken
 from what the search printed. The load average is read before and after each step: a time is only as good as
-the machine was quiet. ``--write`` replaces the first ``N s`` / ``N min`` of each timed README line's comment
-and the sentence that says when and at what load the times were taken; nothing else in the README changes.
+the machine was quiet. After the times it prints what the search, the export and the compare printed (the
+architectures found, the trials' table, the comparison), so that what the run found can be quoted beside its
+times. ``--write`` replaces the first ``N s`` / ``N min`` of each timed README line's comment and the sentence
+that says when and at what load the times were taken; nothing else in the README changes.
 """
 
 from __future__ import annotations
@@ -88,7 +90,10 @@ def rewrite(readme: str, times: dict[str, float], load: float) -> str:
     return WHEN.sub(sentence.replace("\\", "\\\\"), text, count=1)
 
 
-def run(lines: list[str], dry_run: bool) -> tuple[dict[str, float], list[tuple[str, float, float, float]]]:
+SHOWN = ("parnas launch", "parnas export", "parnas compare")  # what they print is what the run found: shown after it
+
+
+def run(lines: list[str], dry_run: bool) -> tuple[dict[str, float], list[tuple[str, float, float, float, str]]]:
     scratch = Path(tempfile.mkdtemp(prefix="first-hour-"))
     home = scratch / "home"
     home.mkdir()
@@ -121,13 +126,25 @@ def run(lines: list[str], dry_run: bool) -> tuple[dict[str, float], list[tuple[s
                 found["id"] = re.search(r"experiment (\w+): web UI", done.stdout)[1]
                 found["trial"] = re.search(r"--arch found/(\w+)\.json", done.stdout)[1]
             times[command] = seconds
-            rows.append((words, seconds, before, after))
+            rows.append((words, seconds, before, after, done.stdout))
             print(f"{seconds_text(seconds):>8}  load {before:.1f} -> {after:.1f}  {words}", flush=True)
     finally:
         if "id" in found:
             subprocess.run(["nnictl", "stop", found["id"]], env=env, capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
     return times, rows
+
+
+def report(rows: list[tuple[str, float, float, float, str]]) -> str:
+    """The run as Markdown: each command's wall time and load, then the last 25 lines the search, the export and
+    the compare printed (the architectures found, the trials' table, the comparison): what the run found."""
+    lines = ["", "| command | wall time | load before -> after |", "|---|---|---|"]
+    lines += [f"| `{words}` | {seconds_text(seconds)} | {before:.1f} -> {after:.1f} |"
+              for words, seconds, before, after, _ in rows]
+    for words, _, _, _, printed in rows:
+        if words.startswith(SHOWN):
+            lines += ["", f"$ {words}  (its last 25 lines)", *printed.rstrip().splitlines()[-25:]]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,10 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     times, rows = run(first_hour_lines(readme), args.dry_run)
     if args.dry_run:
         return 0
-    load = max(max(b, a) for _, _, b, a in rows)
-    print("\n| command | wall time | load before -> after |\n|---|---|---|")
-    for words, seconds, before, after in rows:
-        print(f"| `{words}` | {seconds_text(seconds)} | {before:.1f} -> {after:.1f} |")
+    load = max(max(b, a) for _, _, b, a, _ in rows)
+    print(report(rows))
     if args.write:
         README.write_text(rewrite(readme, times, load))
         print(f"rewrote {README.relative_to(REPO)}'s first-hour times (load up to {load:.1f})")
