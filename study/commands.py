@@ -11,7 +11,7 @@ import argparse
 
 def cmd_study(args: argparse.Namespace) -> int:
     """Check the claim end to end: searches per seed and budget, retrains of found and baseline layouts, timing."""
-    if args.to_table or args.score:
+    if args.to_table or args.score or args.add_seeds:
         return cmd_table(args)
     if args.strategies:
         from pathlib import Path
@@ -56,13 +56,25 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    """``--to-table STUDY_JSON --table FILE`` writes a ranking table; ``--score RUN --table FILE`` scores a search."""
+    """``--to-table STUDY_JSON --table FILE`` writes a ranking table; ``--score RUN --table FILE`` scores a search;
+    ``--add-seeds RUN ... --table FILE`` adds further retrain seeds to a table, in place."""
     from parnas.errors import ConfigError
 
-    if args.to_table and args.score:
-        raise ConfigError("give one of --to-table and --score")
+    given = [flag for flag, value in (("--to-table", args.to_table), ("--score", args.score),
+                                      ("--add-seeds", args.add_seeds)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"give one of --to-table, --score and --add-seeds, not {' and '.join(given)}")
     if not args.table:
-        raise ConfigError(f"{'--to-table' if args.to_table else '--score'} needs --table FILE")
+        raise ConfigError(f"{given[0]} needs --table FILE")
+    if args.add_seeds:
+        from parnas.files import write_json_atomic
+        from parnas.study.table_seeds import add_seeds
+
+        table, lines = add_seeds(args.table, args.add_seeds)
+        write_json_atomic(args.table, table)
+        print("\n".join(lines))
+        print(f"written {args.table}: {len(lines)} seeds added, noise ceiling {table['noise_ceiling']}")
+        return 0
     if args.to_table:
         from pathlib import Path
 
@@ -127,6 +139,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--score", default=None, metavar="RUN",
                    help="score a finished search (its run directory) against the ranking table --table FILE, "
                         "retraining nothing: Kendall/Spearman, top-5 overlap, regret at budgets 0.5, 0.65, 0.8")
-    p.add_argument("--table", default=None, metavar="FILE", help="the ranking table --to-table writes, --score reads")
+    p.add_argument("--add-seeds", nargs="+", default=None, metavar="RUN",
+                   help="add finished `parnas train` runs of a table's layouts (same model, vocabulary and retrain "
+                        "steps; train.seed one the table lacks) to --table FILE as further retrain seeds, in place")
+    p.add_argument("--table", default=None, metavar="FILE",
+                   help="the ranking table --to-table writes, --score reads, --add-seeds extends")
     p.add_argument("--latency-table", default=None, metavar="FILE",
                    help="with --to-table: the latency table that prices the layouts (default: the study's own)")

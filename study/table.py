@@ -74,7 +74,7 @@ class RankingTable:
 
     def spread(self, layout: str) -> float | None:
         """The standard deviation over the layout's seeds (None for one seed)."""
-        return _spread(self.seeds[layout])
+        return seed_spread(self.seeds[layout])
 
     def targets(self) -> tuple[str, ...]:
         return tuple(self.latency.modes)
@@ -85,7 +85,7 @@ class RankingTable:
         return self.latency.predict(self.kinds(layout), target) / reference
 
 
-def _spread(seeds: Sequence[float | None]) -> float | None:
+def seed_spread(seeds: Sequence[float | None]) -> float | None:
     values = [v for v in seeds if v is not None]
     return statistics.stdev(values) if len(values) > 1 else None
 
@@ -109,7 +109,7 @@ def noise_ceiling(seeds: Mapping[str, Sequence[float | None]]) -> float | None:
 
 # --- loading ---------------------------------------------------------------------------------------------------
 
-def _read_json(path: Path, option: str, what: str) -> Any:
+def read_json_file(path: Path, option: str, what: str) -> Any:
     """The JSON at ``path``, given as ``option``; ConfigError (one line naming both) for a file that cannot be read
     or is not JSON (``what`` names what it should have been)."""
     try:
@@ -125,7 +125,7 @@ def load_table(path: str | Path) -> RankingTable:
     from parnas.training.latency_table import LatencyTable, cost_problem
 
     path = Path(path)
-    data = _read_json(path, "--table", "a parnas ranking table")
+    data = read_json_file(path, "--table", "a parnas ranking table")
 
     def fail(message: str) -> ConfigError:
         return ConfigError(f"--table: {path}: {message}")
@@ -182,7 +182,7 @@ def _layouts(layouts: Any, candidates: Sequence[str], n_blocks: int,
         if not isinstance(values, list) or not all(v is None or (isinstance(v, (int, float)) and not isinstance(
                 v, bool) and math.isfinite(v) and v > 0) for v in values) or all(v is None for v in values):
             raise fail(f"layout {layout}: val_ppl_seeds must list positive perplexities (null for a seed without one)")
-        spread, recorded = _spread(values), entry.get("val_ppl_std")
+        spread, recorded = seed_spread(values), entry.get("val_ppl_std")
         if (spread is None) != (recorded is None) or (spread is not None and not (
                 isinstance(recorded, (int, float)) and abs(recorded - spread) < 1e-6 * max(1.0, spread))):
             raise fail(f"layout {layout}: val_ppl_std {recorded} is not its seeds' spread ({spread})")
@@ -200,6 +200,12 @@ def check_matches(table: RankingTable, cfg: Config, candidates: Sequence[str], v
     if set(candidates) != set(table.candidates) or cfg.model.n_blocks != table.n_blocks:
         raise ConfigError(f"{head} searched {cfg.model.n_blocks} blocks over {', '.join(candidates)}; the table's "
                           f"space is {table.n_blocks} blocks over {', '.join(table.candidates)}")
+    check_same_model(table, cfg, vocab, head)
+
+
+def check_same_model(table: RankingTable, cfg: Config, vocab: Mapping[str, Any], head: str) -> None:
+    """Refuses (ConfigError: ``head``, then what differs) a run of ``cfg`` with tokenizer ``vocab`` whose layouts
+    the table's perplexities do not describe: another vocabulary, segment length or model setting."""
     given = table.config["vocab"]
     if (given.get("kind"), given.get("vocab_size"), given.get("sha256")) != \
             (vocab.get("kind"), vocab.get("vocab_size"), vocab.get("sha256")):
@@ -208,7 +214,7 @@ def check_matches(table: RankingTable, cfg: Config, candidates: Sequence[str], v
     if table.config.get("seg_len") not in (None, cfg.data.seg_len):
         raise ConfigError(f"{head} was evaluated at data.seg_len={cfg.data.seg_len}, the table at "
                           f"{table.config['seg_len']}")
-    for key in model_differences(table.config["model"], cfg, candidates):
+    for key in model_differences(table.config["model"], cfg, table.candidates):
         raise ConfigError(f"{head} has another model than the table's: {key}")
 
 
@@ -246,7 +252,7 @@ def table_from_study(study_path: str | Path, latency_table: str | Path | None = 
     from parnas.training.latency_table import load_table_for, table_key
 
     path = Path(study_path)
-    study = _read_json(path, "--to-table", "a study.json")
+    study = read_json_file(path, "--to-table", "a study.json")
     if not isinstance(study, dict) or study.get("format") != "parnas.study" or not isinstance(study.get("rows"),
                                                                                                  list):
         raise ConfigError(f"--to-table: {path} is not the study.json `parnas study` writes")
@@ -286,7 +292,7 @@ def table_record(name: str, candidates: Sequence[str], cfg: Config, config: Mapp
                  rebuild: str = "") -> dict[str, Any]:
     """A table as JSON (the module docstring's format): each layout's spread and the noise ceiling computed from
     ``seeds`` (layout letters -> each retrain seed's val ppl); the space's depth and memory are ``cfg``'s."""
-    layouts = {k: {"val_ppl_seeds": list(v), "val_ppl_std": _spread(v), "roles": list((roles or {}).get(k, ()))}
+    layouts = {k: {"val_ppl_seeds": list(v), "val_ppl_std": seed_spread(v), "roles": list((roles or {}).get(k, ()))}
                for k, v in seeds.items()}
     return {"format": FORMAT, "version": VERSION, "name": name,
             "space": {"candidates": list(candidates), "n_blocks": cfg.model.n_blocks}, "config": dict(config),

@@ -196,3 +196,62 @@ def test_the_rebuild_commands_time_the_latency_table_the_study_was_priced_by_fir
     assert study_command.endswith("--seeds 3 --budgets 0.6 --retrain-steps 600 --retrain-seeds 3 "
                                   "--random-orderings 0 --census 60 --out runs/planer")
     assert convert == "parnas study --to-table runs/planer/study.json --table TABLE.json"
+
+
+def train_run(tmp_path, layout, seed, val_ppl=32.0, steps=600, vocab=VOCAB, sets=()):
+    """A finished `parnas train` run's files (metrics.json, architecture.json), as the table's layouts retrain."""
+    names = {"A": "attention", "D": "dense", "I": "identity"}
+    blocks = [names[c] for c in layout]
+    cfg = load_config("wt2-cpu", [f"model.blocks=[{', '.join(blocks)}]", f"train.seed={seed}",
+                                  f"train.max_steps={steps}", *sets])
+    run = tmp_path / f"{layout}-s{seed}-{len(list(tmp_path.iterdir()))}"
+    run.mkdir()
+    architecture.write(run / "architecture.json", architecture.make_record(
+        {architecture.label(i): k for i, k in enumerate(blocks)}, cfg.model, 1000, tokenizer=vocab))
+    (run / "metrics.json").write_text(json.dumps({"val_ppl": val_ppl, "steps": steps, "config": cfg.to_dict(),
+                                                  "diverged": False}))
+    return run
+
+
+def six_hundred_step_table(tmp_path):
+    cfg = config()
+    return write(tmp_path, table_record("t", CANDIDATES, cfg, config_section(cfg, "wt2-cpu", [], VOCAB,
+                                                                              retrain_steps=600),
+                                        latency_table(cfg), SEEDS, commit="abc", rebuild="parnas study ..."))
+
+
+def test_further_seeds_join_their_layouts_and_the_spreads_and_ceiling_follow(tmp_path, capsys):
+    """`parnas study --add-seeds RUN ... --table FILE`: each finished `parnas train` run of a table layout (a
+    shallower network at the table's padded key) adds its validation perplexity at its seed's index; the table
+    still loads, its spreads and noise ceiling are the new seeds', and its rebuild commands retrain them."""
+    path = six_hundred_step_table(tmp_path)
+    runs = [train_run(tmp_path, "ADIIII", 2, 32.0), train_run(tmp_path, "IIADII", 3, 29.0),  # the same network
+            train_run(tmp_path, "DDDDDD", 1, 47.0)]  # fills the seed that gave no perplexity
+    assert main(["study", "--add-seeds", *map(str, runs), "--table", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ADIIII: seed 2, val ppl 32.00" in out and "3 seeds added" in out
+    table = load_table(path)
+    assert table.seeds["ADIIII"] == (30.0, 31.0, 32.0, 29.0) and table.seeds["DDDDDD"] == (45.0, 47.0)
+    assert table.spread("ADIIII") == pytest.approx(1.2909944) and table.val_ppl("DDDDDD") == 46.0
+    assert table.noise_ceiling == noise_ceiling({k: list(v) for k, v in table.seeds.items()})
+    assert ("parnas train --config wt2-cpu --set 'model.blocks=[attention, dense, identity, identity, identity, "
+            "identity]' --set train.max_steps=600 --set train.seed=2") in table.rebuild
+    assert table.rebuild.startswith("parnas study ...") and "parnas study --add-seeds" in table.rebuild
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(layout="ADIIII", seed=1), "is seed 1 of ADIIII, which the table holds already"),
+    (dict(layout="DDDIII", seed=2), "trained DDDIII, which the table does not hold"),
+    (dict(layout="ADIIII", seed=2, steps=300), "trained 300 steps; the table's layouts were retrained for 600"),
+    (dict(layout="ADIIII", seed=2, vocab={**VOCAB, "sha256": "cd" * 32}), "another vocabulary"),
+    (dict(layout="ADIIII", seed=2, sets=("model.d_model=32",)), "another model than the table's: model.d_model"),
+])
+def test_a_seed_the_table_cannot_take_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, change,
+                                                                                     message):
+    path = six_hundred_step_table(tmp_path)
+    before = path.read_text()
+    good = train_run(tmp_path, "ADIIII", 4)
+    assert main(["study", "--add-seeds", str(good), str(train_run(tmp_path, **change)), "--table", str(path)]) == 2
+    assert message in refusal(capsys.readouterr().err) and path.read_text() == before
+    assert main(["study", "--add-seeds", str(tmp_path), "--table", str(path)]) == 2
+    assert "is not a finished `parnas train` run" in refusal(capsys.readouterr().err)
