@@ -55,6 +55,7 @@ def add_seeds(table_path: str | Path, runs: Sequence[str | Path]) -> tuple[dict[
                                   *(f"--set {shlex.quote(o)}" for o in table.config.get("overrides") or []),
                                   f"--set {shlex.quote('model.blocks=[' + ', '.join(cfg.model.blocks) + ']')}",
                                   f"--set train.max_steps={metrics['steps']} --set train.seed={cfg.train.seed}",
+                                  *([f"--set train.threads={cfg.train.threads}"] if cfg.train.threads else []),
                                   f"--set train.out_dir={shlex.quote(str(run))}"]))
     for layout, values in seeds.items():
         data["layouts"][layout].update(val_ppl_seeds=values, val_ppl_std=seed_spread(values))

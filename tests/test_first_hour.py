@@ -200,6 +200,9 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"^parnas study --(score|to-table) ", Skip("needs the finished study or search of the lines above (minutes to "
                                                 "hours at their size); tests/test_score.py and tests/test_table.py "
                                                 "run both on tiny runs")),
+    (r"^parnas study --add-seeds ", Skip("adds the line above's wt2-cpu retrain to the shipped table, in place; "
+                                         "tests/test_table.py adds runs to a table and refuses the ones it cannot "
+                                         "take")),
     (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
     (r"^parnas study ", Skip(HOURS)),
     (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "

@@ -225,7 +225,8 @@ def test_further_seeds_join_their_layouts_and_the_spreads_and_ceiling_follow(tmp
     shallower network at the table's padded key) adds its validation perplexity at its seed's index; the table
     still loads, its spreads and noise ceiling are the new seeds', and its rebuild commands retrain them."""
     path = six_hundred_step_table(tmp_path)
-    runs = [train_run(tmp_path, "ADIIII", 2, 32.0), train_run(tmp_path, "IIADII", 3, 29.0),  # the same network
+    runs = [train_run(tmp_path, "ADIIII", 2, 32.0, sets=("train.threads=1",)),  # threads: the sums' order
+            train_run(tmp_path, "IIADII", 3, 29.0),  # the same network
             train_run(tmp_path, "DDDDDD", 1, 47.0)]  # fills the seed that gave no perplexity
     assert main(["study", "--add-seeds", *map(str, runs), "--table", str(path)]) == 0
     out = capsys.readouterr().out
@@ -235,7 +236,7 @@ def test_further_seeds_join_their_layouts_and_the_spreads_and_ceiling_follow(tmp
     assert table.spread("ADIIII") == pytest.approx(1.2909944) and table.val_ppl("DDDDDD") == 46.0
     assert table.noise_ceiling == noise_ceiling({k: list(v) for k, v in table.seeds.items()})
     assert ("parnas train --config wt2-cpu --set 'model.blocks=[attention, dense, identity, identity, identity, "
-            "identity]' --set train.max_steps=600 --set train.seed=2") in table.rebuild
+            "identity]' --set train.max_steps=600 --set train.seed=2 --set train.threads=1") in table.rebuild
     assert table.rebuild.startswith("parnas study ...") and "parnas study --add-seeds" in table.rebuild
 
 
