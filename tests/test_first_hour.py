@@ -220,7 +220,7 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"^parnas retrain --arch architecture\.json", Run(needs=("arch",))),
     (r"^parnas retrain ", Run()),
     (r"^parnas train .*--resume", Run(needs=("train",))),
-    (r"^parnas train --config wt2-seed --set '?model\.blocks=", Run(extra=("--set", "model.n_blocks=6"))),
+    (r"^parnas train --config wt2-(seed|cpu) --set '?model\.blocks=", Run(extra=("--set", "model.n_blocks=6"))),
     (r"^parnas train ", Run()),
     (r"^parnas search .*search\.latency_table=runs/(wt2-cpu|planer)-table\.json", Skip(
         "prices with the table the `parnas latency` line above writes at wt2-cpu's full shapes (a search priced by a "
