@@ -8,7 +8,7 @@ is refused, never written through or truncated.
 :func:`take_run_dir` holds a run's folder and checks it (:func:`check_run_dir`) once per command. A folder
 that holds another run's files (its lock, ``metrics.json``, ``architecture.json``, checkpoints) is that run's:
 a command never writes into it nor removes it (:func:`check_no_other_run`, :func:`remove_own_tree`), and a
-parent command (a study) uses a sub-folder only if it made it (:func:`own_sub_dir`).
+study uses a sub-folder only if it made it (:mod:`parnas.study.sub_folders`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from parnas.errors import ParnasError
@@ -234,11 +234,9 @@ def is_taken(out_dir: str | Path) -> bool:
 
 def _unlink_if(path: Path, fd: int) -> None:
     """Remove ``path`` if it is still the file ``fd`` has open (not a file another put there since)."""
-    try:
-        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+    if _same_file(fd, path):
+        with suppress(OSError):
             os.unlink(path)
-    except OSError:
-        pass
 
 
 def _lock(folder: Path) -> int | None:
@@ -349,61 +347,3 @@ def remove_own_runs(folder: str | Path) -> None:
     for run, _ in runs_within(folder):
         check_not_held(run)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-# --- sub-folders of a parent command ----------------------------------------------------------------------------
-
-OWNER_FILE = ".parnas-owner"  # written by a parent command (a study) into each sub-folder it makes
-
-
-def own_sub_dir(folder: str | Path, owner: str, *, make: bool = True) -> Path:
-    """Make sure ``folder`` is a sub-folder the parent command ``owner`` (e.g. ``study``) made, and may therefore
-    run, resume, clear or read as its own; returns it. With ``make`` false, an absent or empty folder is left as
-    it is (a check before the work: nothing is written).
-
-    The rule: a sub-folder is the parent's if it holds the parent's :data:`OWNER_FILE`, written when the parent
-    made it (an absent or empty folder is made or taken over, and gets one). Any other folder there is not the
-    parent's: a live run in it is refused naming its process, anything else is refused naming the folder and what
-    it holds, and kept. A live run in the parent's own sub-folder (one started into it by hand) is refused too."""
-    folder = Path(folder)
-    check_not_held(folder)
-    marker = folder / OWNER_FILE
-    if marker.is_file() and not marker.is_symlink():
-        return folder
-    inside = folder.is_dir() and not folder.is_symlink()
-    held = sorted(p.name for p in folder.iterdir()) if inside else [folder.name] if os.path.lexists(folder) else []
-    if held:
-        marks = runs_within(folder) if inside else []
-        what = f"another run's {marks[0][1]}" if marks else f"files: {', '.join(held[:3])}"
-        raise ParnasError(f"{folder} was not made by this {owner} (it holds {what}): it is kept; move it out of "
-                          f"the way, or choose another --out")
-    if make:
-        check_writable_dir(folder).mkdir(parents=True, exist_ok=True)
-        marker.write_text(f"made by parnas {owner}, which may resume, replace or remove what this folder holds\n")
-    return folder
-
-
-def check_sub_dirs(parent: str | Path, groups: tuple[str, ...], owner: str) -> None:
-    """Every sub-folder already in ``parent``'s ``groups`` (e.g. ``search/``, ``retrain/``) is one ``owner`` made
-    and no other run holds (:func:`own_sub_dir`, writing nothing): checked before the parent's work begins."""
-    for group in groups:
-        folder = Path(parent) / group
-        for sub in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else ():
-            own_sub_dir(sub, owner, make=False)
-
-
-def clear_own_dir(folder: str | Path) -> None:
-    """Empty ``folder``, a parent command's own sub-folder (:func:`own_sub_dir`) whose run stopped before it saved
-    anything worth resuming, keeping the owner's mark; refused in one line, nothing removed, if another run is in
-    it (:func:`check_no_other_run`)."""
-    folder = Path(folder)
-    check_not_held(folder)
-    entries = [p for p in folder.iterdir() if p.name not in (OWNER_FILE, LOCK_FILE)]
-    for entry in entries:
-        if entry.is_dir() and not entry.is_symlink():
-            check_no_other_run(entry, "files")
-    for entry in entries:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)

@@ -14,10 +14,10 @@ round is a poor judge of it (in PLANER's space, 150 steps into a 300-step schedu
 whose training diverges is out.
 
 Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one folder per entrant, a training run
-(``metrics.json``, of the validation split only, ``checkpoints/``) with ``rounds.json`` (its perplexity at the end
-of each round). A search resumed with ``--resume`` goes on where the pick stopped: finished rounds are read back,
-an interrupted one continues from its checkpoint. Inside an nnictl trial the run folder is the trial's, and the
-same code runs.
+(``metrics.json``, of the validation split only, all of it in the last round, ``checkpoints/``) with
+``rounds.json`` (its perplexity at the end of each round). A search resumed with ``--resume`` goes on where the
+pick stopped: finished rounds are read back, an interrupted one continues from its checkpoint. Inside an nnictl
+trial the run folder is the trial's, and the same code runs.
 """
 
 from __future__ import annotations
@@ -203,7 +203,9 @@ def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: P
         pl.seed_everything(cfg.train.seed, verbose=False)
         model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
         try:
-            metrics = fit(run, model, tokenizer, dict(splits), record, resume=last.is_file(), test=False)
+            fraction = 1.0 if round_index == len(steps) - 1 else cfg.search.select.early_valid_fraction
+            metrics = fit(run, model, tokenizer, dict(splits), record, resume=last.is_file(), test=False,
+                          valid_fraction=fraction)
         except ParnasError as error:  # a diverged entrant loses; anything else is the user's to fix
             if "diverged" not in str(error) and "not finite" not in str(error):
                 raise
@@ -221,7 +223,7 @@ def pick_rounds(cfg: Config) -> tuple[int, ...]:
 
 def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
     return {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
-            "supernet_steps": step}
+            "supernet_steps": step, "early_valid_fraction": cfg.search.select.early_valid_fraction}
 
 
 def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result: Evaluated,
@@ -281,7 +283,8 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
             seconds: float) -> dict[str, Any]:
     """What architecture.json keeps of the pick: every entrant with its perplexity after each round it ran, the
     guard's, the verdict and the one line that says it."""
-    steps = pick_rounds(cfg)
+    steps, fraction = pick_rounds(cfg), cfg.search.select.early_valid_fraction
+    early = f" ({fraction:g} of the validation split)" if fraction < 1 else ""
     guard = next((e for e in entered if "guard" in e["role"]), None)
     rivals = [e for e in entered if e is not guard and e["val_ppl"]]
     won = guard is not None and winner is guard
@@ -298,8 +301,8 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
             rounds.setdefault(len(e["val_ppl"]), []).append(f"{e['architecture']} {_ppl(e['val_ppl'])}")
         finals = ", ".join(rounds.pop(last, []))
         parts = [f"{finals} against {_ppl(guard['val_ppl'])}" if finals else _ppl(guard["val_ppl"]),
-                 *(f"out after {steps[n - 1]} steps: {', '.join(names)}" for n, names in sorted(rounds.items(),
-                                                                                                 reverse=True))]
+                 *(f"out after {steps[n - 1]} steps{early}: {', '.join(names)}" for n, names in sorted(rounds.items(),
+                                                                                                        reverse=True))]
         line = (f"the shallower Transformer-XL {guard['architecture']} beat the search's picks after {at} (val ppl "
                 f"{'; '.join(parts)}): exported it")
     elif won:
@@ -313,7 +316,8 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
                 f"Transformer-XL {guard['architecture']}: {_ppl(guard['val_ppl'])}{out}")
     return {"k": cfg.search.select.k, "rank": cfg.search.select.rank, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
-            "val_ppl_is": "trained from scratch (train.seed) to each round's steps, whole validation split",
+            "val_ppl_is": "trained from scratch (train.seed) to each round's steps; the last round on the whole "
+                          f"validation split, earlier ones on {fraction:g} of it (search.select.early_valid_fraction)",
             "entrants": [{**{k: v for k, v in e.items() if k != "kinds"}, "val_ppl": _rounded(e["val_ppl"])}
                          for e in entered],
             "winner": winner["architecture"],

@@ -21,7 +21,7 @@ from typing import Any
 
 from parnas import architecture
 from parnas.files import write_json_atomic
-from parnas.run_folders import check_sub_dirs, clear_own_dir, hold_run_dir, own_sub_dir
+from parnas.run_folders import hold_run_dir
 from parnas.study.front import width_model
 from parnas.study.measure import over_seeds
 from parnas.study.plan import (
@@ -36,6 +36,7 @@ from parnas.study.plan import (
     search_dir,
     settings_record,
 )
+from parnas.study.sub_folders import check_sub_dirs, clear_own_dir, own_sub_dir
 
 Log = Callable[[str], None]
 

@@ -30,8 +30,9 @@ from parnas.config import Config, load_config
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic, write_text_atomic
 from parnas.overrides import as_given
-from parnas.run_folders import check_sub_dirs, hold_run_dir, own_sub_dir
+from parnas.run_folders import hold_run_dir
 from parnas.strategy_registry import PAR_GUMBEL_DARTS
+from parnas.study.sub_folders import check_sub_dirs, own_sub_dir
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:

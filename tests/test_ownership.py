@@ -13,7 +13,8 @@ from test_bad_input import assert_refused, cli, micro_settings
 from test_run_lock import holder
 
 from parnas.errors import ParnasError
-from parnas.run_folders import LOCK_FILE, OWNER_FILE, clear_own_dir, own_sub_dir
+from parnas.run_folders import LOCK_FILE
+from parnas.study.sub_folders import OWNER_FILE, clear_own_dir, own_sub_dir
 
 HEAD = {"train": ["train"], "retrain": ["retrain", "--arch", "transformer-xl"], "search": ["search"]}
 

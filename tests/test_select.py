@@ -97,6 +97,7 @@ def test_by_default_the_pick_ends_where_a_retrain_of_the_exported_layout_would()
     ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
     ("search.select.rank=best", "search.select.rank must be one of probability, inherited"),
     ("search.select.pool=2", "search.select.pool (2) must be at least search.select.k (3)"),
+    ("search.select.early_valid_fraction=0", "search.select.early_valid_fraction must be in (0, 1]"),
 ])
 def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(capsys, tmp_path, setting, needle):
     code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
@@ -112,6 +113,27 @@ def test_a_selection_budget_below_the_cheapest_layout_is_refused_before_anything
     err = capsys.readouterr().err
     assert code == 2 and "search.select.budget 0.05 is out of reach" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_the_early_rounds_judge_by_part_of_the_validation_split_and_the_last_by_all_of_it(tmp_path, micro,
+                                                                                         monkeypatch):
+    """The last round is judged as ``parnas retrain`` judges the exported layout; the rounds before it, which
+    only drop trailing entrants, read ``search.select.early_valid_fraction`` of the split."""
+    import parnas.training.fit
+
+    read = []
+
+    def fit(cfg, model, tokenizer, splits, record, *, resume=False, test=True, valid_fraction=1.0):
+        read.append((cfg.train.stop_at or cfg.train.max_steps, test, valid_fraction))
+        return {"val_ppl": 100.0 + len(read), "steps": cfg.train.stop_at or cfg.train.max_steps}
+
+    monkeypatch.setattr(parnas.training.fit, "fit", fit)
+    assert main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+                             "search.select.early_valid_fraction=0.5", f"search.out_dir={tmp_path}")) == 0
+    assert {r for r in read if r[0] == 2} == {(2, False, 0.5)} and {r for r in read if r[0] == 4} == {(4, False, 1.0)}
+    assert len(read) >= 4
+    selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
+    assert "earlier ones on 0.5 of it" in selection["val_ppl_is"]
 
 
 def picks_without(guard):
@@ -141,7 +163,8 @@ def test_a_better_shallower_transformer_xl_is_exported_and_said(capsys, tmp_path
     assert list(record["architecture"].values()) == guard  # exported
     # each rival's perplexity at the round it reached: the finalist's beside the guard's, the first round's apart
     assert re.search(r"^the shallower Transformer-XL ADII beat the search's picks after 4 steps of retraining \(val "
-                     r"ppl [A-Z]{4} 20\d\.00 against 100\.00; out after 2 steps: [A-Z]{4} 20\d\.00\): exported it$",
+                     r"ppl [A-Z]{4} 20\d\.00 against 100\.00; out after 2 steps \(0\.25 of the validation split\): "
+                     r"[A-Z]{4} 20\d\.00\): exported it$",
                      out, flags=re.M), out
     selection = record["search"]["selection"]
     assert selection["verdict"] == "guard" and selection["winner"] == "ADII" and selection["guard"]["val_ppl"][0] == 100

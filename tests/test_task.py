@@ -70,6 +70,24 @@ def test_evaluation_sends_batches_to_the_device_the_weights_are_on():
         assert seen == [(torch.device("meta"), torch.device("meta"))]
 
 
+def test_a_fraction_of_a_split_reads_the_first_part_of_every_stream_and_says_so():
+    """The final pick's early rounds judge on part of the validation split: the same perplexity as a whole
+    pass over those tokens, fewer tokens read, and the metrics say which part it was."""
+    from parnas.training.data_module import SegmentData
+    from parnas.training.evaluation import split_metrics
+
+    torch.manual_seed(0)
+    model = build_fixed_model(ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, mem_len=4, cutoffs=()), 50)
+    stream = torch.randint(0, 50, (2 * 8 * 20 + 1,)).numpy()  # 2 streams of 20 segments of 8
+    data = SegmentData({"valid": stream}, batch_size=2, eval_batch_size=2, seg_len=8)
+    whole, quarter = split_metrics(model, data, "valid"), split_metrics(model, data, "valid", fraction=0.25)
+    assert "val_fraction" not in whole and quarter["val_fraction"] == 0.25
+    assert quarter["val_tokens"] == 2 * 8 * 5 and whole["val_tokens"] == 2 * 8 * 20 - 2  # the streams' last target
+    batches = data.batches("valid")
+    first = evaluate(model, (batches[t] for t in range(5)))
+    assert quarter["val_ppl"] == pytest.approx(first.ppl, rel=1e-6) != pytest.approx(whole["val_ppl"], rel=1e-6)
+
+
 def test_a_non_finite_loss_is_named_by_its_first_step_when_it_is_read(monkeypatch):
     """The finite-loss check stays on the device between reads; when read it names the first bad step, not the
     step it was read at."""

@@ -174,29 +174,34 @@ def tokens_per_s(tokens: int, seconds: float) -> float | None:
 
 
 def split_metrics(model: TransformerXL, data: SplitData, split: str,
-                  precision: str = "32-true") -> dict[str, Any]:
+                  precision: str = "32-true", fraction: float = 1.0) -> dict[str, Any]:
     """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
     (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS),
-    on the device the model's weights are on."""
+    on the device the model's weights are on. ``fraction`` < 1: over the first ``fraction`` of the split's
+    segments only, i.e. the first part of every evaluation stream (the streams tile the split, so the
+    tokens read still come from all of it); recorded as ``<split>_fraction``."""
     batches = data.batches(split)
+    n_segments = len(batches) if fraction >= 1 else max(1, math.ceil(len(batches) * fraction))
     with autocast(model_device(model), precision):
-        evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, len(batches)))))
-        result = evaluate(model, batches)
+        evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, n_segments))))
+        result = evaluate(model, (batches[t] for t in range(n_segments)))
     name = "val" if split == "valid" else split
     return {f"{name}_ppl": finite_or_none(result.ppl), f"{name}_loss": finite_or_none(result.loss),
             f"{name}_ppl_batch_mean": finite_or_none(result.batch_mean_ppl),
             f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
             f"{name}_eval_tokens_per_s": tokens_per_s(result.tokens, result.seconds),
-            f"{name}_eval_seconds": round(result.seconds, 3)}
+            f"{name}_eval_seconds": round(result.seconds, 3),
+            **({f"{name}_fraction": fraction} if fraction < 1 else {})}
 
 
 def final_metrics(model: TransformerXL, data: SplitData, precision: str = "32-true",
-                  test: bool = True) -> dict[str, Any]:
+                  test: bool = True, valid_fraction: float = 1.0) -> dict[str, Any]:
     """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
     on the device the model's weights are on, at the model's evaluation memory and position clamp (recorded
     beside them: ``eval_mem_len``, ``eval_clamp_len``). ``test=False``: the validation split alone (a search's
-    short retrains, which choose by it and report no test perplexity)."""
-    out = {**split_metrics(model, data, "valid", precision),
+    short retrains, which choose by it and report no test perplexity); ``valid_fraction``: of it, the part
+    :func:`split_metrics` reads (the pick's early rounds)."""
+    out = {**split_metrics(model, data, "valid", precision, valid_fraction),
            **(split_metrics(model, data, "test", precision) if test else {})}
     seconds = out["val_eval_seconds"] + out.get("test_eval_seconds", 0.0)
     out["eval_tokens_per_s"] = tokens_per_s(out["val_tokens"] + out.get("test_tokens", 0), seconds)

@@ -87,23 +87,24 @@ def _train(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
 def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
         record: dict[str, Any], *, resume: bool | str | Path = False,
-        callbacks: Sequence[pl.Callback] = (), test: bool = True) -> dict[str, Any]:
+        callbacks: Sequence[pl.Callback] = (), test: bool = True, valid_fraction: float = 1.0) -> dict[str, Any]:
     """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
 
     ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
     continues from ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must
-    exist and match ``cfg``; without it ``out_dir`` must hold no run. The run takes ``out_dir``
+    exist and match ``cfg``; without it ``out_dir`` must hold no run. ``test`` and ``valid_fraction``: what the
+    final evaluation reads (:func:`parnas.training.evaluation.final_metrics`). The run takes ``out_dir``
     (:func:`parnas.run_folders.take_run_dir`: held, and checked once for the whole command, so inside ``train``,
     ``retrain`` or a command that took it already this neither checks nor locks again), and everything is
     checked before a file is written. Returns the metrics on rank 0, ``{}`` on other ranks.
     """
     with take_run_dir(cfg.train.out_dir, resume):
-        return _fit(cfg, model, tokenizer, splits, record, resume, callbacks, test)
+        return _fit(cfg, model, tokenizer, splits, record, resume, callbacks, test, valid_fraction)
 
 
 def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
          record: dict[str, Any], resume: bool | str | Path, callbacks: Sequence[pl.Callback],
-         test: bool = True) -> dict[str, Any]:
+         test: bool = True, valid_fraction: float = 1.0) -> dict[str, Any]:
     out_dir = Path(cfg.train.out_dir)
     last, source = out_dir / "checkpoints" / "last.ckpt", resume_source(out_dir, resume)
     if source:
@@ -128,7 +129,7 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
     with finishing(trainer, "the final evaluation"):
         device = trainer.strategy.root_device
         model.to(device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
-        metrics = final_metrics(model, data, cfg.train.precision, test=test)
+        metrics = final_metrics(model, data, cfg.train.precision, test=test, valid_fraction=valid_fraction)
         kinds = model.block_kinds
         history = [{k: finite_or_none(v) if isinstance(v, float) else v for k, v in line.items()}
                    for line in task.val_history]  # JSON has no inf
