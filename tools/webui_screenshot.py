@@ -8,9 +8,9 @@ so run it from a checkout with ``PYTHONPATH=$PWD`` to try that checkout's code),
 every trial to end, printing each one's status as it changes. Headless Chromium photographs the
 "Trials detail" page twice: ``trials-running.png`` once the first intermediate result has
 arrived (the "Default metric" column reads "(LATEST)") and ``trials-done.png`` at the end with
-the columns the README tells a user to add (the architecture and its latency ratio, beside
-one of the tuner's parameters). The experiment is stopped (``nnictl stop``) in
-every case, and the wall time from ``nnictl create`` to the last trial's end is printed.
+the columns the README tells a user to choose (the trial, its status and default metric, the architecture and
+its latency ratio), at 1,280 x 800 pixels unless ``--window`` says otherwise. The experiment is stopped
+(``nnictl stop``) in every case, and the wall time from ``nnictl create`` to the last trial's end is printed.
 
 The web UI keeps its chosen columns in the browser's localStorage (``<experiment id>_columns``);
 the script writes that entry through Chromium's DevTools protocol (the ``websockets`` package,
@@ -41,10 +41,10 @@ sys.path.insert(0, str(REPO))
 
 from parnas.report.experiments import launch  # noqa: E402  (the checkout's own, as the trials import it)
 
-# The web UI orders columns as its rows hold them (trial fields, then parameters, then metrics), so too many
-# parameters push the metrics off the right edge: one parameter, then what the trial found.
-COLUMNS = ["sequenceId", "id", "duration", "status", "latestAccuracy", "space/search.penalty_weight",
-           "metric/architecture", "metric/latency_ratio"]
+# The columns the README has a user choose. The web UI orders columns as its rows hold them (trial fields, then
+# parameters, then metrics) at about 180 px each, and scrolls the rest off the right edge: at 1,280 px five fit,
+# so the trial's ID and duration make way for what the trial found.
+COLUMNS = ["sequenceId", "status", "latestAccuracy", "metric/architecture", "metric/latency_ratio"]
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
 
 
@@ -135,7 +135,7 @@ def main() -> int:
     parser.add_argument("--config", default=str(REPO / "search.yaml"), help="NNI experiment config (search.yaml)")
     parser.add_argument("--port", type=int, default=0, help="web UI port (default: a free one)")
     parser.add_argument("--out", default=str(REPO / "runs" / "webui"), help="folder for the pictures (runs/webui)")
-    parser.add_argument("--window", default="1800x1200", help="page size in pixels, WIDTHxHEIGHT (1800x1200)")
+    parser.add_argument("--window", default="1280x800", help="page size in pixels, WIDTHxHEIGHT (1280x800)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the trials (1800)")
     args = parser.parse_args()
     width, height = (int(v) for v in args.window.split("x"))
