@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.first_hour import README, first_hour_lines, report, rewrite, timed
+from tools.first_hour import README, first_hour_lines, medians, report, report_medians, rewrite, timed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,3 +49,22 @@ def test_the_report_shows_the_times_then_what_the_search_the_export_and_the_comp
     assert "$ parnas export --experiment Ab12 --out found/  (its last 25 lines)\nAbCdE  55.1  ADADDD" in text
     assert "AbCdE  55.1  ADADDD" in text.split("$ parnas launch")[1] and "progress 16\n" not in text
     assert "progress 17" in text and "wrote pareto.png" not in text  # the last 25 lines; plot prints no finding
+
+
+def test_several_runs_give_the_readme_each_steps_median_and_say_so():
+    """One run's times differ from the next one's by up to a third on a 2-core machine: the README can take each
+    step's median over several, and its sentence says how many."""
+    runs = [{"make search": 360.0, "parnas plot --experiment <id>": 19.0},
+            {"make search": 420.0, "parnas plot --experiment <id>": 26.0},
+            {"make search": 380.0, "parnas plot --experiment <id>": 20.0}]
+    assert medians(runs) == {"make search": 380.0, "parnas plot --experiment <id>": 20.0}
+    assert "| `make search` | 6.3 min | 6.0 min - 7.0 min | 6.0 min, 7.0 min, 6.3 min |" in report_medians(runs)
+    new = rewrite(README.read_text(), medians(runs), load=1.0, runs=3)
+    assert "each the median of 3 runs" in new and "`python tools/first_hour.py --runs 3 --write`" in new
+    assert "make search                      # 6.3 min" in new
+
+
+def test_fewer_than_one_run_is_refused():
+    done = subprocess.run([sys.executable, "tools/first_hour.py", "--runs", "0"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "--runs must be at least 1" in done.stderr

@@ -3,6 +3,7 @@ the README.
 
     python tools/first_hour.py                 # run and print the table (about 10 minutes on 2 cores)
     python tools/first_hour.py --write         # the same, then rewrite the README's times from it
+    python tools/first_hour.py --runs 3 --write  # three runs one after another; the README gets each median
     python tools/first_hour.py --dry-run       # the commands it would run, nothing run
 
 It runs each timed line of the README's "First hour" block in order, in a scratch folder with a fresh ``HOME``
@@ -13,7 +14,9 @@ from what the search printed. The load average is read before and after each ste
 the machine was quiet. After the times it prints what the search, the export and the compare printed (the
 architectures found, the trials' table, the comparison), so that what the run found can be quoted beside its
 times. ``--write`` replaces the first ``N s`` / ``N min`` of each timed README line's comment and the sentence
-that says when and at what load the times were taken; nothing else in the README changes.
+that says when and at what load the times were taken; nothing else in the README changes. On this 2-core machine
+one run's times differed from the next one's by up to a third, so ``--runs N`` reruns the whole hour N times and
+takes each step's median (and prints every run's times beside it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,9 +70,10 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def rewrite(readme: str, times: dict[str, float], load: float) -> str:
+def rewrite(readme: str, times: dict[str, float], load: float, runs: int = 1) -> str:
     """The README with each timed line's first time replaced by ``times[command]`` and the when-and-load
-    sentence rewritten; lines not timed are left as they are."""
+    sentence rewritten (``runs``: how many runs each time is the median of); lines not timed are left as they
+    are."""
     out = []
     in_block = False
     for line in readme.splitlines(keepends=True):
@@ -83,9 +88,11 @@ def rewrite(readme: str, times: dict[str, float], load: float) -> str:
             line = f"{head}  #{comment}"
         out.append(line)
     text = "".join(out)
+    median = f", each the median of {runs} runs" if runs > 1 else ""
+    command = f"python tools/first_hour.py{f' --runs {runs}' if runs > 1 else ''} --write"
     sentence = (f"Times were measured on this\nproject's 2-core development machine (x86-64, no GPU) on {date.today()} "
-                f"at a load average of about {load:.1f},\nwith a newcomer's defaults (no `OMP_NUM_THREADS`) by "
-                "`python tools/first_hour.py --write`, which reruns them;\nthe table it printed is in "
+                f"at a load average of about {load:.1f}{median},\nwith a newcomer's defaults (no `OMP_NUM_THREADS`) "
+                f"by `{command}`, which reruns them;\nthe table it printed is in "
                 "[docs/benchmarks.md](docs/benchmarks.md#the-first-hour-timed).")
     return WHEN.sub(sentence.replace("\\", "\\\\"), text, count=1)
 
@@ -135,6 +142,21 @@ def run(lines: list[str], dry_run: bool) -> tuple[dict[str, float], list[tuple[s
     return times, rows
 
 
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each command's median time over ``runs`` (each a run's times by command)."""
+    return {command: statistics.median(times[command] for times in runs) for command in runs[0]}
+
+
+def report_medians(runs: list[dict[str, float]]) -> str:
+    """Each command's median over the runs, its range, and every run's time, as Markdown."""
+    lines = ["", f"| command | median of {len(runs)} | range | each run |", "|---|---|---|---|"]
+    for command, median in medians(runs).items():
+        each = [times[command] for times in runs]
+        lines.append(f"| `{command}` | {seconds_text(median)} | {seconds_text(min(each))} - {seconds_text(max(each))} "
+                     f"| {', '.join(seconds_text(t) for t in each)} |")
+    return "\n".join(lines)
+
+
 def report(rows: list[tuple[str, float, float, float, str]]) -> str:
     """The run as Markdown: each command's wall time and load, then the last 25 lines the search, the export and
     the compare printed (the architectures found, the trials' table, the comparison): what the run found."""
@@ -151,15 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="rewrite the README's times from this run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--runs", type=int, default=1, help="run the hour this many times; the README gets medians")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     readme = README.read_text()
-    times, rows = run(first_hour_lines(readme), args.dry_run)
-    if args.dry_run:
-        return 0
-    load = max(max(b, a) for _, _, b, a, _ in rows)
-    print(report(rows))
+    runs, load = [], 0.0
+    for k in range(1 if args.dry_run else args.runs):
+        if args.runs > 1:
+            print(f"run {k + 1} of {args.runs}", flush=True)
+        times, rows = run(first_hour_lines(readme), args.dry_run)
+        if args.dry_run:
+            return 0
+        runs.append(times)
+        load = max(load, *(max(b, a) for _, _, b, a, _ in rows))
+        print(report(rows))
+    if args.runs > 1:
+        print(report_medians(runs))
     if args.write:
-        README.write_text(rewrite(readme, times, load))
+        README.write_text(rewrite(readme, medians(runs), load, args.runs))
         print(f"rewrote {README.relative_to(REPO)}'s first-hour times (load up to {load:.1f})")
     return 0
 
