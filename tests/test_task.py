@@ -83,6 +83,8 @@ def test_a_fraction_of_a_split_reads_the_first_part_of_every_stream_and_says_so(
     whole, quarter = split_metrics(model, data, "valid"), split_metrics(model, data, "valid", fraction=0.25)
     assert "val_fraction" not in whole and quarter["val_fraction"] == 0.25
     assert quarter["val_tokens"] == 2 * 8 * 5 and whole["val_tokens"] == 2 * 8 * 20 - 2  # the streams' last target
+    assert quarter["val_tokens"] + quarter["val_untargeted_tokens"] == whole["val_tokens"] + \
+        whole["val_untargeted_tokens"] == len(stream)  # what is not read is counted as not targeted
     batches = data.batches("valid")
     first = evaluate(model, (batches[t] for t in range(5)))
     assert quarter["val_ppl"] == pytest.approx(first.ppl, rel=1e-6) != pytest.approx(whole["val_ppl"], rel=1e-6)

@@ -179,16 +179,18 @@ def split_metrics(model: TransformerXL, data: SplitData, split: str,
     (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS),
     on the device the model's weights are on. ``fraction`` < 1: over the first ``fraction`` of the split's
     segments only, i.e. the first part of every evaluation stream (the streams tile the split, so the
-    tokens read still come from all of it); recorded as ``<split>_fraction``."""
+    tokens read still come from all of it); recorded as ``<split>_fraction``, the rest counted as untargeted."""
     batches = data.batches(split)
     n_segments = len(batches) if fraction >= 1 else max(1, math.ceil(len(batches) * fraction))
     with autocast(model_device(model), precision):
         evaluate(model, (batches[t] for t in range(min(WARMUP_SEGMENTS, n_segments))))
         result = evaluate(model, (batches[t] for t in range(n_segments)))
     name = "val" if split == "valid" else split
+    unread = batches.n_predicted - result.tokens if fraction < 1 else 0  # targets past the part read
     return {f"{name}_ppl": finite_or_none(result.ppl), f"{name}_loss": finite_or_none(result.loss),
             f"{name}_ppl_batch_mean": finite_or_none(result.batch_mean_ppl),
-            f"{name}_tokens": result.tokens, f"{name}_untargeted_tokens": batches.tail_tokens,
+            f"{name}_tokens": result.tokens,
+            f"{name}_untargeted_tokens": batches.tail_tokens + unread,
             f"{name}_eval_tokens_per_s": tokens_per_s(result.tokens, result.seconds),
             f"{name}_eval_seconds": round(result.seconds, 3),
             **({f"{name}_fraction": fraction} if fraction < 1 else {})}
