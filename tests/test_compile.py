@@ -49,6 +49,7 @@ def test_forward_and_loss_are_one_graph_with_a_full_softmax_and_no_dropout():
     assert breaks(step, model)[:2] == (1, 0)
 
 
+@pytest.mark.slow  # a compile or a training run of seconds: `make test` runs it, `make test-fast` not
 def test_an_adaptive_input_is_part_of_the_forwards_one_graph():
     """The adaptive input looks every id up in each cluster's table, masked: no data-dependent size (a count of
     each cluster's ids) breaks the forward's graph."""

@@ -145,6 +145,7 @@ def test_a_gpu_config_still_loads_where_there_is_no_gpu(no_gpu):
         check_devices(cfg.train)
 
 
+@pytest.mark.slow  # a compile or a training run of seconds: `make test` runs it, `make test-fast` not
 def test_bf16_mixed_trains_on_the_cpu(wt2_slice, tmp_path, capsys):
     """Lightning runs bf16-mixed on the CPU too; the adaptive softmax's log-probabilities are float32 there as
     CUDA's autocast makes them (CPU autocast leaves log_softmax in bfloat16, which index_add then refused)."""

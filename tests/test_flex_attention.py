@@ -57,6 +57,7 @@ def test_the_compiled_flex_kernel_computes_what_the_cpu_path_does(M, Dh):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # a compile or a training run of seconds: `make test` runs it, `make test-fast` not
 def test_the_flex_kernel_is_compiled_once_per_shape():
     """Every attention block calls it with fresh tensors and a fresh position closure every step: nothing is
     compiled again for them."""
