@@ -73,7 +73,9 @@ def cmd_table(args: argparse.Namespace) -> int:
         table, lines = add_seeds(args.table, args.add_seeds)
         write_json_atomic(args.table, table)
         print("\n".join(lines))
-        print(f"written {args.table}: {len(lines)} seeds added, noise ceiling {table['noise_ceiling']}")
+        ceiling = table["noise_ceiling"]
+        print(f"written {args.table}: {len(lines)} seeds added, noise ceiling "
+              f"{'n/a' if ceiling is None else f'{ceiling:.2f}'}")
         return 0
     if args.to_table:
         from pathlib import Path
