@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from parnas.config_upgrade import upgrade_config
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import write_atomic
+from parnas.selection import SelectConfig
 from parnas.training import checkpoint as ckpt
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
@@ -29,11 +31,10 @@ RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train
                      "train.out_dir", "train.log_every", "train.eval_every", "train.ckpt_every", "data.eval_batch_size",
                      "data.path"}
 # A search may also move its run directory and log at another interval; its other search.* settings must match.
+# The final pick runs after the supernet and replans when any of its settings changes.
 SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every",
-                                                 "search.par-gumbel-darts.export_samples",
-                                                 # the final pick runs after the supernet and replans when these change
-                                                 "search.select.k", "search.select.steps", "search.select.guard",
-                                                 "search.select.budget", "search.select.rank", "search.select.pool"}
+                                                 "search.par-gumbel-darts.export_samples"} | {
+                                                 f"search.select.{f.name}" for f in fields(SelectConfig)}
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
