@@ -265,10 +265,14 @@ class SearchConfig(OwnsSettings):
     over a batch of segments) or ``generate`` (one token decoded at batch 1, as ``parnas generate`` does).
     ``arch_lr``: the learning rate of the architecture logits, for the strategies that learn them; ``trials``:
     a multi-trial strategy's trials, each training one architecture for ``train.max_steps``.
+    ``weight_lr``: the peak learning rate of a supernet's weights (None: ``train.lr``, on ``train``'s schedule). A
+    supernet is judged by how its weights rank layouts, and in a short search it may want a faster rate than a
+    fixed model; ``train.lr`` stays what the final pick and ``parnas retrain`` train the exported layout with.
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS
     arch_lr: float = 3.0e-3
+    weight_lr: float | None = None
     penalty_weight: float = 0.0
     penalty_cost: str = "latency"
     latency_budget: float | None = None
@@ -301,6 +305,8 @@ class SearchConfig(OwnsSettings):
         _require(len(self.candidates) >= 2,
                  f"search.candidates must name at least two kinds, got {list(self.candidates)}")
         _require(self.arch_lr > 0, "search.arch_lr must be > 0")
+        _require(self.weight_lr is None or self.weight_lr > 0,
+                 f"search.weight_lr must be > 0 (or null: train.lr), got {self.weight_lr}")
         _require(self.penalty_weight >= 0, f"search.penalty_weight must be >= 0, got {self.penalty_weight}")
         _require(self.penalty_cost in ("latency", "flops"),
                  f"search.penalty_cost must be latency or flops, not {self.penalty_cost!r}")
@@ -327,6 +333,9 @@ class SearchConfig(OwnsSettings):
         """The settings of the strategy this search runs (``search.strategy``)."""
         return self.settings_of(self.strategy)
 
+    def weights_lr(self, train: TrainConfig) -> tuple[str, float]:
+        """The setting that gives a supernet's weights their learning rate, and the rate."""
+        return ("train.lr", train.lr) if self.weight_lr is None else ("search.weight_lr", self.weight_lr)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,8 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
         print(table_line(latency), flush=True)
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
-    task = NNIDartsTask(cfg.train, meta)
+    lr_setting, lr = cfg.search.weights_lr(cfg.train)
+    task = NNIDartsTask(replace(cfg.train, lr=lr), meta, lr_setting)
     data.task = task  # NNI's module wraps it: the data follows the task's model and position
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, tokenizer.vocab_size, cfg.search.candidates),
                                Lightning(task, trainer, datamodule=data), nni_strategy_object(cfg))
@@ -168,7 +170,7 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
                 "candidates": list(cfg.search.candidates), "latency": summary,
                 "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
                 "architecture_cost": round(costs.total(kinds), 4), "cost_ratio": round(costs.ratio(kinds), 4),
-                "arch_lr": cfg.search.arch_lr, "seconds": round(seconds, 1),
+                "arch_lr": cfg.search.arch_lr, "weight_lr": lr, "seconds": round(seconds, 1),
                 "nni_trial": os.environ.get("NNI_TRIAL_JOB_ID") if trial else None})
     architecture.write(run_dir / "architecture.json", record)
     if (run_dir / "history.jsonl").is_file():  # a strategy with logits: the pictures, as PAR's search draws them

@@ -101,7 +101,8 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     if cfg.train.accumulate != 1:
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
-    task = LanguageModelTask(cfg.train, meta)
+    lr_setting, lr = cfg.search.weights_lr(cfg.train)
+    task = LanguageModelTask(replace(cfg.train, lr=lr), meta, lr_setting)
     data = SegmentData(splits, cfg.data.batch_size, cfg.data.eval_batch_size, cfg.data.seg_len, task=task)
     trainer = build_trainer(cfg.train, run_dir, trainer_cls=Trainer, gradient_clip_val=None,
                             log_every_n_steps=cfg.search.log_every)
@@ -244,7 +245,8 @@ def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: f
     """After the last step: the final evaluation, the best of the sampled layouts, ``architecture.json``, the
     plots, and NNI's final result; returns the record."""
     result = final_evaluation(search)
-    failure = search_divergence(result, tokenizer.vocab_size, search.trainer.global_step, cfg.train.lr)
+    lr_setting, lr = cfg.search.weights_lr(cfg.train)
+    failure = search_divergence(result, tokenizer.vocab_size, search.trainer.global_step, lr, lr_setting)
     if failure is not None:
         raise failure
     drawn = par_settings(cfg.search).export_samples
@@ -260,7 +262,8 @@ def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: f
     return record
 
 
-def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float) -> ParnasError | None:
+def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float,
+                      lr_setting: str = "train.lr") -> ParnasError | None:
     """The line a search ends with, exporting nothing, when its final evaluation diverged: the validation loss of
     the supernet or of its exported architecture not finite or worse than guessing
     (:func:`parnas.training.evaluation.diverged`); None when neither did. An architecture picked by such weights
@@ -268,7 +271,7 @@ def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float) 
     for ppl, whose in ((result.supernet_val_ppl, "the supernet's"), (result.val_ppl, "the exported architecture's")):
         finite = math.isfinite(ppl) and ppl > 0  # inf: exp of its loss overflowed
         loss, what = (math.log(ppl), "validation loss") if finite else (None, "validation perplexity")
-        failure = divergence(loss, vocab_size, step, lr, f"{whose} {what}")
+        failure = divergence(loss, vocab_size, step, lr, f"{whose} {what}", lr_setting=lr_setting)
         if failure is not None:
             return failure
     return None

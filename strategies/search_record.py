@@ -52,6 +52,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                 "cost_ratio": round(costs.ratio(kinds), 4),
                 "expected_cost": round(float(module.expected_ratio().detach()) * costs.reference, 4),
                 "hard": module.par.hard, "forward": module.par.forward, "arch_lr": search.arch_lr,
+                "weight_lr": search.weights_lr(cfg.train)[1],
                 "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
                 "nni_trial": trial, "selection": selection})

@@ -40,10 +40,10 @@ def strict_json(path):
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
-def assert_diverged_line(code, err, lr="30"):
+def assert_diverged_line(code, err, lr="30", setting="train.lr"):
     assert code == 2, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert "training diverged at step " in err and f"train.lr={lr}" in err and "lower train.lr" in err, err
+    assert "training diverged at step " in err and f"{setting}={lr}" in err and f"lower {setting}" in err, err
 
 
 # --- the figures --------------------------------------------------------------------------------------------
@@ -164,3 +164,12 @@ def test_a_diverged_search_exports_nothing_and_resume_says_the_same(capsys, micr
     code, _, again = cli(capsys, "search", *settings(micro_corpus, run, *DIVERGING), "--resume")
     assert_diverged_line(code, again)
     assert not (run / "architecture.json").exists()
+
+
+def test_a_search_whose_weights_diverge_at_search_weight_lr_names_that_setting(capsys, micro_corpus, tmp_path):
+    """The supernet's weights train at ``search.weight_lr`` where it is set; ``train.lr`` (what the exported
+    layout retrains with) is then not what to lower."""
+    code, _, err = cli(capsys, "search", *settings(micro_corpus, tmp_path / "search", "search.weight_lr=30",
+                                                   "train.warmup_steps=0"))
+    assert_diverged_line(code, err, setting="search.weight_lr")
+    assert "train.lr" not in err

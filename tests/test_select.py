@@ -7,6 +7,7 @@ import re
 import signal
 
 import pytest
+import torch
 
 from parnas.cli import main
 from parnas.errors import Interrupted, ParnasError
@@ -300,11 +301,12 @@ def test_a_finished_search_resumed_with_another_ranking_replans_its_pick_and_nev
     kept = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
     (run / "architecture.json").unlink()
     assert main([*command, "--set", "search.select.rank=inherited", "--set", "search.select.pool=4",
-                 "--set", "search.select.k=2", "--resume"]) == 0
+                 "--set", "search.select.k=2", "--set", "search.select.early_valid_fraction=0.5", "--resume"]) == 0
     assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == kept
     assert (run / "select").is_dir() and not (run / "select").is_symlink()
     selection = json.loads((run / "architecture.json").read_text())["search"]["selection"]
     assert selection["rank"] == "inherited"
+    assert json.loads((run / "select" / "plan.json").read_text())["early_valid_fraction"] == 0.5
     ranked = [e for e in selection["entrants"] if e["role"].startswith("supernet")]
     assert len(ranked) == 2 and all(e["inherited_val_ppl"] is not None for e in ranked)
 
@@ -320,3 +322,21 @@ def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
     assert record["winner"] == "ADII" and record["verdict"] == "search"
     assert record["verdict_line"] == ("final pick: ADII (val ppl 50.00 after 4 steps of retraining), the shallower "
                                       "Transformer-XL, which the supernet picked too")
+
+
+@pytest.mark.slow
+def test_the_supernet_trains_at_search_weight_lr_and_the_pick_at_train_lr(tmp_path, micro):
+    """``search.weight_lr`` is the supernet's; the pick's retrains train as ``parnas retrain`` will, at
+    ``train.lr``. Read from the checkpoints' own optimisers."""
+    assert main(micro_search(micro, "search.weight_lr=0.02", "train.lr=0.003", "search.select.k=1",
+                             "search.select.steps=[2]", f"search.out_dir={tmp_path}")) == 0
+
+    def peak_lr(path):
+        states = torch.load(path, map_location="cpu", weights_only=False)["optimizer_states"]
+        return states[0]["param_groups"][0]["initial_lr"]  # the weights' optimiser (the logits' is second)
+
+    assert peak_lr(tmp_path / "checkpoints" / "last.ckpt") == 0.02
+    entrants = sorted((tmp_path / "select").glob("*/checkpoints/last.ckpt"))
+    assert entrants and all(peak_lr(path) == 0.003 for path in entrants)
+    record = json.loads((tmp_path / "architecture.json").read_text())["search"]
+    assert record["weight_lr"] == 0.02

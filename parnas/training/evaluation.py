@@ -73,14 +73,14 @@ def divergence_step(history: Iterable[dict[str, Any]], step: int, vocab_size: in
 
 
 def divergence(loss: float | None, vocab_size: int, step: int, lr: float, what: str = "the validation loss",
-               measured_at: int | None = None) -> ParnasError | None:
+               measured_at: int | None = None, lr_setting: str = "train.lr") -> ParnasError | None:
     """The error a run whose final ``loss`` (measured at step ``measured_at``, when that is not ``step``, the step
     it diverged at) diverged ends with (:func:`parnas.training.task.diverged_error`), or None when it did not."""
     if not diverged(loss, vocab_size):
         return None
     if measured_at is not None and measured_at != step:
         what = f"{what} at step {measured_at}"
-    return diverged_error(step, divergence_reason(loss, vocab_size, what), lr)
+    return diverged_error(step, divergence_reason(loss, vocab_size, what), lr, lr_setting)
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -52,13 +52,14 @@ def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def diverged_error(step: int, why: str, lr: float) -> ParnasError:
+def diverged_error(step: int, why: str, lr: float, lr_setting: str = "train.lr") -> ParnasError:
     """The one line a diverged run ends with, whatever noticed it (a training loss that is not finite, a final
     validation loss worse than guessing, ``parnas evaluate`` of such a checkpoint): the step, why, and what to
     change. A :class:`ParnasError`, so the command exits with status 2 after it, as for any setting that cannot
     be honoured; unlike a refusal, what the run produced (its checkpoint, its ``metrics.json`` marked
-    ``diverged``) stays."""
-    return ParnasError(f"training diverged at step {step} ({why}, train.lr={lr:g}); lower train.lr "
+    ``diverged``) stays. ``lr_setting``: the setting that gave the weights ``lr`` (a supernet's may be
+    ``search.weight_lr``)."""
+    return ParnasError(f"training diverged at step {step} ({why}, {lr_setting}={lr:g}); lower {lr_setting} "
                        "(or clip with train.clip) and start again")
 
 
@@ -165,9 +166,10 @@ class LanguageModelTask(LightningModule):
     over the training streams are done, which the data module resumes from.
     """
 
-    def __init__(self, train: TrainConfig, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, train: TrainConfig, meta: dict[str, Any] | None = None, lr_setting: str = "train.lr") -> None:
         super().__init__()
         self.train_cfg = train
+        self.lr_setting = lr_setting  # the setting ``train.lr`` came from, for the line a diverged run ends with
         self.meta: dict[str, Any] = dict(meta or {})
         self.mems: dict[str, Memory | None] = {}
         self.batches_seen = 0  # micro-batches trained, over all passes
@@ -225,7 +227,7 @@ class LanguageModelTask(LightningModule):
         """Stop with one line, not NaN metrics, once a training loss was not finite: the weights are past saving."""
         step = -1 if self._first_nonfinite is None else int(self._first_nonfinite)
         if step >= 0:
-            raise diverged_error(step, "the training loss is not finite", self.train_cfg.lr)
+            raise diverged_error(step, "the training loss is not finite", self.train_cfg.lr, self.lr_setting)
 
     def on_train_end(self) -> None:
         self.check_finite()
