@@ -223,7 +223,8 @@ def pick_rounds(cfg: Config) -> tuple[int, ...]:
 
 def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
     return {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
-            "supernet_steps": step, "early_valid_fraction": cfg.search.select.early_valid_fraction}
+            "supernet_steps": step, "early_valid_fraction": cfg.search.select.early_valid_fraction,
+            "confirm_seeds": cfg.search.select.confirm_seeds}
 
 
 def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result: Evaluated,
@@ -263,6 +264,10 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
         if r < len(steps) - 1 and guard is not None and guard not in alive:
             alive.append(guard)  # the known alternative is judged at the longest retrain only (docstring)
     winner = alive[0]
+    guard = next((e for e in entered if "guard" in e["role"]), None)
+    if (winner is not guard and guard is not None and select.confirm_seeds
+            and len(guard["val_ppl"]) == len(steps) and math.isfinite(_finite(guard["val_ppl"][-1]))):
+        winner = _confirmed(cfg, winner, guard, folder, tokenizer, search.data.splits)
     record = _record(cfg, entered, winner, budget, source, time.perf_counter() - start)
     print(record["verdict_line"], flush=True)
     if winner["kinds"] == result.kinds:
@@ -279,6 +284,30 @@ def _finite(ppl: float | None) -> float:
     return math.inf if ppl is None or not math.isfinite(ppl) else ppl
 
 
+def _confirmed(cfg: Config, winner: dict[str, Any], guard: dict[str, Any], folder: Path, tokenizer: Tokenizer,
+               splits: Mapping[str, Any]) -> dict[str, Any]:
+    """``winner`` (a supernet's layout that beat the guard in the last round) or the guard, whichever has the lower
+    mean perplexity over the last round and ``search.select.confirm_seeds`` further seeds, each a retrain from
+    scratch to the last round's steps in ``<layout>-seed<N>``; the guard on a tie. Both keep their further seeds'
+    perplexities under ``confirm_val_ppl``."""
+    last = len(pick_rounds(cfg)) - 1
+    for j in range(1, cfg.search.select.confirm_seeds + 1):
+        seeded = replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + j))
+        for entrant in (winner, guard):
+            print(f"final pick, confirming: {entrant['architecture']} ({entrant['role']}) on seed {seeded.train.seed}",
+                  flush=True)
+            entrant.setdefault("confirm_val_ppl", []).append(short_retrain(
+                seeded, entrant["kinds"], last, folder / f"{entrant['architecture']}-seed{seeded.train.seed}",
+                tokenizer, splits))
+    return guard if _seeds_mean(guard) <= _seeds_mean(winner) else winner
+
+
+def _seeds_mean(entrant: Mapping[str, Any]) -> float:
+    """An entrant's mean perplexity over the last round and its confirming seeds (inf if any is not finite)."""
+    values = [_finite(entrant["val_ppl"][-1]), *map(_finite, entrant.get("confirm_val_ppl", []))]
+    return sum(values) / len(values)
+
+
 def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, Any], budget: float, source: str,
             seconds: float) -> dict[str, Any]:
     """What architecture.json keeps of the pick: every entrant with its perplexity after each round it ran, the
@@ -290,6 +319,11 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
     won = guard is not None and winner is guard
     last = len(winner["val_ppl"])
     at = f"{steps[last - 1]} steps of retraining" if last else "no retraining (the only entrant)"
+    confirm = ""  # the confirming seeds' verdict (_confirmed), where they ran
+    if guard is not None and guard.get("confirm_val_ppl"):
+        rival = next(e for e in entered if e is not guard and e.get("confirm_val_ppl"))
+        confirm = (f"mean over seeds {cfg.train.seed}-{cfg.train.seed + len(guard['confirm_val_ppl'])}: "
+                   f"{rival['architecture']} {_seeds_mean(rival):.2f} against {_seeds_mean(guard):.2f}")
     if guard is None:
         verdict = "no guard"
         line = (f"final pick: {winner['architecture']} after {at}; no shallower Transformer-XL is within the budget "
@@ -301,6 +335,7 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
             rounds.setdefault(len(e["val_ppl"]), []).append(f"{e['architecture']} {_ppl(e['val_ppl'])}")
         finals = ", ".join(rounds.pop(last, []))
         parts = [f"{finals} against {_ppl(guard['val_ppl'])}" if finals else _ppl(guard["val_ppl"]),
+                 *([confirm] if confirm else []),
                  *(f"out after {steps[n - 1]} steps{early}: {', '.join(names)}" for n, names in sorted(rounds.items(),
                                                                                                         reverse=True))]
         line = (f"the shallower Transformer-XL {guard['architecture']} beat the search's picks after {at} (val ppl "
@@ -313,12 +348,15 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
         verdict = "search"
         out = f" after {steps[len(guard['val_ppl']) - 1]} steps" if guard["val_ppl"] else ""
         line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); the shallower "
-                f"Transformer-XL {guard['architecture']}: {_ppl(guard['val_ppl'])}{out}")
+                f"Transformer-XL {guard['architecture']}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
+                                                                                            else ""))
     return {"k": cfg.search.select.k, "rank": cfg.search.select.rank, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
             "val_ppl_is": "trained from scratch (train.seed) to each round's steps; the last round on the whole "
                           f"validation split, earlier ones on {fraction:g} of it (search.select.early_valid_fraction)",
-            "entrants": [{**{k: v for k, v in e.items() if k != "kinds"}, "val_ppl": _rounded(e["val_ppl"])}
+            "confirm_seeds": cfg.search.select.confirm_seeds,
+            "entrants": [{**{k: v for k, v in e.items() if k != "kinds"}, "val_ppl": _rounded(e["val_ppl"]),
+                          **({"confirm_val_ppl": _rounded(e["confirm_val_ppl"])} if "confirm_val_ppl" in e else {})}
                          for e in entered],
             "winner": winner["architecture"],
             "guard": None if guard is None else {"architecture": guard["architecture"],
