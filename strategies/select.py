@@ -10,14 +10,16 @@ same class, seed and data as ``parnas retrain``) by successive halving: every ro
 round's steps, continuing from their checkpoints, and the better half goes on; the last round's best is exported.
 The guard goes on to the last round whatever its rank: it is the alternative a user already has, and an early
 round is a poor judge of it (in PLANER's space, 150 steps into a 300-step schedule the 2-block guard scored
-86.5-87.2 against 82-86 for the supernet's 5-block picks, which it beats by 1-2% after 600 steps). An entrant
-whose training diverges is out.
+86.5-87.2 against 82-86 for the supernet's 5-block picks, which it beats by 1-2% after 600 steps). One of the
+supernet's layouts that beats the guard in the last round is exported only if it also does on the mean over
+``search.select.confirm_seeds`` further seeds, on which both retrain from scratch: one seed is a noisy judge. An
+entrant whose training diverges is out.
 
 Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one folder per entrant, a training run
 (``metrics.json``, of the validation split only, all of it in the last round, ``checkpoints/``) with
-``rounds.json`` (its perplexity at the end of each round). A search resumed with ``--resume`` goes on where the
-pick stopped: finished rounds are read back, an interrupted one continues from its checkpoint. Inside an nnictl
-trial the run folder is the trial's, and the same code runs.
+``rounds.json`` (its perplexity at the end of each round), and ``<LAYOUT>-seed<N>`` for a confirming seed. A
+search resumed with ``--resume`` goes on where the pick stopped: finished rounds are read back, an interrupted one
+continues from its checkpoint. Inside an nnictl trial the run folder is the trial's, and the same code runs.
 """
 
 from __future__ import annotations
