@@ -266,7 +266,7 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
         if r < len(steps) - 1 and guard is not None and guard not in alive:
             alive.append(guard)  # the known alternative is judged at the longest retrain only (docstring)
     winner = alive[0]
-    guard = next((e for e in entered if "guard" in e["role"]), None)
+    guard = _guard(entered)
     if (winner is not guard and guard is not None and select.confirm_seeds
             and len(guard["val_ppl"]) == len(steps) and math.isfinite(_finite(guard["val_ppl"][-1]))):
         winner = _confirmed(cfg, winner, guard, folder, tokenizer, search.data.splits)
@@ -280,6 +280,11 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
     chosen = search.module.evaluated(winner["kinds"], False, ppl, result.supernet_val_ppl)
     search.module.append_history(chosen.history_line())  # the history ends with what is exported
     return chosen, record
+
+
+def _guard(entered: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The entrant that is the guard (alone, or a supernet's layout too), None where none entered."""
+    return next((e for e in entered if "guard" in e["role"]), None)
 
 
 def _finite(ppl: float | None) -> float:
@@ -316,7 +321,7 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
     guard's, the verdict and the one line that says it."""
     steps, fraction = pick_rounds(cfg), cfg.search.select.early_valid_fraction
     early = f" ({fraction:g} of the validation split)" if fraction < 1 else ""
-    guard = next((e for e in entered if "guard" in e["role"]), None)
+    guard = _guard(entered)
     rivals = [e for e in entered if e is not guard and e["val_ppl"]]
     won = guard is not None and winner is guard
     last = len(winner["val_ppl"])
