@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from parnas.nn.model import Memory
-from parnas.training.task import LanguageModelTask
+from parnas.training.task import LanguageModelTask, scalars_read
 
 ARCH_DROPOUT_SEED_OFFSET = 7919
 """Added to ``train.seed`` for the architecture stream's dropout (:meth:`LanguageModelTask.seed_for_step`), so
@@ -101,5 +101,6 @@ class NNIDartsTask(LanguageModelTask):
         if length and self.arch_stream.position >= length:  # the CombinedLoader cycled the validation loader
             self.arch_stream.restart()
         loss = self.arch_stream.nll(self, batch).mean()
-        self.log("search/arch_loss", loss.detach())
+        if scalars_read(self.trainer, self.train_cfg.log_every):
+            self.log("search/arch_loss", loss.detach())
         return loss + self.aux_loss()

@@ -13,27 +13,22 @@ and why:
   ``bilevel`` is first-order DARTS with logits stepping on the validation stream, the architecture stream
   (:mod:`parnas.strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
   memory and resets it where that stream starts over;
-- cost is predicted step time relative to Transformer-XL's (:class:`CostModel`).
-  A ``latency_budget`` is a constraint: a hinge on the excess over the budget of
-  the *exported* architecture's cost, differentiated through the expected cost
-  under softmax(alpha) (``budget_hinge: exported``), or of the expected cost
-  itself (``expected``: PLANER's latency loss, which pushes until the
-  distribution, not just its argmax, is within the budget), weighted by a
-  multiplier found by dual ascent or fixed by ``penalty_weight``. Without a
-  budget, a ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty``
-  sees the probabilities as Python floats, so it has no gradient to the logits);
-- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no
-  validation loop and forwards no ``validation_step``) twice: the supernet with
-  the Gumbel noise off (softmax of the logits), and the exported argmax
-  architecture with the supernet's weights; the gap between the two is the
-  discretisation gap. Probabilities logged are
-  softmax(alpha) (NNI's ``export_probs()`` under GumbelDARTS passes the logits
-  through the Gumbel softmax, so its values change from call to call);
-- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``,
-  whose order changes between processes, so a resumed optimiser would restore
-  its moments onto the wrong logits), and under DDP their gradients are
-  averaged over ranks, so every rank holds the same architecture (NNI's DARTS
-  lets ranks drift apart).
+- cost is predicted step time relative to Transformer-XL's (:class:`CostModel`). A ``latency_budget`` is a
+  constraint: a hinge on the excess over the budget of the *exported* architecture's cost, differentiated through
+  the expected cost under softmax(alpha) (``budget_hinge: exported``), or of the expected cost itself
+  (``expected``: PLANER's latency loss, which pushes until the distribution, not just its argmax, is within the
+  budget), weighted by a multiplier found by dual ascent or fixed by ``penalty_weight``. Without a budget, a
+  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees the probabilities as Python floats, so
+  it has no gradient to the logits);
+- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop and forwards no
+  ``validation_step``) twice: the supernet with the Gumbel noise off (softmax of the logits), and the exported
+  argmax architecture with the supernet's weights; the gap between the two is the discretisation gap.
+  Probabilities logged are softmax(alpha) (NNI's ``export_probs()`` under GumbelDARTS passes the logits through
+  the Gumbel softmax, so its values change from call to call);
+- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``, whose order changes between
+  processes, so a resumed optimiser would restore its moments onto the wrong logits), and under DDP their
+  gradients are averaged over ranks, so every rank holds the same architecture (NNI's DARTS lets ranks drift
+  apart).
 """
 
 from __future__ import annotations
@@ -65,7 +60,7 @@ from parnas.strategies.par_settings import par_settings, resolved_par
 from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from parnas.training.evaluation import perplexity
-from parnas.training.task import LanguageModelTask, on_host, showing_progress_bar
+from parnas.training.task import LanguageModelTask, on_host, scalars_read, showing_progress_bar
 
 
 def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
@@ -81,8 +76,8 @@ def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str 
 
 
 class GumbelSoftmax(NNIGumbelSoftmax):
-    """Gumbel-softmax samples while training (relaxed, or straight-through when ``hard``);
-    the plain softmax of the logits in eval mode, so evaluation is deterministic."""
+    """Gumbel-softmax samples while training (relaxed, or straight-through when ``hard``); the plain softmax of the
+    logits in eval mode, so evaluation is deterministic."""
 
     def forward(self, logits: Tensor) -> Tensor:
         if self.training:
@@ -102,16 +97,20 @@ class PARDartsModule(DartsLightningModule):
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = self.par.tau_start
         self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
+        self._logging = True  # whether this step's scalars are read (parnas.training.task.scalars_read)
         self.last_evaluation: Evaluated | None = None
         self._softmax_cache: list[NNIGumbelSoftmax] = []
+        self._choice_cache: list[DifferentiableMixedLayer] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
         self._baseline: Tensor | None = None  # forward=sampled: the loss's moving average (REINFORCE's)
         self.arch_stream = ArchStream()  # bilevel: the validation stream the logits step on
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
-        return sorted((m for m in self.supernet_modules() if isinstance(m, DifferentiableMixedLayer)),
-                      key=lambda m: int(m.label.rsplit("_", 1)[1]))
+        if not self._choice_cache:  # found once, as the softmaxes: a walk of every module was 2% of a step
+            self._choice_cache = sorted((m for m in self.supernet_modules() if isinstance(m, DifferentiableMixedLayer)),
+                                        key=lambda m: int(m.label.rsplit("_", 1)[1]))
+        return self._choice_cache
 
     def arch_parameters(self) -> list[torch.nn.Parameter]:
         """The logits in block order. NNI's is ``list(set(...))``, whose order changes between processes,
@@ -215,7 +214,7 @@ class PARDartsModule(DartsLightningModule):
         if self.costs is None or (not self.search.penalty_weight and self.search.latency_budget is None):
             return 0.0
         expected = self.expected_ratio()
-        self.log("search/expected_cost_ratio", expected.detach())
+        self._log("search/expected_cost_ratio", expected.detach())
         if self.search.latency_budget is None:
             return self.search.penalty_weight * expected
         if self.par.budget_hinge == "expected":
@@ -223,7 +222,7 @@ class PARDartsModule(DartsLightningModule):
         else:
             cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
         multiplier = self.search.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
-        self.log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
+        self._log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
         return multiplier * F.relu(cost - self.search.latency_budget)
 
     def _dual_step(self) -> None:
@@ -243,8 +242,13 @@ class PARDartsModule(DartsLightningModule):
                 torch.distributed.all_reduce(alpha.grad)
                 alpha.grad /= self.trainer.world_size
 
+    def _log(self, name: str, value: Tensor, **kwargs: Any) -> None:
+        if self._logging:  # a step whose scalars no one reads logs none
+            self.log(name, value, **kwargs)
+
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         step = self.trainer.global_step
+        self._logging = scalars_read(self.trainer, self.training_module.train_cfg.log_every)
         self.tau = tau_at(step, self.max_steps, self.par.tau_start, self.par.tau_end, self.par.tau_schedule)
         for softmax in self._softmaxes():
             softmax.tau, softmax.hard = self.tau, self.par.hard
@@ -261,7 +265,7 @@ class PARDartsModule(DartsLightningModule):
                 self.manual_backward(arch_loss + surrogate)
                 self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
-                self.log("search/arch_loss", arch_loss.detach())
+                self._log("search/arch_loss", arch_loss.detach())
             loss, _ = self._sampled_loss("train", batch["train"], learns=False)
             self.advance_optimization(loss, batch_idx, self.gradient_clip_val)
         else:
@@ -277,10 +281,9 @@ class PARDartsModule(DartsLightningModule):
         self.advance_lr_schedulers(batch_idx)
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
-        self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
         metrics = dict(getattr(self.training_module.model, "block_metrics", {}))  # e.g. act/steps/block_3
-        self.log_dict(metrics)
-        self.log("search/tau", on_host(self.tau))
+        for name, value in {"train/loss": loss.detach(), **metrics, "search/tau": on_host(self.tau)}.items():
+            self._log(name, value, prog_bar=name == "train/loss" and showing_progress_bar(self.trainer))
         if done % self.search.log_every == 0:
             probs = self.probabilities()
             self.log_dict({f"prob/{label}/{kind}": on_host(p) for label, dist in probs.items()
@@ -361,10 +364,8 @@ class PARDartsModule(DartsLightningModule):
 class PARGumbelDARTS(GumbelDARTS):
     """NNI strategy: ``NasExperiment(PARTransformerXLSpace(...), evaluator, PARGumbelDARTS(...)).run()``.
 
-    The evaluator is NNI's ``Lightning`` around a :class:`LanguageModelTask`; its
-    validation data is both what perplexity is measured on and, in ``bilevel``
-    mode, the stream the logits learn from (as DARTS did on PTB).
-    """
+    The evaluator is NNI's ``Lightning`` around a :class:`LanguageModelTask`; its validation data is both what
+    perplexity is measured on and, in ``bilevel`` mode, the stream the logits learn from (as DARTS did on PTB)."""
 
     def __init__(self, search: SearchConfig, *, max_steps: int, gradient_clip_val: float | None = None,
                  costs: CostModel | None = None, history_path: Path | None = None,

@@ -143,3 +143,25 @@ def test_decided_identity_blocks_are_never_called_and_change_nothing(monkeypatch
     assert [m is None for m in skipped_mems] == [m is None for m in visited_mems] == [False, True, True, True]
     monkeypatch.setattr(IdentityBlock, "forward", lambda *args: pytest.fail("an identity block was called"))
     log_probs(make(layout), x)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_evaluating_on_the_cpu_computes_what_training_computes(pre_norm):
+    """On the CPU an attention block in eval mode attends with SDPA's fused kernel (it reads q, k and v in place),
+    in training mode with its own product (SDPA's path for a bias that needs gradients is slower): both give the
+    same hidden states and memory, segment after segment, so a validation perplexity measures the network that
+    trained."""
+    torch.manual_seed(0)
+    model = build_fixed_model(tiny(pre_norm=pre_norm), VOCAB, LAYOUTS[1])
+    x = torch.randint(0, VOCAB, (3, 6))
+    mems = None
+    for _ in range(3):  # the memory fills, then slides
+        h_train, mems_train = model.train()(x, mems)
+        with torch.inference_mode():
+            h_eval, mems_eval = model.eval()(x, mems)
+        torch.testing.assert_close(h_eval, h_train.detach(), rtol=1e-5, atol=1e-5)
+        for a, b in zip(mems_eval, mems_train):  # None: a block that keeps no memory
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-5)
+        mems = [None if m is None else m.detach() for m in mems_train]

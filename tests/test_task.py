@@ -105,3 +105,34 @@ def test_a_non_finite_loss_is_named_by_its_first_step_when_it_is_read(monkeypatc
             task.check_finite()  # nothing bad yet: no error
     with pytest.raises(ParnasError, match="diverged at step 3 .*not finite"):
         task.check_finite()
+
+
+def test_a_step_reseeded_draws_what_torch_manual_seed_draws():
+    """Dropout is reseeded every step by ``reseed``, which leaves out the seed queues ``torch.manual_seed`` fills
+    for accelerators the process never started: the numbers drawn stay those of ``torch.manual_seed``, so runs
+    and checkpoints resumed across versions draw as before."""
+    from parnas.training.task import reseed
+
+    torch.manual_seed(1234)
+    expected = torch.nn.functional.dropout(torch.ones(64), 0.5), torch.rand(5)
+    torch.manual_seed(0)
+    reseed(1234, torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(expected, (torch.nn.functional.dropout(torch.ones(64), 0.5),
+                                                             torch.rand(5))))
+    reseed(1234, torch.device("meta"))  # a model built on the meta device (the placement tests) is reseeded too
+
+
+def test_the_scalars_of_a_step_are_logged_when_something_reads_them():
+    """Lightning writes logged scalars every ``log_every_n_steps`` steps and the progress lines print after the
+    first step, every ``train.log_every`` and at the last: those steps log, the others (whose ``self.log`` calls
+    cost a tenth of a small model's step) do not."""
+    from types import SimpleNamespace
+
+    from parnas.training.task import scalars_read
+
+    def logged(log_every_n_steps: int, progress_every: int, max_steps: int) -> list[int]:
+        return [step for step in range(1, max_steps + 1) if scalars_read(SimpleNamespace(
+            global_step=step - 1, log_every_n_steps=log_every_n_steps, max_steps=max_steps), progress_every)]
+
+    assert logged(5, 10, 23) == [1, 5, 10, 15, 20, 23]
+    assert logged(10, 4, 12) == [1, 4, 8, 10, 12]

@@ -27,6 +27,26 @@ def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_tensorboard_and_the_progress_lines_get_the_training_scalars_at_their_steps(wt2_slice, tmp_path, capsys):
+    """A step whose scalars nothing reads logs none: TensorBoard still gets the training loss, perplexity and
+    learning rate every ``train.log_every`` steps (counted as steps taken), the progress lines the loss after the
+    first step and every ``train.log_every``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    code = main(["train", "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=500",
+                 "--set", "model.cutoffs=[100, 250]", "--set", "train.max_steps=12", "--set", "train.log_every=5",
+                 "--set", "train.eval_every=100", "--set", f"train.out_dir={out}"])
+    assert code == 0
+    progress = [line for line in capsys.readouterr().out.splitlines() if ", train loss " in line]
+    assert [line.split("/")[0] for line in progress] == ["step 1", "step 5", "step 10"]
+    (events,) = (out / "tensorboard").glob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    for tag in ("train/loss", "train/ppl", "train/lr"):
+        assert [e.step for e in board.Scalars(tag)] == [5, 10], tag
+
+
 def test_throughput_on_cuda_never_waits_for_the_gpu_inside_a_step(monkeypatch):
     """A synchronize around every batch would stop the host from queuing the next step: on CUDA the batches
     are bracketed by events, read back once per Throughput.FOLD_EVERY batches and at the end. A mocked CUDA

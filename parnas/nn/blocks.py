@@ -275,10 +275,11 @@ class AttentionBlock(nn.Module):
         else:
             bias = torch.add(causal_bias(L, M, h.device, position.dtype), rel_shift(position),
                              alpha=scale)  # (H, B, L, K)
-            if h.device.type == "cpu":
-                a = self._attend(q, k, v, bias, scale)
-            else:
-                a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, self.head_multiple)
+            if h.device.type == "cpu" and self.training:  # by mode, not grad: a reversible block recomputes
+                a = self._attend(q, k, v, bias, scale)     # its forward with grad and must get the same numbers
+            else:  # evaluating, the CPU's fused SDPA kernel reads q, k and v in place: no copies
+                a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0,
+                         self.head_multiple if h.device.type != "cpu" else 1)
         a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, H * Dh))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
 
