@@ -122,6 +122,19 @@ def test_a_step_reseeded_draws_what_torch_manual_seed_draws():
     reseed(1234, torch.device("meta"))  # a model built on the meta device (the placement tests) is reseeded too
 
 
+def test_a_step_on_a_gpu_reseeds_that_gpus_generator(monkeypatch):
+    """A DDP rank's step on ``cuda:1`` draws its dropout from that GPU's generator, so that is the one reseeded
+    (and the CPU's); shown with stand-in generators, without a GPU."""
+    from parnas.training.task import reseed
+
+    generators = (torch.Generator(), torch.Generator())
+    for generator in generators:
+        generator.manual_seed(7)
+    monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    reseed(1234, torch.device("cuda", 1))
+    assert [g.initial_seed() for g in generators] == [7, 1234] and torch.initial_seed() == 1234
+
+
 def test_the_scalars_of_a_step_are_logged_when_something_reads_them():
     """Lightning writes logged scalars every ``log_every_n_steps`` steps and the progress lines print after the
     first step, every ``train.log_every`` and at the last: those steps log, the others (whose ``self.log`` calls

@@ -214,7 +214,8 @@ class AttentionBlock(nn.Module):
     """Relative multi-head self-attention over [memory; segment], causal.
 
     ``kernel`` (``model.attention_kernel``) is what computes it off the CPU: ``sdpa`` (the position scores a bias
-    to ``F.scaled_dot_product_attention``) or ``flex`` (:func:`flex`). On the CPU it is :meth:`_attend`, either way.
+    to ``F.scaled_dot_product_attention``) or ``flex`` (:func:`flex`). On the CPU it is :meth:`_attend` in training
+    mode and SDPA in eval mode, either way.
     A segment of one query (token-by-token generation) goes to SDPA with either: there are no key blocks to skip,
     and flex would compile a kernel for each memory length up to ``mem_len``."""
 

@@ -154,14 +154,16 @@ def compile_model(model: nn.Module, mode: str) -> None:
 
 
 def reseed(seed: int, device: torch.device) -> None:
-    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU's generator and, off the CPU, the device's
-    (the current one of its backend: Lightning makes a rank's device current). ``torch.manual_seed`` also queues
-    the seed for every accelerator backend this process has not initialised (CUDA on a CPU run, XPU and MTIA
-    everywhere), formatting the Python stack each time: under Lightning's stack that was 6% of a wt2-cpu step."""
+    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU's generator and, off the CPU, the device's own
+    (another backend's: its current device's). ``torch.manual_seed`` also queues the seed for every accelerator
+    backend this process has not initialised (CUDA on a CPU run, XPU and MTIA everywhere), formatting the Python
+    stack each time: under Lightning's stack that was 6% of a wt2-cpu step."""
     torch.default_generator.manual_seed(seed)
-    backend = getattr(torch, device.type, None)
-    if device.type not in ("cpu", "meta") and hasattr(backend, "manual_seed"):
-        backend.manual_seed(seed)
+    if device.type == "cuda":  # initialised: the step's tensors are there
+        index = torch.cuda.current_device() if device.index is None else device.index
+        torch.cuda.default_generators[index].manual_seed(seed)
+    elif device.type not in ("cpu", "meta") and hasattr(getattr(torch, device.type, None), "manual_seed"):
+        getattr(torch, device.type).manual_seed(seed)
 
 
 def scalars_read(trainer: Any, progress_every: int) -> bool:
