@@ -97,7 +97,7 @@ class PARDartsModule(DartsLightningModule):
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = self.par.tau_start
         self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
-        self._logging = True  # whether this step's scalars are read (parnas.training.task.scalars_read)
+        self._logging = True  # whether this step's scalars are read: set before the step moves global_step
         self.last_evaluation: Evaluated | None = None
         self._softmax_cache: list[NNIGumbelSoftmax] = []
         self._choice_cache: list[DifferentiableMixedLayer] = []
@@ -214,7 +214,8 @@ class PARDartsModule(DartsLightningModule):
         if self.costs is None or (not self.search.penalty_weight and self.search.latency_budget is None):
             return 0.0
         expected = self.expected_ratio()
-        self._log("search/expected_cost_ratio", expected.detach())
+        if self._logging:
+            self.log("search/expected_cost_ratio", expected.detach())
         if self.search.latency_budget is None:
             return self.search.penalty_weight * expected
         if self.par.budget_hinge == "expected":
@@ -222,7 +223,8 @@ class PARDartsModule(DartsLightningModule):
         else:
             cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
         multiplier = self.search.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
-        self._log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
+        if self._logging:
+            self.log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
         return multiplier * F.relu(cost - self.search.latency_budget)
 
     def _dual_step(self) -> None:
@@ -241,10 +243,6 @@ class PARDartsModule(DartsLightningModule):
                     alpha.grad = torch.zeros_like(alpha)
                 torch.distributed.all_reduce(alpha.grad)
                 alpha.grad /= self.trainer.world_size
-
-    def _log(self, name: str, value: Tensor, **kwargs: Any) -> None:
-        if self._logging:  # a step whose scalars no one reads logs none
-            self.log(name, value, **kwargs)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         step = self.trainer.global_step
@@ -265,7 +263,8 @@ class PARDartsModule(DartsLightningModule):
                 self.manual_backward(arch_loss + surrogate)
                 self._sync_arch_gradients()
                 arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
-                self._log("search/arch_loss", arch_loss.detach())
+                if self._logging:
+                    self.log("search/arch_loss", arch_loss.detach())
             loss, _ = self._sampled_loss("train", batch["train"], learns=False)
             self.advance_optimization(loss, batch_idx, self.gradient_clip_val)
         else:
@@ -282,8 +281,9 @@ class PARDartsModule(DartsLightningModule):
 
         done = step + 1  # optimiser steps taken: the step number history, TensorBoard and NNI share
         metrics = dict(getattr(self.training_module.model, "block_metrics", {}))  # e.g. act/steps/block_3
-        for name, value in {"train/loss": loss.detach(), **metrics, "search/tau": on_host(self.tau)}.items():
-            self._log(name, value, prog_bar=name == "train/loss" and showing_progress_bar(self.trainer))
+        if self._logging:
+            self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
+            self.log_dict({**metrics, "search/tau": on_host(self.tau)})
         if done % self.search.log_every == 0:
             probs = self.probabilities()
             self.log_dict({f"prob/{label}/{kind}": on_host(p) for label, dist in probs.items()

@@ -42,6 +42,7 @@ from parnas.errors import ParnasError
 from parnas.nn.adaptive import TargetGroups
 from parnas.nn.model import Memory
 from parnas.training.devices import pinned
+from parnas.training.trainer import prints_progress
 
 
 def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.0) -> float:
@@ -172,8 +173,8 @@ def scalars_read(trainer: Any, progress_every: int) -> bool:
     at the last. ``self.log`` costs Lightning's bookkeeping whether or not anything reads it (three scalars were
     11% of a wt2-cpu step), so a step no one reads logs nothing; a progress bar shows the last value logged."""
     step = trainer.global_step + 1  # the step this batch takes, as the logger and the progress lines count it
-    every = (trainer.log_every_n_steps, progress_every)
-    return step == 1 or step >= trainer.max_steps or any(n > 0 and step % n == 0 for n in every)
+    writes = trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0
+    return writes or prints_progress(step, progress_every) or step >= trainer.max_steps
 
 
 def step_seed(seed: int, rank: int, index: int) -> int:

@@ -132,6 +132,11 @@ class StepsTakenLogger(TensorBoardLogger):
         super().log_metrics(metrics, None if step is None else step + 1)
 
 
+def prints_progress(step: int, every: int) -> bool:
+    """Whether the plain progress lines print after optimiser step ``step``: the first, then every ``every``."""
+    return step == 1 or (every > 0 and step % every == 0)
+
+
 class PlainProgress(pl.Callback):
     """Progress without a terminal: a line after the first optimiser step (a log such as nnictl's
     trial stdout shows at once that the run is alive), then one every ``every`` steps and one after
@@ -142,7 +147,7 @@ class PlainProgress(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
-        if step < 1 or (step % self.every and step != 1) or step == self._printed or not trainer.is_global_zero:
+        if not prints_progress(step, self.every) or step == self._printed or not trainer.is_global_zero:
             return  # (a step repeats while gradients accumulate)
         self._printed = step
         metrics = trainer.callback_metrics
