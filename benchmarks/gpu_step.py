@@ -11,9 +11,11 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --flex              # + attention by FlexAttention
     python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
     python benchmarks/gpu_step.py --shape wt2-par --fair                 # + the supernet's fair step
+    python benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --compile-supernet  # + both compiled
     python benchmarks/gpu_step.py --shape wt103-base --tf32              # + the Transformer-XL in TF32, beside bf16
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --twin  # + AAADDD: its identities dropped
     python benchmarks/gpu_step.py --shape wt103-base --no-supernet      # the Transformer-XL alone, eager
+    python benchmarks/gpu_step.py --shape wt103-base --no-supernet --profile  # + where its step's time goes
 
 Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
 backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
@@ -53,6 +55,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import gpu_shapes
+import step_profile
 import torch
 from gpu_shapes import PRECISIONS, SHAPES, Shape, cluster_fractions, peak_tflops, train_flops_per_token
 from torch import Tensor
@@ -89,12 +92,13 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
 
-def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed"
+def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed", compile_mode: str = "none"
                   ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
     """The search's supernet and its joint training step: weights and logits, by
     ``search.par-gumbel-darts.forward``: ``mixed``, every candidate runs in every block, weighted; ``sampled``, one
     drawn from softmax(alpha), the logits as initialised (even odds: the search's start); ``fair``, every candidate
-    of every block once, in as many forwards as a block has candidates, with one backward."""
+    of every block once, in as many forwards as a block has candidates, with one backward. ``compile_mode``: the
+    mixed supernet compiled as ``train.compile`` compiles it in a search."""
     from search_step import Sampling, fair_step
 
     from parnas.search_spaces import PARTransformerXLSpace
@@ -102,6 +106,7 @@ def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed
 
     strategy = PARGumbelDARTS(cfg.search, max_steps=1)
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()
+    compile_model(supernet, compile_mode)
     alphas = [p for name, p in supernet.named_parameters() if name.endswith("_arch_alpha")]
     weights = [p for name, p in supernet.named_parameters() if not name.endswith("_arch_alpha")]
     if forward == "fair":
@@ -174,6 +179,9 @@ ADDED_BY_FLAG = {  # the store_true flags: the model each adds to those timed (o
     "--twin":
         "add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD: AAADDD), and the"
         " layout's step time over the twin's",
+    "--compile-supernet":
+        "with --compile, add the mixed supernet compiled in that mode (train.compile in a search with "
+        "search.par-gumbel-darts.forward=mixed)",
     "--no-supernet":
         "leave the supernet out (a quick look at the Transformer-XL and what flags add)",
 }
@@ -195,6 +203,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
                         help="repeatable: also time a fixed model of this layout, e.g. AIAIIIAIIDDD")
     for flag, text in ADDED_BY_FLAG.items():
         parser.add_argument(flag, action="store_true", help=text)
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, profile 3 steps of each model: the GPU's busy time against the wall "
+                        "time, and the kernels that took the most (benchmarks/step_profile.py)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak for this precision, TFLOP/s (default: looked up by its name)")
     args = parser.parse_args(argv)
@@ -204,6 +215,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     if args.tf32 and args.precision == "tf32":
         parser.error("--tf32 adds a TF32 Transformer-XL beside --precision's models; with --precision tf32 it is the "
                      "Transformer-XL itself: drop one")
+    if args.compile_supernet and args.compile == "none":
+        parser.error("--compile-supernet compiles the supernet in --compile's mode: give --compile default or "
+                     "--compile reduce-overhead")
     if args.twin and not twins(args.layout):
         parser.error("--twin adds each --layout's twin without identity blocks: give a --layout with an I and "
                      "another block, e.g. --layout AIAIIIAIIDDD")
@@ -229,9 +243,9 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         kinds = [LAYOUT_LETTERS[c] for c in layout] if layout else standard
         return Timed(kinds, lambda cfg, vocab: fixed_step(cfg, vocab, precision, kinds, **options), precision)
 
-    def supernet(forward: str) -> Timed:
+    def supernet(forward: str, compile_mode: str = "none") -> Timed:
         return Timed([{"mixed": "choice"}.get(forward, forward)] * n,
-                     lambda cfg, vocab: supernet_step(cfg, vocab, precision, forward), precision)
+                     lambda cfg, vocab: supernet_step(cfg, vocab, precision, forward, compile_mode), precision)
 
     models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet("mixed")})
     if args.groups_on_device and shape.cutoffs:
@@ -250,6 +264,8 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         models[f"compiled ({args.compile})"] = fixed(compile_mode=args.compile)
         if args.flex:
             models[f"{FLEX}, compiled"] = fixed(compile_mode=args.compile, attention_kernel="flex")
+        if args.compile_supernet:
+            models[f"supernet, compiled ({args.compile})"] = supernet("mixed", args.compile)
     for layout in args.layout:
         models[layout] = fixed(layout)
     for twin in twins(args.layout).values() if args.twin else ():
@@ -321,8 +337,15 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
     if TF32 in models and args.compile != "none":
         compiled = f"compiled ({args.compile})"
         print("  " + ratio_line(compiled, TF32, tps, label=f"step time {TF32} / {compiled}"))
+    if args.compile_supernet:  # each compiled in the same mode: what CUDA graphs leave of the supernet's extra cost
+        compiled = f"compiled ({args.compile})"
+        print("  " + ratio_line(compiled, f"supernet, {compiled}", tps,
+                                label=f"step time supernet, {compiled} / transformer-xl, {compiled}"))
     for layout, twin in twins(args.layout).items() if args.twin else ():
         print("  " + ratio_line(twin, layout, tps, label=f"step time {layout} / {twin}, its twin without identity"))
+    for model in kinds if args.profile else ():
+        events, wall = step_profile.profile_steps(lambda n, model=model: run(model, n), 3, "cuda")
+        print("\n".join(step_profile.summary(model, events, wall, 3, "cuda")), flush=True)
     steps.clear()  # the models go; their memory with them
     torch.cuda.empty_cache()
 

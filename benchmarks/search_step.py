@@ -13,6 +13,11 @@ layout's cost as the logits do). The four take ``--steps`` steps each per round,
 
     python benchmarks/search_step.py                        # the wt2-seed configuration
     python benchmarks/search_step.py --config wt2-cpu --rounds 7
+    python benchmarks/search_step.py --config wt2-cpu --compile default  # + the Transformer-XL and mixed compiled
+
+``--compile MODE`` adds the Transformer-XL and the mixed supernet compiled as ``train.compile=MODE`` compiles them
+(a search compiles only a mixed supernet: a fair or sampled step is not one static graph); their first steps,
+which compile, are among the warm-up's.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ from model_args import model_parser
 from torch import Tensor
 from train_step import alternating_rounds, descend, ratio_line, segment_runner, training_step, zipf_ids
 
-from parnas.config import load_config, transformer_xl_layout
+from parnas.config import COMPILE_MODES, load_config, transformer_xl_layout
 from parnas.nn.model import build_fixed_model
 from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.gumbel_darts import PARGumbelDARTS
 from parnas.strategies.sampled import SampledMixedLayer, draw_picks
 from parnas.training.latency import full_memory_steps
-from parnas.training.task import adam, segment_nll
+from parnas.training.task import adam, compile_model, segment_nll
 
 
 class Sampling(torch.nn.Module):
@@ -106,6 +111,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per model per round (default 5)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--compile", default="none", choices=COMPILE_MODES,
+                        help="also time the Transformer-XL and the mixed supernet compiled in this mode")
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     torch.manual_seed(0)
@@ -114,9 +121,16 @@ def main() -> None:
         space = PARTransformerXLSpace(cfg.model, args.vocab_size, cfg.search.candidates)
         return PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train()
 
-    fixed = build_fixed_model(cfg.model, args.vocab_size, transformer_xl_layout(cfg.model.n_blocks)).train()
-    models = {"transformer-xl": fixed, "supernet, mixed": supernet(),
+    def fixed() -> torch.nn.Module:
+        return build_fixed_model(cfg.model, args.vocab_size, transformer_xl_layout(cfg.model.n_blocks)).train()
+
+    models = {"transformer-xl": fixed(), "supernet, mixed": supernet(),
               "supernet, sampled": Sampling(supernet()), "supernet, fair": supernet()}
+    compiled = [f"transformer-xl, {args.compile}", f"supernet, mixed, {args.compile}"]
+    if args.compile != "none":
+        models |= dict(zip(compiled, (fixed(), supernet())))
+        for name in compiled:
+            compile_model(models[name], args.compile)
     steps = {}
     for name, model in models.items():
         groups = [[p for n, p in model.named_parameters() if not n.endswith("_arch_alpha")],
@@ -140,6 +154,12 @@ def main() -> None:
         print(ratio_line(name, "transformer-xl", figures, f"step {name} / transformer-xl"))
     print(ratio_line("supernet, sampled", "supernet, mixed", figures, "step sampled / mixed"))
     print(ratio_line("supernet, fair", "supernet, mixed", figures, "step fair / mixed"))
+    if args.compile != "none":
+        fixed_c, mixed_c = compiled
+        print(ratio_line(mixed_c, "transformer-xl", figures, f"step {mixed_c} / transformer-xl"))
+        print(ratio_line(mixed_c, fixed_c, figures, f"step {mixed_c} / {fixed_c}"))
+        print(ratio_line(mixed_c, "supernet, mixed", figures, f"step {mixed_c} / supernet, mixed"))
+        print(ratio_line(fixed_c, "transformer-xl", figures, f"step {fixed_c} / transformer-xl"))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ and why:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -44,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule
 from nni.nas.oneshot.pytorch.supermodule.differentiable import DifferentiableMixedLayer
-from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as NNIGumbelSoftmax
 
 # the public path: importing nni.nas.oneshot.pytorch.strategy first leaves nni.nas.strategy's DARTS, GumbelDARTS,
 # RandomOneShot, Proxyless and ENAS as placeholders that fail when run (a circular import inside NNI 3.0)
@@ -59,30 +57,9 @@ from parnas.strategies.fair import fair_loss
 from parnas.strategies.par_settings import par_settings, resolved_par
 from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
+from parnas.strategies.temperature import GumbelSoftmax, tau_at
 from parnas.training.evaluation import perplexity
 from parnas.training.task import LanguageModelTask, on_host, scalars_read, showing_progress_bar
-
-
-def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
-    """Temperature at optimiser step ``step``: ``start`` at step 0, ``end`` at the last step, monotone."""
-    t = min(1.0, step / max(1, total_steps - 1))
-    if schedule == "exponential":
-        return start * (end / start) ** t
-    if schedule == "linear":
-        return start + (end - start) * t
-    if schedule == "cosine":
-        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
-    raise ValueError(f"unknown tau schedule {schedule!r}")
-
-
-class GumbelSoftmax(NNIGumbelSoftmax):
-    """Gumbel-softmax samples while training (relaxed, or straight-through when ``hard``); the plain softmax of the
-    logits in eval mode, so evaluation is deterministic."""
-
-    def forward(self, logits: Tensor) -> Tensor:
-        if self.training:
-            return F.gumbel_softmax(logits, tau=self.tau, hard=self.hard, dim=self.dim)
-        return logits.softmax(self.dim)
 
 
 class PARDartsModule(DartsLightningModule):
@@ -99,7 +76,7 @@ class PARDartsModule(DartsLightningModule):
         self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
         self._logging = True  # whether this step's scalars are read: set before the step moves global_step
         self.last_evaluation: Evaluated | None = None
-        self._softmax_cache: list[NNIGumbelSoftmax] = []
+        self._softmax_cache: list[GumbelSoftmax] = []
         self._choice_cache: list[DifferentiableMixedLayer] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
         self._baseline: Tensor | None = None  # forward=sampled: the loss's moving average (REINFORCE's)
@@ -175,9 +152,9 @@ class PARDartsModule(DartsLightningModule):
                                 weight_decay=self.par.arch_weight_decay)
 
     # --- the search step ------------------------------------------------------
-    def _softmaxes(self) -> list[NNIGumbelSoftmax]:
+    def _softmaxes(self) -> list[GumbelSoftmax]:
         if not self._softmax_cache:  # found once (the supernet is set after __init__), not walked every step
-            self._softmax_cache = [m for m in self.modules() if isinstance(m, NNIGumbelSoftmax)]
+            self._softmax_cache = [m for m in self.modules() if isinstance(m, GumbelSoftmax)]
         return self._softmax_cache
 
     def _sampled_loss(self, stream: str, batch: tuple[Tensor, Tensor], learns: bool) -> tuple[Tensor, Tensor | float]:
@@ -248,8 +225,9 @@ class PARDartsModule(DartsLightningModule):
         step = self.trainer.global_step
         self._logging = scalars_read(self.trainer, self.training_module.train_cfg.log_every)
         self.tau = tau_at(step, self.max_steps, self.par.tau_start, self.par.tau_end, self.par.tau_schedule)
-        for softmax in self._softmaxes():
-            softmax.tau, softmax.hard = self.tau, self.par.hard
+        if self.par.forward == "mixed" or self.par.mode == "bilevel":  # the steps that draw a Gumbel sample
+            for softmax in self._softmaxes():
+                softmax.set_tau(self.tau, self.par.hard)
         arch_optimizer = self.architecture_optimizers()
         arch_moves = step >= self.par.arch_warmup_steps
         arch_optimizer.zero_grad()

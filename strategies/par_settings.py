@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from parnas import kinds
 from parnas.config_upgrade import upgrade_config
 from parnas.errors import ConfigError
 from parnas.strategy_registry import PAR_GUMBEL_DARTS
@@ -147,10 +148,18 @@ def resolved_par(search: Any) -> PARSettings:
 def check_par_search(cfg: Any, resume: bool) -> None:
     """The strategy registry's check for PAR's search (a :class:`parnas.config.Config`): what its supernet
     cannot run, refused in one line before anything is read, by the search and by its ``--dry-run`` alike."""
-    par_settings(cfg.search)  # a config of another strategy: parnas search runs that one's own code
-    _require(not cfg.model.reversible, "model.reversible runs a fixed model's blocks in pairs; a search's supernet "
-             "runs eager: leave model.reversible=false for search and set it for retrain")
-    _require(cfg.train.compile == "none", f"train.compile={cfg.train.compile} compiles the fixed model of train and "
-             "retrain; a search's supernet runs eager: leave train.compile=none for search")
+    par = par_settings(cfg.search)  # a config of another strategy: parnas search runs that one's own code
+    _require(not cfg.model.reversible, "model.reversible runs a fixed model's blocks in pairs, a search's supernet "
+             "runs each block alone: leave model.reversible=false for search and set it for retrain")
+    if cfg.train.compile != "none":  # one static step: every candidate of every block, mixed
+        forward = par.resolved(cfg.train.devices * cfg.train.num_nodes).forward
+        how = " (forward auto trains fair in one process)" if par.forward == "auto" else ""
+        _require(forward == "mixed", f"train.compile={cfg.train.compile} compiles one static step, and a {forward} "
+                 f"supernet{how} runs other candidates from step to step: set search.{cfg.search.strategy}."
+                 "forward=mixed to compile the supernet, or leave train.compile=none")
+        syncing = [kind for kind in cfg.search.candidates if not kinds.get(kind).capturable]
+        _require(cfg.train.compile != "reduce-overhead" or not syncing, "train.compile=reduce-overhead replays the "
+                 f"supernet's step as CUDA graphs, and {', '.join(syncing)} blocks read values back to the host in "
+                 "their forward, which a graph cannot hold: use train.compile=default (or none) for these candidates")
     _require(cfg.train.accumulate == 1, "search does not support train.accumulate > 1 (one-shot search optimises "
              "manually)")

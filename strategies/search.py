@@ -56,7 +56,7 @@ from parnas.training.fit import tokenizer_meta
 from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume
-from parnas.training.task import LanguageModelTask
+from parnas.training.task import LanguageModelTask, compile_model
 from parnas.training.trainer import build_trainer, end_process_group, position_restored_by_task
 
 
@@ -121,6 +121,7 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     strategy = PARGumbelDARTS(search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
     supernet = strategy.mutate_model(space)
+    compile_model(supernet, cfg.train.compile)  # mixed only (check_par_search): one static step
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,
                                                     fit_kwargs={"ckpt_path": str(ckpt) if ckpt else None}))
     return SupernetSearch(supernet, strategy, evaluator, data, costs, latency)

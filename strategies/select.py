@@ -195,9 +195,12 @@ def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: P
     if metrics is None or metrics.get("steps") != target:  # else: trained, stopped before its round was noted
         if not last.is_file() and folder.exists():
             remove_own_runs(folder)  # stopped before its first checkpoint: start clean
+        # eager, whatever train.compile says: a compile costs more than these short runs (an H200 took 46 s to
+        # CUDA-graph wt2-par's Transformer-XL; a pick's round of 100 eager steps there, 3 s), and each resumed round
+        # would compile again
         train = replace(cfg.train, max_steps=steps[-1], stop_at=0 if round_index == len(steps) - 1 else target,
                         warmup_steps=min(cfg.train.warmup_steps, steps[0] // 2), eval_every=steps[-1] + 1,
-                        devices=1, num_nodes=1, out_dir=str(folder))
+                        devices=1, num_nodes=1, out_dir=str(folder), compile="none")
         run = replace(cfg, model=replace(cfg.model, blocks=tuple(kinds)), train=train)
         record = architecture.make_record({architecture.label(i): k for i, k in enumerate(kinds)},
                                           replace(cfg.model, blocks=()), tokenizer.vocab_size,

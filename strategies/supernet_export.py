@@ -23,11 +23,14 @@ from parnas.training.task import on_device, segment_nll
 @contextmanager
 def exported(choices: Sequence[DifferentiableMixedLayer], kinds: Sequence[str]) -> Iterator[None]:
     """Inside, choice i runs only candidate ``kinds[i]``: the exported architecture with the supernet's
-    weights. Memories are unaffected (a choice keeps one whatever runs), so this is exactly the fixed model."""
+    weights. Memories are unaffected (a choice keeps one whatever runs), so this is exactly the fixed model.
+    A compiled supernet (``train.compile``) runs eager inside: its graphs hold the mixed forward, and tracing each
+    exported layout anew would compile a set of graphs per layout evaluated."""
     for m, kind in zip(choices, kinds, strict=True):
         m.forward = m[kind].forward  # instance attribute: shadows the mixed forward
     try:
-        yield
+        with torch.compiler.set_stance("force_eager"):
+            yield
     finally:
         for m in choices:
             del m.forward

@@ -161,6 +161,49 @@ def test_the_fair_supernet_takes_the_searchs_fair_step(gpu_step, gpu_shapes, mon
     assert timed.kinds == ["fair"] * 12 and flops["fair"] == flops["choice"] + 2 * one_output
 
 
+def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_it(gpu_step, gpu_shapes, monkeypatch):
+    """--compile MODE --compile-supernet: after the compiled Transformer-XL, the mixed supernet compiled in MODE, as
+    ``train.compile`` compiles it in a search (built on the CPU, ``.cuda()`` made a no-op; not stepped)."""
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    args = gpu_step.parse_args(["--shape", "wt2-par", "--precision", "32-true", "--compile", "default",
+                                "--compile-supernet"])
+    shape = gpu_shapes.SHAPES["wt2-par"]
+    models = gpu_step.timed_models(shape, args)
+    assert list(models) == ["transformer-xl", "supernet", "compiled (default)", "supernet, compiled (default)"]
+    assert models["supernet, compiled (default)"].kinds == models["supernet"].kinds == ["choice"] * 12
+    net, _ = models["supernet, compiled (default)"].build(shape.config("32-true"), shape.vocab)
+    plain, _ = models["supernet"].build(shape.config("32-true"), shape.vocab)
+    assert net._compiled_call_impl is not None and plain._compiled_call_impl is None
+
+
+def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most(benchmark_script):
+    """What ``--profile`` prints for a model, here for a tiny Transformer-XL's training step on the CPU (where the
+    busy time is the aten ops' own): the wall and busy time a step, busy within wall, then the top ops by their
+    own time, largest first, whose shares of the busy time add up to at most all of it."""
+    import re
+
+    step_profile, train_step = benchmark_script("step_profile"), benchmark_script("train_step")
+    cfg = load_config("tiny", [])
+    model = build_fixed_model(cfg.model, 1000).train()
+    step = train_step.training_step(model, [torch.optim.Adam(model.parameters())], list(model.parameters()), 0.25)
+    tokens = torch.randint(0, 1000, (4, 17))
+    step(tokens)
+
+    def run(n):
+        for _ in range(n):
+            step(tokens)
+    events, wall = step_profile.profile_steps(run, 3, "cpu")
+    lines = step_profile.summary("transformer-xl", events, wall, 3, "cpu", top=5)
+    head = re.match(r"  transformer-xl: ([\d.]+) ms a step \(wall, under the profiler\), aten ops' own time "
+                    r"([\d.]+) ms \((\d+)%\); the top 5 ops a step:$", lines[0])
+    assert head and 0 < float(head[2]) <= float(head[1]), lines[0]
+    rows = [re.match(r"^ +([\d.]+) ms +([\d.]+)%  (aten::\w+)$", line) for line in lines[1:]]
+    assert len(rows) == 5 and all(rows), lines
+    ms = [float(r[1]) for r in rows]
+    assert ms == sorted(ms, reverse=True) and sum(float(r[2]) for r in rows) <= 100.5
+    assert "aten::mm" in {r[3] for r in rows} or "aten::addmm" in {r[3] for r in rows}, lines
+
+
 def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_shapes):
     peak = gpu_shapes.peak_tflops
     assert peak("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.4 and peak("NVIDIA H100 PCIe", "bf16-mixed") == 756.5
@@ -182,7 +225,8 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(gpu_step, monkeypatch, 
                                           (["--compile", "cudagraphs"], "--compile"),
                                           (["--layout", "ADX"], "layout 'ADX' is not a string of A, D, I"),
                                           (["--tf32", "--precision", "tf32"], "--tf32"),
-                                          (["--twin", "--layout", "ADAD"], "--twin")])
+                                          (["--twin", "--layout", "ADAD"], "--twin"),
+                                          (["--compile-supernet"], "--compile-supernet compiles the supernet")])
 @pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2(args, needle):
     run = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), *args], capture_output=True, text=True,

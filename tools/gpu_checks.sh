@@ -19,8 +19,10 @@
 # The rest: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
 # compiled, the loss's own grouping against the host's, the sampled supernet, heads of 41 padded or not, CUDA
-# graphs, identity blocks against a shallower model), flex (gpu_step.py --flex: attention by FlexAttention
-# against SDPA, eager and compiled, at WT103 base and the long shape), latency (quick's latency table).
+# graphs for the Transformer-XL and the mixed supernet, identity blocks against a shallower model; where the
+# WT103 and the CUDA-graphed wt2-par steps spend their time, by the profiler), flex
+# (gpu_step.py --flex: attention by FlexAttention against SDPA, eager and compiled, at WT103 base and the long
+# shape), latency (quick's latency table).
 #
 # Each step's output goes to $OUT/NAME.log as it runs (runs/gpu where OUT is not set), and a line to
 # $OUT/summary.tsv as it ends (step, result: passed, failed or cut at its limit, exit status, seconds, limit);
@@ -110,12 +112,13 @@ step quick-latency 45 "${latency[@]}"
 
 step tests 360 "${pytest_gpu[@]}" ${per_test:+"$per_test=150"}
 step syncs 40 python3 benchmarks/host_syncs.py
-step steps-wt103-bf16 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
-    --unpadded-heads --rounds 5
+step steps-wt103-bf16 160 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
+    --unpadded-heads --rounds 5 --profile
 step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded-heads --rounds 5
 step steps-wt2par 70 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device --sampled --fair \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
-step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
+step steps-graphs-wt2par 210 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --compile-supernet \
+    --rounds 5 --profile
 step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
 step flex-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --flex --compile default --rounds 5

@@ -1,0 +1,50 @@
+"""The Gumbel-softmax temperature tau: its schedule over a search, and the softmax it sets.
+
+A search anneals tau every optimiser step (:func:`tau_at`), not every epoch as NNI's GumbelDARTS does. The
+softmax (:class:`GumbelSoftmax`) holds tau twice: as the Python number eager steps divide by, and in a tensor
+that a compiled supernet (``train.compile`` with ``forward: mixed``) reads. Graphs traced from a Python number
+are specialised on its value, so a supernet compiled that way recompiled at every step; a tensor is an input
+whose value may change between calls. Eager steps keep dividing by the number, so what they compute is what they
+computed before the tensor existed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as NNIGumbelSoftmax
+from torch import Tensor
+
+
+def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
+    """Temperature at optimiser step ``step``: ``start`` at step 0, ``end`` at the last step, monotone."""
+    t = min(1.0, step / max(1, total_steps - 1))
+    if schedule == "exponential":
+        return start * (end / start) ** t
+    if schedule == "linear":
+        return start + (end - start) * t
+    if schedule == "cosine":
+        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
+    raise ValueError(f"unknown tau schedule {schedule!r}")
+
+
+class GumbelSoftmax(NNIGumbelSoftmax):
+    """Gumbel-softmax samples while training (relaxed, or straight-through when ``hard``); the plain softmax of the
+    logits in eval mode, so evaluation is deterministic. Set tau with :meth:`set_tau` (see module docstring)."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__(dim)
+        self.register_buffer("temperature", torch.ones(()), persistent=False)  # tau for compiled graphs; not saved
+
+    def set_tau(self, tau: float, hard: bool) -> None:
+        """The temperature of the next training forwards, and whether their samples are straight-through."""
+        self.tau, self.hard = tau, hard
+        self.temperature.fill_(tau)  # in place: a compiled graph reads the tensor it was traced with
+
+    def forward(self, logits: Tensor) -> Tensor:
+        if self.training:
+            tau = self.temperature if torch.compiler.is_compiling() else self.tau
+            return F.gumbel_softmax(logits, tau=tau, hard=self.hard, dim=self.dim)  # type: ignore[arg-type]
+        return logits.softmax(self.dim)

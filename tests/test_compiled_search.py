@@ -1,0 +1,158 @@
+"""A search's supernet under ``train.compile``: with ``forward: mixed`` every step runs every candidate of every
+block, one static graph that Dynamo captures whole. It must train as the eager supernet does while tau anneals
+(tau is an input of the graphs, not a constant they were specialised on: no recompile a step), evaluate an
+exported layout without compiling for it, and be refused, in one line, where the step is not static."""
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config
+from torch._dynamo.utils import counters
+
+from parnas.cli import main
+from parnas.config import load_config
+from parnas.search_spaces import PARTransformerXLSpace
+from parnas.strategies.gumbel_darts import PARGumbelDARTS, tau_at
+from parnas.strategies.supernet_export import exported
+from parnas.strategies.temperature import GumbelSoftmax
+from parnas.training.latency import zipf_ids
+from parnas.training.task import adam, compile_model
+
+VOCAB = 1000
+pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+
+
+def supernets(mode: str, device: str = "cpu") -> tuple[dict, object, int]:
+    """An eager mixed supernet and its compiled copy (tiny preset: dropout 0, memory filling over two segments),
+    a Zipf token stream and the segment length."""
+    cfg = load_config("tiny", ["model.mem_len=32", "search.par-gumbel-darts.forward=mixed"])
+    torch.manual_seed(0)
+    space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
+    eager = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).to(device).train()
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled, mode)
+    L = cfg.data.seg_len
+    stream = zipf_ids(cfg.data.batch_size * (L * 8 + 1), VOCAB).view(cfg.data.batch_size, -1).to(device)
+    return {"eager": eager, "compiled": compiled}, stream, L
+
+
+def train_side_by_side(models: dict, stream: torch.Tensor, L: int, steps: int, tolerance: dict) -> None:
+    """``steps`` Adam steps of each model on the same segments, tau annealed from 1 to 0.1 as a search does: the
+    losses, the logits' and the weights' gradients and the memories are eager's to ``tolerance``; from the fourth
+    segment (the memory full) nothing is compiled again."""
+    optimizers = {name: adam(m.parameters(), lr=1e-3) for name, m in models.items()}
+    mems: dict = dict.fromkeys(models)
+    for t in range(steps):
+        x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
+        losses, grads = {}, {}
+        with torch._dynamo.config.patch(error_on_recompile=t >= 3):
+            for name, model in models.items():
+                for softmax in (m for m in model.modules() if isinstance(m, GumbelSoftmax)):
+                    softmax.set_tau(tau_at(t, steps, 1.0, 0.1), hard=False)
+                torch.manual_seed(t)  # the Gumbel noise: eager's draws, in the graph too (fallback_random)
+                h, mems[name] = model(x, mems[name])
+                losses[name] = model.nll(h, y).mean()
+                optimizers[name].zero_grad(set_to_none=True)
+                losses[name].backward()
+                grads[name] = {key: p.grad.clone() for key, p in model.named_parameters() if p.grad is not None}
+                optimizers[name].step()
+        torch.testing.assert_close(losses["compiled"], losses["eager"], **tolerance)
+        assert grads["compiled"].keys() == grads["eager"].keys() and any("_arch_alpha" in k for k in grads["eager"])
+        for key, grad in grads["eager"].items():
+            torch.testing.assert_close(grads["compiled"][key], grad, rtol=1e-3, atol=1e-5, msg=f"step {t}: {key}")
+        for a, b in zip(mems["eager"], mems["compiled"]):
+            assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, **tolerance)), t
+
+
+@pytest.mark.slow  # a compile of seconds: `make test` runs it, `make test-fast` not
+def test_a_compiled_mixed_supernet_trains_like_the_eager_one_while_tau_anneals():
+    models, stream, L = supernets("default")
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(fallback_random=True):
+            train_side_by_side(models, stream, L, 6, dict(rtol=1e-5, atol=1e-6))
+        made = counters["stats"]["unique_graphs"]
+        assert made >= 3  # compiled indeed: a graph for each memory length, 0 to 32
+        x, y = stream[:, :L], stream[:, 1:L + 1]
+        layout = ["attention", "identity", "dense", "dense"]
+        nll = {}
+        for name, model in models.items():  # the exported layout with the supernet's weights, in eval mode
+            choices = [m for m in model.modules() if hasattr(m, "_arch_alpha")]
+            model.eval()
+            with torch.no_grad(), exported(choices, layout):
+                nll[name] = model.nll(model(x)[0], y).mean()
+        torch.testing.assert_close(nll["compiled"], nll["eager"], rtol=1e-5, atol=1e-6)
+        assert counters["stats"]["unique_graphs"] == made  # run eager: no graphs for a layout
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
+    """``train.compile=reduce-overhead``: the supernet's forward and backward replayed as CUDA graphs, tau
+    changing between replays; eager's losses, gradients and memories to a tolerance."""
+    models, stream, L = supernets("reduce-overhead", "cuda")
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(fallback_random=True):
+            train_side_by_side(models, stream, L, 8, dict(rtol=1e-4, atol=1e-4))
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("settings, said", [
+    ([], "a fair supernet (forward auto trains fair in one process) runs other candidates from step to step: "
+         "set search.par-gumbel-darts.forward=mixed to compile the supernet"),
+    (["search.par-gumbel-darts.forward=sampled"], "and a sampled supernet runs other candidates"),
+    (["search.par-gumbel-darts.forward=mixed", "search.candidates=[attention,ut]", "train.accelerator=gpu"],
+     "train.compile=reduce-overhead replays the supernet's step as CUDA graphs, and ut blocks read values back"),
+])
+def test_a_compiled_search_that_is_not_one_static_step_is_refused_in_one_line(capsys, tmp_path, settings, said):
+    mode = "reduce-overhead" if "train.accelerator=gpu" in settings else "default"
+    args = ["search", "--config", "tiny", "--dry-run", "--set", f"train.compile={mode}",
+            "--set", f"search.out_dir={tmp_path / 'run'}"]
+    for setting in settings:
+        args += ["--set", setting]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path):
+    """``parnas search --set train.compile=default`` with ``forward: mixed``, on the CPU: a line before the first
+    step says it compiles, one after says how long it took, and the search evaluates, picks and exports as an eager
+    one, its checkpoint holding the same keys. The final pick's short retrains run eager: no line of theirs says
+    they compile."""
+    base = ["search", "--config", "tiny", "--set", "search.par-gumbel-darts.forward=mixed",
+            "--set", "train.max_steps=8", "--set", "train.eval_every=4", "--set", "train.threads=1",
+            "--set", "search.select.steps=[4]", "--set", "search.latency_budget=0.8"]
+    for mode in ("none", "default"):
+        assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("compiling the model (train.compile=default)") == 1 and "compiled: the first step took" in out
+    assert out.count("final pick, round 1/1: ") >= 4  # both searches' picks retrained their entrants
+    assert out.count("architecture ") >= 2 and (tmp_path / "default" / "architecture.json").exists()
+    keys = {mode: set(torch.load(tmp_path / mode / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])
+            for mode in ("none", "default")}
+    assert keys["default"] == keys["none"]
+
+
+@pytest.mark.slow
+def test_search_step_times_the_compiled_models_beside_the_eager_ones(benchmark_script, monkeypatch, capsys):
+    """``benchmarks/search_step.py --compile default`` (tiny, one round of one step): the compiled Transformer-XL
+    and mixed supernet are timed in the same rounds, and their ratios printed."""
+    search_step = benchmark_script("search_step")
+    monkeypatch.setattr("sys.argv", ["search_step.py", "--config", "tiny", "--vocab-size", "1000", "--steps", "1",
+                                     "--rounds", "1", "--warmup", "1", "--compile", "default"])
+    search_step.main()
+    out = capsys.readouterr().out
+    for name in ("transformer-xl", "supernet, mixed", "supernet, fair", "transformer-xl, default",
+                 "supernet, mixed, default"):
+        assert any(line.startswith(f"{name} ") and line.endswith(" ms/step") for line in out.splitlines()), name
+    assert "step supernet, mixed, default / transformer-xl, default: " in out
+    assert "step supernet, mixed, default / supernet, mixed: " in out
