@@ -4,6 +4,7 @@ block, one static graph that Dynamo captures whole. It must train as the eager s
 exported layout without compiling for it, and be refused, in one line, where the step is not static."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -122,15 +123,37 @@ def test_a_compiled_search_that_is_not_one_static_step_is_refused_in_one_line(ca
     assert not (tmp_path / "run").exists()
 
 
+def compiled_search(micro, *settings: str) -> list[str]:
+    """``parnas search``'s arguments: tiny, on the micro corpus, mixed and compiled, 8 steps, then ``settings``."""
+    args = ["search", "--config", "tiny", "--set", f"data.path={micro}", "--set", "data.tokenizer=char",
+            "--set", "model.cutoffs=[20, 40]",
+            "--set", "search.par-gumbel-darts.forward=mixed", "--set", "train.compile=default",
+            "--set", "train.max_steps=8", "--set", "train.eval_every=4", "--set", "train.threads=1"]
+    for setting in settings:
+        args += ["--set", setting]
+    return args
+
+
 @pytest.mark.slow
-def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path):
+def test_a_compiled_search_stopped_and_resumed_is_the_uninterrupted_one(micro, tmp_path):
+    """Stopped after its first evaluation and checkpoint, then resumed: the same history, step for step (the
+    graphs' own random draws come from the generators the step seeds)."""
+    assert main(compiled_search(micro, f"search.out_dir={tmp_path / 'whole'}")) == 0
+    parts = compiled_search(micro, f"search.out_dir={tmp_path / 'parts'}", "train.ckpt_every=4")
+    assert main([*parts, "--set", "train.stop_at=4"]) == 0
+    assert main([*parts, "--resume"]) == 0
+    histories = [[json.loads(line) for line in (tmp_path / run / "history.jsonl").read_text().splitlines()]
+                 for run in ("whole", "parts")]
+    assert [h["step"] for h in histories[0]] == [4, 8] and histories[1] == histories[0]
+
+
+@pytest.mark.slow
+def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path, micro):
     """``parnas search --set train.compile=default`` with ``forward: mixed``, on the CPU: a line before the first
     step says it compiles, one after says how long it took, and the search evaluates, picks and exports as an eager
     one, its checkpoint holding the same keys. The final pick's short retrains run eager: no line of theirs says
     they compile."""
-    base = ["search", "--config", "tiny", "--set", "search.par-gumbel-darts.forward=mixed",
-            "--set", "train.max_steps=8", "--set", "train.eval_every=4", "--set", "train.threads=1",
-            "--set", "search.select.steps=[4]", "--set", "search.latency_budget=0.8"]
+    base = compiled_search(micro, "search.select.steps=[4]", "search.latency_budget=0.8")
     for mode in ("none", "default"):
         assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
     out = capsys.readouterr().out
