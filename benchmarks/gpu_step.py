@@ -98,7 +98,8 @@ def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed
     ``search.par-gumbel-darts.forward``: ``mixed``, every candidate runs in every block, weighted; ``sampled``, one
     drawn from softmax(alpha), the logits as initialised (even odds: the search's start); ``fair``, every candidate
     of every block once, in as many forwards as a block has candidates, with one backward. ``compile_mode``: the
-    mixed supernet compiled as ``train.compile`` compiles it in a search."""
+    supernet compiled as ``train.compile`` compiles it in a search (a fair step's sub-steps then stacked in one
+    forward)."""
     from search_step import Sampling, fair_step
 
     from parnas.search_spaces import PARTransformerXLSpace
@@ -111,7 +112,8 @@ def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed
     weights = [p for name, p in supernet.named_parameters() if not name.endswith("_arch_alpha")]
     if forward == "fair":
         optimizers = _optimizers([weights, alphas], cfg)
-        return supernet, fair_step(supernet, optimizers, weights, cfg.train.clip, lambda: precision_context(precision))
+        return supernet, fair_step(supernet, optimizers, weights, cfg.train.clip, lambda: precision_context(precision),
+                                   stacked=compile_mode != "none")  # compiled: the sub-steps as one forward
     model = Sampling(supernet) if forward == "sampled" else supernet
     return supernet, _step(model, [weights, alphas], cfg, precision)
 
@@ -180,8 +182,8 @@ ADDED_BY_FLAG = {  # the store_true flags: the model each adds to those timed (o
         "add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD: AAADDD), and the"
         " layout's step time over the twin's",
     "--compile-supernet":
-        "with --compile, add the mixed supernet compiled in that mode (train.compile in a search with "
-        "search.par-gumbel-darts.forward=mixed)",
+        "with --compile, add the mixed and the fair supernet compiled in that mode, as train.compile compiles them "
+        "in a search (the fair step's sub-steps stacked in one forward)",
     "--no-supernet":
         "leave the supernet out (a quick look at the Transformer-XL and what flags add)",
 }
@@ -266,6 +268,7 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
             models[f"{FLEX}, compiled"] = fixed(compile_mode=args.compile, attention_kernel="flex")
         if args.compile_supernet:
             models[f"supernet, compiled ({args.compile})"] = supernet("mixed", args.compile)
+            models[f"{FAIR}, compiled ({args.compile})"] = supernet("fair", args.compile)
     for layout in args.layout:
         models[layout] = fixed(layout)
     for twin in twins(args.layout).values() if args.twin else ():
@@ -339,8 +342,9 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
         print("  " + ratio_line(compiled, TF32, tps, label=f"step time {TF32} / {compiled}"))
     if args.compile_supernet:  # each compiled in the same mode: what CUDA graphs leave of the supernet's extra cost
         compiled = f"compiled ({args.compile})"
-        print("  " + ratio_line(compiled, f"supernet, {compiled}", tps,
-                                label=f"step time supernet, {compiled} / transformer-xl, {compiled}"))
+        for supernet_name in (f"supernet, {compiled}", f"{FAIR}, {compiled}"):
+            print("  " + ratio_line(compiled, supernet_name, tps,
+                                    label=f"step time {supernet_name} / transformer-xl, {compiled}"))
     for layout, twin in twins(args.layout).items() if args.twin else ():
         print("  " + ratio_line(twin, layout, tps, label=f"step time {layout} / {twin}, its twin without identity"))
     for model in kinds if args.profile else ():

@@ -13,11 +13,11 @@ layout's cost as the logits do). The four take ``--steps`` steps each per round,
 
     python benchmarks/search_step.py                        # the wt2-seed configuration
     python benchmarks/search_step.py --config wt2-cpu --rounds 7
-    python benchmarks/search_step.py --config wt2-cpu --compile default  # + the Transformer-XL and mixed compiled
+    python benchmarks/search_step.py --config wt2-cpu --compile default  # + the Transformer-XL and supernets compiled
 
-``--compile MODE`` adds the Transformer-XL and the mixed supernet compiled as ``train.compile=MODE`` compiles them
-(a search compiles only a mixed supernet: a fair or sampled step is not one static graph); their first steps,
-which compile, are among the warm-up's.
+``--compile MODE`` adds the Transformer-XL, the mixed supernet and the fair one compiled as ``train.compile=MODE``
+compiles them in a search (the fair step's sub-steps stacked into one forward: ``parnas.strategies.fair``; a
+sampled step is not one static graph); their first steps, which compile, are among the warm-up's.
 """
 
 from __future__ import annotations
@@ -78,10 +78,10 @@ class FairTask:
         torch.manual_seed(self.seed_for_step(seed_offset))
         return segment_nll(self.model, x, y, memory, groups)
 
-    def train_nll(self, batch: Any) -> Tensor:
+    def train_nll(self, batch: Any, forward: Callable[..., Any] = segment_nll) -> Tensor:
         x, y, groups = batch
         torch.manual_seed(self.seed_for_step())
-        nll, self.mems = segment_nll(self.model, x, y, self.mems, groups)
+        nll, self.mems = forward(self.model, x, y, self.mems, groups)
         self.steps += 1
         return nll
 
@@ -91,16 +91,17 @@ class FairTask:
 
 def fair_step(supernet: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],
               clipped: list[torch.nn.Parameter], clip: float,
-              context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., None]:
+              context: Callable[[], Any] = contextlib.nullcontext, stacked: bool = False) -> Callable[..., None]:
     """``step(tokens, groups=None)``: one fair step of the search's joint mode on a (B, L+1) segment, as
     :func:`training_step` takes one of a model: the mean of the sub-steps' losses plus the logits' surrogate inside
-    ``context()``, one backward, clipping of ``clipped``, every optimiser."""
+    ``context()``, one backward, clipping of ``clipped``, every optimiser. ``stacked``: the sub-steps as one
+    forward, as a compiled search runs them."""
     task = FairTask(supernet)
     layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
 
     def step(tokens: Tensor, groups: Any = None) -> None:
         with context():
-            loss, surrogate = fair_loss(layers, task, (tokens[:, :-1], tokens[:, 1:], groups), learns=True)
+            loss, surrogate = fair_loss(layers, task, (tokens[:, :-1], tokens[:, 1:], groups), True, stacked)
             loss = loss.float() + surrogate
         descend(loss, optimizers, clipped, clip)
     return step
@@ -112,7 +113,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", default="none", choices=COMPILE_MODES,
-                        help="also time the Transformer-XL and the mixed supernet compiled in this mode")
+                        help="also time the Transformer-XL and the mixed and fair supernets compiled in this mode")
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     torch.manual_seed(0)
@@ -126,9 +127,9 @@ def main() -> None:
 
     models = {"transformer-xl": fixed(), "supernet, mixed": supernet(),
               "supernet, sampled": Sampling(supernet()), "supernet, fair": supernet()}
-    compiled = [f"transformer-xl, {args.compile}", f"supernet, mixed, {args.compile}"]
+    compiled = [f"{name}, {args.compile}" for name in ("transformer-xl", "supernet, mixed", "supernet, fair")]
     if args.compile != "none":
-        models |= dict(zip(compiled, (fixed(), supernet())))
+        models |= dict(zip(compiled, (fixed(), supernet(), supernet())))
         for name in compiled:
             compile_model(models[name], args.compile)
     steps = {}
@@ -137,8 +138,10 @@ def main() -> None:
                   [p for n, p in model.named_parameters() if n.endswith("_arch_alpha")]]
         optimizers = [adam(groups[0], lr=cfg.train.lr)] + ([torch.optim.Adam(groups[1], lr=cfg.search.arch_lr,
                                                                               betas=(0.5, 0.999))] if groups[1] else [])
-        make = fair_step if name == "supernet, fair" else training_step
-        steps[name] = make(model, optimizers, groups[0], cfg.train.clip)
+        if name.startswith("supernet, fair"):  # compiled: its sub-steps stacked, as a compiled search runs them
+            steps[name] = fair_step(model, optimizers, groups[0], cfg.train.clip, stacked=name != "supernet, fair")
+        else:
+            steps[name] = training_step(model, optimizers, groups[0], cfg.train.clip)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     warmup = max(args.warmup, full_memory_steps(cfg))
     stream = zipf_ids(B * (L * (warmup + args.rounds * args.steps) + 1), args.vocab_size).view(B, -1)
@@ -155,10 +158,11 @@ def main() -> None:
     print(ratio_line("supernet, sampled", "supernet, mixed", figures, "step sampled / mixed"))
     print(ratio_line("supernet, fair", "supernet, mixed", figures, "step fair / mixed"))
     if args.compile != "none":
-        fixed_c, mixed_c = compiled
-        print(ratio_line(mixed_c, "transformer-xl", figures, f"step {mixed_c} / transformer-xl"))
-        print(ratio_line(mixed_c, fixed_c, figures, f"step {mixed_c} / {fixed_c}"))
-        print(ratio_line(mixed_c, "supernet, mixed", figures, f"step {mixed_c} / supernet, mixed"))
+        fixed_c, *supernets = compiled
+        for name, eager in zip(supernets, ("supernet, mixed", "supernet, fair")):
+            print(ratio_line(name, "transformer-xl", figures, f"step {name} / transformer-xl"))
+            print(ratio_line(name, fixed_c, figures, f"step {name} / {fixed_c}"))
+            print(ratio_line(name, eager, figures, f"step {name} / {eager}"))
         print(ratio_line(fixed_c, "transformer-xl", figures, f"step {fixed_c} / transformer-xl"))
 
 

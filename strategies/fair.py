@@ -24,18 +24,27 @@ The training stream's bookkeeping (its memory, data position and micro-batch cou
 the last sub-step, which runs the task's own ``train_nll``: the memory carried to the next segment is that
 sub-step's. The picks and each sub-step's dropout are seeded by the step (:meth:`seed_for_step`), so a resumed
 search draws the same.
+
+Stacked (``train.compile``): the ``K`` sub-steps run as one forward of ``K`` copies of the batch stacked on its
+axis, from the same memory, each block's candidate ``k`` on the copy its permutation gives it
+(:class:`SampledMixedLayer`'s ``routes``, set in place every step): the same sub-steps, losses and gradients, but
+one static graph that ``torch.compile`` captures, where ``K`` forwards of other candidates each step would need a
+graph per permutation. The copies' dropout comes from one seed, so the draws are not the sub-steps' (the compiled
+graphs draw their own numbers anyway); without dropout the two compute the same, to rounding.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from parnas.nn.adaptive import TargetGroups
 from parnas.strategies.sampled import SampledMixedLayer, clear_picks
+from parnas.training.devices import pinned
 
 FAIR_SEED_OFFSET = 151_051
 """Added to ``train.seed`` for a step's permutations (and, plus the sub-step's index, for the dropout of the
@@ -82,16 +91,62 @@ def merged_block_metrics(sub_steps: Sequence[dict[str, Tensor]]) -> dict[str, Te
     return {name: torch.stack(values).mean() for name, values in names.items()} | per_block
 
 
-def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[Any],
-              learns: bool) -> tuple[Tensor, Tensor | float]:
+def stacked_groups(groups: TargetGroups | None, copies: int, n_targets: int) -> TargetGroups | None:
+    """``groups`` of a batch's ``n_targets`` targets as the groups of ``copies`` copies of it stacked: each
+    cluster's rows of every copy in turn, so each cluster's rows stay in their order. Index arithmetic where the
+    groups are: nothing is read back."""
+    if groups is None:
+        return None
+    parts = groups.order.split(list(groups.sizes))  # each cluster's rows
+    order = torch.cat([part + j * n_targets for part in parts for j in range(copies)])
+    return TargetGroups(order, tuple(size * copies for size in groups.sizes))
+
+
+def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:
+    """``segment_nll``'s call for ``copies`` copies of the segment stacked on the batch axis, all from the same
+    memory: NLL (copies, B, L) and the memory after the last copy (the model's body carries that one on)."""
+    def forward(model: torch.nn.Module, x: Tensor, y: Tensor, mems: Any, groups: TargetGroups | None
+                ) -> tuple[Tensor, Any]:
+        if mems is None:  # B rows of memory, not copies x B
+            mems = model.init_memory(x.size(0), x.device)
+        h, mems = model(x.repeat(copies, 1), mems)  # (copies x B, L, D)
+        nll = model.nll(h, y.repeat(copies, 1), stacked_groups(groups, copies, y.numel()))
+        return nll.view(copies, *y.shape), mems
+    return forward
+
+
+def set_routes(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]]) -> None:
+    """Each layer's ``routes`` for a stacked step whose copy j runs ``picks[j]``, copied in place from pinned
+    memory: on a GPU the copies queue behind its work, and the host does not wait."""
+    by_copy = torch.tensor(picks).T  # (n_blocks, K): the candidate each copy runs
+    routes = pinned(torch.stack([by_copy.argsort(-1), by_copy], dim=1), layers[0].routes.device)  # (n_blocks, 2, K)
+    for layer, route in zip(layers, routes, strict=True):
+        layer.routes.copy_(route, non_blocking=True)
+
+
+def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[Any], learns: bool,
+              stacked: bool = False) -> tuple[Tensor, Tensor | float]:
     """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses (each candidate of
     each block run once, same batch, same starting memory), whose one backward accumulates every sub-step's
     gradient, and the logits' surrogate (0.0 unless ``learns``). The picks are cleared on return; the model's
-    ``block_metrics`` are those of every sub-step (:func:`merged_block_metrics`)."""
+    ``block_metrics`` are those of every sub-step (:func:`merged_block_metrics`). ``stacked``: the sub-steps as
+    one forward (see module docstring)."""
     if not layers:
         return task.train_nll(batch).mean() + task.aux_loss(), 0.0
     n_candidates = len(layers[0].names)
     picks = fair_picks(len(layers), n_candidates, task.seed_for_step(FAIR_SEED_OFFSET))
+    if stacked:
+        set_routes(layers, picks)
+        for layer in layers:
+            layer.stacked = True
+        try:
+            nll = task.train_nll(batch, stacked_nll(n_candidates))  # (K, B, L)
+        finally:
+            for layer in layers:
+                layer.stacked = False
+        # (K,): sub-step j's loss at j; the auxiliary losses of the one forward are every sub-step's, summed
+        losses = nll.flatten(1).mean(1) + task.aux_loss() / n_candidates
+        return losses.mean(), fair_surrogate(layers, picks, losses) if learns else 0.0
     start = task.train_memory(batch[0])
     losses, metrics = [], []
     try:

@@ -165,7 +165,8 @@ class PARDartsModule(DartsLightningModule):
         if self.par.forward == "mixed" or (self.par.forward == "fair" and stream != "train"):
             return self._stream_loss(stream, batch), 0.0
         if self.par.forward == "fair":  # every candidate once on the same batch (parnas.strategies.fair)
-            return fair_loss(self.choices(), self.training_module, batch, learns)
+            stacked = self.training_module.train_cfg.compile != "none"  # one static graph to compile
+            return fair_loss(self.choices(), self.training_module, batch, learns, stacked)
         choices = self.choices()
         picks = draw_picks(choices, self.training_module.seed_for_step(PICK_SEED_OFFSETS[stream]))
         loss = self._stream_loss(stream, batch)

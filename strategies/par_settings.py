@@ -151,12 +151,11 @@ def check_par_search(cfg: Any, resume: bool) -> None:
     par = par_settings(cfg.search)  # a config of another strategy: parnas search runs that one's own code
     _require(not cfg.model.reversible, "model.reversible runs a fixed model's blocks in pairs, a search's supernet "
              "runs each block alone: leave model.reversible=false for search and set it for retrain")
-    if cfg.train.compile != "none":  # one static step: every candidate of every block, mixed
+    if cfg.train.compile != "none":  # one static step: every candidate mixed, or the fair sub-steps stacked
         forward = par.resolved(cfg.train.devices * cfg.train.num_nodes).forward
-        how = " (forward auto trains fair in one process)" if par.forward == "auto" else ""
-        _require(forward == "mixed", f"train.compile={cfg.train.compile} compiles one static step, and a {forward} "
-                 f"supernet{how} runs other candidates from step to step: set search.{cfg.search.strategy}."
-                 "forward=mixed to compile the supernet, or leave train.compile=none")
+        _require(forward != "sampled", f"train.compile={cfg.train.compile} compiles one static step, and a sampled "
+                 "supernet runs other candidates from step to step: set search."
+                 f"{cfg.search.strategy}.forward to fair or mixed to compile the supernet, or leave train.compile=none")
         syncing = [kind for kind in cfg.search.candidates if not kinds.get(kind).capturable]
         _require(cfg.train.compile != "reduce-overhead" or not syncing, "train.compile=reduce-overhead replays the "
                  f"supernet's step as CUDA graphs, and {', '.join(syncing)} blocks read values back to the host in "

@@ -41,16 +41,31 @@ people pick; they are primes (the 10,000th and the 12,191st) only to be easy to 
 
 
 class SampledMixedLayer(DifferentiableMixedLayer):
-    """NNI's mixed layer that, given a pick, runs only that candidate (see module docstring)."""
+    """NNI's mixed layer that, given a pick, runs only that candidate (see module docstring); or, ``stacked``, each
+    candidate on its own copy of the batch (a fair step's sub-steps in one forward: :mod:`parnas.strategies.fair`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pick: int | None = None  # the candidate the next training forward runs
+        self.stacked = False  # the next training forwards run stacked copies, routed by ``routes``
+        # routes[0, k]: the copy candidate k runs on; routes[1, j]: the candidate copy j gets. A buffer set in place
+        # each step: a compiled forward reads it as an input, so new routes compile nothing
+        self.register_buffer("routes", torch.zeros(2, len(self.names), dtype=torch.long), persistent=False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.training and self.stacked:
+            return self._stacked(*args, **kwargs)
         if self.pick is None or not self.training:
             return super().forward(*args, **kwargs)
         return self[self.names[self.pick]](*args, **kwargs)
+
+    def _stacked(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
+        """h (K*B, L, D): K copies of the segment's states, one per candidate; mem (B, M, D), the memory they share.
+        Candidate k runs on copy ``routes[0, k]`` alone; the outputs go back in the copies' order. (K*B, L, D)"""
+        copies = h.unflatten(0, (len(self.names), -1))  # (K, B, L, D)
+        outputs = torch.stack([self[name](copies.index_select(0, self.routes[0, k:k + 1]).squeeze(0), mem, pos)
+                               for k, name in enumerate(self.names)])  # (K, B, L, D), by candidate
+        return outputs.index_select(0, self.routes[1]).flatten(0, 1)  # (K*B, L, D), by copy
 
 
 def draw_picks(layers: Sequence[SampledMixedLayer], seed: int) -> list[int]:

@@ -161,10 +161,12 @@ def test_a_finished_run_is_not_overwritten_without_resume(capsys, finished, micr
     assert {p: p.read_bytes() for p in before} == before
 
 
-def test_search_refuses_to_compile_its_supernet(capsys, micro, tmp_path):
+def test_search_refuses_to_compile_a_sampled_supernet(capsys, micro, tmp_path):
+    """A sampled step runs other candidates from step to step: no one static graph holds it."""
     code, _, err = cli(capsys, "search", *micro_settings(micro, tmp_path / "run", "train.compile=default",
+                                                        "search.par-gumbel-darts.forward=sampled",
                                                         f"search.out_dir={tmp_path / 'run'}"))
-    assert_refused(code, err, "train.compile=default", "train.compile=none")
+    assert_refused(code, err, "train.compile=default", "sampled", "train.compile=none")
     assert not (tmp_path / "run").exists()
 
 

@@ -90,6 +90,47 @@ def test_a_compiled_mixed_supernet_trains_like_the_eager_one_while_tau_anneals()
         torch._dynamo.reset()
 
 
+def fair_side_by_side(fair_step, models: dict, stream: torch.Tensor, L: int, steps: int, tolerance: dict) -> None:
+    """``steps`` fair steps of each model on the same segments: ``eager`` as sub-steps, ``compiled`` stacked (as a
+    compiled search runs them). Weights, logits and memories stay eager's to ``tolerance`` (no dropout: the
+    two compute the same); from the fourth segment (the memory full) nothing is compiled again, though every
+    step routes the copies by new permutations."""
+    steps_of = {}
+    for name, model in models.items():
+        weights = [p for key, p in model.named_parameters() if not key.endswith("_arch_alpha")]
+        alphas = [p for key, p in model.named_parameters() if key.endswith("_arch_alpha")]
+        optimizers = [adam(weights, lr=1e-3), torch.optim.Adam(alphas, lr=1e-2, betas=(0.5, 0.999))]
+        steps_of[name] = fair_step(model, optimizers, weights, 0.25, stacked=name == "compiled")
+    for t in range(steps):
+        with torch._dynamo.config.patch(error_on_recompile=t >= 3):
+            for step in steps_of.values():
+                step(stream[:, t * L:(t + 1) * L + 1])
+        for (key, a), b in zip(models["eager"].named_parameters(), models["compiled"].parameters()):
+            torch.testing.assert_close(b, a, **tolerance, msg=f"step {t}: {key}")
+
+
+@pytest.mark.slow
+def test_a_compiled_fair_supernet_steps_as_its_eager_sub_steps_do(benchmark_script):
+    models, stream, L = supernets("default")
+    torch._dynamo.reset()
+    try:
+        fair_side_by_side(benchmark_script("search_step").fair_step, models, stream, L, 6, dict(rtol=1e-4, atol=1e-5))
+        assert counters["stats"]["unique_graphs"] >= 3
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_cuda_graphed_fair_supernet_steps_as_its_eager_sub_steps_do(benchmark_script):
+    models, stream, L = supernets("reduce-overhead", "cuda")
+    torch._dynamo.reset()
+    try:
+        fair_side_by_side(benchmark_script("search_step").fair_step, models, stream, L, 8, dict(rtol=1e-3, atol=1e-4))
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
@@ -105,9 +146,8 @@ def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
 
 
 @pytest.mark.parametrize("settings, said", [
-    ([], "a fair supernet (forward auto trains fair in one process) runs other candidates from step to step: "
-         "set search.par-gumbel-darts.forward=mixed to compile the supernet"),
-    (["search.par-gumbel-darts.forward=sampled"], "and a sampled supernet runs other candidates"),
+    (["search.par-gumbel-darts.forward=sampled"], "and a sampled supernet runs other candidates from step to step: "
+     "set search.par-gumbel-darts.forward to fair or mixed to compile the supernet"),
     (["search.par-gumbel-darts.forward=mixed", "search.candidates=[attention,ut]", "train.accelerator=gpu"],
      "train.compile=reduce-overhead replays the supernet's step as CUDA graphs, and ut blocks read values back"),
 ])
@@ -123,11 +163,12 @@ def test_a_compiled_search_that_is_not_one_static_step_is_refused_in_one_line(ca
     assert not (tmp_path / "run").exists()
 
 
-def compiled_search(micro, *settings: str) -> list[str]:
-    """``parnas search``'s arguments: tiny, on the micro corpus, mixed and compiled, 8 steps, then ``settings``."""
+def compiled_search(micro, forward: str, *settings: str) -> list[str]:
+    """``parnas search``'s arguments: tiny, on the micro corpus, ``forward``, compiled, 8 steps, then
+    ``settings``."""
     args = ["search", "--config", "tiny", "--set", f"data.path={micro}", "--set", "data.tokenizer=char",
             "--set", "model.cutoffs=[20, 40]",
-            "--set", "search.par-gumbel-darts.forward=mixed", "--set", "train.compile=default",
+            "--set", f"search.par-gumbel-darts.forward={forward}", "--set", "train.compile=default",
             "--set", "train.max_steps=8", "--set", "train.eval_every=4", "--set", "train.threads=1"]
     for setting in settings:
         args += ["--set", setting]
@@ -137,9 +178,11 @@ def compiled_search(micro, *settings: str) -> list[str]:
 @pytest.mark.slow
 def test_a_compiled_search_stopped_and_resumed_is_the_uninterrupted_one(micro, tmp_path):
     """Stopped after its first evaluation and checkpoint, then resumed: the same history, step for step (the
-    graphs' own random draws come from the generators the step seeds)."""
-    assert main(compiled_search(micro, f"search.out_dir={tmp_path / 'whole'}")) == 0
-    parts = compiled_search(micro, f"search.out_dir={tmp_path / 'parts'}", "train.ckpt_every=4")
+    graphs' own random draws come from the generators the step seeds). Fair, a one-process search's default: its
+    sub-steps stacked, routed by the step's permutations."""
+    assert main(compiled_search(micro, "fair", "model.dropout=0.1", f"search.out_dir={tmp_path / 'whole'}")) == 0
+    parts = compiled_search(micro, "fair", "model.dropout=0.1", f"search.out_dir={tmp_path / 'parts'}",
+                            "train.ckpt_every=4")
     assert main([*parts, "--set", "train.stop_at=4"]) == 0
     assert main([*parts, "--resume"]) == 0
     histories = [[json.loads(line) for line in (tmp_path / run / "history.jsonl").read_text().splitlines()]
@@ -153,7 +196,7 @@ def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path, 
     step says it compiles, one after says how long it took, and the search evaluates, picks and exports as an eager
     one, its checkpoint holding the same keys. The final pick's short retrains run eager: no line of theirs says
     they compile."""
-    base = compiled_search(micro, "search.select.steps=[4]", "search.latency_budget=0.8")
+    base = compiled_search(micro, "mixed", "search.select.steps=[4]", "search.latency_budget=0.8")
     for mode in ("none", "default"):
         assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
     out = capsys.readouterr().out
@@ -168,14 +211,15 @@ def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path, 
 @pytest.mark.slow
 def test_search_step_times_the_compiled_models_beside_the_eager_ones(benchmark_script, monkeypatch, capsys):
     """``benchmarks/search_step.py --compile default`` (tiny, one round of one step): the compiled Transformer-XL
-    and mixed supernet are timed in the same rounds, and their ratios printed."""
+    and mixed and fair supernets are timed in the same rounds as the eager ones, and their ratios printed."""
     search_step = benchmark_script("search_step")
     monkeypatch.setattr("sys.argv", ["search_step.py", "--config", "tiny", "--vocab-size", "1000", "--steps", "1",
                                      "--rounds", "1", "--warmup", "1", "--compile", "default"])
     search_step.main()
     out = capsys.readouterr().out
     for name in ("transformer-xl", "supernet, mixed", "supernet, fair", "transformer-xl, default",
-                 "supernet, mixed, default"):
+                 "supernet, mixed, default", "supernet, fair, default"):
         assert any(line.startswith(f"{name} ") and line.endswith(" ms/step") for line in out.splitlines()), name
-    assert "step supernet, mixed, default / transformer-xl, default: " in out
-    assert "step supernet, mixed, default / supernet, mixed: " in out
+    for name in ("mixed", "fair"):
+        assert f"step supernet, {name}, default / transformer-xl, default: " in out
+        assert f"step supernet, {name}, default / supernet, {name}: " in out

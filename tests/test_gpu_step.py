@@ -162,18 +162,23 @@ def test_the_fair_supernet_takes_the_searchs_fair_step(gpu_step, gpu_shapes, mon
 
 
 def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_it(gpu_step, gpu_shapes, monkeypatch):
-    """--compile MODE --compile-supernet: after the compiled Transformer-XL, the mixed supernet compiled in MODE, as
-    ``train.compile`` compiles it in a search (built on the CPU, ``.cuda()`` made a no-op; not stepped)."""
+    """--compile MODE --compile-supernet: after the compiled Transformer-XL, the mixed and the fair supernet compiled
+    in MODE, as ``train.compile`` compiles them in a search (built on the CPU, ``.cuda()`` made a no-op; not
+    stepped)."""
     monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
     args = gpu_step.parse_args(["--shape", "wt2-par", "--precision", "32-true", "--compile", "default",
                                 "--compile-supernet"])
     shape = gpu_shapes.SHAPES["wt2-par"]
     models = gpu_step.timed_models(shape, args)
-    assert list(models) == ["transformer-xl", "supernet", "compiled (default)", "supernet, compiled (default)"]
+    assert list(models) == ["transformer-xl", "supernet", "compiled (default)", "supernet, compiled (default)",
+                            "supernet, fair, compiled (default)"]
     assert models["supernet, compiled (default)"].kinds == models["supernet"].kinds == ["choice"] * 12
-    net, _ = models["supernet, compiled (default)"].build(shape.config("32-true"), shape.vocab)
+    assert models["supernet, fair, compiled (default)"].kinds == ["fair"] * 12
+    for name in ("supernet, compiled (default)", "supernet, fair, compiled (default)"):
+        net, _ = models[name].build(shape.config("32-true"), shape.vocab)
+        assert net._compiled_call_impl is not None, name
     plain, _ = models["supernet"].build(shape.config("32-true"), shape.vocab)
-    assert net._compiled_call_impl is not None and plain._compiled_call_impl is None
+    assert plain._compiled_call_impl is None
 
 
 def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most(benchmark_script):

@@ -251,7 +251,7 @@ def test_an_output_path_under_a_file_or_too_long_is_one_line(capsys, tmp_path, o
 
 
 @pytest.mark.parametrize("setting, said", [
-    ("train.compile=default", "a fair supernet (forward auto trains fair in one process) runs other candidates"),
+    ("model.reversible=true", "a search's supernet runs each block alone"),
     ("train.accumulate=2", "search does not support train.accumulate > 1"),
 ])
 def test_a_study_whose_searches_would_be_refused_is_refused_before_it_writes(capsys, tmp_path, setting, said):

@@ -219,12 +219,15 @@ class TransformerXL(nn.Module):
             if skipped:
                 new_mems.append(None)
                 continue
+            # a fair search's stacked step (parnas.strategies.fair) runs copies of the batch from one memory: the
+            # memories carried on follow the last copy
+            last = h if mem is None or len(h) == len(mem) else h[-len(mem):]  # (B, L, D)
             for keeper in keepers:  # memories a block keeps itself (compressive); a candidate a sampling search
                 keeper.memory = [next(kept) for _ in range(keeper.n_memories)]  # skips leaves no loss or metrics
                 keeper.metrics, keeper.aux_loss = {}, None
-                new_kept += keeper.update_memory(keeper.memory, h[:, :0] if mem is None else mem, h,
+                new_kept += keeper.update_memory(keeper.memory, last[:, :0] if mem is None else mem, last,
                                                  self.memory_len)
-            new_mems.append(None if mem is None else self._update(mem, h))
+            new_mems.append(None if mem is None else self._update(mem, last))
             h = block(h, h[:, :0] if mem is None else mem, pos)
             for keeper in keepers:
                 keeper.memory = None

@@ -30,7 +30,7 @@ DataLoader made between a checkpoint and the next step.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -222,15 +222,15 @@ class LanguageModelTask(LightningModule):
             self._restored_memory = None
         return self.mems.get("train")
 
-    def train_nll(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+    def train_nll(self, batch: tuple[Tensor, Tensor], forward: Callable[..., Any] = segment_nll) -> Tensor:
         """Per-token NLL (B, L) of the next training segment, with the bookkeeping exact resume needs:
         the restored memory is sliced in, dropout is reseeded, the data position advances.
-        The search's weight steps go through here too."""
+        The search's weight steps go through here too; ``forward``: :func:`segment_nll`'s call, or another's."""
         x, y, groups = unpack(batch)
         if self.data_position >= self.trainer.num_training_batches:
             self._new_pass()  # resumed from a checkpoint taken at the very end of a pass
         reseed(self.seed_for_step(), x.device)
-        nll, self.mems["train"] = segment_nll(self.model, x, y, self.train_memory(x), groups)
+        nll, self.mems["train"] = forward(self.model, x, y, self.train_memory(x), groups)
         self._note_nonfinite(nll)
         self.batches_seen += 1
         self.data_position += 1
