@@ -34,7 +34,7 @@ CANDIDATE_PRESETS = {"par": BLOCK_KINDS,
                                 "moe")}
 # What Lightning accepts that makes sense here (its deprecated aliases "16"/"bf16" and TPUs left out).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
-# torch.compile's modes for the fixed model ("none": eager; "reduce-overhead": CUDA graphs, on a GPU only)
+# torch.compile's modes for the model, a search's supernet too ("none": eager; "reduce-overhead": CUDA graphs, GPU only)
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 # what computes attention off the CPU (parnas.nn.blocks): SDPA with the position scores as a bias, or FlexAttention
 ATTENTION_KERNELS = ("sdpa", "flex")
@@ -222,7 +222,7 @@ class TrainConfig:
     num_nodes: int = 1  # machines (DDP across them; launched by torchrun or SLURM)
     threads: int = 0  # torch's threads per process (0: parnas.threads chooses, or OMP_NUM_THREADS if set)
     precision: str = "32-true"
-    compile: str = "none"  # torch.compile the fixed model: one of COMPILE_MODES
+    compile: str = "none"  # torch.compile the model (or a search's supernet): one of COMPILE_MODES
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:

@@ -14,7 +14,8 @@ BASH = shutil.which("bash")
 SCALE = 0.02
 QUICK = ["quick-tests", "quick-wt103", "quick-wt2par", "quick-latency"]
 FULL = ["tests", "syncs", "steps-wt103-bf16", "steps-wt103-tf32", "steps-wt2par", "steps-graphs-wt2par",
-        "steps-graphs-wt103", "steps-nvidia", "flex-wt103", "flex-long", "latency"]
+        "steps-graphs-wt103", "steps-nvidia", "supernet-tests", "supernet-wt2par", "flex-wt103", "flex-long", "latency"]
+PYTEST_STEPS = ("tests", "quick-tests", "supernet-tests")
 
 
 def run_plan(tmp_path: Path, args: list[str], python3: str) -> tuple[subprocess.CompletedProcess, Path, list[dict]]:
@@ -80,7 +81,8 @@ esac"""
 
 
 @pytest.mark.parametrize("args, steps", [(["quick"], QUICK), ([], FULL),
-                                         (["latency", "flex"], ["flex-wt103", "flex-long", "latency"])])
+                                         (["latency", "flex"], ["flex-wt103", "flex-long", "latency"]),
+                                         (["supernet"], ["supernet-tests", "supernet-wt2par"])])
 def test_each_plan_runs_its_steps_and_passes_when_they_do(tmp_path, args, steps):
     """Without pytest-timeout the tests run under their step's limit alone, and say so."""
     proc, out, rows = run_plan(tmp_path, args, 'case "$*" in *"import pytest_timeout"*) exit 1 ;; esac')
@@ -88,7 +90,7 @@ def test_each_plan_runs_its_steps_and_passes_when_they_do(tmp_path, args, steps)
     assert [(r["step"], r["result"]) for r in rows] == [(s, "passed") for s in steps]
     assert sorted(p.name for p in out.glob("*.log")) == sorted(f"{s}.log" for s in steps)
     pytest_calls = [c for c in (tmp_path / "calls").read_text().splitlines() if c.startswith("-m pytest")]
-    assert len(pytest_calls) == ("tests" in steps or "quick-tests" in steps)
+    assert len(pytest_calls) == len([s for s in steps if s in PYTEST_STEPS])
     assert not any("--timeout" in c for c in pytest_calls)
     assert ("pytest-timeout is not installed" in proc.stdout) == bool(pytest_calls)
 
