@@ -29,8 +29,11 @@ Stacked (``train.compile``): the ``K`` sub-steps run as one forward of ``K`` cop
 axis, from the same memory, each block's candidate ``k`` on the copy its permutation gives it
 (:class:`SampledMixedLayer`'s ``routes``, set in place every step): the same sub-steps, losses and gradients, but
 one static graph that ``torch.compile`` captures, where ``K`` forwards of other candidates each step would need a
-graph per permutation. The copies' dropout comes from one seed, so the draws are not the sub-steps' (the compiled
-graphs draw their own numbers anyway); without dropout the two compute the same, to rounding.
+graph per permutation. The copies' dropout (and any draw of a block's own, LSH's rotations) comes from one seed,
+so the draws are not the sub-steps' (the compiled graphs draw their own numbers anyway); without them the two
+compute the same, to rounding, each copy's loss carrying what its candidates' keepers left (pondering, a
+mixture's balance). One exception: a compressive block's reconstruction loss, which its memory update computes
+whichever candidate runs, is computed once, on the copy carried on, where each sub-step computed its own.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import torch
 from torch import Tensor
 
 from parnas.nn.adaptive import TargetGroups
+from parnas.nn.blocks import Keeper
 from parnas.strategies.sampled import SampledMixedLayer, clear_picks
 from parnas.training.devices import pinned
 
@@ -115,6 +119,15 @@ def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:
     return forward
 
 
+def copies_aux_loss(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor) -> Tensor:
+    """Each copy's auxiliary loss after a stacked forward: what the blocks it ran left (a compressive memory's
+    reconstruction, a mixture's balance, pondering), as its sub-step's own would be, so the logits see each
+    candidate's; ``zero`` (a 0-d tensor where the losses are) where nothing was left. (K,)"""
+    left = [[[m.aux_loss for m in layer[name].modules() if isinstance(m, Keeper) and m.aux_loss is not None]
+             for name in layer.names] for layer in layers]  # [block][candidate]: the losses its keepers left
+    return torch.stack([sum((a for b, k in enumerate(row) for a in left[b][k]), start=zero) for row in picks])
+
+
 def set_routes(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]]) -> None:
     """Each layer's ``routes`` for a stacked step whose copy j runs ``picks[j]``, copied in place from pinned
     memory: on a GPU the copies queue behind its work, and the host does not wait."""
@@ -144,8 +157,8 @@ def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[An
         finally:
             for layer in layers:
                 layer.stacked = False
-        # (K,): sub-step j's loss at j; the auxiliary losses of the one forward are every sub-step's, summed
-        losses = nll.flatten(1).mean(1) + task.aux_loss() / n_candidates
+        losses = nll.flatten(1).mean(1)  # (K,): sub-step j's loss at j, with what its blocks' keepers left
+        losses = losses + copies_aux_loss(layers, picks, losses.new_zeros(()))
         return losses.mean(), fair_surrogate(layers, picks, losses) if learns else 0.0
     start = task.train_memory(batch[0])
     losses, metrics = [], []

@@ -25,10 +25,10 @@ VOCAB = 1000
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 
 
-def supernets(mode: str, device: str = "cpu") -> tuple[dict, object, int]:
-    """An eager mixed supernet and its compiled copy (tiny preset: dropout 0, memory filling over two segments),
-    a Zipf token stream and the segment length."""
-    cfg = load_config("tiny", ["model.mem_len=32", "search.par-gumbel-darts.forward=mixed"])
+def supernets(mode: str, device: str = "cpu", *settings: str) -> tuple[dict, object, int]:
+    """An eager mixed supernet and its compiled copy (tiny preset: dropout 0, memory filling over two segments;
+    then ``settings``), a Zipf token stream and the segment length."""
+    cfg = load_config("tiny", ["model.mem_len=32", "search.par-gumbel-darts.forward=mixed", *settings])
     torch.manual_seed(0)
     space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
     eager = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).to(device).train()
@@ -107,6 +107,15 @@ def fair_side_by_side(fair_step, models: dict, stream: torch.Tensor, L: int, ste
                 step(stream[:, t * L:(t + 1) * L + 1])
         for (key, a), b in zip(models["eager"].named_parameters(), models["compiled"].parameters()):
             torch.testing.assert_close(b, a, **tolerance, msg=f"step {t}: {key}")
+
+
+@pytest.mark.parametrize("candidates", ["[attention,ut,dense]", "[moe,dense,identity]", "[shared,glu,identity]"])
+def test_stacked_sub_steps_compute_what_the_sub_steps_do_with_each_kinds_own_losses(benchmark_script, candidates):
+    """Eager, kinds whose blocks leave losses of their own (adaptive computation's pondering, a mixture's balance)
+    or share weights across depth: each copy's loss carries what its candidates left, as its sub-step's did, so
+    the logits learn the same."""
+    models, stream, L = supernets("none", "cpu", f"search.candidates={candidates}")
+    fair_side_by_side(benchmark_script("search_step").fair_step, models, stream, L, 4, dict(rtol=1e-4, atol=1e-5))
 
 
 @pytest.mark.slow
