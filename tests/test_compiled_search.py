@@ -232,3 +232,25 @@ def test_search_step_times_the_compiled_models_beside_the_eager_ones(benchmark_s
     for name in ("mixed", "fair"):
         assert f"step supernet, {name}, default / transformer-xl, default: " in out
         assert f"step supernet, {name}, default / supernet, {name}: " in out
+
+
+def test_a_stacked_fair_step_runs_where_the_model_is(benchmark_script):
+    """On the ``meta`` device (the GPU's paths: torch's dropout, the targets grouped on the host and moved): the
+    routes, the copies' groups and auxiliary losses and the memory carried on all land on the model's device,
+    B rows of memory a block, step after step."""
+    from parnas.strategies.fair import fair_loss
+    from parnas.strategies.sampled import SampledMixedLayer
+
+    cfg = load_config("tiny", ["model.dropout=0.1", "search.candidates=[attention,moe,identity]"])
+    space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
+    supernet = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).to("meta").train()
+    tokens = torch.randint(0, VOCAB, (8, 17))
+    groups = supernet.group_targets(tokens[:, 1:]).to(torch.device("meta"))
+    task = benchmark_script("search_step").FairTask(supernet)
+    layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
+    meta = tokens.to("meta")
+    for _ in range(3):
+        loss, surrogate = fair_loss(layers, task, (meta[:, :-1], meta[:, 1:], groups), True, stacked=True)
+        (loss + surrogate).backward()
+        assert loss.device.type == "meta" and loss.shape == ()
+        assert all(m.device.type == "meta" and m.size(0) == 8 for m in task.mems if m is not None)
