@@ -121,7 +121,7 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     strategy = PARGumbelDARTS(search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
                               costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
     supernet = strategy.mutate_model(space)
-    compile_model(supernet, cfg.train.compile)  # mixed only (check_par_search): one static step
+    compile_model(supernet, cfg.train.compile)  # a fair step stacked or a mixed one: one static graph a step
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,
                                                     fit_kwargs={"ckpt_path": str(ckpt) if ckpt else None}))
     return SupernetSearch(supernet, strategy, evaluator, data, costs, latency)
