@@ -358,7 +358,7 @@ class Config:
         if hasattr(settings, "check"):  # what the strategy's own settings need of the rest of the config
             settings.check(self)
         if self.train.compile == "reduce-overhead":
-            syncing = [kind for kind in dict.fromkeys(self.model.layout) if not kinds.get(kind).capturable]
+            syncing = kinds.syncing(self.model.layout)
             _require(not syncing, f"train.compile=reduce-overhead replays the step as CUDA graphs, and "
                      f"{', '.join(syncing)} blocks read values back to the host in their forward, which a graph "
                      "cannot hold: use train.compile=default (or none) for this layout")

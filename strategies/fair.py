@@ -46,9 +46,9 @@ import torch
 from torch import Tensor
 
 from parnas.nn.adaptive import TargetGroups
-from parnas.nn.blocks import Keeper
 from parnas.strategies.sampled import SampledMixedLayer, clear_picks
 from parnas.training.devices import pinned
+from parnas.training.task import segment_nll
 
 FAIR_SEED_OFFSET = 151_051
 """Added to ``train.seed`` for a step's permutations (and, plus the sub-step's index, for the dropout of the
@@ -113,18 +113,22 @@ def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:
                 ) -> tuple[Tensor, Any]:
         if mems is None:  # B rows of memory, not copies x B
             mems = model.init_memory(x.size(0), x.device)
-        h, mems = model(x.repeat(copies, 1), mems)  # (copies x B, L, D)
-        nll = model.nll(h, y.repeat(copies, 1), stacked_groups(groups, copies, y.numel()))
+        nll, mems = segment_nll(model, x.repeat(copies, 1), y.repeat(copies, 1), mems,
+                                stacked_groups(groups, copies, y.numel()))  # (copies x B, L)
         return nll.view(copies, *y.shape), mems
     return forward
 
 
-def copies_aux_loss(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor) -> Tensor:
+def copies_aux_loss(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor
+                    ) -> Tensor | float:
     """Each copy's auxiliary loss after a stacked forward: what the blocks it ran left (a compressive memory's
     reconstruction, a mixture's balance, pondering), as its sub-step's own would be, so the logits see each
-    candidate's; ``zero`` (a 0-d tensor where the losses are) where nothing was left. (K,)"""
-    left = [[[m.aux_loss for m in layer[name].modules() if isinstance(m, Keeper) and m.aux_loss is not None]
-             for name in layer.names] for layer in layers]  # [block][candidate]: the losses its keepers left
+    candidate's; ``zero`` (a 0-d tensor where the losses are) where nothing was left. (K,), or 0.0 where no
+    candidate keeps anything (PAR's kinds: nothing is added to the step)."""
+    if not any(keepers for layer in layers for keepers in layer.candidate_keepers):
+        return 0.0
+    left = [[[m.aux_loss for m in keepers if m.aux_loss is not None] for keepers in layer.candidate_keepers]
+            for layer in layers]  # [block][candidate]: the losses its keepers left
     return torch.stack([sum((a for b, k in enumerate(row) for a in left[b][k]), start=zero) for row in picks])
 
 

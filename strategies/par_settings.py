@@ -156,7 +156,7 @@ def check_par_search(cfg: Any, resume: bool) -> None:
         _require(forward != "sampled", f"train.compile={cfg.train.compile} compiles one static step, and a sampled "
                  "supernet runs other candidates from step to step: set search."
                  f"{cfg.search.strategy}.forward to fair or mixed to compile the supernet, or leave train.compile=none")
-        syncing = [kind for kind in cfg.search.candidates if not kinds.get(kind).capturable]
+        syncing = kinds.syncing(cfg.search.candidates)
         _require(cfg.train.compile != "reduce-overhead" or not syncing, "train.compile=reduce-overhead replays the "
                  f"supernet's step as CUDA graphs, and {', '.join(syncing)} blocks read values back to the host in "
                  "their forward, which a graph cannot hold: use train.compile=default (or none) for these candidates")

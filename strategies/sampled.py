@@ -24,12 +24,15 @@ NNI's layer: every candidate, mixed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from nni.nas.oneshot.pytorch.supermodule.differentiable import DifferentiableMixedLayer
 from torch import Tensor
+
+from parnas.nn.blocks import Keeper
 
 BASELINE_DECAY = 0.95  # the loss's moving average: b <- decay b + (1 - decay) L, over about 20 steps
 
@@ -51,6 +54,12 @@ class SampledMixedLayer(DifferentiableMixedLayer):
         # routes[0, k]: the copy candidate k runs on; routes[1, j]: the candidate copy j gets. A buffer set in place
         # each step: a compiled forward reads it as an input, so new routes compile nothing
         self.register_buffer("routes", torch.zeros(2, len(self.names), dtype=torch.long), persistent=False)
+
+    @functools.cached_property
+    def candidate_keepers(self) -> list[list[Keeper]]:
+        """Each candidate's modules that keep state or leave losses (``parnas.nn.blocks.Keeper``), found once: a
+        stacked step reads what each candidate's left, every step."""
+        return [[m for m in self[name].modules() if isinstance(m, Keeper)] for name in self.names]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.training and self.stacked:

@@ -20,6 +20,7 @@ from parnas.kinds.registry import (
     make_block,
     names,
     register,
+    syncing,
     unknown_message,
     unregister,
     with_settings,
@@ -27,4 +28,4 @@ from parnas.kinds.registry import (
 
 __all__ = ["GROUP", "HOW_TO_REGISTER", "BlockKind", "Check", "Factory", "Flops", "KindError", "attending", "builtin",
            "check", "default_settings", "get", "is_known", "letter", "loaded", "make_block", "names", "register",
-           "unknown_message", "unregister", "with_settings"]
+           "syncing", "unknown_message", "unregister", "with_settings"]

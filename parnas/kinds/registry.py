@@ -152,6 +152,12 @@ def attending(layout: Sequence[str]) -> int:
     return sum(1 for name in layout if is_known(name) and get(name).attends)
 
 
+def syncing(kinds: Sequence[str]) -> list[str]:
+    """The kinds of ``kinds`` (each once, in order) that are not :attr:`BlockKind.capturable`: a step holding them
+    cannot be replayed as CUDA graphs."""
+    return [name for name in dict.fromkeys(kinds) if not get(name).capturable]
+
+
 def letter(name: str) -> str:
     """The one-letter code of a kind ('?' for a name no kind has)."""
     try:
