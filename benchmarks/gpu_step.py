@@ -7,7 +7,7 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --compile default  # + Transformer-XL under torch.compile
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --layout ADADAD  # + fixed layouts
     python benchmarks/gpu_step.py --shape wt103-base --groups-on-device  # + the loss grouping its own targets
-    python benchmarks/gpu_step.py --shape wt103-base --unpadded-heads    # + heads of 41 as they are
+    python benchmarks/gpu_step.py --shape wt103-base --unpadded          # + operands unpadded (heads of 41 ...)
     python benchmarks/gpu_step.py --shape wt103-base --flex              # + attention by FlexAttention
     python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
     python benchmarks/gpu_step.py --shape wt2-par --fair                 # + the supernet's fair step
@@ -17,25 +17,25 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt103-base --no-supernet      # the Transformer-XL alone, eager
     python benchmarks/gpu_step.py --shape wt103-base --no-supernet --profile  # + where its step's time goes
 
-Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss,
-backward, clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream
-(how often the tail clusters are hit decides their cost), the targets grouped by cluster on the host each step
-and moved with it, as the data module does (``--groups-on-device`` adds a Transformer-XL whose loss groups
-them on the device and reads their sizes back, the one host sync a step this replaced; ``--unpadded-heads``
-one whose heads reach SDPA unpadded, where their size is not a multiple of 8, as before they were padded for
-its fused kernels; ``--flex`` one with ``model.attention_kernel=flex``, the position scores added inside a
-FlexAttention kernel instead of passed to SDPA as a bias, eager and, with ``--compile``, compiled; ``--tf32``
-one in fp32 with TF32 matmuls, eager, beside the bf16 ones in the same rounds, its MFU against the TF32 peak).
-The supernet's step is the search's, joint mode: every block runs all its candidates mixed by Gumbel-softmax
-weights, and the weights' and the logits' Adam both step. ``--compile MODE`` adds the Transformer-XL compiled
-as ``train.compile=MODE`` compiles it, and each ``--layout`` a fixed model of that layout (A, D, I: attention,
-dense, identity); with ``--twin``, also its shallower twin, the same layout with the identity blocks dropped
-(an identity block should cost nothing: the two should step alike). Lightning's bookkeeping (logging,
-progress) is left out. The models of a shape take ``--steps`` steps each per round, in alternating order, over
-``--rounds`` rounds (benchmarks/train_step.py's rounds), after a warm-up that fills the memory; figures are
-medians over rounds. A line as each model is built and warmed up says how long that took (a compile's time),
-so a run stopped early still shows how far it got. Peak memory is what a model's steps allocated above what
-was allocated before it was built.
+Each step is what training takes: forward with the memory carried, the adaptive (or full) softmax loss, backward,
+clipping, Adam (parnas's: fused unless fp16's gradient scaler is in use), on a Zipf token stream (how often the tail
+clusters are hit decides their cost), the targets grouped by cluster on the host each step and moved with it, as the
+data module does (``--groups-on-device`` adds a Transformer-XL whose loss groups them on the device and reads their
+sizes back, the one host sync a step this replaced; ``--unpadded`` one whose matrix operands are not padded to
+multiples of 8 (parnas.nn.alignment): heads of 41 reach SDPA as they are, the position scores and the head's logits
+keep their own widths (wt2-par: 257 and 252 columns), as before; ``--flex`` one with
+``model.attention_kernel=flex``, the position scores added inside a FlexAttention kernel instead of passed to SDPA
+as a bias, eager and, with ``--compile``, compiled; ``--tf32`` one in fp32 with TF32 matmuls, eager, beside the bf16
+ones in the same rounds, its MFU against the TF32 peak). The supernet's step is the search's, joint mode: every
+block runs all its candidates mixed by Gumbel-softmax weights, and the weights' and the logits' Adam both step.
+``--compile MODE`` adds the Transformer-XL compiled as ``train.compile=MODE`` compiles it, and each ``--layout`` a
+fixed model of that layout (A, D, I: attention, dense, identity); with ``--twin``, also its shallower twin, the same
+layout with the identity blocks dropped (an identity block should cost nothing: the two should step alike).
+Lightning's bookkeeping (logging, progress) is left out. The models of a shape take ``--steps`` steps each per
+round, in alternating order, over ``--rounds`` rounds (benchmarks/train_step.py's rounds), after a warm-up that
+fills the memory; figures are medians over rounds. A line as each model is built and warmed up says how long that
+took (a compile's time), so a run stopped early still shows how far it got. Peak memory is what a model's steps
+allocated above what was allocated before it was built.
 
 MFU = FLOPs per trained token x tokens/s / the GPU's dense peak. The shapes, the FLOP count and the peaks are
 benchmarks/gpu_shapes.py's; ``--help`` prints how the FLOPs are counted after this.
@@ -63,7 +63,7 @@ from train_step import alternating_rounds, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
 from parnas.config import COMPILE_MODES, Config, transformer_xl_layout
-from parnas.nn.blocks import AttentionBlock
+from parnas.nn.alignment import set_pad_multiple
 from parnas.nn.model import build_fixed_model
 from parnas.training.devices import pinned
 from parnas.training.latency import full_memory_steps
@@ -78,16 +78,13 @@ def precision_context(precision: str) -> Any:
 
 
 def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | None = None,
-               compile_mode: str = "none", head_multiple: int | None = None, attention_kernel: str = "sdpa"
+               compile_mode: str = "none", pad_multiple: int | None = None, attention_kernel: str = "sdpa"
                ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
-    """A fixed model (the standard Transformer-XL by default) and one training step of it; ``head_multiple``: the
-    multiple its attention pads heads to for SDPA, if not the library's."""
+    """A fixed model (the standard Transformer-XL by default) and one training step of it; ``pad_multiple``: the
+    multiple its attention and output head pad their operands to, if not the library's (1: none)."""
     model_cfg = replace(cfg.model, attention_kernel=attention_kernel)
     model = build_fixed_model(model_cfg, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
-    if head_multiple is not None:
-        for block in model.modules():
-            if isinstance(block, AttentionBlock):
-                block.head_multiple = head_multiple
+    set_pad_multiple(model, pad_multiple)
     compile_model(model, compile_mode)
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
@@ -134,7 +131,7 @@ def _optimizers(groups: list[list[torch.nn.Parameter]], cfg: Config) -> list[tor
 
 LAYOUT_LETTERS = {"A": "attention", "D": "dense", "I": "identity"}
 ONE_SYNC = "txl, 1 sync"  # --groups-on-device's model
-UNPADDED = "txl, unpadded"  # --unpadded-heads's model
+UNPADDED = "txl, unpadded"  # --unpadded's model
 FLEX = "txl, flex"  # --flex's model
 SAMPLED = "supernet, sampled"  # --sampled's model
 FAIR = "supernet, fair"  # --fair's model
@@ -164,9 +161,10 @@ ADDED_BY_FLAG = {  # the store_true flags: the model each adds to those timed (o
     "--groups-on-device":
         "add the Transformer-XL whose loss groups its targets by cluster on the device and reads their sizes back"
         " (one host sync a step), as it did before the data module grouped them on the host",
-    "--unpadded-heads":
-        "add the Transformer-XL whose heads reach SDPA as they are where their size is not a multiple of 8 "
-        "(wt103-base's 41: SDPA's unfused math path), as before they were padded",
+    "--unpadded":
+        "add the Transformer-XL whose matrix operands are not padded to multiples of 8 (the heads, SDPA's unfused "
+        "math path where they are not: wt103-base's 41; the position scores' 1+K columns; the output head's "
+        "logits), as before they were padded",
     "--sampled":
         "add the supernet whose step runs one sampled candidate per block (search.par-gumbel-darts.forward: "
         "sampled), at even odds",
@@ -252,8 +250,8 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
     models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet("mixed")})
     if args.groups_on_device and shape.cutoffs:
         models[ONE_SYNC] = fixed()  # its loss groups the targets: bench_shape hands it none
-    if args.unpadded_heads and (shape.d_model // shape.n_heads) % 8:
-        models[UNPADDED] = fixed(head_multiple=1)
+    if args.unpadded:
+        models[UNPADDED] = fixed(pad_multiple=1)
     if args.sampled:
         models[SAMPLED] = supernet("sampled")
     if args.fair:

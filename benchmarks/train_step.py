@@ -179,8 +179,9 @@ def _old_nll(self: nn.Module, h: Tensor, y: Tensor, groups: Any = None) -> Tenso
     return -self.adaptive(flat_h, flat_y).output.view(y.shape)
 
 
-def _old_adaptive_nll(self: nn.Module, h: Tensor, y: Tensor, groups: Any = None) -> Tensor:
-    """The head's own NLL as it was: a ``nonzero`` (a host sync) per tail cluster (``groups`` unused)."""
+def _old_adaptive_nll(self: nn.Module, h: Tensor, y: Tensor, groups: Any = None, multiple: int = 1) -> Tensor:
+    """The head's own NLL as it was: a ``nonzero`` (a host sync) per tail cluster (``groups`` and ``multiple``
+    unused: its logits unpadded)."""
     from parnas.nn.model import _TargetNLL
 
     asm = self.adaptive

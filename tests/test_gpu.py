@@ -528,7 +528,7 @@ def test_heads_of_41_run_a_fused_attention_kernel_on_cuda(precision):
         return block_forward_backward(block, block, h, mem, pos, precision, lambda: sdpa_kernel(backends))
 
     padded = run(fused)
-    block.head_multiple = 1
+    block.pad_multiple = 1
     with pytest.raises(RuntimeError, match="[Nn]o available kernel"):
         run(fused)  # unpadded, only the math path takes them
     block.zero_grad()

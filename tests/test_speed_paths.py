@@ -169,20 +169,20 @@ class SdpaCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("n_heads, head_multiple", [(3, 8), (2, 8), (3, 1)])
-def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads, head_multiple):
+@pytest.mark.parametrize("n_heads, multiple", [(3, 8), (2, 8), (3, 1)])
+def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads, multiple):
     """Heads of 41 (Dai et al.'s WikiText-103 base) would keep SDPA on its unfused math path on a GPU: they reach
-    it padded to a multiple of 8 (head_multiple 1: as they are), with the output and every gradient unchanged."""
+    it padded to a multiple of 8 (1: as they are), with the output and every gradient unchanged."""
     torch.manual_seed(0)
     block = AttentionBlock(d_model=41 * n_heads, n_heads=n_heads, dropout=0.0, dropatt=0.0, pre_norm=False)
-    block.head_multiple = head_multiple
+    block.pad_multiple = multiple
     with torch.no_grad():
         block.u.normal_()
         block.v.normal_()
     h, mem, pos = torch.randn(2, 5, 41 * n_heads), torch.randn(2, 4, 41 * n_heads), torch.randn(9, 41 * n_heads)
     h.requires_grad_()
     sizes = SdpaCalls()
-    block._attend = lambda q, k, v, bias, scale: sdpa(q, k, v, bias, scale, 0.0, block.head_multiple)  # off the CPU
+    block._attend = lambda q, k, v, bias, scale: sdpa(q, k, v, bias, scale, 0.0, block.pad_multiple)  # off the CPU
     with sizes:
         padded = block(h, mem, pos)
     padded.square().sum().backward()
@@ -190,9 +190,10 @@ def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads
     block.zero_grad()
     h.grad = None
     del block._attend  # the CPU's own path: no SDPA, no padding
+    block.pad_multiple = None
     unpadded = block(h, mem, pos)
     unpadded.square().sum().backward()
-    assert sizes.seen == [48 if head_multiple == 8 else 41]
+    assert sizes.seen == [48 if multiple == 8 else 41]
     torch.testing.assert_close(padded, unpadded, atol=1e-5, rtol=1e-5)
     for name, p in [*block.named_parameters(), ("h", h)]:
         torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -105,19 +105,20 @@ latency=(python3 -m parnas.cli latency --config wt2-par --set data.batch_size=32
 # the CUDA-graphed model's compile), latency 47 s (three unsteady tries then; one try since). On an H200 at
 # 35e0848 (2026-11-28), in 323 s: tests 160 s, WT103 21 s, wt2-par 84 s (54 s compiling; the fair supernet
 # added), latency 39 s (the tokenizer trained first): the limits below keep that much and more room (WT103 the
-# least: one eager model), and still add up to 360 s.
+# least: two eager models, padded and not, about 28 s by those times), and still add up to 360 s.
 quick_k="test_search_export_retrain_evaluate_generate_compare_on_cuda or test_cuda_bf16_retrain_and_evaluate"
 quick_k+=" or test_cuda_graphs_train_like_eager or test_a_cuda_graphed_retrain or test_on_cuda_a_table_is_timed_by_events"
 step quick-tests 185 "${pytest_gpu[@]}" -k "$quick_k" ${per_test:+"$per_test=60"}
-step quick-wt103 30 python3 benchmarks/gpu_step.py --shape wt103-base --no-supernet --rounds 3
-step quick-wt2par 100 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --fair --rounds 5
+step quick-wt103 35 python3 benchmarks/gpu_step.py --shape wt103-base --no-supernet --unpadded --rounds 3
+step quick-wt2par 95 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --fair --unpadded \
+    --rounds 5
 step quick-latency 45 "${latency[@]}"
 
 step tests 360 "${pytest_gpu[@]}" ${per_test:+"$per_test=150"}
 step syncs 40 python3 benchmarks/host_syncs.py
 step steps-wt103-bf16 160 python3 benchmarks/gpu_step.py --shape wt103-base --compile default --groups-on-device \
-    --unpadded-heads --rounds 5 --profile
-step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded-heads --rounds 5
+    --unpadded --rounds 5 --profile
+step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded --rounds 5
 step steps-wt2par 70 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device --sampled --fair \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
 step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from parnas.config import cluster_widths
+from parnas.nn.alignment import padded_logits
 
 
 class TargetGroups(NamedTuple):
@@ -147,26 +148,31 @@ class ProjectedAdaptiveSoftmax(nn.Module):
             if tied and i < len(projs) and self.out_projs[i] is not None:
                 self.out_projs[i] = projs[i]
 
-    def _logits(self, i: int, h: Tensor) -> Tensor:
-        """Cluster i's scores (the head's for i = 0, with the tail clusters' entries). h (N, D) -> (N, size)"""
+    def _logits(self, i: int, h: Tensor, multiple: int = 1) -> Tensor:
+        """Cluster i's scores (the head's for i = 0, with the tail clusters' entries after the shortlist's; the head's
+        padded with -inf to a multiple of ``multiple``: :func:`parnas.nn.alignment.padded_logits`).
+        h (N, D) -> (N, size)"""
         if len(self.out_layers) == 1:
             low, high = self.edges[i], self.edges[i + 1]
             weight, bias = self.out_layers[0].weight[low:high], self.out_layers[0].bias[low:high]
         else:
             weight, bias = self.out_layers[i].weight, self.out_layers[i].bias
-        if i == 0:
-            weight, bias = torch.cat([weight, self.cluster_weight]), torch.cat([bias, self.cluster_bias])
         proj = self.out_projs[i]
-        return F.linear(h if proj is None else h @ proj, weight, bias)
+        h = h if proj is None else h @ proj
+        if i:
+            return F.linear(h, weight, bias)
+        return padded_logits(h, torch.cat([weight, self.cluster_weight]), torch.cat([bias, self.cluster_bias]),
+                             multiple)
 
     def nll(self, h: Tensor, y: Tensor, target_nll: type[torch.autograd.Function],
-            groups: TargetGroups | None = None) -> Tensor:
+            groups: TargetGroups | None = None, multiple: int = 1) -> Tensor:
         """Per-token negative log-likelihood; ``target_nll`` computes -log_softmax(logits)[target] per row;
-        ``groups``: y's, made on the host (else one host sync). h (N, D), y (N,) -> (N,)"""
+        ``groups``: y's, made on the host (else one host sync); ``multiple``: the head's logits padded to a multiple
+        of it. h (N, D), y (N,) -> (N,)"""
         head_size = self.cutoffs[0] + len(self.cutoffs)
         cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device, groups)  # (N,): 0 shortlist, i tail i
         head_target = torch.where(cluster == 0, y, head_size - cluster)  # tail i scored by head entry -i
-        nll = target_nll.apply(self._logits(0, h), head_target)  # (N,)
+        nll = target_nll.apply(self._logits(0, h, multiple), head_target)  # (N,)
         start = sizes[0]
         for i, size in enumerate(sizes[1:], 1):
             if size:

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from parnas.nn.alignment import PAD_MULTIPLE, pad_multiple
+
 if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
     from parnas.config import ModelConfig
 
@@ -86,18 +88,21 @@ def sinusoid(klen: int, d_model: int, device: torch.device | None = None,
     return torch.cat([angle.sin(), angle.cos()], dim=-1).to(dtype)  # (K, D)
 
 
-def rel_shift(x: Tensor) -> Tensor:
+def rel_shift(x: Tensor, K: int | None = None) -> Tensor:
     """Turn scores against the position table into scores against key positions (a view, no copy).
 
     ``x[..., i, 1+k]`` scores query i against distance K-1-k and ``x[..., 0]`` is zero (the
     position table gets a zero column in front: one more column of the matmul instead of a
     padded copy of the scores). The result's ``[..., i, j]`` scores query i against key j, i.e.
     distance M+i-j (Dai et al., appendix B); entries with j > M+i are garbage and must be
-    masked. Read row-major, the padded (L, 1+K) rows minus their first L entries are the
-    shifted (L, K) rows, so each contiguous (L, 1+K) block gives a view. (..., L, 1+K) -> (..., L, K)
+    masked. Read row-major, the (L, W) rows minus their first L entries are rows of W-1 whose first
+    K entries are the shifted rows, so each contiguous (L, W) block gives a view. ``x`` may be wider
+    than 1+K (columns padded after the table's, :mod:`parnas.nn.alignment`): K says how many keys;
+    by default W-1. (..., L, W) -> (..., L, K)
     """
-    *batch, L, K1 = x.shape
-    return x.reshape(*batch, L * K1)[..., L:].view(*batch, L, K1 - 1)
+    *batch, L, W = x.shape
+    shifted = x.reshape(*batch, L * W)[..., L:].view(*batch, L, W - 1)
+    return shifted if K is None or K == W - 1 else shifted[..., :K]
 
 
 _CAUSAL_BIASES: dict[tuple[int, int, torch.device, torch.dtype], Tensor] = {}
@@ -130,19 +135,16 @@ def _causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Te
     return torch.zeros(L, M + L, device=device, dtype=dtype).masked_fill(future, float("-inf"))
 
 
-# SDPA's fused CUDA kernels (memory-efficient, cuDNN) take head sizes in multiples of 8 in bf16/fp16 (4 in fp32 on
-# tensor cores); any other size runs its unfused math path, which writes and rereads the whole score matrix
-SDPA_HEAD_MULTIPLE = 8
-
-
 def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float,
-         head_multiple: int = SDPA_HEAD_MULTIPLE) -> Tensor:
-    """``F.scaled_dot_product_attention`` over (H, B) batches: the path off the CPU, where SDPA's
-    fused kernels take the position bias. Shapes as :meth:`AttentionBlock._attend`.
+         head_multiple: int = PAD_MULTIPLE) -> Tensor:
+    """``F.scaled_dot_product_attention`` over (H, B) batches: the path off the CPU, where SDPA's fused kernels take
+    the position bias. Shapes as :meth:`AttentionBlock._attend`.
 
     A head size that is not a multiple of ``head_multiple`` (Dai et al.'s WikiText-103 base: 410 / 10 = 41) is
-    padded with zero columns, so that a fused kernel may run: zeros in q and k add nothing to a score, zeros in v
-    give output columns that are dropped, and ``scale`` stays the unpadded one. 1 pads nothing."""
+    padded with zero columns, so that a fused kernel may run (SDPA's memory-efficient and cuDNN kernels take
+    heads in multiples of 8 in bf16/fp16; any other size runs its math path, which writes and rereads the
+    scores): zeros in q and k add nothing to a score, zeros in v give output columns that are dropped, and
+    ``scale`` stays the unpadded one. 1 pads nothing."""
     Dh = q.size(-1)
     pad = -Dh % head_multiple
     if pad:
@@ -177,9 +179,9 @@ def flex(q: Tensor, k: Tensor, v: Tensor, position: Tensor, scale: float) -> Ten
     the unshifted ``position``, and skips the key blocks wholly in the future. FlexAttention has no attention
     dropout, so ``model.attention_kernel=flex`` requires ``model.dropatt=0``.
 
-    q (H, B, L, Dh); k and v (H, B, K, Dh); ``position`` (H, B, L, 1+K) scores against the zero-column-first
-    position table, unscaled: index 1+K-1-d scores distance d. FlexAttention's (batch, head) axes take (H, B)
-    as they come, the mask being the same for all. -> (H, B, L, Dh)"""
+    q (H, B, L, Dh); k and v (H, B, K, Dh); ``position`` (H, B, L, W >= 1+K) scores against the zero-column-first
+    position table, unscaled: index 1+K-1-d scores distance d (columns past 1+K are padding, never read).
+    FlexAttention's (batch, head) axes take (H, B) as they come, the mask being the same for all. -> (H, B, L, Dh)"""
     L, K = q.size(2), k.size(2)
 
     def add_position(score: Tensor, h: Tensor, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
@@ -221,7 +223,7 @@ class AttentionBlock(nn.Module):
 
     kind = "attention"
     uses_memory = True
-    head_multiple = SDPA_HEAD_MULTIPLE  # off the CPU, heads padded to this multiple for SDPA (1: unpadded)
+    pad_multiple: int | None = None  # heads, position table padded to this multiple (None: parnas.nn.alignment)
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool,
                  kernel: str = "sdpa", d_head: int | None = None) -> None:
@@ -267,20 +269,26 @@ class AttentionBlock(nn.Module):
         qkv = self.qkv(c).view(B, K, 3, H, Dh)
         q = qkv[:, M:, 0]  # (B, L, H, Dh), a view: the biases' sums below are the copies
         k, v = qkv[:, :, 1:].permute(2, 3, 0, 1, 4)  # 2 x (H, B, K, Dh)
-        r = F.pad(self.r(pos).view(K, H, Dh).permute(1, 2, 0), (1, 0))  # (H, Dh, 1+K), zero column first
+        # the position scores in one product per head; off the CPU its operands are padded to aligned sizes (a head
+        # of 41 with zero columns, the table's 1+K columns with zero columns after them: parnas.nn.alignment)
+        m = pad_multiple(self, h.device)
+        Dp, W = Dh + -Dh % m, 1 + K + -(1 + K) % m
+        r = F.pad(self.r(pos).view(K, H, Dh).permute(1, 2, 0), (1, W - 1 - K, 0, Dp - Dh))  # (H, Dp, W)
         scale = 1.0 / math.sqrt(Dh)
-        position = torch.bmm((q + self.v).reshape(B * L, H, Dh).transpose(0, 1), r).view(H, B, L, 1 + K)
+        qv = (q + self.v).reshape(B * L, H, Dh)
+        if Dp > Dh:
+            qv = F.pad(qv, (0, Dp - Dh))  # (B*L, H, Dp)
+        position = torch.bmm(qv.transpose(0, 1), r).view(H, B, L, W)  # column 1+K-1-d scores distance d
         q = (q + self.u).permute(2, 0, 1, 3)  # (H, B, L, Dh)
         if self.kernel == "flex" and h.device.type != "cpu" and L > 1:
             a = flex(q, k, v, position, scale)
         else:
-            bias = torch.add(causal_bias(L, M, h.device, position.dtype), rel_shift(position),
+            bias = torch.add(causal_bias(L, M, h.device, position.dtype), rel_shift(position, K),
                              alpha=scale)  # (H, B, L, K)
             if h.device.type == "cpu" and self.training:  # by mode, not grad: a reversible block recomputes
                 a = self._attend(q, k, v, bias, scale)     # its forward with grad and must get the same numbers
             else:  # evaluating, the CPU's fused SDPA kernel reads q, k and v in place: no copies
-                a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0,
-                         self.head_multiple if h.device.type != "cpu" else 1)
+                a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, m)
         a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, H * Dh))  # (B, L, D)
         return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
 

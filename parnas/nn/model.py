@@ -39,6 +39,7 @@ from parnas.nn.adaptive import (
     group_by_cluster,
     group_targets,
 )
+from parnas.nn.alignment import pad_multiple, padded_logits
 from parnas.nn.blocks import AttentionBlock, Dropout, Keeper, sinusoid
 from parnas.nn.reversible import reversible_stack
 from parnas.nn.variants import DepthStep
@@ -75,7 +76,11 @@ class _TargetNLL(torch.autograd.Function):
 class OutputHead(nn.Module):
     """Adaptive softmax (Grave et al.) when cutoffs are given, else a full softmax. With adaptive input or tied
     weights the adaptive softmax is Dai et al.'s projected one (:mod:`parnas.nn.adaptive`), which can share its
-    weights and projections with the embedding; otherwise torch's."""
+    weights and projections with the embedding; otherwise torch's. Off the CPU the loss pads the logits of the
+    head (the full softmax's, or the shortlist's with the tail clusters' entries) to an aligned width with -inf:
+    :mod:`parnas.nn.alignment`."""
+
+    pad_multiple: int | None = None  # the head's logits padded to this multiple (None: parnas.nn.alignment's rule)
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, embedding: nn.Module | None = None) -> None:
         super().__init__()
@@ -102,22 +107,25 @@ class OutputHead(nn.Module):
         """Negative log-likelihood of each target; ``groups``: :meth:`group_targets` of y, made on the host (an
         adaptive softmax given none reads its cluster sizes back once). h (..., D), y (...) -> (...)"""
         flat_h, flat_y = h.reshape(-1, h.size(-1)), y.reshape(-1)
+        multiple = pad_multiple(self, h.device)
         if hasattr(self, "projected"):
-            return self.projected.nll(flat_h, flat_y, _TargetNLL, groups).view(y.shape)
+            return self.projected.nll(flat_h, flat_y, _TargetNLL, groups, multiple).view(y.shape)
         if hasattr(self, "adaptive"):
-            return self._adaptive_nll(flat_h, flat_y, groups).view(y.shape)
-        return F.cross_entropy(self.proj(flat_h), flat_y, reduction="none").view(y.shape)
+            return self._adaptive_nll(flat_h, flat_y, groups, multiple).view(y.shape)
+        logits = padded_logits(flat_h, self.proj.weight, self.proj.bias, multiple)  # (N, V + pad)
+        return F.cross_entropy(logits, flat_y, reduction="none").view(y.shape)
 
-    def _adaptive_nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
+    def _adaptive_nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None, multiple: int = 1) -> Tensor:
         """``-self.adaptive(h, y).output`` with the module's own weights, one autograd node per
         log-softmax (:class:`_TargetNLL`) instead of log_softmax, gather and their backward's
         zero-filled scatter. Each tail cluster is scored on its own rows, grouped by ``groups`` (a stable sort
         on the host) or, without them, on the device with the sizes read back in one copy: one host sync per
-        call, where torch's module makes one per tail cluster. h (N, D), y (N,) -> (N,)"""
+        call, where torch's module makes one per tail cluster; the head's logits padded to a multiple of
+        ``multiple``. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
         cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device, groups)  # cluster (N,): 0 head
         head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))  # tail i+1: entry i
-        nll = _TargetNLL.apply(asm.head(h), head_target)  # (N,)
+        nll = _TargetNLL.apply(padded_logits(h, asm.head.weight, asm.head.bias, multiple), head_target)  # (N,)
         start = sizes[0]
         for i, (low, size) in enumerate(zip(asm.cutoffs, sizes[1:])):
             if size:

@@ -26,6 +26,7 @@ import torch
 from parnas.architecture import layout_string
 from parnas.config import Config, DataConfig, ModelConfig, cluster_widths
 from parnas.kinds import make_block
+from parnas.nn.alignment import set_pad_multiple
 from parnas.nn.blocks import Keeper
 from parnas.nn.model import build_fixed_model
 from parnas.training.devices import check_devices
@@ -43,6 +44,7 @@ def block_train_flops(kind: str, cfg: Config) -> float:
     m, B, L = cfg.model, cfg.data.batch_size, cfg.data.seg_len
     with torch.device("meta"):
         block = make_block(kind, m).train()
+        set_pad_multiple(block, 1)  # the model's FLOPs: not what padding its operands for a GPU adds
         h = torch.empty(B, L, m.d_model, requires_grad=True)
         mem, pos = torch.empty(B, m.mem_len, m.d_model), torch.empty(m.mem_len + L, m.d_model)
     if isinstance(block, Keeper):  # a block that keeps state of its own (compressive): empty memories
