@@ -171,12 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + e.signum
     except Exception as e:  # a full disk anywhere (logs, plots, TensorBoard), a failed allocation: one line too
         full = out_of_space(e) or path_error(e)
-        if full is None and (isinstance(e, MemoryError) or "parnas.training.memory" in sys.modules):
+        if full is None and (isinstance(e, (MemoryError, ImportError, OSError))
+                             or "parnas.training.memory" in sys.modules):
             try:
                 from parnas.training.memory import out_of_memory
 
                 full = out_of_memory(e)
-            except MemoryError:  # too little even to word it
+            except (MemoryError, ImportError):  # too little even to word it
                 full = ParnasError("could not allocate memory (MemoryError): raise this process's memory limit")
         if full is None:
             raise

@@ -296,6 +296,29 @@ def test_an_allocation_that_fails_after_the_check_is_one_line(capsys, tmp_path, 
                    "parnas estimated it needs at least", "make them smaller")
 
 
+def test_a_library_the_loader_cannot_map_under_a_memory_limit_is_one_line(capsys, tmp_path, monkeypatch, micro):
+    """Under ``ulimit -v`` a command may fail to load a library it imports only when it needs it (NNI's sqlite3,
+    say): one line naming memory and the loader's words, not a traceback. Any other ImportError stays a bug's
+    traceback."""
+    from parnas.training import fit
+
+    def unmapped(cfg, resume=False):
+        raise ImportError("libsqlite3.so.0: failed to map segment from shared object")
+
+    monkeypatch.setattr(fit, "train", unmapped)
+    args = ("train", "--config", "tiny", "--set", f"data.path={micro}", "--set", f"train.out_dir={tmp_path}/run")
+    code, _, err = cli(capsys, *args)
+    assert_refused(code, err, "could not allocate memory", "(libsqlite3.so.0: failed to map segment from shared "
+                   "object)")
+
+    def missing(cfg, resume=False):
+        raise ImportError("No module named 'sentencepiece'")
+
+    monkeypatch.setattr(fit, "train", missing)
+    with pytest.raises(ImportError, match="sentencepiece"):
+        cli(capsys, *args)
+
+
 @pytest.mark.slow
 def test_a_pickle_of_another_protocol_is_refused_in_parnas_line_alone(tmp_path):
     """torch's weights-only loader warns about the protocol before refusing: that warning is not the user's."""

@@ -212,9 +212,13 @@ def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) 
 def out_of_memory(e: BaseException) -> ConfigError | None:
     """One line for an allocation that failed although :func:`check_memory` passed (its estimate is a lower
     bound; the limit may have tightened since), else None: the allocator's own words, the estimate, and the
-    settings to lower. A CPU allocator's ``RuntimeError``, CUDA's ``OutOfMemoryError`` and ``MemoryError``."""
+    settings to lower. A CPU allocator's ``RuntimeError``, CUDA's ``OutOfMemoryError``, ``MemoryError``, and a
+    library the loader could not map (an ``ImportError`` or ``OSError`` saying so: under ``ulimit -v`` a command
+    imports some libraries only when it needs them)."""
     text = str(e)
-    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+    unmapped = isinstance(e, (ImportError, OSError)) and any(
+        words in text.lower() for words in ("failed to map segment", "cannot allocate memory"))
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or unmapped
             or isinstance(e, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)):
         return None
     asked = re.search(r"[Tt]ried to allocate (\d+) bytes|[Tt]ried to allocate ([\d.]+ \w+)", text)
