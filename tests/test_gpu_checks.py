@@ -14,8 +14,9 @@ BASH = shutil.which("bash")
 SCALE = 0.02
 QUICK = ["quick-tests", "quick-wt103", "quick-wt2par", "quick-latency"]
 FULL = ["tests", "syncs", "steps-wt103-bf16", "steps-wt103-tf32", "steps-wt2par", "steps-graphs-wt2par",
-        "steps-graphs-wt103", "steps-nvidia", "supernet-tests", "supernet-wt2par", "flex-wt103", "flex-long", "latency"]
-PYTEST_STEPS = ("tests", "quick-tests", "supernet-tests")
+        "steps-graphs-wt103", "steps-nvidia", "padding-tests", "padding-wt103", "supernet-tests", "supernet-wt2par",
+        "flex-wt103", "flex-long", "latency"]
+PYTEST_STEPS = ("tests", "quick-tests", "padding-tests", "supernet-tests")
 
 
 def run_plan(tmp_path: Path, args: list[str], python3: str) -> tuple[subprocess.CompletedProcess, Path, list[dict]]:
@@ -82,7 +83,9 @@ esac"""
 
 @pytest.mark.parametrize("args, steps", [(["quick"], QUICK), ([], FULL),
                                          (["latency", "flex"], ["flex-wt103", "flex-long", "latency"]),
-                                         (["supernet"], ["supernet-tests", "supernet-wt2par"])])
+                                         (["supernet"], ["supernet-tests", "supernet-wt2par"]),
+                                         (["supernet", "padding"],
+                                          ["padding-tests", "padding-wt103", "supernet-tests", "supernet-wt2par"])])
 def test_each_plan_runs_its_steps_and_passes_when_they_do(tmp_path, args, steps):
     """Without pytest-timeout the tests run under their step's limit alone, and say so."""
     proc, out, rows = run_plan(tmp_path, args, 'case "$*" in *"import pytest_timeout"*) exit 1 ;; esac')

@@ -9,6 +9,7 @@
 #   bash tools/gpu_checks.sh steps                    #   takes each of these three parts
 #   bash tools/gpu_checks.sh flex
 #   bash .gpu/run.sh bash tools/gpu_checks.sh supernet  # the compiled supernets: their CUDA tests, their timing
+#   bash .gpu/run.sh bash tools/gpu_checks.sh padding   # operands padded for the GPU's kernels: tests, WT103 timing
 #
 # quick, in order of value: the most valuable CUDA tests (every command on CUDA, bf16, CUDA graphs against
 # eager, the latency table by CUDA events; each under a minute where pytest-timeout is installed); gpu_step.py
@@ -21,7 +22,9 @@
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
 # compiled, the loss's own grouping against the host's, the sampled supernet, heads of 41 padded or not, CUDA
 # graphs for the Transformer-XL and the fair and mixed supernets, identity blocks against a shallower model;
-# where the WT103 and the CUDA-graphed wt2-par steps spend their time, by the profiler), supernet (the fair
+# where the WT103 and the CUDA-graphed wt2-par steps spend their time, by the profiler), padding (operands
+# padded to multiples of 8 off the CPU: the CUDA tests of a model padded against unpadded and of heads of 41 in
+# SDPA's fused kernels, and WT103's eager step padded and not, profiled), supernet (the fair
 # and mixed supernets under train.compile=reduce-overhead: their CUDA tests against eager, and wt2-par's steps
 # eager against CUDA graphs, profiled), flex
 # (gpu_step.py --flex: attention by FlexAttention against SDPA, eager and compiled, at WT103 base and the long
@@ -35,8 +38,8 @@ set -u
 export PYTHONUNBUFFERED=1  # logs line by line: a step cut at its limit keeps what it printed
 out=${OUT:-runs/gpu}
 scale=${GPU_CHECKS_SCALE:-1}
-known="quick tests syncs steps supernet flex latency"
-wanted=${*:-tests syncs steps supernet flex latency}
+known="quick tests syncs steps padding supernet flex latency"
+wanted=${*:-tests syncs steps padding supernet flex latency}
 
 for name in $wanted; do
     case " $known " in *" $name "*) ;; *)
@@ -84,7 +87,7 @@ step() {  # step NAME SECONDS COMMAND...: COMMAND under SECONDS x GPU_CHECKS_SCA
 
 pytest_gpu=(python3 -m pytest -v --tb=short -m gpu -p no:cacheprovider --durations=10)
 per_test=
-if wants quick || wants tests || wants supernet; then
+if wants quick || wants tests || wants padding || wants supernet; then
     if python3 -c "import pytest_timeout" 2>/dev/null; then
         per_test=--timeout
     else  # the step's limit still stops the tests; -v has named each one that ended before it
@@ -124,10 +127,13 @@ step steps-wt2par 70 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-
 step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
 step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
+step padding-tests 60 "${pytest_gpu[@]}" tests/test_alignment.py tests/test_gpu.py -k "padded or heads_of_41" \
+    ${per_test:+"$per_test=30"}
+step padding-wt103 45 python3 benchmarks/gpu_step.py --shape wt103-base --no-supernet --unpadded --rounds 3 --profile
 step supernet-tests 150 "${pytest_gpu[@]}" tests/test_compiled_search.py ${per_test:+"$per_test=100"}
 # three compiles of 40-90 s each on an H200 (the Transformer-XL's took 46 s; the supernets run every candidate)
 step supernet-wt2par 330 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --fair \
-    --compile-supernet --rounds 5 --profile
+    --compile-supernet --unpadded --rounds 5 --profile
 step flex-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --flex --compile default --rounds 5
 step flex-long 60 python3 benchmarks/gpu_step.py --shape long --flex --rounds 5
 step latency 80 "${latency[@]}"
@@ -146,7 +152,7 @@ table() {  # one Markdown table of every model gpu_step.py timed in the logs giv
         }' "$@"
 }
 logs=()
-for log in "$out"/quick-wt*.log "$out"/steps-*.log "$out"/supernet-wt*.log "$out"/flex-*.log; do [ -f "$log" ] && logs+=("$log"); done
+for log in "$out"/quick-wt*.log "$out"/steps-*.log "$out"/padding-wt*.log "$out"/supernet-wt*.log "$out"/flex-*.log; do [ -f "$log" ] && logs+=("$log"); done
 if [ ${#logs[@]} -gt 0 ] && table "${logs[@]}" >"$out/table.md" && [ -s "$out/table.md" ]; then
     echo "every model timed (also in $out/table.md):"
     cat "$out/table.md"
