@@ -16,14 +16,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
 def own_time(event: Any, device_type: str) -> float:
-    """An averaged profiler event's own time in microseconds: on the device its kernels ran on, or the host's."""
+    """An averaged profiler event's own time in microseconds: the host's on the CPU; off it, the device's, and only
+    for what ran there (kernels, copies, fills). The op that launched a kernel carries that kernel's time as well,
+    as its own device time: counted there too, the busy time would be twice the kernels' (torch's own profile
+    table sums the device's events alone, as here)."""
     if device_type == "cpu":
         return event.self_cpu_time_total
-    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+    if event.device_type == DeviceType.CPU or event.is_user_annotation:
+        return 0.0
+    return event.self_device_time_total
 
 
 def profile_steps(run: Callable[[int], Any], steps: int, device_type: str) -> tuple[list[Any], float]:

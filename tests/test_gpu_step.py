@@ -209,6 +209,29 @@ def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most
     assert "aten::mm" in {r[3] for r in rows} or "aten::addmm" in {r[3] for r in rows}, lines
 
 
+def test_a_profiled_gpu_step_counts_each_kernel_once(benchmark_script):
+    """On a GPU the profiler lists a kernel twice: as its own event, and as device time of the op that launched it.
+    The busy time and the top list count the kernels alone (as torch's profile table does), so a step that kept
+    the GPU busy 3 ms of its 10 reads 30%, not 60%, and names the kernel, not the op."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    step_profile = benchmark_script("step_profile")
+
+    def event(key, device_type, device_ms, annotation=False):
+        return SimpleNamespace(key=key, device_type=device_type, is_user_annotation=annotation,
+                               self_device_time_total=device_ms * 1e3, self_cpu_time_total=0.01e3)
+
+    events = [event("aten::mm", DeviceType.CPU, 2.0), event("ampere_bf16_gemm", DeviceType.CUDA, 2.0),
+              event("aten::add", DeviceType.CPU, 1.0), event("elementwise_kernel", DeviceType.CUDA, 1.0),
+              event("ProfilerStep", DeviceType.CUDA, 3.0, annotation=True)]
+    lines = step_profile.summary("transformer-xl", events, 0.010, 1, "cuda")
+    assert lines[0] == ("  transformer-xl: 10.0 ms a step (wall, under the profiler), device busy 3.0 ms (30%); the "
+                        "top 10 kernels a step:")
+    assert [line.split()[-1] for line in lines[1:]] == ["ampere_bf16_gemm", "elementwise_kernel"]
+
+
 def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_shapes):
     peak = gpu_shapes.peak_tflops
     assert peak("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.4 and peak("NVIDIA H100 PCIe", "bf16-mixed") == 756.5
