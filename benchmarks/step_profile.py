@@ -43,9 +43,17 @@ def profile_steps(run: Callable[[int], Any], steps: int, device_type: str) -> tu
     return list(prof.key_averages()), wall
 
 
+# the CUDA runtime's calls by what they queue: how much the host hands the GPU a step (a CUDA graph's replay is one
+# call for all its kernels, which is why a step bound by the host gains from one)
+HOST_CALLS = {"kernel launches": ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"),
+              "CUDA-graph replays": ("cudaGraphLaunch", "cuGraphLaunch"),
+              "copies and fills": ("cudaMemcpyAsync", "cudaMemsetAsync")}
+
+
 def summary(name: str, events: list[Any], wall: float, steps: int, device_type: str, top: int = 10) -> list[str]:
-    """Lines for ``name``: wall time a step, the device's (or the aten ops' own) busy time a step and its share,
-    then the ``top`` kernels (ops) by own time a step. Kernels are what the device ran; on the CPU, aten ops."""
+    """Lines for ``name``: wall time a step, the device's (or the aten ops' own) busy time a step and its share;
+    off the CPU, the calls a step by which the host queued that work (:data:`HOST_CALLS`); then the ``top``
+    kernels (ops) by own time a step. Kernels are what the device ran; on the CPU, aten ops."""
     timed = sorted(((own_time(e, device_type), e.key) for e in events if own_time(e, device_type) > 0), reverse=True)
     if device_type == "cpu":  # a CPU's aten ops nest (linear calls mm): their own times, not their totals, add up
         timed = [(t, key) for t, key in timed if key.startswith("aten::")]
@@ -54,6 +62,9 @@ def summary(name: str, events: list[Any], wall: float, steps: int, device_type: 
     what = "device busy" if device_type != "cpu" else "aten ops' own time"
     lines = [f"  {name}: {step_ms:.1f} ms a step (wall, under the profiler), {what} {busy:.1f} ms "
              f"({100 * busy / step_ms:.0f}%); the top {top} {'ops' if device_type == 'cpu' else 'kernels'} a step:"]
+    if device_type != "cpu":
+        calls = {what: sum(e.count for e in events if e.key in names) / steps for what, names in HOST_CALLS.items()}
+        lines.insert(1, "    the host queued it by " + ", ".join(f"{n:,.0f} {what}" for what, n in calls.items()))
     for t, key in timed[:top]:
         ms = t / 1e3 / steps
         lines.append(f"    {ms:8.3f} ms  {100 * ms / max(busy, 1e-9):5.1f}%  {key[:100]}")

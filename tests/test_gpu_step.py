@@ -212,24 +212,29 @@ def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most
 def test_a_profiled_gpu_step_counts_each_kernel_once(benchmark_script):
     """On a GPU the profiler lists a kernel twice: as its own event, and as device time of the op that launched it.
     The busy time and the top list count the kernels alone (as torch's profile table does), so a step that kept
-    the GPU busy 3 ms of its 10 reads 30%, not 60%, and names the kernel, not the op."""
+    the GPU busy 3 ms of its 10 reads 30%, not 60%, and names the kernel, not the op; a line before says how many
+    launches, graph replays and copies the host made a step."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
     step_profile = benchmark_script("step_profile")
 
-    def event(key, device_type, device_ms, annotation=False):
-        return SimpleNamespace(key=key, device_type=device_type, is_user_annotation=annotation,
+    def event(key, device_type, device_ms, annotation=False, count=1):
+        return SimpleNamespace(key=key, device_type=device_type, is_user_annotation=annotation, count=count,
                                self_device_time_total=device_ms * 1e3, self_cpu_time_total=0.01e3)
 
     events = [event("aten::mm", DeviceType.CPU, 2.0), event("ampere_bf16_gemm", DeviceType.CUDA, 2.0),
               event("aten::add", DeviceType.CPU, 1.0), event("elementwise_kernel", DeviceType.CUDA, 1.0),
-              event("ProfilerStep", DeviceType.CUDA, 3.0, annotation=True)]
-    lines = step_profile.summary("transformer-xl", events, 0.010, 1, "cuda")
-    assert lines[0] == ("  transformer-xl: 10.0 ms a step (wall, under the profiler), device busy 3.0 ms (30%); the "
+              event("ProfilerStep", DeviceType.CUDA, 3.0, annotation=True),
+              event("cudaLaunchKernel", DeviceType.CPU, 0.0, count=6), event("cudaGraphLaunch", DeviceType.CPU, 0.0,
+                                                                              count=4),
+              event("cudaMemcpyAsync", DeviceType.CPU, 0.0, count=2)]
+    lines = step_profile.summary("transformer-xl", events, 0.010, 2, "cuda")
+    assert lines[0] == ("  transformer-xl: 5.0 ms a step (wall, under the profiler), device busy 1.5 ms (30%); the "
                         "top 10 kernels a step:")
-    assert [line.split()[-1] for line in lines[1:]] == ["ampere_bf16_gemm", "elementwise_kernel"]
+    assert lines[1] == "    the host queued it by 3 kernel launches, 2 CUDA-graph replays, 1 copies and fills"
+    assert [line.split()[-1] for line in lines[2:]] == ["ampere_bf16_gemm", "elementwise_kernel"]
 
 
 def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_shapes):
