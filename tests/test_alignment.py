@@ -188,3 +188,28 @@ def test_on_cuda_a_model_padded_by_default_trains_as_it_does_unpadded(head):
         return losses
 
     assert train(None) == pytest.approx(train(1), rel=2e-2)
+
+
+@pytest.mark.slow  # a compile of seconds: `make test` runs it, `make test-fast` not
+def test_a_compiled_model_padded_computes_what_the_eager_one_does():
+    """The padded shapes through Dynamo and Inductor (on the CPU, padding forced): the wider position table's
+    shifted view and the padded heads compile, and the compiled model's losses are eager's."""
+    from parnas.training.task import compile_model
+
+    tokens = torch.randint(45, (3, 2, 9), generator=torch.Generator().manual_seed(1))
+    losses = {}
+    for name in ("eager", "compiled"):
+        model = head_model(HEADS["projected, tied (Dai et al.'s layout)"], d_model=82, n_heads=2)
+        set_pad_multiple(model, 8)
+        compile_model(model, "none" if name == "eager" else "default")
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        losses[name], mems = [], None
+        for batch in tokens:
+            h, mems = model(batch[:, :-1], mems)
+            y = batch[:, 1:]
+            loss = model.nll(h, y, model.group_targets(y)).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses[name].append(loss.item())
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
