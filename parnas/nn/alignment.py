@@ -3,15 +3,15 @@
 cuBLAS's fastest tensor-core kernels, and SDPA's fused CUDA kernels, want bf16/fp16 operands whose sizes and row
 strides are multiples of 16 bytes, 8 elements (NVIDIA's "Matrix Multiplication Background" guide, Tensor Core
 requirements); any other size gets a slower kernel, or SDPA its unfused math path. Three operands of a
-Transformer-XL miss that by their nature, whatever the widths chosen: a head of d_model / n_heads (Dai et al.'s
-WikiText-103 base: 41), the position table with its zero column in front (1 + K wide: odd for every even K), and
-the output head's logits (a shortlist plus one entry per tail cluster: 20,003 at WikiText-103's cutoffs, 252 at
-wt2-par's). Each is padded with values that change no result: zero columns in a product's shared dimension,
-zero columns that are dropped after it, logits of -inf.
+Transformer-XL miss it often: a head of d_model / n_heads (Dai et al.'s WikiText-103 base: 41), the position table
+with its zero column in front (1 + K wide: odd for every even K, whatever the widths), and the output head's logits
+(a shortlist plus one entry per tail cluster: 20,003 at WikiText-103's cutoffs, 252 at wt2-par's). Each is padded
+with values that change no result: zero columns in a product's shared dimension, zero columns that are dropped
+after it, logits of -inf.
 
-On the CPU nothing is padded: the padding is for a GPU's kernels, and the CPU's figures are the unpadded
-operands'. A module's ``pad_multiple`` attribute, where set, overrides the rule (1 pads nothing: how a benchmark
-times the unpadded operands beside the padded; 8 on the CPU: how a test checks that padding changes nothing).
+On the CPU nothing is padded: the padding is for a GPU's kernels, and the CPU's figures are the unpadded operands'.
+A module's ``pad_multiple`` attribute, where set, overrides the rule (1 pads nothing: how a benchmark times the
+unpadded operands beside the padded; 8 on the CPU: how a test checks that padding changes nothing).
 """
 
 from __future__ import annotations
