@@ -114,6 +114,23 @@ def head_model(head, d_model=20, n_heads=2):
     return build_fixed_model(cfg, 45, ["attention", "dense"])
 
 
+def adam_losses(model, tokens, lr, bf16=False):
+    """The losses of an Adam step on each (B, L+1) segment of ``tokens`` in turn, the memory carried (forward and
+    loss under CUDA's bf16 autocast if ``bf16``)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses, mems = [], None
+    for batch in tokens:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            h, mems = model(batch[:, :-1], mems)
+            y = batch[:, 1:]
+            loss = model.nll(h, y, model.group_targets(y)).float().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.parametrize("head", HEADS.values(), ids=HEADS.keys())
 def test_a_model_padded_for_the_gpu_trains_as_it_does_unpadded(head):
     """Two Adam steps of a whole model, the memory carried: the same losses and weights padded or not; padded,
@@ -123,17 +140,8 @@ def test_a_model_padded_for_the_gpu_trains_as_it_does_unpadded(head):
     def train(multiple):
         model = head_model(head)
         set_pad_multiple(model, multiple)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        losses, mems = [], None
         with Products() as products:
-            for batch in tokens:
-                h, mems = model(batch[:, :-1], mems)
-                y = batch[:, 1:]
-                loss = model.nll(h, y, model.group_targets(y)).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
+            losses = adam_losses(model, tokens, 1e-2)
         return losses, model.state_dict(), {rows for rows, _ in products.linear}
 
     padded, unpadded = train(8), train(1)
@@ -174,18 +182,7 @@ def test_on_cuda_a_model_padded_by_default_trains_as_it_does_unpadded(head):
     def train(multiple):
         model = head_model(head, d_model=82, n_heads=2).cuda()
         set_pad_multiple(model, multiple)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        losses, mems = [], None
-        for batch in tokens:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                h, mems = model(batch[:, :-1], mems)
-                y = batch[:, 1:]
-                loss = model.nll(h, y, model.group_targets(y)).float().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return losses
+        return adam_losses(model, tokens, 1e-3, bf16=True)
 
     assert train(None) == pytest.approx(train(1), rel=2e-2)
 
@@ -202,14 +199,5 @@ def test_a_compiled_model_padded_computes_what_the_eager_one_does():
         model = head_model(HEADS["projected, tied (Dai et al.'s layout)"], d_model=82, n_heads=2)
         set_pad_multiple(model, 8)
         compile_model(model, "none" if name == "eager" else "default")
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        losses[name], mems = [], None
-        for batch in tokens:
-            h, mems = model(batch[:, :-1], mems)
-            y = batch[:, 1:]
-            loss = model.nll(h, y, model.group_targets(y)).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses[name].append(loss.item())
+        losses[name] = adam_losses(model, tokens, 1e-2)
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
