@@ -68,6 +68,7 @@ from parnas.nn.model import build_fixed_model
 from parnas.training.devices import pinned
 from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam, compile_model
+from parnas.training.trainer import compile_counts, compiled_since
 
 # --- the two steps ------------------------------------------------------------------------------------
 
@@ -311,11 +312,14 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(0)
+        counts = compile_counts()
         net, steps[model] = timed.build(cfg, shape.vocab)
         group[model] = (lambda y: None) if model == ONE_SYNC else net.group_targets
         run(model, warmup)  # the memory fills; the peak of a full step is reached
         peak_bytes[model] = torch.cuda.max_memory_allocated() - before
-        print(f"  {model}: ready in {time.perf_counter() - start:.1f} s", flush=True)
+        made = compile_counts()[0] > counts[0]  # compiled: what, and whether CUDA graphs were skipped
+        print(f"  {model}: ready in {time.perf_counter() - start:.1f} s"
+              f"{f' ({compiled_since(counts, args.compile)})' if made else ''}", flush=True)
     tps = alternating_rounds(run, list(kinds), args.rounds, args.steps, 0)
 
     print(f"{name}: {shape.what}; {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, "
@@ -346,8 +350,8 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
     for layout, twin in twins(args.layout).items() if args.twin else ():
         print("  " + ratio_line(twin, layout, tps, label=f"step time {layout} / {twin}, its twin without identity"))
     for model in kinds if args.profile else ():
-        events, wall = step_profile.profile_steps(lambda n, model=model: run(model, n), 3, "cuda")
-        print("\n".join(step_profile.summary(model, events, wall, 3, "cuda")), flush=True)
+        profiled = step_profile.profile_steps(lambda n, model=model: run(model, n), 3, "cuda")
+        print("\n".join(step_profile.summary(model, profiled, 3, "cuda")), flush=True)
     steps.clear()  # the models go; their memory with them
     torch.cuda.empty_cache()
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from model_args import model_parser
+from step_profile import phase
 from torch import Tensor
 from train_step import alternating_rounds, descend, ratio_line, segment_runner, training_step, zipf_ids
 
@@ -100,7 +101,7 @@ def fair_step(supernet: torch.nn.Module, optimizers: Sequence[torch.optim.Optimi
     layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
 
     def step(tokens: Tensor, groups: Any = None) -> None:
-        with context():
+        with context(), phase("forward and loss"):
             loss, surrogate = fair_loss(layers, task, (tokens[:, :-1], tokens[:, 1:], groups), True, stacked)
             loss = loss.float() + surrogate
         descend(loss, optimizers, clipped, clip)

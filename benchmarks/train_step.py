@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from model_args import model_parser
+from step_profile import phase
 from torch import Tensor, nn
 
 from parnas.architecture import layout_string
@@ -75,9 +76,10 @@ def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optim
     def step(tokens: Tensor, groups: Any = None) -> None:
         nonlocal mems
         with context():
-            h, mems = model(tokens[:, :-1], mems)
-            y = tokens[:, 1:]
-            loss = model.nll(h, y, groups).float().mean()
+            with phase("forward"):
+                h, mems = model(tokens[:, :-1], mems)
+            with phase("loss"):
+                loss = model.nll(h, tokens[:, 1:], groups).float().mean()
         descend(loss, optimizers, clipped, clip)
     return step
 
@@ -85,12 +87,15 @@ def training_step(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optim
 def descend(loss: Tensor, optimizers: Sequence[torch.optim.Optimizer], clipped: list[torch.nn.Parameter],
             clip: float) -> None:
     """The end of every timed step: gradients cleared, ``loss`` backward, ``clipped`` clipped, every optimiser."""
-    for optimizer in optimizers:
-        optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(clipped, clip)
-    for optimizer in optimizers:
-        optimizer.step()
+    with phase("backward"):
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("clip"):
+        torch.nn.utils.clip_grad_norm_(clipped, clip)
+    with phase("optimizer"):
+        for optimizer in optimizers:
+            optimizer.step()
 
 
 def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], rounds: int, steps: int,

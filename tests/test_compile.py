@@ -3,6 +3,7 @@ memory is full. Dynamo only (a backend that runs the captured graphs as they are
 tracing, which is the same on every device, except the CPU's own dropout path (``keep_mask``)."""
 
 import collections
+import re
 
 import pytest
 import torch
@@ -80,6 +81,34 @@ def test_no_recompiles_once_the_memory_is_full(graphs_made, cutoffs):
     assert made[2] > 0 and made[2:] == [made[2]] * 11, made
 
 
+def test_the_line_after_a_compiled_first_step_says_what_was_compiled_and_what_missed_cuda_graphs():
+    """What ``compiled: the first step took ...`` adds: the graphs compiled and the graph breaks since training
+    began, and for ``reduce-overhead`` whether Inductor left any graph without CUDA graphs, read from the counter
+    that Inductor's own skip report bumps (the report alone is one log warning among many, and the step it slows
+    runs anyway)."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from parnas.training.trainer import compile_counts, compiled_since
+
+    def broken(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    torch._dynamo.reset()
+    try:
+        before = compile_counts()
+        torch.compile(broken, backend="eager")(torch.ones(3))
+        assert compiled_since(before, "default") == "2 graphs, 1 graph break (TORCH_LOGS=graph_breaks says where)"
+        assert compiled_since(before, "reduce-overhead").endswith(", replayed as CUDA graphs")
+        assert compiled_since(compile_counts(), "default") == "0 graphs, no graph breaks"
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to a test of the report")
+        assert compiled_since(before, "reduce-overhead").endswith(
+            ", CUDA graphs skipped 1 time: those parts launch each kernel from the host (Inductor's warning says why)")
+    finally:
+        torch._dynamo.reset()
+
+
 # --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
 
 @pytest.mark.slow
@@ -146,8 +175,8 @@ def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, t
         said = capsys.readouterr().out.splitlines()
         start = said.index(next(line for line in said if line.startswith("compiling the model (train.compile="
                                                                            "default): the first steps build")))
-        assert said[start + 1].startswith("compiled: the first step took ") or said[start + 2].startswith(
-            "compiled: the first step took "), said
+        took = [line for line in said[start + 1:start + 3] if line.startswith("compiled: the first step took ")]
+        assert took and re.search(r" s \(\d+ graphs?, (no|\d+) graph breaks?", took[0]), said
         split = [*common, f"train.out_dir={tmp_path / 'split'}"]
         with pytest.raises(RuntimeError, match="killed"):
             retrain(str(arch), "tiny", split, callbacks=[kill_at(4)])

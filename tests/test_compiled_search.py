@@ -144,12 +144,17 @@ def test_on_cuda_a_cuda_graphed_fair_supernet_steps_as_its_eager_sub_steps_do(be
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
     """``train.compile=reduce-overhead``: the supernet's forward and backward replayed as CUDA graphs, tau
-    changing between replays; eager's losses, gradients and memories to a tolerance."""
+    changing between replays; eager's losses, gradients and memories to a tolerance; and every graph a CUDA graph
+    (Inductor skipped none)."""
+    from parnas.training.trainer import compile_counts
+
     models, stream, L = supernets("reduce-overhead", "cuda")
     torch._dynamo.reset()
+    skipped = compile_counts()[2]
     try:
         with torch._inductor.config.patch(fallback_random=True):
             train_side_by_side(models, stream, L, 8, dict(rtol=1e-4, atol=1e-4))
+        assert compile_counts()[2] == skipped, "Inductor skipped CUDA graphs: its warning says why"
     finally:
         torch._dynamo.reset()
 

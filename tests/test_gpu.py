@@ -410,14 +410,18 @@ def test_train_compile_on_cuda_matches_eager_and_stops_compiling_once_the_memory
 def test_cuda_graphs_train_like_eager_and_hand_each_segment_an_intact_memory():
     """``train.compile=reduce-overhead``: forward and backward replayed as CUDA graphs, Adam stepping the weights
     in place between replays, an evaluation's replays in between. The losses, gradients and memories are eager's to
-    a tolerance: no replay overwrote a memory the next segment attends to."""
+    a tolerance: no replay overwrote a memory the next segment attends to. And they are CUDA graphs: Inductor
+    skipped none (a skip leaves the same numbers, each kernel launched from the host)."""
     import torch._dynamo
+
+    from parnas.training.trainer import compile_counts
 
     eager, graphed, stream, L = eager_and_compiled("reduce-overhead", 8, "model.cutoffs=[]")
     models = {"eager": eager, "graphed": graphed}
     optimizers = {name: adam(m.parameters(), lr=1e-3) for name, m in models.items()}
     mems: dict = dict.fromkeys(models)
     torch._dynamo.reset()
+    skipped = compile_counts()[2]
     try:
         for t in range(8):
             x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
@@ -439,6 +443,7 @@ def test_cuda_graphs_train_like_eager_and_hand_each_segment_an_intact_memory():
                 torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
             for a, b in zip(mems["eager"], mems["graphed"]):
                 assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-4)), t
+        assert compile_counts()[2] == skipped, "Inductor skipped CUDA graphs: its warning says why"
     finally:
         torch._dynamo.reset()
 

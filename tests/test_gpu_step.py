@@ -197,12 +197,16 @@ def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most
     def run(n):
         for _ in range(n):
             step(tokens)
-    events, wall = step_profile.profile_steps(run, 3, "cpu")
-    lines = step_profile.summary("transformer-xl", events, wall, 3, "cpu", top=5)
+    profiled = step_profile.profile_steps(run, 3, "cpu")
+    lines = step_profile.summary("transformer-xl", profiled, 3, "cpu", top=5)
     head = re.match(r"  transformer-xl: ([\d.]+) ms a step \(wall, under the profiler\), aten ops' own time "
-                    r"([\d.]+) ms \((\d+)%\); the top 5 ops a step:$", lines[0])
+                    r"([\d.]+) ms \((\d+)%\)$", lines[0])
     assert head and 0 < float(head[2]) <= float(head[1]), lines[0]
-    rows = [re.match(r"^ +([\d.]+) ms +([\d.]+)%  (aten::\w+)$", line) for line in lines[1:]]
+    phases = re.findall(r"(\w[\w ]*?) ([\d.]+) ms", lines[1].removeprefix("    the host's time a step by phase: "))
+    assert [p for p, _ in phases] == ["forward", "loss", "backward", "clip", "optimizer"], lines[1]
+    assert sum(float(t) for _, t in phases) <= float(head[1]) and float(phases[0][1]) > 0, lines[1]
+    assert lines[2] == "    the top 5 ops a step:"
+    rows = [re.match(r"^ +([\d.]+) ms +([\d.]+)%  (aten::\w+)$", line) for line in lines[3:]]
     assert len(rows) == 5 and all(rows), lines
     ms = [float(r[1]) for r in rows]
     assert ms == sorted(ms, reverse=True) and sum(float(r[2]) for r in rows) <= 100.5
@@ -213,7 +217,7 @@ def test_a_profiled_gpu_step_counts_each_kernel_once(benchmark_script):
     """On a GPU the profiler lists a kernel twice: as its own event, and as device time of the op that launched it.
     The busy time and the top list count the kernels alone (as torch's profile table does), so a step that kept
     the GPU busy 3 ms of its 10 reads 30%, not 60%, and names the kernel, not the op; a line before says how many
-    launches, graph replays and copies the host made a step."""
+    launches, graph replays and copies the host made a step, and one the host's time in each phase."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
@@ -230,11 +234,13 @@ def test_a_profiled_gpu_step_counts_each_kernel_once(benchmark_script):
               event("cudaLaunchKernel", DeviceType.CPU, 0.0, count=6), event("cudaGraphLaunch", DeviceType.CPU, 0.0,
                                                                               count=4),
               event("cudaMemcpyAsync", DeviceType.CPU, 0.0, count=2)]
-    lines = step_profile.summary("transformer-xl", events, 0.010, 2, "cuda")
-    assert lines[0] == ("  transformer-xl: 5.0 ms a step (wall, under the profiler), device busy 1.5 ms (30%); the "
-                        "top 10 kernels a step:")
-    assert lines[1] == "    the host queued it by 3 kernel launches, 2 CUDA-graph replays, 1 copies and fills"
-    assert [line.split()[-1] for line in lines[2:]] == ["ampere_bf16_gemm", "elementwise_kernel"]
+    profiled = step_profile.Profiled(events, {"forward": 2.0e3, "loss": 4.0e3}, 0.010)
+    lines = step_profile.summary("transformer-xl", profiled, 2, "cuda")
+    assert lines[:4] == ["  transformer-xl: 5.0 ms a step (wall, under the profiler), device busy 1.5 ms (30%)",
+                         "    the host queued it by 3 kernel launches, 2 CUDA-graph replays, 1 copies and fills",
+                         "    the host's time a step by phase: forward 1.0 ms, loss 2.0 ms",
+                         "    the top 10 kernels a step:"]
+    assert [line.split()[-1] for line in lines[4:]] == ["ampere_bf16_gemm", "elementwise_kernel"]
 
 
 def test_peaks_are_found_by_the_device_name_and_none_for_an_unknown_gpu(gpu_shapes):

@@ -174,13 +174,13 @@ class PlainProgress(pl.Callback):
 class CompileNotice(pl.Callback):
     """A compiled model's first steps build its graphs (a CUDA-graphed wt2-par Transformer-XL: 48 s on an H100
     before its first timed step), which no progress line covers: one line says so before training starts, and
-    one after the first step says how long it took, on rank 0."""
+    one after the first step says how long it took and what was compiled (:func:`compiled_since`), on rank 0."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.start = mode, 0.0
+        self.mode, self.start, self.counts = mode, 0.0, (0, 0, 0)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.start = time.perf_counter()
+        self.start, self.counts = time.perf_counter(), compile_counts()
         if trainer.is_global_zero:
             graphs = "CUDA graphs" if self.mode == "reduce-overhead" else "kernels"
             print(f"compiling the model (train.compile={self.mode}): the first steps build its {graphs}, one set "
@@ -189,8 +189,33 @@ class CompileNotice(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self.start and trainer.global_step >= 1:
             if trainer.is_global_zero:
-                print(f"compiled: the first step took {time.perf_counter() - self.start:.1f} s", flush=True)
+                print(f"compiled: the first step took {time.perf_counter() - self.start:.1f} s "
+                      f"({compiled_since(self.counts, self.mode)})", flush=True)
             self.start = 0.0
+
+
+def compile_counts() -> tuple[int, int, int]:
+    """What ``torch.compile`` has done in this process so far, by Dynamo's counters (which torch's own reports
+    read): graphs compiled, graph breaks, and graphs that Inductor left without CUDA graphs where they were asked
+    for (``reduce-overhead``: an op it cannot capture, a tensor on the CPU, an input the graph mutates ...)."""
+    from torch._dynamo.utils import counters
+
+    return (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
+            counters["inductor"]["cudagraph_skips"])
+
+
+def compiled_since(before: tuple[int, int, int], mode: str) -> str:
+    """What was compiled since :func:`compile_counts` gave ``before``, in words: ``2 graphs, no graph breaks``
+    and, for ``reduce-overhead``, whether every graph became CUDA graphs. A skip is easy to miss, and costs the
+    most: the step then launches each kernel from the host, the overhead CUDA graphs are there to remove."""
+    graphs, breaks, skips = (now - then for now, then in zip(compile_counts(), before))
+    words = [f"{graphs} graph{'s' * (graphs != 1)}",
+             f"{breaks or 'no'} graph break{'s' * (breaks != 1)}" + (" (TORCH_LOGS=graph_breaks says where)"
+                                                                     if breaks else "")]
+    if mode == "reduce-overhead":
+        words.append(f"CUDA graphs skipped {skips} time{'s' * (skips != 1)}: those parts launch each kernel from "
+                     "the host (Inductor's warning says why)" if skips else "replayed as CUDA graphs")
+    return ", ".join(words)
 
 
 def quiet_libraries() -> None:
