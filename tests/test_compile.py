@@ -109,6 +109,49 @@ def test_the_line_after_a_compiled_first_step_says_what_was_compiled_and_what_mi
         torch._dynamo.reset()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["transformer-xl", "mixed supernet", "fair supernet, stacked"])
+def test_the_compiled_graphs_write_none_of_their_inputs(model, benchmark_script):
+    """A graph that writes into one of its inputs is one of the reasons Inductor leaves it without CUDA graphs
+    (``reduce-overhead``), silently but for a log warning. The training graphs of the fixed model and of a
+    compiled search's supernets, forward and backward, write none: the memory, the parameters, tau and the fair
+    step's routes are read in them (tau and the routes are set in place between steps, outside the graphs)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import TracingContext
+
+    from parnas.search_spaces import PARTransformerXLSpace
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
+    from parnas.training.task import adam
+
+    written = []
+
+    def forward_compiler(gm, inputs):  # what AOT autograd found the graph writes, by input index
+        written.append(list(TracingContext.get().fw_metadata.mutated_inp_runtime_indices))
+        return gm
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, inputs: gm)
+    cfg = load_config("tiny", ["model.dropout=0.0", "model.mem_len=16", "model.cutoffs=[100, 400]"])
+    torch.manual_seed(0)
+    if model == "transformer-xl":
+        net = build_fixed_model(cfg.model, VOCAB).train()
+    else:
+        space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
+        net = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train()
+    net.compile(backend=backend, dynamic=False)
+    weights = [p for name, p in net.named_parameters() if not name.endswith("_arch_alpha")]
+    if model.startswith("fair"):
+        step = benchmark_script("search_step").fair_step(net, [adam(weights, lr=1e-3)], weights, 0.25, stacked=True)
+    else:
+        step = benchmark_script("train_step").training_step(net, [adam(weights, lr=1e-3)], weights, 0.25)
+    torch._dynamo.reset()
+    try:
+        for _ in range(3):  # the memory empty, filling, full: a graph each
+            step(torch.randint(0, VOCAB, (2, 9)))
+    finally:
+        torch._dynamo.reset()
+    assert len(written) == 3 and written == [[]] * 3, written
+
+
 # --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
 
 @pytest.mark.slow
