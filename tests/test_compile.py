@@ -112,10 +112,12 @@ def test_the_line_after_a_compiled_first_step_says_what_was_compiled_and_what_mi
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["transformer-xl", "mixed supernet", "fair supernet, stacked"])
 def test_the_compiled_graphs_write_none_of_their_inputs(model, benchmark_script):
-    """A graph that writes into one of its inputs is one of the reasons Inductor leaves it without CUDA graphs
-    (``reduce-overhead``), silently but for a log warning. The training graphs of the fixed model and of a
-    compiled search's supernets, forward and backward, write none: the memory, the parameters, tau and the fair
-    step's routes are read in them (tau and the routes are set in place between steps, outside the graphs)."""
+    """Two of the reasons Inductor leaves a graph without CUDA graphs (``reduce-overhead``), silently but for a log
+    warning: the graph writes into one of its inputs, or makes a tensor on the CPU. The training graphs of the
+    fixed model and of a compiled search's supernets write none of their inputs (the memory, the parameters, tau
+    and the fair step's routes are read in them; tau and the routes are set in place between steps, outside the
+    graphs), and, traced on the ``meta`` device (the path off the CPU: torch's dropout, padded operands), put
+    every tensor of the forward and the backward there: none is made on the CPU."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._guards import TracingContext
 
@@ -123,20 +125,25 @@ def test_the_compiled_graphs_write_none_of_their_inputs(model, benchmark_script)
     from parnas.strategies.gumbel_darts import PARGumbelDARTS
     from parnas.training.task import adam
 
-    written = []
+    written, devices = [], set()
+
+    def devices_of(gm):
+        devices.update(str(n.meta["val"].device) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor))
+        return gm
 
     def forward_compiler(gm, inputs):  # what AOT autograd found the graph writes, by input index
         written.append(list(TracingContext.get().fw_metadata.mutated_inp_runtime_indices))
-        return gm
+        return devices_of(gm)
 
-    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, inputs: gm)
-    cfg = load_config("tiny", ["model.dropout=0.0", "model.mem_len=16", "model.cutoffs=[100, 400]"])
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, inputs: devices_of(gm))
+    cfg = load_config("tiny", ["model.dropout=0.1", "model.mem_len=16", "model.cutoffs=[100, 400]"])
     torch.manual_seed(0)
     if model == "transformer-xl":
         net = build_fixed_model(cfg.model, VOCAB).train()
     else:
         space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
         net = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train()
+    net = net.to("meta")
     net.compile(backend=backend, dynamic=False)
     weights = [p for name, p in net.named_parameters() if not name.endswith("_arch_alpha")]
     if model.startswith("fair"):
@@ -146,10 +153,12 @@ def test_the_compiled_graphs_write_none_of_their_inputs(model, benchmark_script)
     torch._dynamo.reset()
     try:
         for _ in range(3):  # the memory empty, filling, full: a graph each
-            step(torch.randint(0, VOCAB, (2, 9)))
+            tokens = torch.randint(0, VOCAB, (2, 9))  # the targets grouped on the host, as the data module does
+            step(tokens.to("meta"), net.group_targets(tokens[:, 1:]).to(torch.device("meta")))
     finally:
         torch._dynamo.reset()
     assert len(written) == 3 and written == [[]] * 3, written
+    assert devices == {"meta"}, devices
 
 
 # --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
