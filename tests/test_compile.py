@@ -111,24 +111,28 @@ def test_the_line_after_a_compiled_first_step_says_what_was_compiled_and_what_mi
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["transformer-xl", "mixed supernet", "fair supernet, stacked"])
-def test_the_compiled_graphs_write_none_of_their_inputs(model, benchmark_script):
-    """Two of the reasons Inductor leaves a graph without CUDA graphs (``reduce-overhead``), silently but for a log
-    warning: the graph writes into one of its inputs, or makes a tensor on the CPU. The training graphs of the
-    fixed model and of a compiled search's supernets write none of their inputs (the memory, the parameters, tau
-    and the fair step's routes are read in them; tau and the routes are set in place between steps, outside the
-    graphs), and, traced on the ``meta`` device (the path off the CPU: torch's dropout, padded operands), put
-    every tensor of the forward and the backward there: none is made on the CPU."""
+def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_script):
+    """Three of the reasons Inductor leaves a graph without CUDA graphs (``reduce-overhead``), silently but for a
+    log warning: the graph writes into one of its inputs, makes a tensor on the CPU, or holds an op Inductor will
+    not record (a value read back, a size that depends on data: Inductor's own test of a graph). The training
+    graphs, forward and backward, of the fixed model and of a compiled search's supernets have none: the memory,
+    the parameters, tau and the fair step's routes are read in them (tau and the routes are set in place between
+    steps, outside the graphs), and traced on the ``meta`` device (the path off the CPU: torch's dropout, padded
+    operands) every tensor is there. The meta device runs SDPA's math path, not CUDA's kernels: those, a GPU
+    checks (``test_cuda_graphs_train_like_eager...``)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._guards import TracingContext
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
 
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.gumbel_darts import PARGumbelDARTS
     from parnas.training.task import adam
 
-    written, devices = [], set()
+    written, devices, unsafe = [], set(), []
 
-    def devices_of(gm):
+    def devices_of(gm):  # and any op Inductor will not record in a CUDA graph (a read back, a data-dependent size)
         devices.update(str(n.meta["val"].device) for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor))
+        unsafe.append(get_first_incompatible_cudagraph_node(gm))
         return gm
 
     def forward_compiler(gm, inputs):  # what AOT autograd found the graph writes, by input index
@@ -159,6 +163,7 @@ def test_the_compiled_graphs_write_none_of_their_inputs(model, benchmark_script)
         torch._dynamo.reset()
     assert len(written) == 3 and written == [[]] * 3, written
     assert devices == {"meta"}, devices
+    assert len(unsafe) == 6 and not any(unsafe), unsafe  # 3 forward graphs, 3 backward
 
 
 # --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
