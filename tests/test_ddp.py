@@ -33,25 +33,28 @@ class Recorder(pl.Callback):
         self.losses.append(float(outputs["loss"] if isinstance(outputs, dict) else outputs))
 
     def on_train_end(self, trainer, module):
+        from torch._dynamo.utils import counters
+
         record = {"rank": trainer.global_rank, "world": trainer.world_size, "first": self.first,
-                  "losses": self.losses}
+                  "losses": self.losses, "graphs": counters["stats"]["unique_graphs"]}
         with open(f"{self.out}/rank{trainer.global_rank}.json", "w") as f:
             json.dump(record, f)
 
 
-out, corpus, devices = sys.argv[1:4]
+out, corpus, devices, compile_mode = sys.argv[1:5]
 retrain("transformer-xl", "tiny", [f"data.path={corpus}", "data.vocab_size=300", "model.cutoffs=[100, 200]",
                                    "data.batch_size=8", "train.max_steps=16", "train.eval_every=8",
                                    "train.ckpt_every=8", "train.accelerator=cpu", f"train.devices={devices}",
-                                   f"train.out_dir={out}"], callbacks=[Recorder(out)])
+                                   f"train.compile={compile_mode}", f"train.out_dir={out}"], callbacks=[Recorder(out)])
 '''
 
 
-def run_script(script, out, corpus, devices, cache, timeout=300):
+def run_script(script, out, corpus, devices, cache, compile_mode="none", timeout=300):
     out.mkdir()
     env = {**os.environ, "PARNAS_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(script), str(out), str(corpus), str(devices)], cwd=out, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(script), str(out), str(corpus), str(devices), compile_mode], cwd=out,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -63,14 +66,17 @@ def run_script(script, out, corpus, devices, cache, timeout=300):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_split_streams_and_match_one_process(wt2_slice, tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("compile_mode", ["none", "default"])
+def test_two_gloo_processes_split_streams_and_match_one_process(wt2_slice, tmp_path, tmp_path_factory, compile_mode):
+    """Eager, and compiled (``train.compile=default``: each rank compiles its model, which DDP wraps)."""
     script = tmp_path / "train_ddp.py"
     script.write_text(SCRIPT)
     cache = tmp_path_factory.getbasetemp() / "parnas-cache"
-    (one,) = run_script(script, tmp_path / "one", wt2_slice, 1, cache)
-    ranks = run_script(script, tmp_path / "two", wt2_slice, 2, cache)
+    (one,) = run_script(script, tmp_path / "one", wt2_slice, 1, cache, compile_mode)
+    ranks = run_script(script, tmp_path / "two", wt2_slice, 2, cache, compile_mode)
 
     assert [r["world"] for r in ranks] == [2, 2] and one["world"] == 1
+    assert all((r["graphs"] > 0) == (compile_mode != "none") for r in [one, *ranks])  # compiled, each rank
     # each rank owns half of the 8 streams, disjoint, together the single process's batch
     assert ranks[0]["first"] == one["first"][:4] and ranks[1]["first"] == one["first"][4:]
     assert ranks[0]["first"] != ranks[1]["first"]
