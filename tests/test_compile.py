@@ -1,6 +1,8 @@
 """The fixed model under torch.compile, on the CPU: where Dynamo breaks the graph, and no recompiles once the
 memory is full. Dynamo only (a backend that runs the captured graphs as they are): what is counted is the
-tracing, which is the same on every device, except the CPU's own dropout path (``keep_mask``)."""
+tracing, which is the same on every device, except the CPU's own dropout path (``keep_mask``). Then what
+``train.compile`` reports after its first step, whether the training graphs are fit to become CUDA graphs (traced
+on the ``meta`` device, the path off the CPU), and Inductor's compiled model against eager."""
 
 import collections
 import re
