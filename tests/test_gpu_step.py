@@ -204,7 +204,8 @@ def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most
     assert head and 0 < float(head[2]) <= float(head[1]), lines[0]
     phases = re.findall(r"(\w[\w ]*?) ([\d.]+) ms", lines[1].removeprefix("    the host's time a step by phase: "))
     assert [p for p, _ in phases] == ["forward", "loss", "backward", "clip", "optimizer"], lines[1]
-    assert sum(float(t) for _, t in phases) <= float(head[1]) and float(phases[0][1]) > 0, lines[1]
+    rounding = 0.05 * (len(phases) + 1)  # each figure is printed to 0.1 ms
+    assert sum(float(t) for _, t in phases) <= float(head[1]) + rounding and float(phases[0][1]) > 0, lines[1]
     assert lines[2] == "    the top 5 ops a step:"
     rows = [re.match(r"^ +([\d.]+) ms +([\d.]+)%  (aten::\w+)$", line) for line in lines[3:]]
     assert len(rows) == 5 and all(rows), lines
