@@ -41,11 +41,12 @@ class Recorder(pl.Callback):
             json.dump(record, f)
 
 
-out, corpus, devices, compile_mode = sys.argv[1:5]
+out, corpus, devices, compile_mode, *settings = sys.argv[1:]  # settings: further --set pairs
 retrain("transformer-xl", "tiny", [f"data.path={corpus}", "data.vocab_size=300", "model.cutoffs=[100, 200]",
                                    "data.batch_size=8", "train.max_steps=16", "train.eval_every=8",
                                    "train.ckpt_every=8", "train.accelerator=cpu", f"train.devices={devices}",
-                                   f"train.compile={compile_mode}", f"train.out_dir={out}"], callbacks=[Recorder(out)])
+                                   f"train.compile={compile_mode}", f"train.out_dir={out}", *settings],
+        callbacks=[Recorder(out)])
 '''
 
 

@@ -24,9 +24,6 @@ from parnas.config import load_config
 from parnas.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-# test_ddp's training script, taking further --set pairs after its three arguments
-NODE_SCRIPT = SCRIPT.replace('f"train.out_dir={out}"]', 'f"train.out_dir={out}", *sys.argv[4:]]')
-assert NODE_SCRIPT != SCRIPT
 
 
 def free_port() -> int:
@@ -45,7 +42,7 @@ def run_nodes(script, out, corpus, cache, nodes=2, timeout=300):
                "MASTER_PORT": str(port), "NODE_RANK": str(node), "WORLD_SIZE": str(nodes), "LOCAL_RANK": "0"}
         with open(out / f"node{node}.log", "w") as log:
             procs.append(subprocess.Popen(
-                [sys.executable, str(script), str(out), str(corpus), "1", f"train.num_nodes={nodes}"],
+                [sys.executable, str(script), str(out), str(corpus), "1", "none", f"train.num_nodes={nodes}"],
                 cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     try:
@@ -65,7 +62,7 @@ def run_nodes(script, out, corpus, cache, nodes=2, timeout=300):
 @pytest.mark.slow
 def test_two_nodes_of_one_process_train_like_one_process(wt2_slice, tmp_path, tmp_path_factory):
     script = tmp_path / "train_node.py"
-    script.write_text(NODE_SCRIPT)
+    script.write_text(SCRIPT)  # test_ddp's training script: its arguments, then further --set pairs
     cache = tmp_path_factory.getbasetemp() / "parnas-cache"
     (one,) = run_script(script, tmp_path / "one", wt2_slice, 1, cache)  # also fills the tokenizer cache
     nodes = run_nodes(script, tmp_path / "nodes", wt2_slice, cache)
