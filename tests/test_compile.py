@@ -126,8 +126,6 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
     from torch._guards import TracingContext
     from torch._inductor.utils import get_first_incompatible_cudagraph_node
 
-    from parnas.search_spaces import PARTransformerXLSpace
-    from parnas.strategies.gumbel_darts import PARGumbelDARTS
     from parnas.training.task import adam
 
     written, devices, unsafe = [], set(), []
@@ -146,9 +144,8 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
     torch.manual_seed(0)
     if model == "transformer-xl":
         net = build_fixed_model(cfg.model, VOCAB).train()
-    else:
-        space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
-        net = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train()
+    else:  # the search's supernet, as the op counter builds it
+        net = benchmark_script("op_count").supernet(cfg, VOCAB)
     net = net.to("meta")
     net.compile(backend=backend, dynamic=False)
     weights = [p for name, p in net.named_parameters() if not name.endswith("_arch_alpha")]
