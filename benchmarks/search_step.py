@@ -6,10 +6,11 @@ from softmax(alpha) (``sampled``; its REINFORCE term, a few scalar products, is 
 search does by default (``fair``), runs every candidate of every block once on the same segment from the same
 memory, in as many forwards as a block has candidates, with one backward. Both the weights and the logits step.
 The baseline is the standard Transformer-XL at the same ``n_blocks`` (attention, dense, ...: what the search's
-cost ratios divide by). All carry their memory, on Zipf token ids; the logits stay as initialised (uniform), so
-a sampled step costs the mean of the candidates, as at the start of a search (it moves towards the found
-layout's cost as the logits do). The four take ``--steps`` steps each per round, in rotating order, over
-``--rounds`` rounds after a warm-up; figures are medians over rounds, and ratios medians of same-round ratios.
+cost ratios divide by). All carry their memory, on Zipf token ids grouped on the host each step as the data
+module groups a training batch; the logits stay as initialised (uniform), so a sampled step costs the mean of the
+candidates, as at the start of a search (it moves towards the found layout's cost as the logits do). The four
+take ``--steps`` steps each per round, in rotating order, over ``--rounds`` rounds after a warm-up; figures are
+medians over rounds, and ratios medians of same-round ratios.
 
     python benchmarks/search_step.py                        # the wt2-seed configuration
     python benchmarks/search_step.py --config wt2-cpu --rounds 7
@@ -25,13 +26,22 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from model_args import model_parser
 from step_profile import phase
 from torch import Tensor
-from train_step import alternating_rounds, descend, ratio_line, segment_runner, training_step, zipf_ids
+from train_step import (
+    alternating_rounds,
+    descend,
+    fit_capacity,
+    ratio_line,
+    segment_runner,
+    training_step,
+    zipf_ids,
+)
 
 from parnas.config import COMPILE_MODES, load_config, transformer_xl_layout
 from parnas.nn.model import build_fixed_model
@@ -39,8 +49,9 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.gumbel_darts import PARGumbelDARTS
 from parnas.strategies.sampled import SampledMixedLayer, draw_picks
+from parnas.training.compiling import compile_model
 from parnas.training.latency import full_memory_steps
-from parnas.training.task import adam, compile_model, segment_nll
+from parnas.training.task import adam, segment_nll
 
 
 class Sampling(torch.nn.Module):
@@ -88,6 +99,13 @@ class FairTask:
 
     def aux_loss(self) -> Tensor | float:
         return getattr(self.model, "aux_loss", 0.0)
+
+
+def host_grouping(model: torch.nn.Module) -> Callable[[Tensor], Any]:
+    """A segment's targets grouped on the host, as the data module groups a training batch (a compiled model's
+    tail clusters padded to its capacities, so that its loss is compiled too)."""
+    net = getattr(model, "supernet", model)
+    return partial(net.group_targets, capacity=net.target_capacity)
 
 
 def fair_step(supernet: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],
@@ -146,7 +164,11 @@ def main() -> None:
     B, L = cfg.data.batch_size, cfg.data.seg_len
     warmup = max(args.warmup, full_memory_steps(cfg))
     stream = zipf_ids(B * (L * (warmup + args.rounds * args.steps) + 1), args.vocab_size).view(B, -1)
-    tps = alternating_rounds(segment_runner(steps, stream, L), list(models), args.rounds, args.steps, warmup)
+    grouping = {name: host_grouping(model) for name, model in models.items()}
+    for model in models.values():
+        fit_capacity(getattr(model, "supernet", model), stream, L)
+    tps = alternating_rounds(segment_runner(steps, stream, L, grouping), list(models), args.rounds, args.steps,
+                             warmup)
     figures = {name: [1e3 * B * L / t for t in rounds] for name, rounds in tps.items()}  # ms/step
     n = cfg.model.n_blocks
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {B} x {L}, memory "

@@ -114,20 +114,36 @@ def alternating_rounds(run: Callable[[str, int], float], names: Sequence[str], r
     return figures
 
 
-def segment_runner(steps: Mapping[str, Callable[[Tensor], None]], stream: Tensor, seg_len: int
-                   ) -> Callable[[str, int], float]:
+def segment_runner(steps: Mapping[str, Callable[..., None]], stream: Tensor, seg_len: int,
+                   grouping: Mapping[str, Callable[[Tensor], Any]] | None = None) -> Callable[[str, int], float]:
     """``run(name, n)`` for :func:`alternating_rounds`: n calls of ``steps[name]``, each on that step's next
-    (B, L+1) segment of ``stream`` (B streams, read segment by segment); returns tokens/s."""
+    (B, L+1) segment of ``stream`` (B streams, read segment by segment); returns tokens/s. ``grouping[name]``,
+    where given, groups each segment's targets for the step (on the host, in the timed loop, as the data module
+    does); else the step's loss groups them."""
     position = dict.fromkeys(steps, 0)
 
     def run(name: str, n: int) -> float:
         start = time.perf_counter()
         for _ in range(n):
             t = position[name]
-            steps[name](stream[:, t:t + seg_len + 1])
+            segment = stream[:, t:t + seg_len + 1]
+            if grouping is None:
+                steps[name](segment)
+            else:
+                steps[name](segment, grouping[name](segment[:, 1:]))
             position[name] = t + seg_len
         return n * stream.size(0) * seg_len / (time.perf_counter() - start)
     return run
+
+
+def fit_capacity(model: torch.nn.Module, stream: Tensor, seg_len: int) -> None:
+    """A compiled model's target capacities (``model.target_capacity``, where it has them) fitted to every segment
+    of ``stream`` (B streams on the host), as the data module fits them before a run: no timed step grows them,
+    which would compile the loss again inside a timed round."""
+    capacity = getattr(model, "target_capacity", None)
+    if capacity is not None:
+        for t in range(0, stream.size(1) - seg_len, seg_len):
+            model.group_targets(stream[:, t + 1:t + seg_len + 1], capacity)
 
 
 def ratio_line(a: str, b: str, figures: dict[str, list[float]], label: str = "") -> str:

@@ -101,9 +101,11 @@ def stacked_groups(groups: TargetGroups | None, copies: int, n_targets: int) -> 
     groups are: nothing is read back."""
     if groups is None:
         return None
-    parts = groups.order.split(list(groups.sizes))  # each cluster's rows
+    parts = groups.order.split(list(groups.sizes))  # each cluster's rows (padded entries too: row 0 of a copy)
     order = torch.cat([part + j * n_targets for part in parts for j in range(copies)])
-    return TargetGroups(order, tuple(size * copies for size in groups.sizes))
+    valid = None if groups.valid is None else torch.cat([part for part in groups.valid.split(list(groups.sizes))
+                                                         for _ in range(copies)])
+    return TargetGroups(order, tuple(size * copies for size in groups.sizes), valid)
 
 
 def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:

@@ -49,6 +49,7 @@ from parnas.strategies.search_record import search_record
 from parnas.strategies.select import check_selection, final_pick
 from parnas.strategies.supernet_export import Evaluated, exported_nll, sample_layouts
 from parnas.training import checkpoint
+from parnas.training.compiling import compile_model
 from parnas.training.data_module import SegmentData, check_segments
 from parnas.training.devices import check_devices, training_device
 from parnas.training.evaluation import divergence, evaluate, perplexity
@@ -56,7 +57,7 @@ from parnas.training.fit import tokenizer_meta
 from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume
-from parnas.training.task import LanguageModelTask, compile_model
+from parnas.training.task import LanguageModelTask
 from parnas.training.trainer import build_trainer, end_process_group, position_restored_by_task
 
 

@@ -85,6 +85,76 @@ def test_targets_grouped_on_the_host_give_the_loss_and_gradients_grouped_on_the_
         model.nll(model(x[:2])[0], y[:2], groups)
 
 
+def test_a_capacity_grows_by_a_sixteenth_of_the_rows_only_when_a_batch_needs_it():
+    """Fixed capacities are what keep a compiled loss's shapes: they hold every count seen, rounded up to a
+    sixteenth of the rows (multiples of 8), never shrink, never exceed the rows, and each batch size has its own."""
+    from parnas.nn.adaptive import TargetCapacity
+
+    capacity = TargetCapacity()
+    assert capacity.fit(4096, (894, 587)) == (1024, 768)  # wt2-par's 32 x 128 batch, tails' mean counts
+    assert capacity.fit(4096, (1015, 0)) == (1024, 768)  # held: nothing recompiles
+    assert capacity.fit(4096, (1025, 100)) == (1280, 768)  # grown by the quantum
+    assert capacity.fit(32, (0, 31)) == (0, 32) and capacity.fit(32, (3, 32)) == (8, 32)  # quantum 8, at most 32
+    assert capacity.by_rows[4096] == (1280, 768)
+
+
+@pytest.mark.parametrize("settings", [dict(adaptive_input=False), dict(div_value=4.0),
+                                      dict(div_value=1.0, tie_weights=True, tie_projs=(False, True, True))])
+def test_targets_padded_to_fixed_capacities_give_the_same_loss_and_gradients(settings):
+    """Padded tail clusters (row 0 standing in, masked) change no loss and no gradient, torch's adaptive softmax's
+    or the projected one's, including a batch with no row in a cluster whose capacity is not 0; the shapes stay
+    the first batch's, and the fair step's copies stacked keep each copy's padding masked."""
+    from parnas.nn.adaptive import TargetCapacity
+    from parnas.strategies.fair import stacked_groups
+
+    torch.manual_seed(0)
+    model = build_fixed_model(replace(small(2.0), **settings), 300)
+    capacity = TargetCapacity()
+    x = torch.randint(0, 300, (3, 12))
+    first = torch.randint(0, 300, (3, 12))
+    first[0, 0] = 0  # row 0, which padding stands in for, a shortlist target: out of every tail cluster's range
+    batches = [first, torch.where(first < 150, first, 7), (torch.rand(3, 12) ** 3 * 300).long() * (first > 0)]
+    def loss_and_grads(groups, y, copies=1):
+        model.zero_grad()
+        nll = model.nll(model(x.repeat(copies, 1))[0], y.repeat(copies, 1), groups)
+        nll.sum().backward()
+        return nll.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+    shapes = set()
+    for y in batches:
+        padded = model.group_targets(y, capacity)
+        shapes.add((padded.sizes, padded.order.shape))
+        assert padded.sizes[0] == 0 and int(padded.valid.sum()) == sum(model.group_targets(y).sizes[1:])
+        expected, expected_grads = loss_and_grads(model.group_targets(y), y)
+        for copies, groups in ((1, padded), (2, stacked_groups(padded, 2, y.numel()))):
+            nll, grads = loss_and_grads(groups, y, copies)
+            torch.testing.assert_close(nll, expected.repeat(copies, 1), rtol=1e-6, atol=1e-6)
+            for a, b in zip(expected_grads, grads, strict=True):
+                torch.testing.assert_close(b, a * copies, rtol=1e-5, atol=1e-6)
+    assert len(shapes) == 1, shapes
+    assert batches[1].ge(150).sum() == 0  # the second batch has no row in the last cluster, which has a capacity
+
+
+def test_padded_entries_are_scored_against_targets_inside_their_clusters_range():
+    """A padded entry stands in with row 0, whose target is another cluster's: the CPU's gather reads an index out
+    of range without a word, a GPU's asserts. Each tail cluster's targets, padding included, are in its range."""
+    from parnas.nn.adaptive import TargetCapacity, add_tail_nll, group_targets
+
+    edges = [0, 50, 150, 300]
+
+    class InRange(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, target):
+            assert 0 <= int(target.min()) and int(target.max()) < logits.size(1), (target, logits.shape)
+            return logits[:, 0]
+
+    y = torch.tensor([0, 60, 61, 200, 5, 6, 7, 8])  # row 0 in the shortlist; tail 1 two rows, tail 2 one
+    groups = group_targets(y, edges[1:-1], TargetCapacity())
+    assert groups.sizes == (0, 8, 8) and groups.valid.sum() == 3
+    add_tail_nll(torch.zeros(8), torch.randn(8, 4), y, groups, edges,
+                 lambda i, h: torch.randn(len(h), edges[i + 1] - edges[i]), InRange)
+
+
 def test_the_adaptive_input_is_each_ids_own_clusters_embedding():
     """Every id looked up in every cluster's table, masked, is the id's own cluster's embedding projected."""
     torch.manual_seed(0)

@@ -191,7 +191,7 @@ def test_on_cuda_a_model_padded_by_default_trains_as_it_does_unpadded(head):
 def test_a_compiled_model_padded_computes_what_the_eager_one_does():
     """The padded shapes through Dynamo and Inductor (on the CPU, padding forced): the wider position table's
     shifted view and the padded heads compile, and the compiled model's losses are eager's."""
-    from parnas.training.task import compile_model
+    from parnas.training.compiling import compile_model
 
     tokens = torch.randint(45, (3, 2, 9), generator=torch.Generator().manual_seed(1))
     losses = {}

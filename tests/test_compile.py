@@ -90,7 +90,7 @@ def test_the_line_after_a_compiled_first_step_says_what_was_compiled_and_what_mi
     runs anyway)."""
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
-    from parnas.training.trainer import compile_counts, compiled_since
+    from parnas.training.compiling import compile_counts, compiled_since
 
     def broken(x):
         y = x * 2
@@ -117,7 +117,8 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
     """Three of the reasons Inductor leaves a graph without CUDA graphs (``reduce-overhead``), silently but for a
     log warning: the graph writes into one of its inputs, makes a tensor on the CPU, or holds an op Inductor will
     not record (a value read back, a size that depends on data: Inductor's own test of a graph). The training
-    graphs, forward and backward, of the fixed model and of a compiled search's supernets have none: the memory,
+    graphs, forward and backward, of the fixed model and of a compiled search's supernets, and of their loss (its
+    tail clusters padded to fixed capacities, as a compiled model's training batches are) have none: the memory,
     the parameters, tau and the fair step's routes are read in them (tau and the routes are set in place between
     steps, outside the graphs), and traced on the ``meta`` device (the path off the CPU: torch's dropout, padded
     operands) every tensor is there. The meta device runs SDPA's math path, not CUDA's kernels: those, a GPU
@@ -126,6 +127,7 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
     from torch._guards import TracingContext
     from torch._inductor.utils import get_first_incompatible_cudagraph_node
 
+    from parnas.training.compiling import compile_model
     from parnas.training.task import adam
 
     written, devices, unsafe = [], set(), []
@@ -147,7 +149,7 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
     else:  # the search's supernet, as the op counter builds it
         net = benchmark_script("op_count").supernet(cfg, VOCAB)
     net = net.to("meta")
-    net.compile(backend=backend, dynamic=False)
+    compile_model(net, "default", backend)
     weights = [p for name, p in net.named_parameters() if not name.endswith("_arch_alpha")]
     if model.startswith("fair"):
         step = benchmark_script("search_step").fair_step(net, [adam(weights, lr=1e-3)], weights, 0.25, stacked=True)
@@ -155,14 +157,16 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
         step = benchmark_script("train_step").training_step(net, [adam(weights, lr=1e-3)], weights, 0.25)
     torch._dynamo.reset()
     try:
+        tokens = torch.randint(0, VOCAB, (2, 9))
+        # the targets grouped on the host, as the data module groups a compiled model's training batches
+        groups = net.group_targets(tokens[:, 1:], net.target_capacity).to(torch.device("meta"))
         for _ in range(3):  # the memory empty, filling, full: a graph each
-            tokens = torch.randint(0, VOCAB, (2, 9))  # the targets grouped on the host, as the data module does
-            step(tokens.to("meta"), net.group_targets(tokens[:, 1:]).to(torch.device("meta")))
+            step(tokens.to("meta"), groups)
     finally:
         torch._dynamo.reset()
-    assert len(written) == 3 and written == [[]] * 3, written
+    assert len(written) == 4 and written == [[]] * 4, written  # 3 of the forward, 1 of the loss
     assert devices == {"meta"}, devices
-    assert len(unsafe) == 6 and not any(unsafe), unsafe  # 3 forward graphs, 3 backward
+    assert len(unsafe) == 8 and not any(unsafe), unsafe  # 4 forward graphs, 4 backward
 
 
 # --- train.compile: the fixed model under Inductor (torch.compile's default backend, C++ on the CPU) ------------
@@ -171,27 +175,38 @@ def test_the_compiled_training_graphs_are_fit_for_cuda_graphs(model, benchmark_s
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_the_compiled_model_trains_like_the_eager_one_and_compiles_nothing_once_the_memory_is_full(mode):
     """Same losses and gradients as eager over six segments, dropout on (the CPU's dropout draws stay eager, in
-    the same order); once the memory is full (segment 3), no more compiling. (CUDA graphs, which reduce-overhead
+    the same order), each model's targets grouped as the data module groups a training batch (the compiled
+    model's tail clusters padded to its capacities, so its loss is compiled too); once the memory is full (segment
+    3), no more compiling, though each segment's clusters hold other counts. (CUDA graphs, which reduce-overhead
     adds on a GPU, are tested there.)"""
     import copy
 
-    from parnas.training.task import compile_model
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from parnas.nn.model import TransformerXL
+    from parnas.training.compiling import compile_model
+    from parnas.training.task import unpack, with_target_groups
 
     eager, _ = model_and_step("model.dropout=0.1")
     compiled = copy.deepcopy(eager)
     compile_model(compiled, mode)
     stream = zipf_ids(B * (L * 6 + 1), VOCAB).view(B, -1)
+    segments = [(stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]) for t in range(6)]
+    for _, y in segments:  # the capacities grown to the stream's largest counts, as a run's first batches grow them
+        compiled.group_targets(y, compiled.target_capacity)
+    held = {int(compiled.group_targets(y, compiled.target_capacity).valid.sum()) for _, y in segments}
+    assert len(held) > 1  # the segments' tail clusters hold different counts of rows
     mems = {"eager": None, "compiled": None}
     torch._dynamo.reset()
     try:
-        for t in range(6):
-            x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
+        for t, segment in enumerate(segments):
             losses = {}
             with torch._dynamo.config.patch(error_on_recompile=t >= 3):
                 for name, model in (("eager", eager), ("compiled", compiled)):
+                    x, y, groups = unpack(with_target_groups(model, segment, training=True))
                     torch.manual_seed(t)
                     h, mems[name] = model(x, mems[name])
-                    losses[name] = model.nll(h, y).mean()
+                    losses[name] = model.nll(h, y, groups).mean()
                     model.zero_grad(set_to_none=True)
                     losses[name].backward()
             torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
@@ -199,7 +214,8 @@ def test_the_compiled_model_trains_like_the_eager_one_and_compiles_nothing_once_
                 torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=f"segment {t}: {key}")
             for a, b in zip(mems["eager"], mems["compiled"]):
                 assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-5, atol=1e-6))
-        assert counters["stats"]["unique_graphs"] >= 3  # compiled indeed: a graph for each memory length, 0 to 32
+        assert counters["stats"]["unique_graphs"] >= 4  # compiled indeed: a graph for each memory length, 0 to 32,
+        assert len(_debug_get_cache_entry_list(TransformerXL.nll.__code__)) == 1  # and one of the loss, for all six
     finally:
         torch._dynamo.reset()
 

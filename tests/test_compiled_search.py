@@ -18,8 +18,9 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.gumbel_darts import PARGumbelDARTS, tau_at
 from parnas.strategies.supernet_export import exported
 from parnas.strategies.temperature import GumbelSoftmax
+from parnas.training.compiling import compile_model
 from parnas.training.latency import zipf_ids
-from parnas.training.task import adam, compile_model
+from parnas.training.task import adam
 
 VOCAB = 1000
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
@@ -146,7 +147,7 @@ def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
     """``train.compile=reduce-overhead``: the supernet's forward and backward replayed as CUDA graphs, tau
     changing between replays; eager's losses, gradients and memories to a tolerance; and every graph a CUDA graph
     (Inductor skipped none)."""
-    from parnas.training.trainer import compile_counts
+    from parnas.training.compiling import compile_counts
 
     models, stream, L = supernets("reduce-overhead", "cuda")
     torch._dynamo.reset()

@@ -183,13 +183,15 @@ def test_a_batch_bound_for_a_gpu_leaves_the_host_from_pinned_memory(pins, device
     first, once, with its values kept; a batch for any other device is handed on as it is."""
     from types import SimpleNamespace
 
+    from parnas.nn.adaptive import TargetCapacity
     from parnas.training.data_module import SegmentData
 
     model = build_fixed_model(ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, cutoffs=(10, 20)), 50)
     task = LanguageModelTask(load_config("tiny").train)
     task.set_model(model)
     data = SegmentData({}, 2, 2, 4)
-    data.trainer = SimpleNamespace(lightning_module=task, strategy=SimpleNamespace(root_device=torch.device(device)))
+    data.trainer = SimpleNamespace(lightning_module=task, strategy=SimpleNamespace(root_device=torch.device(device)),
+                                   training=True, world_size=1)
     x, y = torch.randint(0, 50, (2, 4)), torch.randint(0, 50, (2, 4))
     batch = data.on_before_batch_transfer((x, y), 0)
     tensors = [batch[0], batch[1], batch[2].order]
@@ -199,6 +201,9 @@ def test_a_batch_bound_for_a_gpu_leaves_the_host_from_pinned_memory(pins, device
     assert torch.equal(batch[0], x) and torch.equal(batch[1], y)
     again = data.on_before_batch_transfer(batch[:2], 0)
     assert all(a is b for a, b in zip(again[:2], batch[:2]))  # pinned once: a pinned tensor is not copied again
+    model.target_capacity = TargetCapacity()  # a compiled model's: its training batches' tail clusters padded
+    padded = data.on_before_batch_transfer((x, y), 0)[2]
+    assert padded.valid is not None and [padded.order.is_pinned(), padded.valid.is_pinned()] == [pinned_batch] * 2
 
 
 @pytest.mark.gpu

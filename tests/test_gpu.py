@@ -372,7 +372,7 @@ def eager_and_compiled(mode: str, n_segments: int, *settings: str):
     ``n_segments`` segments and the segment length."""
     import copy
 
-    from parnas.training.task import compile_model
+    from parnas.training.compiling import compile_model
 
     cfg = load_config("tiny", ["model.dropout=0.0", "model.mem_len=32", *settings])
     torch.manual_seed(0)
@@ -407,19 +407,24 @@ def test_train_compile_on_cuda_matches_eager_and_stops_compiling_once_the_memory
 
 
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
-def test_cuda_graphs_train_like_eager_and_hand_each_segment_an_intact_memory():
-    """``train.compile=reduce-overhead``: forward and backward replayed as CUDA graphs, Adam stepping the weights
-    in place between replays, an evaluation's replays in between. The losses, gradients and memories are eager's to
-    a tolerance: no replay overwrote a memory the next segment attends to. And they are CUDA graphs: Inductor
-    skipped none (a skip leaves the same numbers, each kernel launched from the host)."""
+@pytest.mark.parametrize("cutoffs", ["[]", "[100, 400]"])
+def test_cuda_graphs_train_like_eager_and_hand_each_segment_an_intact_memory(cutoffs):
+    """``train.compile=reduce-overhead``: forward, loss and their backward replayed as CUDA graphs (an adaptive
+    softmax's tail clusters padded to the compiled model's capacities, as the data module pads a training batch),
+    Adam stepping the weights in place between replays, an evaluation's replays in between. The losses, gradients
+    and memories are eager's to a tolerance: no replay overwrote a memory the next segment attends to. And they
+    are CUDA graphs: Inductor skipped none (a skip leaves the same numbers, each kernel launched from the host)."""
     import torch._dynamo
 
-    from parnas.training.trainer import compile_counts
+    from parnas.training.compiling import compile_counts
 
-    eager, graphed, stream, L = eager_and_compiled("reduce-overhead", 8, "model.cutoffs=[]")
+    eager, graphed, stream, L = eager_and_compiled("reduce-overhead", 8, f"model.cutoffs={cutoffs}")
     models = {"eager": eager, "graphed": graphed}
     optimizers = {name: adam(m.parameters(), lr=1e-3) for name, m in models.items()}
     mems: dict = dict.fromkeys(models)
+    targets = [stream[:, t * L + 1:(t + 1) * L + 1].cpu() for t in range(8)]
+    for y in targets:  # the capacities fitted to every segment, as the data module fits them
+        graphed.group_targets(y, graphed.target_capacity)
     torch._dynamo.reset()
     skipped = compile_counts()[2]
     try:
@@ -427,8 +432,9 @@ def test_cuda_graphs_train_like_eager_and_hand_each_segment_an_intact_memory():
             x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
             losses, grads, evaluated = {}, {}, {}
             for name, model in models.items():
+                groups = model.group_targets(targets[t], model.target_capacity)  # on the host
                 h, mems[name] = model(x, mems[name])
-                losses[name] = model.nll(h, y).mean()
+                losses[name] = model.nll(h, y, None if groups is None else groups.to(y.device)).mean()
                 optimizers[name].zero_grad(set_to_none=True)
                 losses[name].backward()
                 grads[name] = [p.grad.clone() for p in model.parameters()]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from parnas.config import ModelConfig
+from parnas.config import ModelConfig, load_config
 from parnas.nn.model import build_fixed_model
 from parnas.training.evaluation import evaluate
 from parnas.training.task import lr_multiplier
@@ -149,3 +149,49 @@ def test_the_scalars_of_a_step_are_logged_when_something_reads_them():
 
     assert logged(5, 10, 23) == [1, 5, 10, 15, 20, 23]
     assert logged(10, 4, 12) == [1, 4, 8, 10, 12]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_compiled_models_capacities_hold_every_segment_before_its_first_training_batch(world_size):
+    """The data module fits a compiled model's target capacities to every segment of the training and validation
+    splits, on every rank, before it groups the first training batch: no batch grows them afterwards (which would
+    compile the loss again), every rank pads alike, and a resumed run, fitted afresh, pads as the first did.
+    Validation batches are grouped as they come (their loss is eager)."""
+    from types import SimpleNamespace
+
+    from parnas.nn.adaptive import TargetCapacity, group_targets
+    from parnas.training.data_module import SegmentData, most_targets_per_cluster
+    from parnas.training.latency import zipf_ids
+    from parnas.training.task import LanguageModelTask
+
+    cfg = ModelConfig(n_blocks=2, d_model=16, n_heads=2, d_ff=32, cutoffs=(10, 40))
+    splits = {"train": zipf_ids(4 * 7 * 8 + 9, 100).numpy(), "valid": zipf_ids(2 * 5 * 8 + 7, 100).numpy()}
+    fitted = []
+    for _ in range(2):  # the first run and a resumed one
+        model = build_fixed_model(cfg, 100)
+        model.target_capacity = TargetCapacity()  # what compile_model gives it
+        task = LanguageModelTask(load_config("tiny").train)
+        task.set_model(model)
+        data = SegmentData(splits, 4, 2, 8)
+        data.trainer = SimpleNamespace(lightning_module=task, strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                                       training=True, world_size=world_size)
+        for rank in range(world_size):
+            for t, (x, y) in enumerate(data.batches("train", rank, world_size)):
+                groups = data.on_before_batch_transfer((x, y), 0)[2]
+                if t == 0 and rank == 0:
+                    fitted.append(dict(model.target_capacity.by_rows))
+                assert groups.valid is not None and groups.sizes[1:] == fitted[-1][y.numel()]
+                assert int(groups.valid.sum()) == sum(group_targets(y, cfg.cutoffs).sizes[1:])
+        assert model.target_capacity.by_rows == fitted[-1]  # held every batch: grown by none
+        data.trainer.training = False
+        x, y = next(iter(data.batches("valid", 0, world_size)))
+        assert data.on_before_batch_transfer((x, y), 0)[2].valid is None
+    assert fitted[0] == fitted[1] and len(fitted[0]) == 3  # training's rows, validation's, its last segment's
+    for split in ("train", "valid"):  # the count against every segment grouped
+        for rank in range(world_size):
+            batches = data.batches(split, rank, world_size)
+            brute: dict[int, tuple[int, ...]] = {}
+            for _, y in batches:
+                sizes = group_targets(y, cfg.cutoffs).sizes
+                brute[y.numel()] = tuple(map(max, zip(brute.get(y.numel(), sizes), sizes)))
+            assert most_targets_per_cluster(batches, cfg.cutoffs) == brute

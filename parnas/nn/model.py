@@ -34,7 +34,9 @@ from parnas.kinds import make_block
 from parnas.nn.adaptive import (
     AdaptiveEmbedding,
     ProjectedAdaptiveSoftmax,
+    TargetCapacity,
     TargetGroups,
+    add_tail_nll,
     cutoffs_buffer,
     group_by_cluster,
     group_targets,
@@ -98,10 +100,11 @@ class OutputHead(nn.Module):
             if embedding is not None:
                 self.proj.weight = embedding.weight
 
-    def group_targets(self, y: Tensor) -> TargetGroups | None:
+    def group_targets(self, y: Tensor, capacity: TargetCapacity | None = None) -> TargetGroups | None:
         """y's rows grouped by cluster, for :meth:`nll`; on the host, where the batch is made, nothing waits for
-        the device. None for a full softmax, which needs none."""
-        return group_targets(y, self.cutoffs) if self.cutoffs else None
+        the device. ``capacity``: the tail clusters padded to fixed sizes (a loss of static shape). None for a
+        full softmax, which needs none."""
+        return group_targets(y, self.cutoffs, capacity) if self.cutoffs else None
 
     def nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
         """Negative log-likelihood of each target; ``groups``: :meth:`group_targets` of y, made on the host (an
@@ -123,17 +126,10 @@ class OutputHead(nn.Module):
         call, where torch's module makes one per tail cluster; the head's logits padded to a multiple of
         ``multiple``. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
-        cluster, order, sizes = group_by_cluster(y, self.cutoffs_on_device, groups)  # cluster (N,): 0 head
+        cluster, groups = group_by_cluster(y, self.cutoffs_on_device, groups)  # cluster (N,): 0 head
         head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))  # tail i+1: entry i
         nll = _TargetNLL.apply(padded_logits(h, asm.head.weight, asm.head.bias, multiple), head_target)  # (N,)
-        start = sizes[0]
-        for i, (low, size) in enumerate(zip(asm.cutoffs, sizes[1:])):
-            if size:
-                rows = order[start:start + size]  # tokens in tail cluster i
-                logits = asm.tail[i](h.index_select(0, rows))  # (n_i, cluster size)
-                nll = nll.index_add(0, rows, _TargetNLL.apply(logits, y.index_select(0, rows) - low))
-            start += size
-        return nll
+        return add_tail_nll(nll, h, y, groups, [0, *asm.cutoffs], lambda i, rows: asm.tail[i - 1](rows), _TargetNLL)
 
     def log_probs(self, h: Tensor) -> Tensor:
         """Log-probabilities over the whole vocabulary. (..., D) -> (..., V)"""
@@ -147,6 +143,10 @@ class OutputHead(nn.Module):
 
 class TransformerXL(nn.Module):
     """A Transformer-XL language model whose blocks are given by ``cfg.layout``."""
+
+    # the capacities its training batches' targets are grouped with, where set (a compiled model's: the loss's
+    # shapes stay the same from batch to batch; parnas.training.compiling)
+    target_capacity: TargetCapacity | None = None
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
@@ -263,10 +263,11 @@ class TransformerXL(nn.Module):
             return h[:, L - keep:].detach()  # (B, keep, D)
         return torch.cat([mem[:, M + L - keep:], h], dim=1).detach()  # (B, keep, D)
 
-    def group_targets(self, y: Tensor) -> TargetGroups | None:
+    def group_targets(self, y: Tensor, capacity: TargetCapacity | None = None) -> TargetGroups | None:
         """Targets (B, L) grouped for :meth:`nll` by the output head, on their device (the host, where the batch
-        is made: the step then reads nothing back); None where the head needs none."""
-        return self.head.group_targets(y)
+        is made: the step then reads nothing back), each tail cluster padded to ``capacity`` where one is given;
+        None where the head needs none."""
+        return self.head.group_targets(y, capacity)
 
     def nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
         """Per-token negative log-likelihood of targets y (B, L) given hidden states h (B, L, D); ``groups``:

@@ -8,7 +8,7 @@ A resumed run's training sampler starts where it stopped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from parnas.config import Config
 from parnas.data.corpora import ContextBatches
+from parnas.nn.adaptive import TargetCapacity
 from parnas.training.devices import pinned
 from parnas.training.task import LanguageModelTask, with_target_groups
 
@@ -75,14 +76,55 @@ class SegmentData(pl.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Each batch, still on the host: its targets grouped for the model's output head
         (:func:`with_target_groups`), so the step reads no cluster size back from the device, and bound for a GPU,
-        pinned (:func:`pinned`), so that moving it does not wait for the GPU."""
+        pinned (:func:`pinned`), so that moving it does not wait for the GPU. A compiled model's capacities are
+        fitted before its first training batch is grouped (:meth:`fit_capacity`)."""
         if self.trainer is None:
             return batch
         model = getattr(self.trained_task(), "model", None)
-        return pinned(with_target_groups(model, batch), self.trainer.strategy.root_device)
+        capacity = getattr(model, "target_capacity", None)
+        if self.trainer.training and capacity is not None and not capacity.by_rows:
+            self.fit_capacity(capacity, model.cfg.cutoffs)
+        return pinned(with_target_groups(model, batch, self.trainer.training), self.trainer.strategy.root_device)
+
+    def fit_capacity(self, capacity: TargetCapacity, cutoffs: Sequence[int]) -> None:
+        """``capacity`` grown to hold every segment of the training split and of the validation split (a search's
+        architecture stream reads it in training), on every rank: a run's capacities are then a function of its
+        data and its layout, the same on every rank, in a resumed run as in the first, and no training batch
+        grows them (which would compile the loss again)."""
+        world = self.trainer.world_size
+        for split in ("train", "valid"):
+            for rank in range(world if split in self.splits else 0):
+                for rows, counts in most_targets_per_cluster(self.batches(split, rank, world), cutoffs).items():
+                    capacity.fit(rows, counts[1:])
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")
+
+
+def most_targets_per_cluster(batches: ContextBatches, cutoffs: Sequence[int]) -> dict[int, tuple[int, ...]]:
+    """The most targets a segment of ``batches`` has in each cluster (the shortlist first), by the segment's
+    number of targets (a last, shorter segment of an evaluation split has its own). Counted on the host, a few
+    million targets at a time: WikiText-103's training split in a few seconds."""
+    streams, L = batches.streams, batches.seg_len
+    n_streams, n_clusters = streams.shape[0], len(cutoffs) + 1
+    edges = np.asarray(cutoffs)
+    full = min(batches.n_segments, (batches.stream_len - 1) // L)  # segments of L targets
+    most: dict[int, tuple[int, ...]] = {}
+
+    def held(rows: int, counts: np.ndarray) -> None:  # counts (segments, clusters)
+        before = most.get(rows, (0,) * n_clusters)
+        most[rows] = tuple(int(max(a, b)) for a, b in zip(before, counts.max(0)))
+
+    step = max(1, (1 << 22) // max(1, n_streams * L))  # segments a pass
+    for start in range(0, full, step):
+        stop = min(full, start + step)
+        cluster = np.searchsorted(edges, streams[:, 1 + start * L:1 + stop * L], side="right")  # (B, k * L)
+        index = cluster.reshape(n_streams, stop - start, L) + n_clusters * np.arange(stop - start)[:, None]
+        held(n_streams * L, np.bincount(index.ravel(), minlength=(stop - start) * n_clusters).reshape(-1, n_clusters))
+    if full < batches.n_segments:  # the last, shorter segment
+        last = np.searchsorted(edges, streams[:, 1 + full * L:batches.stream_len], side="right")  # (B, < L)
+        held(last.size, np.bincount(last.ravel(), minlength=n_clusters)[None])
+    return most
 
 
 def check_segments(cfg: Config, splits: dict[str, np.ndarray]) -> SegmentData:

@@ -39,13 +39,14 @@ from parnas.files import resume_source, write_json_atomic
 from parnas.kinds import attending
 from parnas.nn.model import TransformerXL, build_fixed_model
 from parnas.run_folders import take_run_dir
+from parnas.training.compiling import compile_model
 from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
 from parnas.training.evaluation import divergence, divergence_step, final_metrics, finite_or_none, peak_memory_mb
 from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume, take_over
-from parnas.training.task import LanguageModelTask, compile_model
+from parnas.training.task import LanguageModelTask
 from parnas.training.trainer import (
     Throughput,
     build_trainer,

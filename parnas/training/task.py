@@ -71,18 +71,21 @@ def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None,
     return model.nll(h, y, groups), mems
 
 
-def with_target_groups(model: nn.Module, batch: Any) -> Any:
+def with_target_groups(model: nn.Module, batch: Any, training: bool = False) -> Any:
     """A batch ``(x, y)`` still on the host, as ``(x, y, groups)`` with y grouped for the model's output head
     (``model.group_targets``); a dict's values each so (a search's paired streams). Anything else, a batch
     already on a device, or a model that groups nothing is returned as it is. Grouping on the host keeps the
-    adaptive softmax from reading its cluster sizes back from the device in the step."""
+    adaptive softmax from reading its cluster sizes back from the device in the step. A ``training`` batch
+    for a compiled model is grouped with its ``target_capacity``, so the loss keeps its shapes
+    (:mod:`parnas.training.compiling`)."""
     if isinstance(batch, dict):
-        return {key: with_target_groups(model, value) for key, value in batch.items()}
+        return {key: with_target_groups(model, value, training) for key, value in batch.items()}
     group = getattr(model, "group_targets", None)
     if group is None or not isinstance(batch, (tuple, list)) or len(batch) != 2:
         return batch
     x, y = batch
-    groups = group(y) if isinstance(y, Tensor) and y.device.type == "cpu" else None
+    capacity = getattr(model, "target_capacity", None) if training else None
+    groups = group(y, capacity) if isinstance(y, Tensor) and y.device.type == "cpu" else None
     return batch if groups is None else (x, y, groups)
 
 
@@ -128,30 +131,6 @@ def on_host(value: float) -> Tensor:
     device, which on a GPU is an upload that waits for the stream (pytorch/pytorch#120996); a host tensor's
     metric stays on the host."""
     return torch.tensor(float(value))
-
-
-def compile_model(model: nn.Module, mode: str) -> None:
-    """``torch.compile`` the model's forward in place (``mode``: one of ``COMPILE_MODES``; "none" leaves it eager).
-
-    In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
-    (``dynamic=False``): a graph for each memory length while the memory fills (``mem_len / seg_len + 1`` of
-    them for training, as many for evaluation), then none. The loss (``model.nll``) stays eager: the adaptive
-    softmax's cluster sizes are data-dependent.
-
-    "reduce-overhead" replays the forward (and its backward) as CUDA graphs. A replay's outputs live in the
-    graphs' own memory pool, which the next replay overwrites, so the memory the forward hands the next segment is
-    copied out of it (a copy of (B, M, D) per attention block); the hidden states are used up before the next
-    step. On the CPU it compiles as "default" does."""
-    if mode == "reduce-overhead":
-        graphed = torch.compile(model.forward, mode=mode, dynamic=False)
-
-        def forward(x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
-            h, new_mems = graphed(x, mems)
-            return h, [None if m is None else m.clone() for m in new_mems]
-
-        model.forward = forward
-    elif mode != "none":
-        model.compile(mode=None if mode == "default" else mode, dynamic=False)
 
 
 def reseed(seed: int, device: torch.device) -> None:

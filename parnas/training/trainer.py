@@ -24,6 +24,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 
 from parnas.config import TrainConfig
 from parnas.training import checkpoint as ckpt
+from parnas.training.compiling import compile_counts, compiled_since
 from parnas.training.interrupt import StopOnSignal
 
 
@@ -192,30 +193,6 @@ class CompileNotice(pl.Callback):
                 print(f"compiled: the first step took {time.perf_counter() - self.start:.1f} s "
                       f"({compiled_since(self.counts, self.mode)})", flush=True)
             self.start = 0.0
-
-
-def compile_counts() -> tuple[int, int, int]:
-    """What ``torch.compile`` has done in this process so far, by Dynamo's counters (which torch's own reports
-    read): graphs compiled, graph breaks, and graphs that Inductor left without CUDA graphs where they were asked
-    for (``reduce-overhead``: an op it cannot capture, a tensor on the CPU, an input the graph mutates ...)."""
-    from torch._dynamo.utils import counters
-
-    return (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
-            counters["inductor"]["cudagraph_skips"])
-
-
-def compiled_since(before: tuple[int, int, int], mode: str) -> str:
-    """What was compiled since :func:`compile_counts` gave ``before``, in words: ``2 graphs, no graph breaks``
-    and, for ``reduce-overhead``, whether every graph became CUDA graphs. A skip is easy to miss, and costs the
-    most: the step then launches each kernel from the host, the overhead CUDA graphs are there to remove."""
-    graphs, breaks, skips = (now - then for now, then in zip(compile_counts(), before))
-    words = [f"{graphs} graph{'s' * (graphs != 1)}",
-             f"{breaks or 'no'} graph break{'s' * (breaks != 1)}" + (" (TORCH_LOGS=graph_breaks says where)"
-                                                                     if breaks else "")]
-    if mode == "reduce-overhead":
-        words.append(f"CUDA graphs skipped {skips} time{'s' * (skips != 1)}: those parts launch each kernel from "
-                     "the host (Inductor's warning says why)" if skips else "replayed as CUDA graphs")
-    return ", ".join(words)
 
 
 def quiet_libraries() -> None:

@@ -1,0 +1,88 @@
+"""``train.compile``: the model under ``torch.compile``, and what compiling did, counted.
+
+A compiled model's graphs have static shapes (``dynamic=False``): a graph for each memory length while the memory
+fills, then none. Its loss is compiled where its shapes are static too: a full softmax's always, an adaptive
+softmax's for batches whose tail clusters are padded to fixed capacities (:class:`parnas.nn.adaptive.TargetCapacity`,
+which :func:`compile_model` gives the model: training batches are grouped with it); other batches (evaluation's,
+grouped as they come) score their loss eager. Under ``reduce-overhead`` a training step is then CUDA graphs but
+for clipping, the optimiser and the loss's mean: eager, the adaptive softmax's loss and its backward are some 66
+ops a step at wt2-par's GPU shape, each a kernel launched from the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from parnas.nn.adaptive import TargetCapacity, TargetGroups
+from parnas.nn.model import Memory
+
+
+def static_loss_shapes(model: nn.Module, groups: TargetGroups | None) -> bool:
+    """Whether ``model.nll`` of a batch grouped as ``groups`` has the same shapes as every other such batch's of
+    the same size: a full softmax's loss (no groups needed), or groups padded to fixed capacities."""
+    return groups.valid is not None if groups is not None else not getattr(model, "target_capacity", None)
+
+
+def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any] = "inductor") -> None:
+    """``torch.compile`` the model's forward and loss in place (``mode``: one of ``COMPILE_MODES``; "none" leaves
+    it eager; ``backend``: torch.compile's, Inductor but where a test inspects the graphs).
+
+    In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
+    (``dynamic=False``): a graph for each memory length while the memory fills (``mem_len / seg_len + 1`` of
+    them for training, as many for evaluation), then none. An adaptive softmax's model gets a
+    ``target_capacity``, with which its training batches' targets are grouped (the tail clusters padded to fixed
+    sizes), and its loss is compiled for those batches (:func:`static_loss_shapes`); for any other, eager.
+
+    "reduce-overhead" replays the forward and the loss (and their backward) as CUDA graphs. A replay's outputs
+    live in the graphs' own memory pool, which the next replay overwrites, so the memory the forward hands the
+    next segment is copied out of it (a copy of (B, M, D) per attention block); the hidden states and the loss are
+    used up before the next step. On the CPU it compiles as "default" does."""
+    if mode == "none":
+        return
+    if getattr(getattr(model, "head", None), "cutoffs", None):
+        model.target_capacity = TargetCapacity()
+    options: dict[str, Any] = dict(backend=backend, mode=None if mode == "default" else mode, dynamic=False)
+    eager_nll, compiled_nll = model.nll, torch.compile(model.nll, **options)
+
+    def nll(h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
+        return (compiled_nll if static_loss_shapes(model, groups) else eager_nll)(h, y, groups)
+
+    model.nll = nll
+    if mode != "reduce-overhead":
+        model.compile(**options)
+        return
+    graphed = torch.compile(model.forward, **options)
+
+    def forward(x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
+        h, new_mems = graphed(x, mems)
+        return h, [None if m is None else m.clone() for m in new_mems]
+
+    model.forward = forward
+
+
+def compile_counts() -> tuple[int, int, int]:
+    """What ``torch.compile`` has done in this process so far, by Dynamo's counters (which torch's own reports
+    read): graphs compiled, graph breaks, and graphs that Inductor left without CUDA graphs where they were asked
+    for (``reduce-overhead``: an op it cannot capture, a tensor on the CPU, an input the graph mutates ...)."""
+    from torch._dynamo.utils import counters
+
+    return (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
+            counters["inductor"]["cudagraph_skips"])
+
+
+def compiled_since(before: tuple[int, int, int], mode: str) -> str:
+    """What was compiled since :func:`compile_counts` gave ``before``, in words: ``2 graphs, no graph breaks``
+    and, for ``reduce-overhead``, whether every graph became CUDA graphs. A skip is easy to miss, and costs the
+    most: the step then launches each kernel from the host, the overhead CUDA graphs are there to remove."""
+    graphs, breaks, skips = (now - then for now, then in zip(compile_counts(), before))
+    words = [f"{graphs} graph{'s' * (graphs != 1)}",
+             f"{breaks or 'no'} graph break{'s' * (breaks != 1)}" + (" (TORCH_LOGS=graph_breaks says where)"
+                                                                     if breaks else "")]
+    if mode == "reduce-overhead":
+        words.append(f"CUDA graphs skipped {skips} time{'s' * (skips != 1)}: those parts launch each kernel from "
+                     "the host (Inductor's warning says why)" if skips else "replayed as CUDA graphs")
+    return ", ".join(words)
