@@ -12,6 +12,7 @@ the supernet (the search's training step), at named shapes.
     python benchmarks/gpu_step.py --shape wt2-par --sampled              # + the supernet running one pick a block
     python benchmarks/gpu_step.py --shape wt2-par --fair                 # + the supernet's fair step
     python benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --compile-supernet  # + both compiled
+    python benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --eager-loss  # + its loss eager
     python benchmarks/gpu_step.py --shape wt103-base --tf32              # + the Transformer-XL in TF32, beside bf16
     python benchmarks/gpu_step.py --shape wt2-par --layout AIAIIIAIIDDD --twin  # + AAADDD: its identities dropped
     python benchmarks/gpu_step.py --shape wt103-base --no-supernet      # the Transformer-XL alone, eager
@@ -80,14 +81,18 @@ def precision_context(precision: str) -> Any:
 
 
 def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | None = None,
-               compile_mode: str = "none", pad_multiple: int | None = None, attention_kernel: str = "sdpa"
-               ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
+               compile_mode: str = "none", pad_multiple: int | None = None, attention_kernel: str = "sdpa",
+               eager_loss: bool = False) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
     """A fixed model (the standard Transformer-XL by default) and one training step of it; ``pad_multiple``: the
-    multiple its attention and output head pad their operands to, if not the library's (1: none)."""
+    multiple its attention and output head pad their operands to, if not the library's (1: none); ``eager_loss``:
+    compiled without target capacities, its adaptive softmax's targets then grouped as they come and its loss
+    run eager."""
     model_cfg = replace(cfg.model, attention_kernel=attention_kernel)
     model = build_fixed_model(model_cfg, vocab, kinds or transformer_xl_layout(cfg.model.n_blocks)).cuda().train()
     set_pad_multiple(model, pad_multiple)
     compile_model(model, compile_mode)
+    if eager_loss:
+        model.target_capacity = None
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
 
@@ -138,6 +143,7 @@ FLEX = "txl, flex"  # --flex's model
 SAMPLED = "supernet, sampled"  # --sampled's model
 FAIR = "supernet, fair"  # --fair's model
 TF32 = "txl, tf32"  # --tf32's model
+EAGER_LOSS = "compiled, loss eager"  # --eager-loss's model
 
 
 def _shape(name: str) -> str:
@@ -181,6 +187,9 @@ ADDED_BY_FLAG = {  # the store_true flags: the model each adds to those timed (o
     "--twin":
         "add each --layout's shallower twin, its blocks without the identity ones (AIAIIIAIIDDD: AAADDD), and the"
         " layout's step time over the twin's",
+    "--eager-loss":
+        "with --compile, add the Transformer-XL compiled but its loss eager (its targets grouped as they come, not "
+        "padded to fixed capacities), as train.compile ran it before the loss was compiled: what that buys",
     "--compile-supernet":
         "with --compile, add the mixed and the fair supernet compiled in that mode, as train.compile compiles them "
         "in a search (the fair step's sub-steps stacked in one forward)",
@@ -217,6 +226,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     if args.tf32 and args.precision == "tf32":
         parser.error("--tf32 adds a TF32 Transformer-XL beside --precision's models; with --precision tf32 it is the "
                      "Transformer-XL itself: drop one")
+    if args.eager_loss and args.compile == "none":
+        parser.error("--eager-loss adds the Transformer-XL compiled with its loss eager: give --compile default or "
+                     "--compile reduce-overhead")
     if args.compile_supernet and args.compile == "none":
         parser.error("--compile-supernet compiles the supernet in --compile's mode: give --compile default or "
                      "--compile reduce-overhead")
@@ -264,6 +276,8 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         models[TF32] = fixed(precision="tf32")
     if args.compile != "none":
         models[f"compiled ({args.compile})"] = fixed(compile_mode=args.compile)
+        if args.eager_loss:
+            models[f"{EAGER_LOSS} ({args.compile})"] = fixed(compile_mode=args.compile, eager_loss=True)
         if args.flex:
             models[f"{FLEX}, compiled"] = fixed(compile_mode=args.compile, attention_kernel="flex")
         if args.compile_supernet:

@@ -40,11 +40,22 @@ def supernets(mode: str, device: str = "cpu", *settings: str) -> tuple[dict, obj
     return {"eager": eager, "compiled": compiled}, stream, L
 
 
+def grouped_as_in_training(model, stream: torch.Tensor, L: int, steps: int) -> list:
+    """Each of ``steps`` segments' targets grouped on the host as the data module groups a training batch: a
+    compiled model's tail clusters padded to its capacities, fitted first to every segment (so its loss is
+    compiled once), an eager model's as they come; moved to the stream's device."""
+    targets = [stream[:, t * L + 1:(t + 1) * L + 1].cpu() for t in range(steps)]
+    for y in targets:
+        model.group_targets(y, model.target_capacity)
+    return [model.group_targets(y, model.target_capacity).to(stream.device) for y in targets]
+
+
 def train_side_by_side(models: dict, stream: torch.Tensor, L: int, steps: int, tolerance: dict) -> None:
     """``steps`` Adam steps of each model on the same segments, tau annealed from 1 to 0.1 as a search does: the
     losses, the logits' and the weights' gradients and the memories are eager's to ``tolerance``; from the fourth
     segment (the memory full) nothing is compiled again."""
     optimizers = {name: adam(m.parameters(), lr=1e-3) for name, m in models.items()}
+    groups = {name: grouped_as_in_training(m, stream, L, steps) for name, m in models.items()}
     mems: dict = dict.fromkeys(models)
     for t in range(steps):
         x, y = stream[:, t * L:(t + 1) * L], stream[:, t * L + 1:(t + 1) * L + 1]
@@ -55,7 +66,7 @@ def train_side_by_side(models: dict, stream: torch.Tensor, L: int, steps: int, t
                     softmax.set_tau(tau_at(t, steps, 1.0, 0.1), hard=False)
                 torch.manual_seed(t)  # the Gumbel noise: eager's draws, in the graph too (fallback_random)
                 h, mems[name] = model(x, mems[name])
-                losses[name] = model.nll(h, y).mean()
+                losses[name] = model.nll(h, y, groups[name][t]).mean()
                 optimizers[name].zero_grad(set_to_none=True)
                 losses[name].backward()
                 grads[name] = {key: p.grad.clone() for key, p in model.named_parameters() if p.grad is not None}
@@ -74,7 +85,9 @@ def test_a_compiled_mixed_supernet_trains_like_the_eager_one_while_tau_anneals()
     torch._dynamo.reset()
     try:
         with torch._inductor.config.patch(fallback_random=True):
-            train_side_by_side(models, stream, L, 6, dict(rtol=1e-5, atol=1e-6))
+            # its loss compiled too: Inductor's softmax gradients differ from eager's in the last bits, which Adam
+            # turns into weights, and memories, apart by up to 1e-5 after five steps (the losses stay equal)
+            train_side_by_side(models, stream, L, 6, dict(rtol=1e-4, atol=1e-5))
         made = counters["stats"]["unique_graphs"]
         assert made >= 3  # compiled indeed: a graph for each memory length, 0 to 32
         x, y = stream[:, :L], stream[:, 1:L + 1]
@@ -102,10 +115,11 @@ def fair_side_by_side(fair_step, models: dict, stream: torch.Tensor, L: int, ste
         alphas = [p for key, p in model.named_parameters() if key.endswith("_arch_alpha")]
         optimizers = [adam(weights, lr=1e-3), torch.optim.Adam(alphas, lr=1e-2, betas=(0.5, 0.999))]
         steps_of[name] = fair_step(model, optimizers, weights, 0.25, stacked=name == "compiled")
+    groups = {name: grouped_as_in_training(m, stream, L, steps) for name, m in models.items()}
     for t in range(steps):
         with torch._dynamo.config.patch(error_on_recompile=t >= 3):
-            for step in steps_of.values():
-                step(stream[:, t * L:(t + 1) * L + 1])
+            for name, step in steps_of.items():
+                step(stream[:, t * L:(t + 1) * L + 1], groups[name][t])
         for (key, a), b in zip(models["eager"].named_parameters(), models["compiled"].parameters()):
             torch.testing.assert_close(b, a, **tolerance, msg=f"step {t}: {key}")
 
@@ -144,9 +158,9 @@ def test_on_cuda_a_cuda_graphed_fair_supernet_steps_as_its_eager_sub_steps_do(be
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
-    """``train.compile=reduce-overhead``: the supernet's forward and backward replayed as CUDA graphs, tau
-    changing between replays; eager's losses, gradients and memories to a tolerance; and every graph a CUDA graph
-    (Inductor skipped none)."""
+    """``train.compile=reduce-overhead``: the supernet's forward, loss and their backward replayed as CUDA
+    graphs, tau changing between replays; eager's losses, gradients and memories to a tolerance; and every graph a
+    CUDA graph (Inductor skipped none)."""
     from parnas.training.compiling import compile_counts
 
     models, stream, L = supernets("reduce-overhead", "cuda")

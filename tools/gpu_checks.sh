@@ -21,7 +21,7 @@
 # The rest: tests (pytest -m gpu: every command on CUDA, resume, checkpoints across devices, bf16, syncs),
 # syncs (benchmarks/host_syncs.py), steps (benchmarks/gpu_step.py: tokens/s, memory and MFU, bf16 and TF32,
 # compiled, the loss's own grouping against the host's, the sampled supernet, heads of 41 padded or not, CUDA
-# graphs for the Transformer-XL and the fair and mixed supernets, identity blocks against a shallower model;
+# graphs for the Transformer-XL (its loss compiled, and eager) and the fair and mixed supernets, identity blocks against a shallower model;
 # where the WT103 and the CUDA-graphed wt2-par steps spend their time, by the profiler), padding (operands
 # padded to multiples of 8 off the CPU: the CUDA tests of a model padded against unpadded and of heads of 41 in
 # SDPA's fused kernels, and WT103's eager step padded and not, profiled), supernet (the fair
@@ -124,7 +124,9 @@ step steps-wt103-bf16 160 python3 benchmarks/gpu_step.py --shape wt103-base --co
 step steps-wt103-tf32 60 python3 benchmarks/gpu_step.py --shape wt103-base --precision tf32 --unpadded --rounds 5
 step steps-wt2par 70 python3 benchmarks/gpu_step.py --shape wt2-par --groups-on-device --sampled --fair \
     --layout AIAIIIAIIDDD --layout ADADAD --rounds 5
-step steps-graphs-wt2par 90 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --rounds 5
+# two compiles of about 50 s each on an H200: the CUDA-graphed step with its loss compiled, and with it eager
+step steps-graphs-wt2par 160 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --eager-loss \
+    --rounds 5 --profile
 step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
 step padding-tests 60 "${pytest_gpu[@]}" tests/test_alignment.py tests/test_gpu.py -k "padded or heads_of_41" \
