@@ -360,6 +360,10 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
     if TF32 in models and args.compile != "none":
         compiled = f"compiled ({args.compile})"
         print("  " + ratio_line(compiled, TF32, tps, label=f"step time {TF32} / {compiled}"))
+    if args.eager_loss:  # the same compiled model, its loss eager: what compiling the loss buys
+        compiled = f"compiled ({args.compile})"
+        print("  " + ratio_line(f"{EAGER_LOSS} ({args.compile})", compiled, tps,
+                                label=f"step time {compiled} / {EAGER_LOSS} ({args.compile})"))
     if args.compile_supernet:  # each compiled in the same mode: what CUDA graphs leave of the supernet's extra cost
         compiled = f"compiled ({args.compile})"
         for supernet_name in (f"supernet, {compiled}", f"{FAIR}, {compiled}"):

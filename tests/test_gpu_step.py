@@ -181,6 +181,23 @@ def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_
     assert plain._compiled_call_impl is None
 
 
+def test_eager_loss_adds_the_compiled_transformer_xl_whose_targets_are_not_padded(gpu_step, gpu_shapes, monkeypatch):
+    """--compile MODE --eager-loss: beside the compiled Transformer-XL, whose training targets are padded to its
+    capacities (its loss compiled), the same compiled model without capacities (its loss eager, as before the loss
+    was compiled); built on the CPU, ``.cuda()`` made a no-op."""
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    args = gpu_step.parse_args(["--shape", "wt2-par", "--precision", "32-true", "--compile", "default",
+                                "--eager-loss", "--no-supernet"])
+    shape = gpu_shapes.SHAPES["wt2-par"]
+    models = gpu_step.timed_models(shape, args)
+    assert list(models) == ["transformer-xl", "compiled (default)", "compiled, loss eager (default)"]
+    built = {name: models[name].build(shape.config("32-true"), shape.vocab)[0] for name in list(models)[1:]}
+    y = torch.randint(0, shape.vocab, (2, 8))
+    assert built["compiled (default)"].group_targets(y, built["compiled (default)"].target_capacity).valid is not None
+    assert built["compiled, loss eager (default)"].target_capacity is None
+    assert all(net._compiled_call_impl is not None for net in built.values())
+
+
 def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most(benchmark_script):
     """What ``--profile`` prints for a model, here for a tiny Transformer-XL's training step on the CPU (where the
     busy time is the aten ops' own): the wall and busy time a step, busy within wall, then the top ops by their
@@ -266,7 +283,8 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(gpu_step, monkeypatch, 
                                           (["--layout", "ADX"], "layout 'ADX' is not a string of A, D, I"),
                                           (["--tf32", "--precision", "tf32"], "--tf32"),
                                           (["--twin", "--layout", "ADAD"], "--twin"),
-                                          (["--compile-supernet"], "--compile-supernet compiles the supernet")])
+                                          (["--compile-supernet"], "--compile-supernet compiles the supernet"),
+                                          (["--eager-loss"], "--eager-loss adds the Transformer-XL compiled")])
 @pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2(args, needle):
     run = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), *args], capture_output=True, text=True,
