@@ -53,7 +53,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
-from functools import partial
 from typing import Any, NamedTuple
 
 import gpu_shapes
@@ -61,7 +60,7 @@ import step_profile
 import torch
 from gpu_shapes import PRECISIONS, SHAPES, Shape, cluster_fractions, peak_tflops, train_flops_per_token
 from torch import Tensor
-from train_step import alternating_rounds, fit_capacity, ratio_line, training_step, zipf_ids
+from train_step import alternating_rounds, fit_capacity, host_grouping, ratio_line, training_step, zipf_ids
 
 from parnas.cli import ArgumentParser
 from parnas.config import COMPILE_MODES, Config, transformer_xl_layout
@@ -330,9 +329,7 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
         counts = compile_counts()
         net, steps[model] = timed.build(cfg, shape.vocab)
         fit_capacity(net, host, L)
-        # on the host, as the data module groups a training batch: a compiled model's tail clusters padded
-        group[model] = (lambda y: None) if model == ONE_SYNC else partial(net.group_targets,
-                                                                          capacity=net.target_capacity)
+        group[model] = (lambda y: None) if model == ONE_SYNC else host_grouping(net)
         run(model, warmup)  # the memory fills; the peak of a full step is reached
         peak_bytes[model] = torch.cuda.max_memory_allocated() - before
         made = compile_counts()[0] > counts[0]  # compiled: what, and whether CUDA graphs were skipped

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from train_step import (
     alternating_rounds,
     descend,
     fit_capacity,
+    host_grouping,
     ratio_line,
     segment_runner,
     training_step,
@@ -99,13 +99,6 @@ class FairTask:
 
     def aux_loss(self) -> Tensor | float:
         return getattr(self.model, "aux_loss", 0.0)
-
-
-def host_grouping(model: torch.nn.Module) -> Callable[[Tensor], Any]:
-    """A segment's targets grouped on the host, as the data module groups a training batch (a compiled model's
-    tail clusters padded to its capacities, so that its loss is compiled too)."""
-    net = getattr(model, "supernet", model)
-    return partial(net.group_targets, capacity=net.target_capacity)
 
 
 def fair_step(supernet: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],

@@ -39,6 +39,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,10 @@ from torch import Tensor, nn
 
 from parnas.architecture import layout_string
 from parnas.config import load_config
+from parnas.data.corpora import ContextBatches
 from parnas.nn.blocks import AttentionBlock, Dropout, ReLUDropout
 from parnas.nn.model import TransformerXL, build_fixed_model
+from parnas.training.data_module import most_targets_per_cluster
 from parnas.training.task import adam
 
 KINDS = {"A": "attention", "D": "dense", "I": "identity"}
@@ -142,8 +145,16 @@ def fit_capacity(model: torch.nn.Module, stream: Tensor, seg_len: int) -> None:
     which would compile the loss again inside a timed round."""
     capacity = getattr(model, "target_capacity", None)
     if capacity is not None:
-        for t in range(0, stream.size(1) - seg_len, seg_len):
-            model.group_targets(stream[:, t + 1:t + seg_len + 1], capacity)
+        segments = ContextBatches(stream.reshape(-1).numpy(), stream.size(0), seg_len)  # the same B streams
+        capacity.hold(most_targets_per_cluster(segments, model.cfg.cutoffs))
+
+
+def host_grouping(model: torch.nn.Module) -> Callable[[Tensor], Any]:
+    """A segment's targets grouped on the host, as the data module groups a training batch (a compiled model's
+    tail clusters padded to its capacities, so that its loss is compiled too). ``model`` may wrap the supernet
+    (``.supernet``)."""
+    net = getattr(model, "supernet", model)
+    return partial(net.group_targets, capacity=net.target_capacity)
 
 
 def ratio_line(a: str, b: str, figures: dict[str, list[float]], label: str = "") -> str:

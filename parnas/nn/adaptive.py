@@ -24,7 +24,7 @@ same, at the price of the padding's rows (the head, which scores every row, is u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -77,6 +77,12 @@ class TargetCapacity:
                       for cap, count in zip(held, counts, strict=True))
         self.by_rows[n_rows] = grown
         return grown
+
+    def hold(self, most: Mapping[int, Sequence[int]]) -> None:
+        """Grown to hold the most rows a batch has in each cluster (the shortlist first), by the batch's number of
+        rows: what ``parnas.training.data_module.most_targets_per_cluster`` counts over a split."""
+        for n_rows, counts in most.items():
+            self.fit(n_rows, counts[1:])
 
 
 def group_by_cluster(ids: Tensor, cutoffs: Tensor, groups: TargetGroups | None = None

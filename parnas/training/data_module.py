@@ -94,8 +94,7 @@ class SegmentData(pl.LightningDataModule):
         world = self.trainer.world_size
         for split in ("train", "valid"):
             for rank in range(world if split in self.splits else 0):
-                for rows, counts in most_targets_per_cluster(self.batches(split, rank, world), cutoffs).items():
-                    capacity.fit(rows, counts[1:])
+                capacity.hold(most_targets_per_cluster(self.batches(split, rank, world), cutoffs))
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid")
