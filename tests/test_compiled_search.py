@@ -89,7 +89,7 @@ def test_a_compiled_mixed_supernet_trains_like_the_eager_one_while_tau_anneals()
             # turns into weights, and memories, apart by up to 1e-5 after five steps (the losses stay equal)
             train_side_by_side(models, stream, L, 6, dict(rtol=1e-4, atol=1e-5))
         made = counters["stats"]["unique_graphs"]
-        assert made >= 3  # compiled indeed: a graph for each memory length, 0 to 32
+        assert made > 0  # compiled indeed (the third segment, the first with a full memory)
         x, y = stream[:, :L], stream[:, 1:L + 1]
         layout = ["attention", "identity", "dense", "dense"]
         nll = {}
@@ -97,7 +97,10 @@ def test_a_compiled_mixed_supernet_trains_like_the_eager_one_while_tau_anneals()
             choices = [m for m in model.modules() if hasattr(m, "_arch_alpha")]
             model.eval()
             with torch.no_grad(), exported(choices, layout):
-                nll[name] = model.nll(model(x)[0], y).mean()
+                mems = None
+                for _ in range(3):  # the third segment's memory full: compiled, were it not run eager
+                    h, mems = model(x, mems)
+                nll[name] = model.nll(h, y).mean()
         torch.testing.assert_close(nll["compiled"], nll["eager"], rtol=1e-5, atol=1e-6)
         assert counters["stats"]["unique_graphs"] == made  # run eager: no graphs for a layout
     finally:
@@ -229,7 +232,7 @@ def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path, 
     for mode in ("none", "default"):
         assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
     out = capsys.readouterr().out
-    assert out.count("compiling the model (train.compile=default)") == 1 and "compiled: the first step took" in out
+    assert out.count("compiling the model (train.compile=default)") == 1 and "compiled: step 2 took" in out
     assert out.count("final pick, round 1/1: ") >= 4  # both searches' picks retrained their entrants
     assert out.count("architecture ") >= 2 and (tmp_path / "default" / "architecture.json").exists()
     keys = {mode: set(torch.load(tmp_path / mode / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])

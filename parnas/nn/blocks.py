@@ -167,7 +167,7 @@ def causal_block_mask(L: int, M: int, device: torch.device) -> BlockMask:
 def compiled_flex_attention() -> Callable[..., Tensor]:
     """``flex_attention`` compiled, made on first use: called eagerly, it is an unfused reference that writes the
     whole score matrix; compiled, a fused kernel. Inside a compiled model the plain one is traced instead. Static
-    shapes, as the compiled model's: a kernel per memory length while the memory fills, then none."""
+    shapes: a kernel per memory length while the memory fills, then none."""
     return torch.compile(flex_attention, dynamic=False)
 
 

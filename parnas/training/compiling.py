@@ -1,12 +1,15 @@
 """``train.compile``: the model under ``torch.compile``, and what compiling did, counted.
 
-A compiled model's graphs have static shapes (``dynamic=False``): a graph for each memory length while the memory
-fills, then none. Its loss is compiled where its shapes are static too: a full softmax's always, an adaptive
-softmax's for batches whose tail clusters are padded to fixed capacities (:class:`parnas.nn.adaptive.TargetCapacity`,
-which :func:`compile_model` gives the model: training batches are grouped with it); other batches (evaluation's,
-grouped as they come) score their loss eager. Under ``reduce-overhead`` a training step is then CUDA graphs but
-for clipping, the optimiser and the loss's mean: eager, the adaptive softmax's loss and its backward are some 66
-ops a step at wt2-par's GPU shape, each a kernel launched from the host.
+A compiled model's graphs have static shapes (``dynamic=False``), and a segment's shapes change while the memory
+fills: a graph for each memory length would be compiled (``mem_len / seg_len + 1`` sets), every one but the last
+used once. So the segments that fill the memory run eager and only a segment with a full memory runs compiled:
+one set of graphs for training, one for evaluation's memory length. Its loss is compiled where its shapes are
+static too: a full softmax's always, an adaptive softmax's for batches whose tail clusters are padded to fixed
+capacities (:class:`parnas.nn.adaptive.TargetCapacity`, which :func:`compile_model` gives the model: training
+batches are grouped with it); other batches (evaluation's, grouped as they come) score their loss eager. Under
+``reduce-overhead`` a training step is then CUDA graphs but for clipping, the optimiser and the loss's mean:
+eager, the adaptive softmax's loss and its backward are some 66 ops a step at wt2-par's GPU shape, each a kernel
+launched from the host.
 """
 
 from __future__ import annotations
@@ -27,15 +30,27 @@ def static_loss_shapes(model: nn.Module, groups: TargetGroups | None) -> bool:
     return groups.valid is not None if groups is not None else not getattr(model, "target_capacity", None)
 
 
+def memory_full(model: nn.Module, mems: Memory | None) -> bool:
+    """Whether ``mems`` holds as many states as ``model`` keeps (:attr:`TransformerXL.memory_len`): the shapes of
+    every later segment of the stream. A model none of whose blocks keeps a memory always has them. (Memories a
+    block keeps itself, a compressive memory's, are not looked at: such a model compiles a set of graphs for each
+    of their lengths.)"""
+    lengths = ([0 if getattr(b, "uses_memory", True) else None for b in model.blocks] if mems is None  # empty
+               else [None if m is None else m.size(1) for m, _ in zip(mems, model.blocks)])
+    return next((n for n in lengths if n is not None), model.memory_len) >= model.memory_len
+
+
 def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any] = "inductor") -> None:
     """``torch.compile`` the model's forward and loss in place (``mode``: one of ``COMPILE_MODES``; "none" leaves
     it eager; ``backend``: torch.compile's, Inductor but where a test inspects the graphs).
 
     In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
-    (``dynamic=False``): a graph for each memory length while the memory fills (``mem_len / seg_len + 1`` of
-    them for training, as many for evaluation), then none. An adaptive softmax's model gets a
-    ``target_capacity``, with which its training batches' targets are grouped (the tail clusters padded to fixed
-    sizes), and its loss is compiled for those batches (:func:`static_loss_shapes`); for any other, eager.
+    (``dynamic=False``), and only a segment whose memory is full (:func:`memory_full`) runs compiled: the
+    segments that fill it run eager, where each would compile a set of graphs of its own used once (at
+    WT103-base's shape, half of the compile time). An adaptive softmax's model gets a ``target_capacity``, with
+    which its training batches' targets are grouped (the tail clusters padded to fixed sizes), and its loss is
+    compiled for those batches (:func:`static_loss_shapes`) after a forward with a full memory; for any other,
+    eager. So a run compiles all it compiles in its first step with a full memory.
 
     "reduce-overhead" replays the forward and the loss (and their backward) as CUDA graphs. A replay's outputs
     live in the graphs' own memory pool, which the next replay overwrites, so the memory the forward hands the
@@ -47,21 +62,24 @@ def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any]
         model.target_capacity = TargetCapacity()
     options: dict[str, Any] = dict(backend=backend, mode=None if mode == "default" else mode, dynamic=False)
     eager_nll, compiled_nll = model.nll, torch.compile(model.nll, **options)
+    eager_forward, compiled_forward = model.forward, torch.compile(model.forward, **options)
+
+    full = False  # whether the last forward's memory was full: its loss, too, runs compiled (if static)
 
     def nll(h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
-        return (compiled_nll if static_loss_shapes(model, groups) else eager_nll)(h, y, groups)
-
-    model.nll = nll
-    if mode != "reduce-overhead":
-        model.compile(**options)
-        return
-    graphed = torch.compile(model.forward, **options)
+        return (compiled_nll if full and static_loss_shapes(model, groups) else eager_nll)(h, y, groups)
 
     def forward(x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
-        h, new_mems = graphed(x, mems)
-        return h, [None if m is None else m.clone() for m in new_mems]
+        nonlocal full
+        full = memory_full(model, mems)
+        if not full:
+            return eager_forward(x, mems)
+        h, new_mems = compiled_forward(x, mems)
+        if mode == "reduce-overhead":  # out of the graphs' pool, which the next replay overwrites
+            new_mems = [None if m is None else m.clone() for m in new_mems]
+        return h, new_mems
 
-    model.forward = forward
+    model.nll, model.forward = nll, forward
 
 
 def compile_counts() -> tuple[int, int, int]:

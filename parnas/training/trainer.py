@@ -173,26 +173,30 @@ class PlainProgress(pl.Callback):
 
 
 class CompileNotice(pl.Callback):
-    """A compiled model's first steps build its graphs (a CUDA-graphed wt2-par Transformer-XL: 48 s on an H100
-    before its first timed step), which no progress line covers: one line says so before training starts, and
-    one after the first step says how long it took and what was compiled (:func:`compiled_since`), on rank 0."""
+    """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run
+    eager; a CUDA-graphed wt2-par Transformer-XL took 48 s on an H100 before its first timed step), which no
+    progress line covers: one line says so before training starts, and one after that step says how long it
+    took and what was compiled (:func:`compiled_since`), on rank 0."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.start, self.counts = mode, 0.0, (0, 0, 0)
+        self.mode, self.start, self.counts, self.said = mode, 0.0, (0, 0, 0), False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.start, self.counts = time.perf_counter(), compile_counts()
         if trainer.is_global_zero:
             graphs = "CUDA graphs" if self.mode == "reduce-overhead" else "kernels"
-            print(f"compiling the model (train.compile={self.mode}): the first steps build its {graphs}, one set "
-                  "for each memory length while the memory fills (often tens of seconds)", flush=True)
+            print(f"compiling the model (train.compile={self.mode}): the first step with a full memory builds its "
+                  f"{graphs} (often tens of seconds); the steps that fill the memory run eager", flush=True)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.said:
+            self.start, self.counts = time.perf_counter(), compile_counts()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.start and trainer.global_step >= 1:
+        if not self.said and compile_counts()[0] > self.counts[0]:  # this batch's step compiled the model
             if trainer.is_global_zero:
-                print(f"compiled: the first step took {time.perf_counter() - self.start:.1f} s "
+                print(f"compiled: step {trainer.global_step:,} took {time.perf_counter() - self.start:.1f} s "
                       f"({compiled_since(self.counts, self.mode)})", flush=True)
-            self.start = 0.0
+            self.said = True
 
 
 def quiet_libraries() -> None:
