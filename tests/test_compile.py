@@ -250,8 +250,8 @@ def test_the_compiled_model_trains_like_the_eager_one_and_compiles_only_its_firs
 @pytest.mark.slow
 def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, tmp_path, capsys):
     """``train.compile`` changes no checkpoint key and no step: a killed compiled run resumes exactly. Its first
-    step with a full memory (the second: its first fills it, eager) compiles; that is said before training
-    starts and timed after it."""
+    step with a full memory (the second: its first fills it, eager) compiles, and its first validation batch with
+    one; that is said before training starts, and each is timed after it."""
     import json
 
     from parnas import architecture
@@ -276,8 +276,9 @@ def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, t
         start = said.index(next(line for line in said if line.startswith(
             "compiling the model (train.compile=default): the first step with a full memory builds")))
         took = [line for line in said[start + 1:] if line.startswith("compiled: ")]  # memory 16, segments of 16
-        assert len(took) == 1 and took[0].startswith("compiled: step 2 took "), said
-        assert took and re.search(r" s \(\d+ graphs?, (no|\d+) graph breaks?", took[0]), said
+        assert [line.split(" took ")[0] for line in took] == ["compiled: step 2",
+                                                               "compiled: validation batch 2 at step 3"], said
+        assert all(re.search(r" took \d+\.\d s \(\d+ graphs?, (no|\d+) graph breaks?", line) for line in took), said
         split = [*common, f"train.out_dir={tmp_path / 'split'}"]
         with pytest.raises(RuntimeError, match="killed"):
             retrain(str(arch), "tiny", split, callbacks=[kill_at(4)])

@@ -174,29 +174,48 @@ class PlainProgress(pl.Callback):
 
 class CompileNotice(pl.Callback):
     """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run
-    eager; a CUDA-graphed wt2-par Transformer-XL took 48 s on an H100 before its first timed step), which no
-    progress line covers: one line says so before training starts, and one after that step says how long it
-    took and what was compiled (:func:`compiled_since`), on rank 0."""
+    eager; a CUDA-graphed wt2-par Transformer-XL took 48 s on an H100 before its first timed step), and its
+    evaluation graphs by the first validation batch whose memory is full: minutes at a large shape, which no
+    progress line covers. One line says so before training starts, and one after each of those batches says how
+    long it took and what it compiled (:func:`compiled_since`), on rank 0."""
 
     def __init__(self, mode: str) -> None:
-        self.mode, self.start, self.counts, self.said = mode, 0.0, (0, 0, 0), False
+        self.mode = mode
+        self.before: dict[str, tuple[float, tuple[int, int, int]]] = {}  # stage -> its batch's start, counts
+        self.said: set[str] = set()  # the stages whose compile has been said
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
             graphs = "CUDA graphs" if self.mode == "reduce-overhead" else "kernels"
             print(f"compiling the model (train.compile={self.mode}): the first step with a full memory builds its "
-                  f"{graphs} (often tens of seconds); the steps that fill the memory run eager", flush=True)
+                  f"{graphs} (often tens of seconds), the first validation batch with one its evaluation's; the "
+                  "batches that fill the memory run eager", flush=True)
+
+    def _start(self, stage: str) -> None:
+        if stage not in self.said:
+            self.before[stage] = time.perf_counter(), compile_counts()
+
+    def _end(self, trainer: pl.Trainer, stage: str, what: str) -> None:
+        if stage in self.said or compile_counts()[0] == self.before[stage][1][0]:
+            return  # said already, or this batch compiled nothing
+        if trainer.is_global_zero:
+            start, counts = self.before[stage]
+            print(f"compiled: {what} took {time.perf_counter() - start:.1f} s ({compiled_since(counts, self.mode)})",
+                  flush=True)
+        self.said.add(stage)
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if not self.said:
-            self.start, self.counts = time.perf_counter(), compile_counts()
+        self._start("train")
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if not self.said and compile_counts()[0] > self.counts[0]:  # this batch's step compiled the model
-            if trainer.is_global_zero:
-                print(f"compiled: step {trainer.global_step:,} took {time.perf_counter() - self.start:.1f} s "
-                      f"({compiled_since(self.counts, self.mode)})", flush=True)
-            self.said = True
+        self._end(trainer, "train", f"step {trainer.global_step:,}")
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._start("validation")
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._end(trainer, "validation", f"validation batch {batch_idx + 1:,} at step {trainer.global_step:,}")
 
 
 def quiet_libraries() -> None:
