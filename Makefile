@@ -31,7 +31,8 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" --durations=5
 
-# The CUDA tests alone (tests/test_gpu.py): every command on the GPU, resume, checkpoints across devices, bf16.
+# The CUDA tests alone (pytest -m gpu): every command on the GPU, resume, checkpoints across devices, bf16,
+# host syncs, the compiled step.
 test-gpu: install
 	$(PY) -m pytest -q -m gpu
 

@@ -1,6 +1,6 @@
 """Host syncs in a training step, found on the CPU (benchmarks/host_syncs.py's recorder): which of parnas's own
 lines read a device value back, per step. On a GPU each one stops the host until the queue has run, so none may
-creep into the step unnoticed; tests/test_gpu.py checks the recorder against CUDA's own sync counter."""
+creep into the step unnoticed; tests/test_gpu_compile.py checks the recorder against CUDA's own sync counter."""
 
 import numpy as np
 import pytest
