@@ -100,6 +100,18 @@ def micro_corpus(wt2_slice, tmp_path):
 
 
 @pytest.fixture
+def small_corpus(wt2_slice, tmp_path):
+    """The WikiText-2 slice's training text with short validation and test splits: evaluation stays quick."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.txt").write_text((wt2_slice / "train.txt").read_text())
+    for split in ("valid", "test"):
+        lines = (wt2_slice / f"{split}.txt").read_text().splitlines(keepends=True)
+        (folder / f"{split}.txt").write_text("".join(lines[:40]))
+    return folder
+
+
+@pytest.fixture
 def kill_at():
     """``kill_at(step)``: a Lightning callback that stops the run dead when step ``step`` ends (the checkpoint
     before it, and its validation, are on disk), as a killed process would."""
