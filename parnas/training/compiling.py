@@ -46,11 +46,12 @@ def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any]
 
     In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
     (``dynamic=False``), and only a segment whose memory is full (:func:`memory_full`) runs compiled: the
-    segments that fill it run eager, where each would compile a set of graphs of its own used once (at
-    WT103-base's shape, half of the compile time). An adaptive softmax's model gets a ``target_capacity``, with
-    which its training batches' targets are grouped (the tail clusters padded to fixed sizes), and its loss is
-    compiled for those batches (:func:`static_loss_shapes`) after a forward with a full memory; for any other,
-    eager. So a run compiles all it compiles in its first step with a full memory.
+    segments that fill it run eager, where each would compile a set of graphs of its own used once (with a
+    memory as long as a segment, as in every preset, one set of graphs where there were two). An adaptive
+    softmax's model gets a ``target_capacity``, with which its training batches' targets are grouped (the tail
+    clusters padded to fixed sizes), and its loss is compiled for those batches (:func:`static_loss_shapes`) after
+    a forward with a full memory; for any other, eager. So a run compiles all it compiles in its first step with a
+    full memory.
 
     "reduce-overhead" replays the forward and the loss (and their backward) as CUDA graphs. A replay's outputs
     live in the graphs' own memory pool, which the next replay overwrites, so the memory the forward hands the
