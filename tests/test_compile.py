@@ -291,3 +291,34 @@ def test_a_compiled_retrain_resumes_to_the_same_weights(micro_corpus, kill_at, t
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
     assert whole["val_ppl"] == resumed["val_ppl"]
+
+
+@pytest.mark.slow
+def test_a_compiled_models_evaluation_compiles_in_its_warm_up_not_in_the_timed_pass(monkeypatch):
+    """The evaluation speed a run reports excludes compiling: the untimed warm-up reaches the first segment with
+    a full memory (here the fourth: an evaluation memory of three segments), where a compiled model compiles, and
+    the split's last, shorter segment compiles nothing (it runs eager: a set of graphs for one segment)."""
+
+    from parnas.training import evaluation
+    from parnas.training.compiling import compile_counts, compile_model
+    from parnas.training.data_module import SegmentData
+
+    model, _ = model_and_step("model.eval_mem_len=48", "model.dropout=0.0")  # segments of 16
+    compile_model(model, "default", backend="eager")
+    split = zipf_ids(4 * (16 * 8 + 6), VOCAB).numpy()  # 4 streams of 8 segments of 16 and one of 5
+    data = SegmentData({"valid": split}, 4, 4, 16)
+    made, evaluate = [], evaluation.evaluate
+
+    def counted(*args):
+        before = compile_counts()[0]
+        result = evaluate(*args)
+        made.append(compile_counts()[0] - before)
+        return result
+
+    monkeypatch.setattr(evaluation, "evaluate", counted)
+    torch._dynamo.reset()
+    try:
+        evaluation.split_metrics(model, data, "valid")
+    finally:
+        torch._dynamo.reset()
+    assert made[0] > 0 and made[1:] == [0], made  # the warm-up compiled; the timed pass did not

@@ -2,9 +2,9 @@
 
 A compiled model's graphs have static shapes (``dynamic=False``), and a segment's shapes change while the memory
 fills: a graph for each memory length would be compiled (``mem_len / seg_len + 1`` sets), every one but the last
-used once. So the segments that fill the memory run eager and only a segment with a full memory runs compiled:
-one set of graphs for training, one for evaluation's memory length. Its loss is compiled where its shapes are
-static too: a full softmax's always, an adaptive softmax's for batches whose tail clusters are padded to fixed
+used once. So the segments that fill the memory run eager, and so does a stream's last, shorter segment: one set
+of graphs is compiled for each stream shape, training's and evaluation's. Its loss is compiled where its shapes
+are static too: a full softmax's always, an adaptive softmax's for batches whose tail clusters are padded to fixed
 capacities (:class:`parnas.nn.adaptive.TargetCapacity`, which :func:`compile_model` gives the model: training
 batches are grouped with it); other batches (evaluation's, grouped as they come) score their loss eager. Under
 ``reduce-overhead`` a training step is then CUDA graphs but for clipping, the optimiser and the loss's mean:
@@ -47,7 +47,8 @@ def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any]
     In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
     (``dynamic=False``), and only a segment whose memory is full (:func:`memory_full`) runs compiled: the
     segments that fill it run eager, where each would compile a set of graphs of its own used once (with a
-    memory as long as a segment, as in every preset, one set of graphs where there were two). An adaptive
+    memory as long as a segment, as in every preset, one set of graphs where there were two). So does a segment of
+    another length than the first compiled of its mode and batch size (an evaluation split's last). An adaptive
     softmax's model gets a ``target_capacity``, with which its training batches' targets are grouped (the tail
     clusters padded to fixed sizes), and its loss is compiled for those batches (:func:`static_loss_shapes`) after
     a forward with a full memory; for any other, eager. So a run compiles all it compiles in its first step with a
@@ -65,15 +66,17 @@ def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any]
     eager_nll, compiled_nll = model.nll, torch.compile(model.nll, **options)
     eager_forward, compiled_forward = model.forward, torch.compile(model.forward, **options)
 
-    full = False  # whether the last forward's memory was full: its loss, too, runs compiled (if static)
+    steady = False  # whether the last forward ran compiled: its loss, too, does (where its shapes are static)
+    seg_len: dict[tuple[bool, int], int] = {}  # (training, batch) -> the segment length compiled for
 
     def nll(h: Tensor, y: Tensor, groups: TargetGroups | None = None) -> Tensor:
-        return (compiled_nll if full and static_loss_shapes(model, groups) else eager_nll)(h, y, groups)
+        return (compiled_nll if steady and static_loss_shapes(model, groups) else eager_nll)(h, y, groups)
 
     def forward(x: Tensor, mems: Memory | None = None) -> tuple[Tensor, Memory]:
-        nonlocal full
-        full = memory_full(model, mems)
-        if not full:
+        nonlocal steady
+        B, L = x.shape
+        steady = memory_full(model, mems) and seg_len.setdefault((model.training, B), L) == L
+        if not steady:
             return eager_forward(x, mems)
         h, new_mems = compiled_forward(x, mems)
         if mode == "reduce-overhead":  # out of the graphs' pool, which the next replay overwrites
