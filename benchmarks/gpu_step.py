@@ -65,10 +65,9 @@ from train_step import alternating_rounds, fit_capacity, host_grouping, ratio_li
 from parnas.cli import ArgumentParser
 from parnas.config import COMPILE_MODES, Config, transformer_xl_layout
 from parnas.nn.alignment import set_pad_multiple
-from parnas.nn.model import build_fixed_model
+from parnas.nn.model import build_fixed_model, full_memory_steps
 from parnas.training.compiling import compile_counts, compile_model, compiled_since
 from parnas.training.devices import pinned
-from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam
 
 # --- the two steps ------------------------------------------------------------------------------------
@@ -295,7 +294,7 @@ def bench_shape(name: str, args: Any, peaks: dict[str, float | None]) -> None:
     shape = SHAPES[name]
     cfg = shape.config(args.precision)
     B, L = shape.batch, shape.seg_len
-    warmup = max(args.warmup, full_memory_steps(cfg))
+    warmup = max(args.warmup, full_memory_steps(cfg.model, cfg.data.seg_len))
     n_tokens = B * (L * (warmup + args.rounds * args.steps) + 1)
     host = zipf_ids(n_tokens, shape.vocab).view(B, -1)  # B streams, read segment by segment
     stream = host.cuda()

@@ -44,13 +44,12 @@ from train_step import (
 )
 
 from parnas.config import COMPILE_MODES, load_config, transformer_xl_layout
-from parnas.nn.model import build_fixed_model
+from parnas.nn.model import build_fixed_model, full_memory_steps
 from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.gumbel_darts import PARGumbelDARTS
 from parnas.strategies.sampled import SampledMixedLayer, draw_picks
 from parnas.training.compiling import compile_model
-from parnas.training.latency import full_memory_steps
 from parnas.training.task import adam, segment_nll
 
 
@@ -155,7 +154,7 @@ def main() -> None:
         else:
             steps[name] = training_step(model, optimizers, groups[0], cfg.train.clip)
     B, L = cfg.data.batch_size, cfg.data.seg_len
-    warmup = max(args.warmup, full_memory_steps(cfg))
+    warmup = max(args.warmup, full_memory_steps(cfg.model, cfg.data.seg_len))
     stream = zipf_ids(B * (L * (warmup + args.rounds * args.steps) + 1), args.vocab_size).view(B, -1)
     grouping = {name: host_grouping(model) for name, model in models.items()}
     for model in models.values():

@@ -10,7 +10,7 @@ import torch
 from parnas.cli import main
 from parnas.config import generation_memory, load_config
 from parnas.nn.blocks import sinusoid
-from parnas.nn.model import TransformerXL, build_fixed_model
+from parnas.nn.model import TransformerXL, build_fixed_model, full_memory_steps
 from parnas.retrain.evaluate import Sampling, generate
 from parnas.retrain.load import load_trained
 from parnas.retrain.run import retrain
@@ -82,7 +82,7 @@ def test_the_latency_targets_are_timed_at_the_evaluation_memory_and_cached_per_m
     assert latency.target_memories(cfg) == {"train": 8, "inference": 24, "generate": 24}
     for mode, kept in latency.target_memories(cfg).items():
         stepper = latency._Stepper(["attention", "dense"], cfg, VOCAB, mode, torch.device("cpu"))
-        stepper.steps(latency.full_memory_steps(cfg, stepper.memory) if mode != "generate" else 1)
+        stepper.steps(full_memory_steps(cfg.model, cfg.data.seg_len, stepper.memory) if mode != "generate" else 1)
         assert stepper.memory == kept and next(m.size(1) for m in stepper.mems if m is not None) == kept, mode
     key = latency_table.table_key(cfg, VOCAB, ["attention", "dense", "identity"], torch.device("cpu"))
     others = [tiny(*s) for s in ((), ("model.eval_mem_len=48",))]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from parnas.config import load_config
+from parnas.nn.model import full_memory_steps
 from parnas.training import latency, latency_cache, latency_table, timing
 
 VOCAB = 64
@@ -80,7 +81,7 @@ def test_a_generation_round_decodes_a_short_run_of_tokens_and_reports_ms_per_tok
 def test_timing_starts_with_every_memory_full_compressed_memory_included(monkeypatch):
     """Steps are timed at steady state: a compressive block's compressed memory is full before the first round."""
     cfg = tiny_config("data.seg_len=4", "model.mem_len=16", "model.compressive.rate=2", "model.compressive.length=8")
-    warm = latency.full_memory_steps(cfg)
+    warm = full_memory_steps(cfg.model, cfg.data.seg_len)
     assert warm == (16 + 2 * 8) // 4 + 1
     stepped = []
     real = latency._Stepper.steps

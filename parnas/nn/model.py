@@ -278,6 +278,15 @@ class TransformerXL(nn.Module):
         return self.head.log_probs(h)
 
 
+def full_memory_steps(cfg: ModelConfig, seg_len: int, memory: int | None = None) -> int:
+    """Segments of ``seg_len`` after which every memory is full: the memory's ``memory`` states (default
+    ``mem_len``), and a compressive block's ``length`` compressed ones (``rate`` evicted states each), so that
+    what comes after is timed at steady state (and a compiled model has compiled)."""
+    s = cfg.settings_of("compressive")
+    memory = cfg.mem_len if memory is None else memory
+    return math.ceil((memory + s.rate * s.length) / seg_len) + 1
+
+
 def share_position_bias(model: nn.Module) -> None:
     """One content bias u and one position bias v for every attention block (and every attention candidate of a
     supernet), as Dai et al.'s Transformer-XL keeps them; their count then matches its parameter count. Blocks

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from parnas.data.corpora import ContextBatches
 from parnas.errors import ParnasError
-from parnas.nn.model import TransformerXL
+from parnas.nn.model import TransformerXL, full_memory_steps
 from parnas.training.task import diverged_error, on_device, segment_nll
 
 
@@ -184,7 +184,7 @@ def split_metrics(model: TransformerXL, data: SplitData, split: str,
     batches = data.batches(split)
     n_segments = len(batches) if fraction >= 1 else max(1, math.ceil(len(batches) * fraction))
     with autocast(model_device(model), precision):
-        warmup = max(WARMUP_SEGMENTS, math.ceil(model.eval_mem_len / batches.seg_len) + 1)  # to a full memory
+        warmup = max(WARMUP_SEGMENTS, full_memory_steps(model.cfg, batches.seg_len, model.eval_mem_len))
         evaluate(model, (batches[t] for t in range(min(warmup, n_segments))))
         result = evaluate(model, (batches[t] for t in range(n_segments)))
     name = "val" if split == "valid" else split

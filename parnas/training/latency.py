@@ -46,7 +46,7 @@ import torch
 
 from parnas.config import TARGET_LABELS, Config, ModelConfig, generation_memory
 from parnas.errors import ConfigError
-from parnas.nn.model import build_fixed_model
+from parnas.nn.model import build_fixed_model, full_memory_steps
 from parnas.threads import machine_load, runnable_elsewhere, usable_cores
 from parnas.training.latency_table import MODES, LatencyTable, device_name, table_key
 from parnas.training.task import adam
@@ -137,7 +137,7 @@ class _Stepper:
         L = self.cfg.data.seg_len
         with _autocast(self.device, self.cfg.train.precision):
             if self.mems is None:
-                for t in range(full_memory_steps(self.cfg, self.memory)):  # (1, L) segments until the memory is full
+                for t in range(full_memory_steps(self.cfg.model, L, self.memory)):  # (1, L) segments until it is full
                     self.h, self.mems = self.model(self.stream[t % 8 * L:(t % 8 + 1) * L][None], self.mems)
             for _ in range(n):
                 logp = self.model.log_probs(self.h[:, -1]).float()  # (1, V)
@@ -190,7 +190,7 @@ def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int
     steppers = []
     for layout, model in zip(layouts, models or [None] * len(layouts)):
         stepper = _Stepper(layout, cfg, vocab_size, mode, device, model)
-        stepper.steps(max(warmup, full_memory_steps(cfg, stepper.memory)))
+        stepper.steps(max(warmup, full_memory_steps(cfg.model, cfg.data.seg_len, stepper.memory)))
         steppers.append(stepper)
         warming.done(len(steppers))
     n = tokens_per_round(cfg, steps) if mode == "generate" else steps
@@ -228,15 +228,6 @@ def tokens_per_round(cfg: Config, steps: int) -> int:
     per step made a table of a few models decode thousands of tokens (over 90 s on a GPU); a few dozen tokens
     last long enough to time steadily, on CUDA by its events."""
     return max(1, min(DECODE_TOKENS, steps * cfg.data.seg_len))
-
-
-def full_memory_steps(cfg: Config, memory: int | None = None) -> int:
-    """Steps after which every memory is full: the memory's ``memory`` states (default ``mem_len``), and a
-    compressive block's ``length`` compressed ones (``rate`` evicted states each), so steps are timed at steady
-    state."""
-    s = cfg.model.settings_of("compressive")
-    memory = cfg.model.mem_len if memory is None else memory
-    return math.ceil((memory + s.rate * s.length) / cfg.data.seg_len) + 1
 
 
 def _rotated(n: int, r: int) -> Iterator[int]:
