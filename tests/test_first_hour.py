@@ -51,6 +51,23 @@ def test_search_yaml_is_the_readme_first_hour_experiment_and_stays_laptop_sized(
     assert "OMP_NUM_THREADS=1" in experiment["trialCommand"]  # a busy 2-core laptop: more threads, slower steps
 
 
+def test_the_readme_is_a_front_door_of_at_most_800_words():
+    words = len((REPO / "README.md").read_text().split())  # as `wc -w README.md` counts them
+    assert words <= 800, f"README.md has {words} words: results go in docs/results.md, speed in docs/benchmarks.md"
+
+
+def search_minutes(text: str) -> list[float]:
+    """Each "N minutes" / "N min" figure stated within a line or so after a mention of `make search`."""
+    return [float(m[1]) for m in re.finditer(r"make search\b[^\n]{0,100}?(\d+(?:\.\d+)?) min(?:utes)?\b", text)]
+
+
+def test_make_search_is_given_one_time_and_the_makefile_and_search_yaml_say_the_same():
+    stated = {name: search_minutes((REPO / name).read_text()) for name in ("README.md", "Makefile", "search.yaml")}
+    assert len(stated["README.md"]) == 1, f"README.md should state `make search`'s time once: {stated}"
+    assert stated["Makefile"] and stated["search.yaml"], stated
+    assert len({t for times in stated.values() for t in times}) == 1, f"`make search`'s time disagrees: {stated}"
+
+
 def test_gpu_experiments_are_named_for_what_they_are_and_listed_in_the_readme():
     for name, preset in (("search-seed-gpu.yaml", "wt2-seed"), ("search-par-gpu.yaml", "wt2-par")):
         experiment, config, cfg = trial_config(name)

@@ -14,7 +14,9 @@ from what the search printed. The load average is read before and after each ste
 the machine was quiet. After the times it prints what the search, the export and the compare printed (the
 architectures found, the trials' table, the comparison), so that what the run found can be quoted beside its
 times. ``--write`` replaces the first ``N s`` / ``N min`` of each timed README line's comment and the sentence
-that says when and at what load the times were taken; nothing else in the README changes. On this 2-core machine
+that says at what load the times were taken; nothing else in the README changes (the date and the table it
+prints go in docs/benchmarks.md by hand, and so does ``make search``'s time in the Makefile's and search.yaml's
+first comments, which tests/test_first_hour.py holds to the README's). On this 2-core machine
 one run's times differed from the next one's by up to a third, so ``--runs N`` reruns the whole hour N times and
 takes each step's median (and prints every run's times beside it).
 """
@@ -31,15 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 TIMED = ("make search", "parnas export", "parnas retrain --arch found", "parnas retrain --arch transformer-xl",
          "parnas compare", "parnas plot")  # the README lines whose comment states a time this script measures
-WHEN = re.compile(r"Times were measured on this\nproject's 2-core development machine.*?\]\(docs/benchmarks\.md"
-                  r"#the-first-hour-timed\)\.", re.S)
+WHEN = re.compile(r"Times: a 2-core CPU.*?\]\(docs/benchmarks\.md#the-first-hour-timed\)\)\.", re.S)
 
 
 def first_hour_lines(readme: str) -> list[str]:
@@ -84,16 +84,13 @@ def rewrite(readme: str, times: dict[str, float], load: float, runs: int = 1) ->
         command = command_of(line)
         if in_block and "#" in line and command in times:
             head, comment = line.split("  #", 1)
-            comment = re.sub(r"\d+(?:\.\d+)? (?:s|min)\b", seconds_text(times[command]), comment, count=1)
+            comment = re.sub(r"\d+(?:\.\d+)? (?:s|min|minutes)\b", seconds_text(times[command]), comment, count=1)
             line = f"{head}  #{comment}"
         out.append(line)
     text = "".join(out)
     median = f", each the median of {runs} runs" if runs > 1 else ""
-    command = f"python tools/first_hour.py{f' --runs {runs}' if runs > 1 else ''} --write"
-    sentence = (f"Times were measured on this\nproject's 2-core development machine (x86-64, no GPU) on {date.today()} "
-                f"at a load average of about {load:.1f}{median},\nwith a newcomer's defaults (no `OMP_NUM_THREADS`) "
-                f"by `{command}`, which reruns them;\nthe table it printed is in "
-                "[docs/benchmarks.md](docs/benchmarks.md#the-first-hour-timed).")
+    sentence = (f"Times: a 2-core CPU at a load average\nof about {load:.1f}{median} "
+                "([how](docs/benchmarks.md#the-first-hour-timed)).")
     return WHEN.sub(sentence.replace("\\", "\\\\"), text, count=1)
 
 
