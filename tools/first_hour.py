@@ -71,7 +71,7 @@ def seconds_text(seconds: float) -> str:
 
 
 def rewrite(readme: str, times: dict[str, float], load: float, runs: int = 1) -> str:
-    """The README with each timed line's first time replaced by ``times[command]`` and the when-and-load
+    """The README with each timed line's first time replaced by ``times[command]`` and the load
     sentence rewritten (``runs``: how many runs each time is the median of); lines not timed are left as they
     are."""
     out = []
