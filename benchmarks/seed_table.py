@@ -128,13 +128,17 @@ def callback(out: Path, epoch: int, seconds: float, log: Any = print) -> Any:
     return SeedPlan()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="wt2-seed", help="the preset (default wt2-seed, the seed's run)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="after the seed's settings")
     parser.add_argument("--seconds", type=float, default=300.0, help="the whole command's time, from its start")
     parser.add_argument("--out", default="runs/gpu/seed", help="the table and the run's folder (run/)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
 
     from dataclasses import replace
 
