@@ -155,17 +155,19 @@ step latency 80 "${latency[@]}"
 # seed: the training 290 s (benchmarks/seed_table.py keeps 15 s of it for its final evaluation and exit), WT103 130 s
 # (its compile under reduce-overhead: over 110 s at e3d9426, since cut to about 0.61x; two eager models' builds take
 # some 10 s), the search 70 s (first step 14-18 s on a warm H200 with its tokenizer cached, which the training
-# step leaves; 300 fair steps, then the final pick), the figure 10 s: 500 s.
+# step leaves; 300 fair steps, then the final pick; the seed's 4,000 warm-up steps scaled to 20, as 7% of the
+# steps), the figure 10 s: 500 s.
 step seed-train 290 python3 benchmarks/seed_table.py --seconds 275 --out "$out/seed"
 step seed-wt103 130 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --no-supernet \
     --rounds 3
 step seed-search 70 python3 -m parnas.cli search --config wt2-seed --set train.precision=bf16-mixed \
-    --set train.max_steps=300 --set search.out_dir="$out/seed-search"
+    --set train.max_steps=300 --set train.warmup_steps=20 --set search.out_dir="$out/seed-search"
 step seed-plot 10 python3 -m parnas.cli plot "$out/seed-search" --no-tensorboard
 
 # study at wt2-par's GPU shape (the H100 and H200 logs in benchmarks/tables/): its search 120 s (a 200-step fair
-# search took 13 s for its steps and 28 s for its pick on an H200, its first step 14-16 s; this one 400 steps, no
-# table to time), its retrains 370 s (benchmarks/gpu_study.py sizes their steps to the 355 s it is given): 490 s.
+# search took 13 s for its steps and 28 s for its pick on an H200, its first step 14-16 s on a warm machine and 32 s
+# on a fresh H100; this one 300 steps, its pick's rounds 150 and 300, no table to time), its retrains 370 s
+# (benchmarks/gpu_study.py sizes their steps to the 355 s it is given): 490 s.
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case $gpu in
     *H100*) wt2par_table=benchmarks/tables/h100-wt2-par-v2.json ;;
@@ -175,7 +177,7 @@ esac
 study_shape=(--config wt2-par --set data.batch_size=32 --set data.seg_len=128 --set model.mem_len=128
              --set train.precision=bf16-mixed)
 step study-search 120 python3 -m parnas.cli search "${study_shape[@]}" --set search.latency_budget=0.65 \
-    --set train.max_steps=400 ${wt2par_table:+--set "search.latency_table=$wt2par_table"} \
+    --set train.max_steps=300 ${wt2par_table:+--set "search.latency_table=$wt2par_table"} \
     --set search.out_dir="$out/study/search"
 step study-retrain 370 python3 benchmarks/gpu_study.py --search "$out/study/search" --seconds 355 \
     --out "$out/study" "${study_shape[@]}" ${wt2par_table:+--latency-table "$wt2par_table"}
