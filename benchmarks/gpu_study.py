@@ -16,8 +16,8 @@ folder, or ``--latency-table``), as a study priced by ``search.latency_table`` t
 
 The steps are as many as fit in ``--seconds`` (counted from the script's start), the same for every retrain. Each
 mode's time is estimated from the step costs the table predicts and from the H100/H200 logs in benchmarks/tables/
-(:data:`GRAPHS`): CUDA graphs (``train.compile=reduce-overhead``) step some 0.37x as long as eager, but each
-layout compiles first (tens of seconds at twelve blocks), so for short retrains eager can fit more steps; the mode
+(:data:`GRAPHS`): CUDA graphs (``train.compile=reduce-overhead``) step faster than eager, but each layout
+compiles first, its evaluation too, so for short retrains of several layouts eager can fit more steps; the mode
 that fits more is taken, and both estimates are printed. Retrains run seed by seed (every layout's first seed, then
 the second), and the table and verdict (``<out>/study.md``) are rewritten after each, so a call cut at its limit
 keeps what finished.
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_config(args.config, args.set)
     found = tuple(architecture.layout(record))
     n_blocks = len(found)
-    budget = (record.get("search") or {}).get("latency", {}).get("budget")
+    budget = ((record.get("search") or {}).get("latency") or {}).get("budget")
     entries = [Entry("transformer-xl", transformer_xl_layout(n_blocks)),
                *(Entry("front", kinds) for kinds in front_around(table, found, n_blocks)),
                Entry("found", found, budget=budget, seed=(record.get("search") or {}).get("seed"),
