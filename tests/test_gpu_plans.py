@@ -34,9 +34,25 @@ def dry_run(capsys, monkeypatch, tmp_path, args: list[str]) -> str:
     return capsys.readouterr().out
 
 
+# Stand-ins for the commands that write what comes back: each writes its file where the real one does.
+WRITERS = """out_of() { echo "$2" | sed "s/.*$1\\([^ ]*\\).*/\\1/"; }
+case "$*" in
+    *seed_table.py*) d=$(out_of "--out " "$*"); mkdir -p "$d" && echo table >"$d/seed-table.md" ;;
+    *"parnas.cli plot"*) d=$(out_of "plot " "$*"); mkdir -p "$d" && echo png >"$d/probabilities.png" ;;
+    *gpu_study.py*) d=$(out_of "--out " "$*"); mkdir -p "$d" && echo verdict >"$d/study.md" ;;
+    *"parnas.cli search"*wt2-par*) d=$(out_of search.out_dir= "$*"); mkdir -p "$d" && echo {} >"$d/architecture.json" ;;
+esac"""
+BACK = {"seed": ["device.txt", "probabilities.png", "seed-plot.log", "seed-search.log", "seed-table.md",
+                 "seed-train.log", "seed-wt103.log", "summary.tsv"],
+        "study": ["device.txt", "study-architecture.json", "study-retrain.log", "study-search.log", "study.md",
+                  "summary.tsv"]}
+
+
 @pytest.mark.parametrize("plan, steps", [("seed", SEED), ("study", STUDY)])
 def test_each_call_runs_its_steps_in_order_within_9_minutes(tmp_path, plan, steps):
-    proc, out, rows = run_plan(tmp_path, [plan], "")
+    """And leaves in $OUT what a device call brings back: at most 8 files, no folder (the runs stay outside)."""
+    proc, out, rows = run_plan(tmp_path, [plan], WRITERS)
+    assert sorted(p.name for p in out.iterdir()) == BACK[plan] and len(BACK[plan]) <= 8
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(r["step"], r["result"]) for r in rows] == [(s, "passed") for s in steps]
     assert sum(float(r["limit"]) for r in rows) / SCALE <= CALL_LIMIT
