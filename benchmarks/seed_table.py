@@ -63,7 +63,7 @@ def clock(seconds: float) -> str:
 
 
 def table(history: Sequence[dict[str, Any]], epoch: int, seconds_at: dict[int, float],
-          final: dict[str, Any] | None = None) -> str:
+          final: dict[str, Any] | None = None, note: str = "") -> str:
     """The seed's table beside parnas's rows: the validations at the seed's counts."""
     at = {h["step"]: h for h in history}
     lines = ["| seed's steps | seed's val ppl | steps | val ppl exp(mean NLL) | val ppl mean exp(batch loss), the "
@@ -80,6 +80,8 @@ def table(history: Sequence[dict[str, Any]], epoch: int, seconds_at: dict[int, f
         lines.append(f"\nFinal evaluation at step {final['steps']:,}: val ppl {final['val_ppl']:.2f} (mean exp(batch "
                      f"loss) {final['val_ppl_batch_mean']:.2f}), test ppl {final.get('test_ppl') or math.nan:.2f}; "
                      f"training {final['train_seconds']:.0f} s, {final['train_tokens_per_s'] or 0:,.0f} tokens/s.")
+    if note:
+        lines.append(f"\n{note}")
     return "\n".join(lines) + "\n"
 
 
@@ -93,6 +95,7 @@ def callback(out: Path, epoch: int, seconds: float, log: Any = print) -> Any:
             self.train_start = 0.0
             self.validations: list[tuple[int, float, float]] = []  # (step, start, end)
             self.seconds_at: dict[int, float] = {}
+            self.decision = ""  # what the second epoch's timing said fits, once it has
 
         def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             self.train_start = time.perf_counter()
@@ -108,7 +111,8 @@ def callback(out: Path, epoch: int, seconds: float, log: Any = print) -> Any:
             now = time.perf_counter()
             self.validations[-1] = (step, begun, now)
             self.seconds_at[step] = now - self.train_start
-            (out / "seed-table.md").write_text(table(pl_module.val_history, epoch, self.seconds_at))
+            (out / "seed-table.md").write_text(table(pl_module.val_history, epoch, self.seconds_at,
+                                                     note=self.decision))
 
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
             step = trainer.global_step
@@ -118,10 +122,13 @@ def callback(out: Path, epoch: int, seconds: float, log: Any = print) -> Any:
                 left = seconds - (time.perf_counter() - START)
                 self.stop_at, fit = largest_fitting(step, targets(epoch), step_s, validation_s, epoch, left)
                 total = trainer.max_steps
-                log(f"seed table: {step_s * 1000:.2f} ms a step, {validation_s:.1f} s a validation (epoch 2); "
+                more = (total - step) * (step_s + validation_s / epoch)
+                self.decision = (
+                    f"At step {step:,}: {step_s * 1000:.2f} ms a step, {validation_s:.1f} s a validation (epoch 2); "
                     f"{left:.0f} s left of {seconds:.0f}: {min(fit, total):,} of the {total:,} steps fit"
-                    f"{'' if fit >= total else f' ({total:,} would need {(total - step) * step_s:.0f} s more)'}; "
-                    f"running to {self.stop_at:,}", flush=True)
+                    f"{'' if fit >= total else f' (all {total:,} would need {more:.0f} s more)'}; ran to "
+                    f"{self.stop_at:,}.")
+                log(f"seed table: {self.decision}", flush=True)
             if self.stop_at is not None and step >= self.stop_at:
                 trainer.should_stop = True
 
@@ -169,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"train.compile={cfg.train.compile}, {cfg.train.precision}, at most {args.seconds:.0f} s", flush=True)
     plan = callback(out, epoch, args.seconds)
     metrics = fit(cfg, model, tokenizer, splits, record, callbacks=[plan])
-    text = table(metrics["history"], epoch, plan.seconds_at, metrics)
+    text = table(metrics["history"], epoch, plan.seconds_at, metrics, plan.decision)
     (out / "seed-table.md").write_text(text)
     print(text + f"whole command {time.perf_counter() - START:.0f} s; the seed's {SEED_MINUTES:.0f} min for 56,500 "
           f"steps; table in {out / 'seed-table.md'}", flush=True)
