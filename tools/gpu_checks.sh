@@ -45,7 +45,8 @@
 # Each step's output goes to $OUT/NAME.log as it runs (runs/gpu where OUT is not set), and a line to
 # $OUT/summary.tsv as it ends (step, result: passed, failed or cut at its limit, exit status, seconds, limit);
 # the GPU and torch to $OUT/device.txt. Exit status 0 when every step passed, 1 otherwise, 2 without a GPU.
-# GPU_CHECKS_SCALE multiplies every limit (tests run the plan with stand-in commands and tiny limits).
+# GPU_CHECKS_SCALE multiplies every limit, and the time seed's and study's scripts give themselves (tests run the
+# plans with stand-in commands and tiny limits; GPU_CHECKS_SCALE=0.65 fits both calls in a 15-minute loan).
 set -u
 export PYTHONUNBUFFERED=1  # logs line by line: a step cut at its limit keeps what it printed
 out=${OUT:-runs/gpu}
@@ -163,7 +164,8 @@ step latency 80 "${latency[@]}"
 # probabilities.png; study 6: device.txt, summary.tsv, its 2 logs, study.md and study-architecture.json.
 work=$out/work
 if wants seed || wants study; then work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_checks.XXXXXX"); fi
-step seed-train 290 python3 benchmarks/seed_table.py --seconds 275 --out "$work/seed"
+scaled() { awk -v s="$1" -v k="$scale" 'BEGIN { printf "%g", s * k }'; }  # a script's own --seconds, as its limit
+step seed-train 290 python3 benchmarks/seed_table.py --seconds "$(scaled 275)" --out "$work/seed"
 step seed-wt103 130 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --no-supernet \
     --rounds 3
 step seed-search 70 python3 -m parnas.cli search --config wt2-seed --set train.precision=bf16-mixed \
@@ -185,7 +187,7 @@ study_shape=(--config wt2-par --set data.batch_size=32 --set data.seg_len=128 --
 step study-search 120 python3 -m parnas.cli search "${study_shape[@]}" --set search.latency_budget=0.65 \
     --set train.max_steps=300 ${wt2par_table:+--set "search.latency_table=$wt2par_table"} \
     --set search.out_dir="$work/study-search"
-step study-retrain 370 python3 benchmarks/gpu_study.py --search "$work/study-search" --seconds 355 \
+step study-retrain 370 python3 benchmarks/gpu_study.py --search "$work/study-search" --seconds "$(scaled 355)" \
     --out "$work/study" "${study_shape[@]}" ${wt2par_table:+--latency-table "$wt2par_table"}
 for found in seed/seed-table.md:seed-table.md seed-search/probabilities.png:probabilities.png \
              study/study.md:study.md study-search/architecture.json:study-architecture.json; do
