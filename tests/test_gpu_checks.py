@@ -19,12 +19,13 @@ FULL = ["tests", "syncs", "steps-wt103-bf16", "steps-wt103-tf32", "steps-wt2par"
 PYTEST_STEPS = ("tests", "quick-tests", "padding-tests", "supernet-tests")
 
 
-def run_plan(tmp_path: Path, args: list[str], python3: str) -> tuple[subprocess.CompletedProcess, Path, list[dict]]:
+def run_plan(tmp_path: Path, args: list[str], python3: str, gpu: str = "Stand-in GPU"
+             ) -> tuple[subprocess.CompletedProcess, Path, list[dict]]:
     """Runs the script with ``python3`` (a shell script's body; $CALLS lists each call) and a fake nvidia-smi
-    first on PATH; returns the process, $OUT and the summary's rows."""
+    (naming ``gpu``) first on PATH; returns the process, $OUT and the summary's rows."""
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'Stand-in GPU, 81559 MiB, 0'\n")
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{gpu}, 81559 MiB, 0'\n")
     (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$*" >>"$CALLS"\n{python3}\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)

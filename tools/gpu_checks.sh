@@ -10,6 +10,8 @@
 #   bash tools/gpu_checks.sh flex
 #   bash .gpu/run.sh bash tools/gpu_checks.sh supernet  # the compiled supernets: their CUDA tests, their timing
 #   bash .gpu/run.sh bash tools/gpu_checks.sh padding   # operands padded for the GPU's kernels: tests, WT103 timing
+#   bash .gpu/run.sh bash tools/gpu_checks.sh seed      # the seed's training table, WT103 compiled, a wt2-seed search
+#   bash .gpu/run.sh bash tools/gpu_checks.sh study     # a first study at wt2-par's GPU shape
 #
 # quick, in order of value: the most valuable CUDA tests (every command on CUDA, bf16, CUDA graphs against
 # eager, the latency table by CUDA events; each under a minute where pytest-timeout is installed); gpu_step.py
@@ -30,15 +32,26 @@
 # (gpu_step.py --flex: attention by FlexAttention against SDPA, eager and compiled, at WT103 base and the long
 # shape), latency (quick's latency table).
 #
+# seed and study are one device call each, at most 9 minutes with the install (their limits add up to 500 s).
+# seed: benchmarks/seed_table.py trains wt2-seed CUDA-graphed in bf16 to the largest of the seed's six step counts
+# that fits (it times the second epoch, then decides) and writes $OUT/seed-table.md beside the seed's; then
+# WT103-base compiled (reduce-overhead) against eager, after its compile (gpu_step.py: MFU, tokens/s, the compile's
+# seconds); then the default search at wt2-seed for 300 steps, and its probability figure (parnas plot). study: a
+# search at wt2-par's GPU shape at budget 0.65 with its final pick, priced by the wt2-par latency table timed on
+# this GPU's kind (benchmarks/tables/), then benchmarks/gpu_study.py: retrains of the export, the Transformer-XL
+# and the two depth-scaled front points around the export's cost, 2 seeds each, as many steps as fit, and the
+# verdict with the seed spread ($OUT/study.md).
+#
 # Each step's output goes to $OUT/NAME.log as it runs (runs/gpu where OUT is not set), and a line to
 # $OUT/summary.tsv as it ends (step, result: passed, failed or cut at its limit, exit status, seconds, limit);
 # the GPU and torch to $OUT/device.txt. Exit status 0 when every step passed, 1 otherwise, 2 without a GPU.
-# GPU_CHECKS_SCALE multiplies every limit (tests run the plan with stand-in commands and tiny limits).
+# GPU_CHECKS_SCALE multiplies every limit, and the time seed's and study's scripts give themselves (tests run the
+# plans with stand-in commands and tiny limits; GPU_CHECKS_SCALE=0.65 fits both calls in a 15-minute loan).
 set -u
 export PYTHONUNBUFFERED=1  # logs line by line: a step cut at its limit keeps what it printed
 out=${OUT:-runs/gpu}
 scale=${GPU_CHECKS_SCALE:-1}
-known="quick tests syncs steps padding supernet flex latency"
+known="quick tests syncs steps padding supernet flex latency seed study"
 wanted=${*:-tests syncs steps padding supernet flex latency}
 
 for name in $wanted; do
@@ -139,6 +152,47 @@ step supernet-wt2par 330 python3 benchmarks/gpu_step.py --shape wt2-par --compil
 step flex-wt103 110 python3 benchmarks/gpu_step.py --shape wt103-base --flex --compile default --rounds 5
 step flex-long 60 python3 benchmarks/gpu_step.py --shape long --flex --rounds 5
 step latency 80 "${latency[@]}"
+
+# seed: the training 290 s (benchmarks/seed_table.py keeps 15 s of it for its final evaluation and exit), WT103 130 s
+# (its compile under reduce-overhead: over 110 s at e3d9426, since cut to about 0.61x; two eager models' builds take
+# some 10 s), the search 70 s (first step 14-18 s on a warm H200 with its tokenizer cached, which the training
+# step leaves; 300 fair steps, then the final pick; the seed's 4,000 warm-up steps scaled to 20, as 7% of the
+# steps), the figure 10 s: 500 s.
+# A device call brings back at most 8 files of $OUT, none deeper than two folders: seed's and study's runs
+# (checkpoints of tens of MiB, TensorBoard logs) go to a folder of their own, and what they found is copied to
+# $OUT at the end. seed leaves 8 files there: device.txt, summary.tsv, its 4 logs, seed-table.md and
+# probabilities.png; study 6: device.txt, summary.tsv, its 2 logs, study.md and study-architecture.json.
+work=$out/work
+if wants seed || wants study; then work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_checks.XXXXXX"); fi
+scaled() { awk -v s="$1" -v k="$scale" 'BEGIN { printf "%g", s * k }'; }  # a script's own --seconds, as its limit
+step seed-train 290 python3 benchmarks/seed_table.py --seconds "$(scaled 275)" --out "$work/seed"
+step seed-wt103 130 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --no-supernet \
+    --rounds 3
+step seed-search 70 python3 -m parnas.cli search --config wt2-seed --set train.precision=bf16-mixed \
+    --set train.max_steps=300 --set train.warmup_steps=20 --set search.out_dir="$work/seed-search"
+step seed-plot 10 python3 -m parnas.cli plot "$work/seed-search" --no-tensorboard
+
+# study at wt2-par's GPU shape (the H100 and H200 logs in benchmarks/tables/): its search 120 s (a 200-step fair
+# search took 13 s for its steps and 28 s for its pick on an H200, its first step 14-16 s on a warm machine and 32 s
+# on a fresh H100; this one 300 steps, its pick's rounds 150 and 300, no table to time), its retrains 370 s
+# (benchmarks/gpu_study.py sizes their steps to the 355 s it is given): 490 s.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+case $gpu in
+    *H100*) wt2par_table=benchmarks/tables/h100-wt2-par-v2.json ;;
+    *H200*) wt2par_table=benchmarks/tables/h200-wt2-par-v2.json ;;
+    *) wt2par_table= ;;  # another GPU: the search times its own table (some 10-40 s more)
+esac
+study_shape=(--config wt2-par --set data.batch_size=32 --set data.seg_len=128 --set model.mem_len=128
+             --set train.precision=bf16-mixed)
+step study-search 120 python3 -m parnas.cli search "${study_shape[@]}" --set search.latency_budget=0.65 \
+    --set train.max_steps=300 ${wt2par_table:+--set "search.latency_table=$wt2par_table"} \
+    --set search.out_dir="$work/study-search"
+step study-retrain 370 python3 benchmarks/gpu_study.py --search "$work/study-search" --seconds "$(scaled 355)" \
+    --out "$work/study" "${study_shape[@]}" ${wt2par_table:+--latency-table "$wt2par_table"}
+for found in seed/seed-table.md:seed-table.md seed-search/probabilities.png:probabilities.png \
+             study/study.md:study.md study-search/architecture.json:study-architecture.json; do
+    [ -f "$work/${found%%:*}" ] && cp "$work/${found%%:*}" "$out/${found##*:}"
+done
 
 table() {  # one Markdown table of every model gpu_step.py timed in the logs given (its rows, parsed)
     awk 'FNR == 1 { step = FILENAME; sub(/.*\//, "", step); sub(/\.log$/, "", step) }

@@ -10,6 +10,14 @@ clusters weighted by the fraction of targets a Zipf (1/rank) law puts in them (t
 depends on the corpus, which a dry run does not read). Memory is :func:`parnas.training.memory.estimate_memory`'s
 lower bound. The vocabulary is ``data.vocab_size``: the tokenizer is not built.
 
+It also says how long the run is: its optimiser steps (``train.stop_at``, else ``train.max_steps``) and the tokens
+they train on (batch x segment x ``train.accumulate``: the batch is split across processes, not multiplied), and,
+where a latency table prices the run's shapes, the time those steps take (:func:`expected_time`): a search's
+``search.latency_table`` (timed on the device it names, so a plan for a GPU can be priced on a laptop), else the
+newest table ``parnas latency`` cached for this machine's device at these shapes. The table prices eager steps
+(a supernet's as every candidate of every block run), so a compiled run's figure is an upper bound, and
+validation, compiling and start-up are not in it.
+
 A dry run refuses what the real run refuses from the same settings before it reads data or builds anything
 (:func:`check_plan`: the device, the cutoffs against the vocabulary, the memory), in the same one line: a plan it
 prints is one the run gets past. What needs the corpus (a segment longer than a split) is left to the run.
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +39,7 @@ from parnas.nn.alignment import set_pad_multiple
 from parnas.nn.blocks import Keeper
 from parnas.nn.model import build_fixed_model
 from parnas.training.devices import check_devices
+from parnas.training.latency_table import LatencyTable, read_table, shape_differences, table_key
 from parnas.training.memory import check_memory, estimate_memory, size
 
 
@@ -98,6 +108,87 @@ def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) ->
     check_memory(cfg, vocab_size, blocks)
 
 
+def run_length(cfg: Config) -> tuple[int, int]:
+    """(optimiser steps, tokens trained on) of a run: ``train.stop_at`` else ``train.max_steps`` steps, each of
+    ``data.batch_size`` x ``data.seg_len`` x ``train.accumulate`` tokens (the batch is the whole step's, split
+    across processes)."""
+    steps = cfg.train.stop_at or cfg.train.max_steps
+    return steps, steps * cfg.data.step_tokens * cfg.train.accumulate
+
+
+def cached_table(key: dict, folder: Path) -> LatencyTable | None:
+    """The newest table in the latency cache ``folder`` that prices ``key``'s device and shapes, its kinds and the
+    training step, at any thread count (a dry run does not choose the run's threads); None if there is none.
+    Reads only: the run itself checks, refreshes or removes cached tables."""
+    from parnas import reading
+
+    def shapes(of: dict) -> dict:
+        return {k: v for k, v in of.items() if k not in ("kinds", "threads")}
+
+    try:
+        files = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime_ns, reverse=True)
+    except OSError:
+        return None
+    for file in files:
+        try:
+            table = LatencyTable.from_dict(reading.read_json(file))
+            if shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"]) \
+                    and "train" in table.modes:
+                return table
+        except Exception:  # noqa: BLE001 -- unreadable, damaged or another format: not this run's table
+            continue
+    return None
+
+
+def run_table(cfg: Config, blocks: Sequence[Sequence[str]]) -> tuple[LatencyTable, str] | None:
+    """The latency table that prices this run's steps and where it came from: a search's (several candidates a
+    block) ``search.latency_table`` when its shapes are the run's, else the cache's for this machine's device."""
+    import torch
+
+    from parnas.data.corpora import default_cache_dir
+    from parnas.training.devices import training_device
+
+    kinds = sorted({k for b in blocks for k in b} | {"identity"})
+    device = training_device(cfg.train)
+    key = table_key(cfg, cfg.data.vocab_size, kinds, torch.device(device))
+    given = cfg.search.latency_table if any(len(b) > 1 for b in blocks) else None
+    if given:
+        try:
+            table = read_table(Path(given))
+        except Exception:  # noqa: BLE001 -- the budget's own check names what is wrong with the file
+            return None
+        differs = shape_differences(table.key, key)
+        usable = not differs and set(kinds) <= set(table.key["kinds"])
+        return (table, f"search.latency_table {given}") if usable else None
+    try:  # the folder of parnas.training.latency_cache.cache_path, named without importing the timing code
+        table = cached_table(key, default_cache_dir() / "latency")
+    except Exception:  # noqa: BLE001 -- a cache folder that cannot be named: no table
+        return None
+    return None if table is None else (table, "the latency cache")
+
+
+def expected_time(cfg: Config, blocks: Sequence[Sequence[str]], steps: int) -> str:
+    """One line: the time ``steps`` training steps take by the run's latency table (:func:`run_table`), or that
+    no table prices them."""
+    found = run_table(cfg, blocks)
+    if found is None:
+        return ("  expected time: no latency table for this device at these shapes (`parnas latency` with the same "
+                "settings times one on the device; a search may name one timed elsewhere, search.latency_table)")
+    table, source = found
+    ms = table.predict([k for b in blocks for k in b if k != "identity"])
+    eager = "eager steps" + (f"; train.compile={cfg.train.compile} is faster" if cfg.train.compile != "none" else "")
+    supernet = ", every candidate of every block" if any(len(b) > 1 for b in blocks) else ""
+    return (f"  expected time {clock(steps * ms / 1000)}: {steps:,} steps x {ms:.2f} ms on {table.key['device']} "
+            f"({source}{supernet}; {eager}; validation, compiling and start-up not counted)")
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as h:mm:ss (m:ss under an hour)."""
+    whole = round(seconds)
+    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
 def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
     """The report of ``--dry-run``, after the run's own refusals (:func:`check_plan`): ``blocks`` holds each
     block's kinds (one for a fixed model, the candidates for a search's supernet); ``what`` names the run
@@ -119,6 +210,7 @@ def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
     flops = {k: block_train_flops(k, cfg) for k in per_kind if k != "identity"}
     train_flops = head_train_flops(m, vocab) + sum(flops[k] * counts[k] for k in flops)
     estimate = estimate_memory(cfg, vocab, blocks)
+    steps, tokens = run_length(cfg)
     layout = layout_string([b[0] for b in blocks]) if all(len(b) == 1 for b in blocks) else \
         f"{m.n_blocks} blocks choosing among {', '.join(blocks[0])}"
     kinds = ", ".join(f"{k} {counts[k]} x {per_kind[k]:,}" + (" (one shared module)" if k in shared_kinds else "")
@@ -134,5 +226,9 @@ def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
         f"  memory at least {size(estimate.total)} per process: parameters, gradients and Adam "
         f"{size(estimate.parameter_bytes)}, activations {size(estimate.activation_bytes)} "
         f"({cfg.train.precision})",
+        f"  steps {steps:,}{' (train.stop_at)' if cfg.train.stop_at else ''}, tokens {tokens:,} "
+        f"({cfg.data.batch_size} x {cfg.data.seg_len}{f' x {cfg.train.accumulate}' if cfg.train.accumulate > 1 else ''}"
+        " a step)",
+        expected_time(cfg, blocks, steps),
         "  dry run: nothing read, allocated or written",
     ])
