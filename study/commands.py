@@ -1,4 +1,5 @@
-"""``parnas study``: search with several seeds and budgets, retrain what was found beside its baselines, compare.
+"""``parnas study`` (search with several seeds and budgets, retrain what was found beside its baselines, compare)
+and ``parnas table build|score|add-seeds`` (the ranking tables of a search space).
 
 Only argparse is imported here; the handler checks every argument (:func:`parnas.study.plan.make_plan`, light)
 before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
@@ -10,9 +11,8 @@ import argparse
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    """Check the claim end to end: searches per seed and budget, retrains of found and baseline layouts, timing."""
-    if args.to_table or args.score or args.add_seeds:
-        return cmd_table(args)
+    """Check the claim that the search finds a model faster than Transformer-XL at the same perplexity: searches
+    per seed and budget, retrains of the found and baseline layouts side by side, timing, and verdicts."""
     if args.strategies:
         from pathlib import Path
 
@@ -55,45 +55,46 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_table(args: argparse.Namespace) -> int:
-    """``--to-table STUDY_JSON --table FILE`` writes a ranking table; ``--score RUN --table FILE`` scores a search;
-    ``--add-seeds RUN ... --table FILE`` adds further retrain seeds to a table, in place."""
+def cmd_table_build(args: argparse.Namespace) -> int:
+    """Write the ranking table of a finished study (its study.json): every retrained layout's seeds, costs and
+    noise ceiling."""
+    from pathlib import Path
+
     from parnas.errors import ConfigError
+    from parnas.files import write_json_atomic
+    from parnas.study.table import table_from_study
 
-    given = [flag for flag, value in (("--to-table", args.to_table), ("--score", args.score),
-                                      ("--add-seeds", args.add_seeds)) if value]
-    if len(given) > 1:
-        raise ConfigError(f"give one of --to-table, --score and --add-seeds, not {' and '.join(given)}")
-    if not args.table:
-        raise ConfigError(f"{given[0]} needs --table FILE")
-    if args.add_seeds:
-        from parnas.files import write_json_atomic
-        from parnas.study.table_seeds import add_seeds
+    if Path(args.table).exists():
+        raise ConfigError(f"--table {args.table} exists; a table is written once (give a new file)")
+    table = table_from_study(args.study, args.latency_table)
+    write_json_atomic(args.table, table)
+    print(f"written {args.table}: {len(table['layouts'])} layouts, noise ceiling {table['noise_ceiling']}")
+    return 0
 
-        table, lines = add_seeds(args.table, args.add_seeds)
-        write_json_atomic(args.table, table)
-        print("\n".join(lines))
-        ceiling = table["noise_ceiling"]
-        print(f"written {args.table}: {len(lines)} seeds added, noise ceiling "
-              f"{'n/a' if ceiling is None else f'{ceiling:.2f}'}")
-        return 0
-    if args.to_table:
-        from pathlib import Path
 
-        from parnas.files import write_json_atomic
-        from parnas.study.table import table_from_study
-
-        if Path(args.table).exists():
-            raise ConfigError(f"--table {args.table} exists; a table is written once (give a new file)")
-        table = table_from_study(args.to_table, args.latency_table)
-        write_json_atomic(args.table, table)
-        print(f"written {args.table}: {len(table['layouts'])} layouts, noise ceiling {table['noise_ceiling']}")
-        return 0
+def cmd_table_score(args: argparse.Namespace) -> int:
+    """Score a finished search (its run folder) against a ranking table, retraining nothing: Kendall and Spearman
+    correlations, top-5 overlap, regret at budgets 0.5, 0.65 and 0.8."""
     from parnas.study.score import score
     from parnas.threads import use_threads
 
-    score(args.score, args.table, args.set, log=lambda line: print(line, flush=True),
+    score(args.run, args.table, args.set, log=lambda line: print(line, flush=True),
           before=lambda cfg: use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads))
+    return 0
+
+
+def cmd_table_add_seeds(args: argparse.Namespace) -> int:
+    """Add finished parnas train runs of a table's layouts (same model, vocabulary and retrain steps, a seed the
+    table lacks) to the table as further retrain seeds, in place."""
+    from parnas.files import write_json_atomic
+    from parnas.study.table_seeds import add_seeds
+
+    table, lines = add_seeds(args.table, args.runs)
+    write_json_atomic(args.table, table)
+    print("\n".join(lines))
+    ceiling = table["noise_ceiling"]
+    print(f"written {args.table}: {len(lines)} seeds added, noise ceiling "
+          f"{'n/a' if ceiling is None else f'{ceiling:.2f}'}")
     return 0
 
 
@@ -135,16 +136,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")
-    p.add_argument("--to-table", default=None, metavar="STUDY_JSON",
-                   help="write the ranking table of a finished study (its study.json) to --table FILE: every "
-                        "retrained layout's seeds, costs and noise ceiling")
-    p.add_argument("--score", default=None, metavar="RUN",
-                   help="score a finished search (its run directory) against the ranking table --table FILE, "
-                        "retraining nothing: Kendall/Spearman, top-5 overlap, regret at budgets 0.5, 0.65, 0.8")
-    p.add_argument("--add-seeds", nargs="+", default=None, metavar="RUN",
-                   help="add finished `parnas train` runs of a table's layouts (same model, vocabulary and retrain "
-                        "steps; train.seed one the table lacks) to --table FILE as further retrain seeds, in place")
-    p.add_argument("--table", default=None, metavar="FILE",
-                   help="the ranking table --to-table writes, --score reads, --add-seeds extends")
+
+    about = "Build, score against or extend a ranking table of a search space (benchmarks/spaces/)."
+    p = sub.add_parser("table", help=about, description=about)
+    tables = p.add_subparsers(dest="table_command", required=True, metavar="{build,score,add-seeds}",
+                              help="what to do with the table")
+    p = add_command(tables, "build", cmd_table_build)
+    p.set_defaults(command="table build")
+    p.add_argument("study", metavar="STUDY_JSON", help="the study.json of a finished --every-network or --census study")
+    p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to write (a new file)")
     p.add_argument("--latency-table", default=None, metavar="FILE",
-                   help="with --to-table: the latency table that prices the layouts (default: the study's own)")
+                   help="the latency table that prices the layouts (default: the study's own)")
+    p = add_command(tables, "score", cmd_table_score)
+    p.set_defaults(command="table score")
+    p.add_argument("run", metavar="RUN", help="a finished search's run folder")
+    p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to score against")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting of the search's config, e.g. --set train.threads=1 (repeatable)")
+    p = add_command(tables, "add-seeds", cmd_table_add_seeds)
+    p.set_defaults(command="table add-seeds")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="finished parnas train runs of the table's layouts")
+    p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to extend, in place")

@@ -197,10 +197,10 @@ PLANS: list[tuple[str, Skip | Run]] = [
                                         "tests/test_campaign.py runs --quick")),
     (r"--accelerator gpu", Run(needs=("found", "arch"), gpu=True, extra=("--set", "train.precision=32-true"))),
     (r"^parnas study \.\.\. ", Skip("elides its arguments (the line above, with another target)")),
-    (r"^parnas study --(score|to-table) ", Skip("needs the finished study or search of the lines above (minutes to "
+    (r"^parnas table (score|build) ", Skip("needs the finished study or search of the lines above (minutes to "
                                                 "hours at their size); tests/test_score.py and tests/test_table.py "
                                                 "run both on tiny runs")),
-    (r"^parnas study --add-seeds ", Skip("adds the line above's wt2-cpu retrain to the shipped table, in place; "
+    (r"^parnas table add-seeds ", Skip("adds the line above's wt2-cpu retrain to the shipped table, in place; "
                                          "tests/test_table.py adds runs to a table and refuses the ones it cannot "
                                          "take")),
     (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
