@@ -102,15 +102,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args
 
-    p = add_command(sub, "study", cmd_study)
+    p = add_command(sub, "study", cmd_study,
+                    "parnas study --config wt2-cpu --seeds 2 --budgets 0.65 --out runs/study")
     add_config_args(p)
     p.add_argument("--seeds", type=int, default=3, help="searches per budget, with train.seed 0..N-1 (default 3)")
     p.add_argument("--budgets", default="0.65,none", metavar="B,B",
                    help="latency budgets, fractions in (0, 1] of Transformer-XL's step time, or none "
                         "(default 0.65,none)")
     p.add_argument("--out", default="runs/study", help="study directory; a rerun skips finished work (runs/study)")
-    p.add_argument("--search-steps", type=int, default=None, metavar="N", help="train.max_steps of each search")
-    p.add_argument("--retrain-steps", type=int, default=None, metavar="N", help="train.max_steps of each retrain")
+    p.add_argument("--search-steps", type=int, default=None, metavar="N",
+                   help="train.max_steps of each search (default: the config's)")
+    p.add_argument("--retrain-steps", type=int, default=None, metavar="N",
+                   help="train.max_steps of each retrain (default: the config's)")
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
@@ -125,14 +128,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "against the seed spread (default 1)")
     p.add_argument("--widths", default=None, metavar="D,D,...",
                    help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
-                        "found models are judged against, beside the shallower ones (each must divide by the heads)")
+                        "found models are judged against, beside the shallower ones (each must divide by the "
+                        "heads; default: none)")
     p.add_argument("--every-network", action="store_true",
                    help="also retrain every distinct network the searched space holds (at most 1,000): where the "
                         "found models rank among the networks no costlier, and the network furthest below the "
                         "Transformer-XL front, i.e. the most any search of this space could find")
     p.add_argument("--census", type=int, default=None, metavar="N",
                    help="for a space too large for --every-network: also retrain N distinct networks of it drawn at "
-                        "random (train.seed), stratified by predicted cost; the same verdicts, on the sample")
+                        "random (train.seed), stratified by predicted cost; the same verdicts, on the sample (default: "
+                        "none)")
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")
@@ -141,19 +146,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("table", help=about, description=about)
     tables = p.add_subparsers(dest="table_command", required=True, metavar="{build,score,add-seeds}",
                               help="what to do with the table")
-    p = add_command(tables, "build", cmd_table_build)
+    p = add_command(tables, "build", cmd_table_build,
+                    "parnas table build runs/study/study.json --table space.json")
     p.set_defaults(command="table build")
     p.add_argument("study", metavar="STUDY_JSON", help="the study.json of a finished --every-network or --census study")
     p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to write (a new file)")
     p.add_argument("--latency-table", default=None, metavar="FILE",
                    help="the latency table that prices the layouts (default: the study's own)")
-    p = add_command(tables, "score", cmd_table_score)
+    p = add_command(tables, "score", cmd_table_score,
+                    "parnas table score runs/search --table benchmarks/spaces/adi6-wt2-cpu.json")
     p.set_defaults(command="table score")
     p.add_argument("run", metavar="RUN", help="a finished search's run folder")
     p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to score against")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting of the search's config, e.g. --set train.threads=1 (repeatable)")
-    p = add_command(tables, "add-seeds", cmd_table_add_seeds)
+    p = add_command(tables, "add-seeds", cmd_table_add_seeds,
+                    "parnas table add-seeds runs/ADADAD-s2 --table space.json")
     p.set_defaults(command="table add-seeds")
     p.add_argument("runs", nargs="+", metavar="RUN", help="finished parnas train runs of the table's layouts")
     p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to extend, in place")

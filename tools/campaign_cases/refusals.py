@@ -201,7 +201,7 @@ def file_cases() -> list[Case]:
 
 def command_cases() -> list[Case]:
     study = ["study", *TINY, "--out", "{out}", "--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"]
-    ckpt = ["--checkpoint", "{in}/last.ckpt"]
+    ckpt = ["{in}/last.ckpt"]
     return [
         refused("search: an empty strategy", search() + ["--strategy", ""], "names no strategy", quick=True),
         refused("search: a blank strategy", search() + ["--strategy", " \t"], "names no strategy"),
