@@ -40,7 +40,12 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
         metrics = retrain(args.arch, args.config, overrides, resume=args.resume)
     if metrics:
+        from parnas.retrain.units import run_units
+
+        units = run_units(metrics)
         print(training_summary(metrics, metrics["config"]["train"]["out_dir"]))
+        if units:
+            print(f"  perplexities {units} (not per word)")
     return 0
 
 
@@ -57,6 +62,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
     from parnas.retrain.evaluate import default_output, evaluate_checkpoint, evaluation_divergence
     from parnas.retrain.load import device_for, load_trained, scratch_dir
+    from parnas.retrain.units import perplexity_units
     from parnas.threads import use_threads
 
     device = device_for(args.accelerator)
@@ -73,8 +79,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     speed = result["eval_tokens_per_s"]
     timing = f"{speed:,.0f} tokens/s over {result['eval_seconds']:.1f} s" if speed else "too quick to time"
     clamp = f", positions clamped at {result['clamp_len']}" if result["clamp_len"] else ""
-    print(f"{args.split} perplexity {result['ppl']:.3f} at step {result['step']:,} (memory {result['mem_len']}{clamp}, "
-          f"{result['tokens']:,} tokens, {timing}); written to {out}")
+    units = perplexity_units(trained.tokenizer.kind, trained.tokenizer.vocab_size)
+    print(f"{args.split} perplexity {result['ppl']:.3f} ({units}) at step {result['step']:,} (memory "
+          f"{result['mem_len']}{clamp}, {result['tokens']:,} tokens, {timing}); written to {out}")
     return 0
 
 
@@ -151,7 +158,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif args.time is None:
         not_timed = f"a run is over {AUTO_TIME_PARAMETERS:,} parameters, or does not say (--time times them)"
     table = rows(runs, timing)
-    text = markdown(table, timing, not_timed)
+    text = markdown(table, timing, not_timed, runs)
     print(text, end="")
     if args.out:
         write_text_atomic(f"{args.out}.md", text)
