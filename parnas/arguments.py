@@ -64,7 +64,7 @@ def presets() -> list[str]:
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """``--config`` and repeatable ``--set``, shared by every command that reads a config."""
     p.add_argument("--config", default=None,
-                   help=f"YAML file or preset name ({', '.join(presets())}; default: the built-in defaults)")
+                   help=f"YAML file or preset name ({', '.join(presets())}); default: the built-in settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting, e.g. --set model.d_model=256 (repeatable)")
 

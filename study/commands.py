@@ -1,5 +1,6 @@
-"""``parnas study`` (search with several seeds and budgets, retrain what was found beside its baselines, compare)
-and ``parnas table build|score|add-seeds`` (the ranking tables of a search space).
+"""``parnas study`` (search with several seeds and budgets, retrain what was found beside its baselines, compare),
+``parnas strategies`` (search strategies compared at an equal budget) and ``parnas table build|score|add-seeds``
+(the ranking tables of a search space).
 
 Only argparse is imported here; the handler checks every argument (:func:`parnas.study.plan.make_plan`, light)
 before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
@@ -13,31 +14,6 @@ import argparse
 def cmd_study(args: argparse.Namespace) -> int:
     """Check the claim that the search finds a model faster than Transformer-XL at the same perplexity: searches
     per seed and budget, retrains of the found and baseline layouts side by side, timing, and verdicts."""
-    if args.strategies:
-        from pathlib import Path
-
-        from parnas.errors import ConfigError
-
-        for flag, given in (("--every-network", args.every_network), ("--census", args.census)):
-            if given:
-                raise ConfigError(f"{flag} retrains the space of a PAR search; it cannot be combined with "
-                                  "--strategies")
-
-        from parnas.config import load_config
-        from parnas.study.strategy_study import parse_strategies, run_strategy_study
-        from parnas.threads import use_threads
-
-        cfg = load_config(args.config, args.set)
-        # its searches inherit the choice
-        use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
-        study = run_strategy_study(args.config, args.set, parse_strategies(args.strategies), args.seeds,
-                                   Path(args.out), search_steps=args.search_steps or 600,
-                                   retrain_steps=args.retrain_steps or 600, trials=args.trials,
-                                   retrain_seeds=args.retrain_seeds, log=lambda line: print(line, flush=True))
-        print()
-        for line in study["verdicts"]:
-            print(line)
-        return 0
     from parnas.study.plan import make_plan
     from parnas.study.run import run_study
     from parnas.threads import use_threads
@@ -49,6 +25,28 @@ def cmd_study(args: argparse.Namespace) -> int:
     # the study's searches and retrains inherit the choice
     use_threads(plan.base.model.d_model, plan.base.data.step_tokens, plan.base.train.threads)
     study = run_study(plan, log=lambda line: print(line, flush=True))
+    print()
+    for line in study["verdicts"]:
+        print(line)
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    """Compare search strategies (PAR's Gumbel-DARTS against NNI's own) at an equal budget of training steps, no
+    latency budget: each searches per seed, what each finds is retrained, and the verdict says whether PAR's
+    strategy beats the best of the others beyond the spread."""
+    from pathlib import Path
+
+    from parnas.config import load_config
+    from parnas.study.strategy_study import parse_strategies, run_strategy_study
+    from parnas.threads import use_threads
+
+    strategies = parse_strategies(args.strategies)
+    cfg = load_config(args.config, args.set)
+    use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)  # its searches' too
+    study = run_strategy_study(args.config, args.set, strategies, args.seeds, Path(args.out),
+                               search_steps=args.search_steps, retrain_steps=args.retrain_steps, trials=args.trials,
+                               retrain_seeds=args.retrain_seeds, log=lambda line: print(line, flush=True))
     print()
     for line in study["verdicts"]:
         print(line)
@@ -117,12 +115,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
-    p.add_argument("--strategies", default=None, metavar="S,S,...",
-                   help=f"compare search strategies instead ({', '.join(strategy_registry.names())}) at an equal "
-                        "budget of --search-steps (default 600) training steps, retrained for --retrain-steps "
-                        "(default 600)")
-    p.add_argument("--trials", type=int, default=4, metavar="N",
-                   help="with --strategies: trials of a multi-trial strategy, sharing the search steps (default 4)")
     p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
                    help="retrain every layout K times (train.seed, +1, ...): the verdicts then weigh differences "
                         "against the seed spread (default 1)")
@@ -141,6 +133,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")
+
+    p = add_command(sub, "strategies", cmd_strategies,
+                    "parnas strategies par-gumbel-darts,darts,random-oneshot,random --config wt2-cpu --seeds 3")
+    add_config_args(p)
+    p.add_argument("strategies", metavar="S,S,...",
+                   help=f"two or more registered strategies ({', '.join(strategy_registry.names())})")
+    p.add_argument("--seeds", type=int, default=3, help="searches per strategy, with train.seed 0..N-1")
+    p.add_argument("--search-steps", type=int, default=600, metavar="N",
+                   help="training steps of each search: a one-shot strategy's supernet steps, shared by a multi-trial "
+                        "one's trials")
+    p.add_argument("--trials", type=int, default=4, metavar="N", help="trials of a multi-trial strategy")
+    p.add_argument("--retrain-steps", type=int, default=600, metavar="N", help="train.max_steps of each retrain")
+    p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
+                   help="retrain every found layout K times (train.seed, +1, ...): the verdict weighs differences "
+                        "against the seed spread")
+    p.add_argument("--out", default="runs/strategies", help="study folder; a rerun skips finished work")
 
     about = "Build, score against or extend a ranking table of a search space (benchmarks/spaces/)."
     p = sub.add_parser("table", help=about, description=about)

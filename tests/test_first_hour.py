@@ -205,6 +205,8 @@ PLANS: list[tuple[str, Skip | Run]] = [
                                          "take")),
     (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
     (r"^parnas study ", Skip(HOURS)),
+    (r"^parnas strategies ", Skip("searches with four strategies, 3 seeds each (many minutes); tests/test_study.py "
+                                  "compares three at tiny scale")),
     (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "
                                                  "every multi-trial strategy, 3 tiny trials each)")),
     (r"search\.candidates=\[attention,shift", Skip("needs the plugin package the section writes (parnas-shift)")),

@@ -2,9 +2,9 @@
 
 import io
 import json
-import re
 import pathlib
 import pickle
+import re
 import zipfile
 
 import pytest
