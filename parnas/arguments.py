@@ -36,7 +36,7 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if ("default" in text or not action.option_strings or action.required or action.default is None
-                or action.default is argparse.SUPPRESS or isinstance(action, argparse._HelpAction)):
+                or action.default is argparse.SUPPRESS or action.dest == "help"):
             return text
         default = {False: "off", True: "on"}.get(action.default, action.default) if isinstance(
             action.default, bool) else action.default

@@ -151,7 +151,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/strategies", help="study folder; a rerun skips finished work")
 
     about = "Build, score against or extend a ranking table of a search space (benchmarks/spaces/)."
-    p = sub.add_parser("table", help=about, description=about)
+    p = sub.add_parser("table", help=about, description=about,
+                       epilog="Example:\n  parnas table score runs/search --table benchmarks/spaces/adi6-wt2-cpu.json")
     tables = p.add_subparsers(dest="table_command", required=True, metavar="{build,score,add-seeds}",
                               help="what to do with the table")
     p = add_command(tables, "build", cmd_table_build,
