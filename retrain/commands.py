@@ -50,7 +50,8 @@ def cmd_retrain(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Perplexity of a checkpoint on a whole split (exp of total NLL, memory carried) and evaluation tokens/s."""
+    """Perplexity of a trained run (its folder or a checkpoint) on a whole split, exp of the total NLL with the
+    memory carried, and evaluation tokens/s."""
     from pathlib import Path
 
     from parnas.errors import ParnasError
@@ -86,8 +87,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Sample text from a checkpoint after a prompt, carrying the Transformer-XL memory, printed as it comes.
-    Ctrl-C stops it: the text so far stays on stdout, one line on stderr says how far it got (exit 130)."""
+    """Sample text from a trained run (its folder or a checkpoint) after a prompt, carrying the Transformer-XL
+    memory, printed as it comes. Ctrl-C stops it: the text so far stays on stdout, one line on stderr says how far
+    it got (exit 130)."""
     import signal
     import sys
     from pathlib import Path

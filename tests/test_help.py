@@ -31,7 +31,7 @@ def summaries() -> dict[str, str]:
             lines[name[1]] = name[2]
         else:
             last = list(lines)[-1]
-            lines[last] += " " + line.strip()
+            lines[last] += ("" if lines[last].endswith("-") else " ") + line.strip()  # argparse breaks at hyphens
     return lines
 
 
