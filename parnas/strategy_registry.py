@@ -3,7 +3,7 @@
 The block-kind registry's sibling (:mod:`parnas.kinds`). A :class:`SearchStrategy` says its name, its family
 (``one-shot``: one supernet trained, the architecture read from its logits; ``multi-trial``: each trial trains
 one fixed architecture), how it runs, what it refuses and its own settings. ``search.strategy``, ``parnas search
---strategy``, ``parnas study --strategies`` and the reference's table of strategies all read it.
+--strategy``, ``parnas strategies`` and the reference's table of strategies all read it.
 
 A strategy owns its settings, as a block kind does: ``SearchStrategy.settings`` is a frozen dataclass (defaults
 and checks in ``__post_init__``) that a config fills under ``search.<strategy>.<setting>``, e.g.

@@ -8,6 +8,10 @@ does: by default when every model is small enough (``AUTO_TIME_PARAMETERS``; ``-
 decide), with fresh weights (speed does not depend on them) at the first run's data shapes. The runs' own
 figures follow under a heading that says they were timed separately. Every other figure is the run's record.
 Written as Markdown (for notes) and CSV (for plotting).
+
+Each speed says its rounds' spread, and the lines under the table say what else a reader needs before ranking:
+runs that are one network (one layout, model, data and training length: their gaps are noise, the table's noise
+floor), a machine loaded beyond the cores the timing used, and what the perplexities are per.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import contextlib
 import csv
 import io
 import json
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from parnas import reading
 from parnas.errors import ParnasError
+from parnas.retrain.units import run_units
 
 AUTO_TIME_PARAMETERS = 20_000_000  # every run at most this many parameters: timed side by side unless --no-time
 
@@ -47,8 +53,9 @@ OWN = [  # each run's own record, timed in its own process
     ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"),
     ("device", "device", "{}"),
 ]
-CSV_KEYS = [key for _, key, _ in COLUMNS[:-2]] + ["train_tokens_per_s", "eval_tokens_per_s", "device", "val_ppl",
-                                                  "test_ppl"]
+CSV_KEYS = [key for _, key, _ in COLUMNS[:-2]] + [f"{key}_spread" for _, key, _ in SPEED] + [
+    "train_tokens_per_s", "eval_tokens_per_s", "device", "val_ppl", "test_ppl"]
+ONE_NETWORK_TRAIN = ("max_steps", "lr")  # with the layout, model and data: what makes two runs one network
 
 
 def read_run(run_dir: str | Path) -> dict[str, Any]:
@@ -70,10 +77,12 @@ def rows(runs: Sequence[dict[str, Any]], timing: dict[str, Any] | None = None) -
     out = []
     for i, m in enumerate(runs):
         row = {key: m.get(key) for key in CSV_KEYS}
+        row["units"] = run_units(m)
         if timing is not None:
             from parnas.training.side_by_side import timed_tokens_per_s
 
             row.update({key: round(timed_tokens_per_s(timing, str(i), mode), 1) for _, key, mode in SPEED})
+            row.update({f"{key}_spread": timing[f"{mode}_spread"][str(i)] for _, key, mode in SPEED})
         out.append(row)
     return out
 
@@ -134,21 +143,74 @@ def _table(table: list[dict[str, Any]], columns: Sequence[tuple[str, str, str]])
     head = [h for h, _, _ in columns]
     align = "|".join("---" if fmt == "{}" else "---:" for _, _, fmt in columns)  # text left, figures right
     lines = ["| " + " | ".join(head) + " |", f"|{align}|"]
-    return lines + ["| " + " | ".join(cell(row[key], fmt) for _, key, fmt in columns) + " |" for row in table]
+    return lines + ["| " + " | ".join(cell(row[key], fmt) + spread_cell(row.get(f"{key}_spread"))
+                                      for _, key, fmt in columns) + " |" for row in table]
 
 
-def markdown(table: list[dict[str, Any]], timing: dict[str, Any] | None = None, not_timed: str = "") -> str:
-    """The runs' table, speed from ``timing`` (without one, no speed columns and ``not_timed`` says why), then
-    the runs' own throughputs under a heading that says they were timed separately."""
+def spread_cell(spread: float | None) -> str:
+    """A timed speed's spread over its rounds, beside it: `` ±3%``; nothing where it has none (one round)."""
+    return "" if spread is None else f" ±{spread:.0%}" if spread >= 0.01 else " ±<1%"
+
+
+def one_network(runs: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Groups (positions, two or more) of runs that are one network: the same layout, model and data settings
+    and training length and rate, whatever their seed, folder or machine. Their gaps are noise."""
+    groups: dict[str, list[int]] = {}
+    for i, m in enumerate(runs):
+        config = m.get("config")
+        if not isinstance(config, dict) or not m.get("blocks"):
+            continue
+        train = config.get("train") or {}
+        key = json.dumps([m["blocks"], config.get("model"), config.get("data"),
+                          [train.get(k) for k in ONE_NETWORK_TRAIN]], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def noise_lines(runs: Sequence[dict[str, Any]], table: list[dict[str, Any]], timing: dict[str, Any] | None
+                ) -> list[str]:
+    """The lines under the table: each group of runs that is one network with the gaps between them (the noise
+    floor of every column), a load beyond the cores the timing used, and what the perplexities are per."""
+    lines = []
+    for group in one_network(runs):
+        gaps = []
+        for header, key, _ in [*(SPEED if timing else []), ("val ppl", "val_ppl", ""), ("test ppl", "test_ppl", "")]:
+            values = [table[i][key] for i in group if table[i][key] is not None]
+            if len(values) < 2:
+                continue
+            gap = max(values) - min(values)
+            gaps.append(f"{header} {gap:.2f}" if "ppl" in key else f"{header} {gap / statistics.mean(values):.0%}")
+        names = ", ".join(str(runs[i]["run"]) for i in group)
+        lines.append(f"One network: {names} (layout {table[group[0]]['architecture']}, one model, data and training "
+                     f"length): their gaps are noise, the floor under every gap in this table"
+                     + (f" ({', '.join(gaps)})." if gaps else "."))
+    if timing and timing.get("load") is not None and timing["load"] > timing["threads"]:
+        lines.append(f"The machine's load average was {timing['load']:.2f} over the {timing['threads']} core"
+                     f"{'s' * (timing['threads'] != 1)} this timing used: other work competed with it.")
+    units = {row.get("units") for row in table if row.get("val_ppl") is not None or row.get("test_ppl") is not None}
+    if len(units) == 1 and None not in units:
+        lines.append(f"Perplexities {units.pop()}: not per word, not comparable with word-level results.")
+    elif units:
+        each = "; ".join(f"{row['run']} {row.get('units') or 'unknown'}" for row in table)
+        lines.append(f"Perplexities per each run's own token ({each}): not comparable across them, nor per word.")
+    return lines
+
+
+def markdown(table: list[dict[str, Any]], timing: dict[str, Any] | None = None, not_timed: str = "",
+             runs: Sequence[dict[str, Any]] = ()) -> str:
+    """The runs' table, speed from ``timing`` with its spread (without one, no speed columns and ``not_timed``
+    says why), the lines on noise and units (:func:`noise_lines`, of ``runs``), then the runs' own throughputs
+    under a heading that says they were timed separately."""
     columns = COLUMNS if timing else [c for c in COLUMNS if c[1] not in {key for _, key, _ in SPEED}]
     lines = _table(table, columns)
     if timing:
         threads = f"{timing['threads']} thread{'s' * (timing['threads'] != 1)}"
-        lines += ["", f"Speed timed side by side in this process: {timing['rounds']} alternating rounds of every "
-                      f"model on {timing['device']} ({threads}), batch {timing['batch_size']} x {timing['seg_len']}; "
-                      "generated tokens one at a time at batch 1."]
+        lines += ["", f"Speed timed side by side in this process: the median of {timing['rounds']} alternating "
+                      f"rounds of every model (± their interquartile range) on {timing['device']} ({threads}), batch "
+                      f"{timing['batch_size']} x {timing['seg_len']}; generated tokens one at a time at batch 1."]
     elif not_timed:
         lines += ["", f"Not timed side by side: {not_timed}."]
+    lines += noise_lines(runs, table, timing) if runs else []
     lines += ["", "Timed separately, each run in its own process at its own moment (the machine's load then "
                   "differs: do not rank runs by these):", "", *_table(table, OWN)]
     return "\n".join(lines) + "\n"

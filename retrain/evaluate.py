@@ -193,6 +193,7 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
     new: list[int] = []
     for _ in range(opts.tokens):
         logp = model.log_probs(h[:, -1]).float()  # (1, V)
+        logp[:, trained.tokenizer.unk_id] = float("-inf")  # the unknown-token marker is no text to print
         if not new and ends_a_word(trained, prompt):
             starts = torch.from_numpy(trained.tokenizer.word_starts()).to(device)  # (V,)
             logp = logp.masked_fill(~starts, float("-inf"))

@@ -38,24 +38,18 @@ class TrainedModel:
     history: tuple[dict[str, Any], ...] = ()  # the run's validations up to this checkpoint: {"step", "val_ppl", ...}
 
 
-def device_for(name: str) -> torch.device:
-    """``auto`` is CUDA when present, else the CPU; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` must exist here."""
-    if name == "auto":
+def device_for(accelerator: str) -> torch.device:
+    """``--accelerator``: ``auto`` is CUDA when present, else the CPU; ``gpu`` (the first visible CUDA device) and
+    ``mps`` must exist here."""
+    if accelerator == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, not {name!r}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name} asked for, but no CUDA device is available; use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {name}: there are only {torch.cuda.device_count()} CUDA devices")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("--device mps asked for, but MPS is not available; use --device cpu")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"--device must be auto, cpu, cuda, cuda:N or mps, not {name!r}")
-    return device
+    if accelerator == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("--accelerator gpu asked for, but no CUDA device is available; use --accelerator cpu")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--accelerator mps asked for, but MPS is not available; use --accelerator cpu")
+    if accelerator not in ("cpu", "gpu", "mps"):
+        raise ConfigError(f"--accelerator must be auto, cpu, gpu or mps, not {accelerator!r}")
+    return torch.device("cuda" if accelerator == "gpu" else accelerator)
 
 
 def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tokenizer:

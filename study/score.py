@@ -1,4 +1,4 @@
-"""``parnas study --score RUN --table TABLE``: a finished search judged against a ranking table
+"""``parnas table score RUN --table TABLE``: a finished search judged against a ranking table
 (:mod:`parnas.study.table`) without retraining anything.
 
 Each of the table's layouts is evaluated with the weights the run's supernet left (each block fixed to the
@@ -118,12 +118,12 @@ def check_run(run_dir: str | Path, table: RankingTable, overrides: Sequence[str]
     run = Path(run_dir)
     ckpt = run / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
-        raise ConfigError(f"--score: {run} holds no supernet checkpoint (checkpoints/last.ckpt): give the run "
+        raise ConfigError(f"{run} holds no supernet checkpoint (checkpoints/last.ckpt): give the run "
                           "directory of a search")
     meta = checkpoint.load(ckpt)["parnas"]
     space = meta["architecture"]
     if space.get("space") != SUPERNET_SPACE or not isinstance(space.get("candidates"), list):
-        raise ConfigError(f"--score: {ckpt} is a fixed model's checkpoint, not a search's supernet")
+        raise ConfigError(f"{ckpt} is a fixed model's checkpoint, not a search's supernet")
     cfg = from_dict(Config, merge(meta["config"], parse_overrides(list(overrides))))
     check_matches(table, cfg, space["candidates"], meta["tokenizer"], str(run))
     if cfg.search.latency_target not in table.targets():
@@ -191,7 +191,7 @@ def _f(value: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def score_lines(result: Mapping[str, Any]) -> list[str]:
-    """What ``--score`` prints: the correlations against the noise ceiling, the top overlap, the regrets."""
+    """What ``parnas table score`` prints: the correlations against the noise ceiling, the top overlap, the regrets."""
     n, top = result["layouts"], min(result["top"], result["layouts"])
     lines = [f"{result['table']}: Kendall tau {_f(result['kendall_tau'])}, Spearman rho {_f(result['spearman_rho'])} "
              f"between inherited-weight and retrained val ppl over {n} layouts (noise ceiling: Kendall tau "

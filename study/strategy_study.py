@@ -1,4 +1,4 @@
-"""``parnas study --strategies``: PAR's Gumbel-DARTS against NNI's own strategies, at an equal search budget.
+"""``parnas strategies``: PAR's Gumbel-DARTS against NNI's own strategies, at an equal search budget.
 
 Every strategy searches the same space with the same config and seeds, and the same number of training
 steps: a one-shot strategy trains its supernet for ``--search-steps``; a multi-trial one runs ``--trials``
@@ -39,7 +39,7 @@ def parse_strategies(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     unknown = [n for n in names if not strategy_registry.is_known(n)]
     if unknown or len(names) < 2:
-        raise ConfigError(f"--strategies: give two or more of {', '.join(strategy_registry.names())}"
+        raise ConfigError(f"strategies: give two or more of {', '.join(strategy_registry.names())}"
                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
     return names
 
@@ -178,7 +178,7 @@ def strategies_markdown(study: Mapping[str, Any]) -> str:
     def cell(v: Any, fmt: str) -> str:
         return "-" if v is None else fmt.format(v)
 
-    out = [f"# parnas study --strategies: {study['config'] or 'defaults'}", "",
+    out = [f"# parnas strategies: {study['config'] or 'defaults'}", "",
            f"{study['seeds']} seeds; budget {study['search_steps']} training steps per search (multi-trial: "
            f"{study['trials']} trials sharing them); retrain {study['retrain_steps']} steps x "
            f"{study['retrain_seeds']} seeds; no latency budget.", "", "## Verdicts", ""]

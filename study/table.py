@@ -131,7 +131,7 @@ def load_table(path: str | Path) -> RankingTable:
         return ConfigError(f"--table: {path}: {message}")
 
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise fail(f"not a parnas ranking table (format {FORMAT!r}, as `parnas study --to-table` writes)")
+        raise fail(f"not a parnas ranking table (format {FORMAT!r}, as `parnas table build` writes)")
     if data.get("version") != VERSION:
         raise fail(f"version {data.get('version')!r} is not supported (this parnas reads version {VERSION})")
     space, config, memory = data.get("space"), data.get("config"), data.get("memory")
@@ -252,23 +252,23 @@ def table_from_study(study_path: str | Path, latency_table: str | Path | None = 
     from parnas.training.latency_table import load_table_for, table_key
 
     path = Path(study_path)
-    study = read_json_file(path, "--to-table", "a study.json")
+    study = read_json_file(path, "STUDY_JSON", "a study.json")
     if not isinstance(study, dict) or study.get("format") != "parnas.study" or not isinstance(study.get("rows"),
                                                                                                  list):
-        raise ConfigError(f"--to-table: {path} is not the study.json `parnas study` writes")
+        raise ConfigError(f"{path} is not the study.json `parnas study` writes")
     if len(study.get("candidate_sets") or ()) > 1:
-        raise ConfigError(f"--to-table: {path} searched {len(study['candidate_sets'])} candidate sets; a table "
+        raise ConfigError(f"{path} searched {len(study['candidate_sets'])} candidate sets; a table "
                           "holds one space")
     cfg = load_config(study.get("config"), study.get("overrides") or [])
     candidates = tuple((study.get("candidate_sets") or [cfg.search.candidates])[0])
     records = sorted(path.parent.glob("search/*/architecture.json"))
     if not records:
-        raise ConfigError(f"--to-table: no search/*/architecture.json beside {path}: the vocabulary is read there")
+        raise ConfigError(f"no search/*/architecture.json beside {path}: the vocabulary is read there")
     record = architecture.read(records[0])
     vocab = record.get("tokenizer") or {}
     source = latency_table or ((study.get("timing") or {}).get("priced_by") or {}).get("table")
     if source is None:
-        raise ConfigError(f"--to-table: {path} was timed on its own machine, not priced by a latency table: give "
+        raise ConfigError(f"{path} was timed on its own machine, not priced by a latency table: give "
                           "--latency-table FILE (`parnas latency` with the study's config)")
     import torch
 
@@ -277,7 +277,7 @@ def table_from_study(study_path: str | Path, latency_table: str | Path | None = 
     latency = load_table_for(source, key, setting="--latency-table", target=cfg.search.latency_target)
     layouts = _study_layouts(study["rows"], candidates, cfg.model.n_blocks)
     if len(layouts) < 3:
-        raise ConfigError(f"--to-table: {path} retrained {len(layouts)} layouts of its space; a table needs 3")
+        raise ConfigError(f"{path} retrained {len(layouts)} layouts of its space; a table needs 3")
     config = config_section(cfg, study.get("config"), study.get("overrides") or [], vocab,
                             retrain_steps=study.get("retrain_steps"), retrain_seeds=study.get("retrain_seeds"))
     return table_record(path.parent.name, candidates, cfg, config, latency.to_dict(),
@@ -372,6 +372,6 @@ def rebuild_command(study: Mapping[str, Any], path: Path, latency_table: str | P
              *([f"--census {census['networks']}"] if census else
                ["--every-network"] if any(r.get("role") == "space" for r in study.get("rows") or []) else []),
              f"--out {path.parent}"]
-    convert = f"parnas study --to-table {path} --table TABLE.json" + (
+    convert = f"parnas table build {path} --table TABLE.json" + (
         f" --latency-table {shlex.quote(str(latency_table))}" if latency_table is not None else "")
     return " && ".join([*timing, " ".join(parts), convert])

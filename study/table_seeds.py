@@ -1,5 +1,5 @@
 """Further retrain seeds for a ranking table's layouts, from finished ``parnas train`` runs:
-``parnas study --add-seeds RUN [RUN ...] --table FILE``.
+``parnas table add-seeds RUN [RUN ...] --table FILE``.
 
 A table's seed spreads say what a regret of a few tenths of a percent means, and its best layouts are where the
 regrets are decided; retraining every layout again would cost what the table cost. So a table takes further
@@ -37,16 +37,16 @@ def add_seeds(table_path: str | Path, runs: Sequence[str | Path]) -> tuple[dict[
         check_same_model(table, cfg, architecture.read(run / "architecture.json").get("tokenizer") or {},
                          f"--table {table.name}: {run}")
         if metrics.get("steps") != table.config.get("retrain_steps"):
-            raise ConfigError(f"--add-seeds: {run} trained {metrics.get('steps')} steps; the table's layouts were "
+            raise ConfigError(f"{run} trained {metrics.get('steps')} steps; the table's layouts were "
                               f"retrained for {table.config.get('retrain_steps')}")
         blocks = [*cfg.model.blocks, *["identity"] * (table.n_blocks - len(cfg.model.blocks))]
         layout = table_layout("".join(kinds.letter(k) for k in blocks), table.layouts)
         if layout not in seeds:
-            raise ConfigError(f"--add-seeds: {run} trained {layout}, which the table does not hold")
+            raise ConfigError(f"{run} trained {layout}, which the table does not hold")
         index = cfg.train.seed - base
         values = seeds[layout]
         if index < 0 or index < len(values) and values[index] is not None:
-            raise ConfigError(f"--add-seeds: {run} is seed {cfg.train.seed} of {layout}, which the table holds "
+            raise ConfigError(f"{run} is seed {cfg.train.seed} of {layout}, which the table holds "
                               f"already (its seeds: {base}..{base + len(values) - 1})")
         values.extend([None] * (index + 1 - len(values)))
         values[index] = float(metrics["val_ppl"])
@@ -61,7 +61,7 @@ def add_seeds(table_path: str | Path, runs: Sequence[str | Path]) -> tuple[dict[
         data["layouts"][layout].update(val_ppl_seeds=values, val_ppl_std=seed_spread(values))
     data["noise_ceiling"] = noise_ceiling(seeds)
     runs_given = " ".join(shlex.quote(str(r)) for r in runs)
-    data["rebuild"] = " && ".join([data["rebuild"], *commands, f"parnas study --add-seeds {runs_given} --table "
+    data["rebuild"] = " && ".join([data["rebuild"], *commands, f"parnas table add-seeds {runs_given} --table "
                                    "TABLE.json"])
     return data, lines
 
@@ -74,13 +74,13 @@ def _finished_run(run: Path) -> tuple[Any, dict[str, Any]]:
 
     metrics_path = run / "metrics.json"
     if not metrics_path.is_file() or not (run / "architecture.json").is_file():
-        raise ConfigError(f"--add-seeds: {run} is not a finished `parnas train` run (no metrics.json and "
+        raise ConfigError(f"{run} is not a finished `parnas train` run (no metrics.json and "
                           "architecture.json)")
-    metrics = read_json_file(metrics_path, "--add-seeds", "the metrics.json `parnas train` writes")
+    metrics = read_json_file(metrics_path, "RUN", "the metrics.json `parnas train` writes")
     if not isinstance(metrics, dict) or not isinstance(metrics.get("config"), dict) or not isinstance(
             metrics.get("val_ppl"), (int, float)) or metrics.get("diverged"):
-        raise ConfigError(f"--add-seeds: {metrics_path} holds no validation perplexity of a finished run")
+        raise ConfigError(f"{metrics_path} holds no validation perplexity of a finished run")
     cfg = from_dict(Config, upgrade_config(metrics["config"], note=False))
     if not cfg.model.blocks:
-        raise ConfigError(f"--add-seeds: {run} trained no fixed layout (model.blocks is empty)")
+        raise ConfigError(f"{run} trained no fixed layout (model.blocks is empty)")
     return cfg, metrics

@@ -93,24 +93,36 @@ def test_config_mistakes_are_reported_before_torch_is_imported():
 @pytest.mark.parametrize("args, needle", [
     (["train", "--bogus"], "--bogus"),
     (["retrain", "--config", "tiny"], "--arch"),
-    (["generate", "--checkpoint", "x", "--temperature", "nan"], "--temperature"),
-    (["generate", "--checkpoint", "x", "--temperature", "inf"], "--temperature"),
-    (["generate", "--checkpoint", "x", "--tokens", "0"], "--tokens"),
-    (["generate", "--checkpoint", "x", "--device", "foo"], "--device"),
-    (["evaluate", "--checkpoint", "x", "--device", "cuda:x"], "--device"),
-    (["evaluate", "--checkpoint", "x", "--mem-len", "-1"], "--mem-len"),
-    (["evaluate", "--checkpoint", "x", "--clamp-len", "-1"], "--clamp-len"),
-    (["generate", "--checkpoint", "x", "--clamp-len", "-2"], "--clamp-len"),
+    (["generate", __file__, "--temperature", "nan"], "--temperature"),
+    (["generate", __file__, "--temperature", "inf"], "--temperature"),
+    (["generate", __file__, "--tokens", "0"], "--tokens"),
+    (["generate", __file__, "--accelerator", "foo"], "--accelerator"),
+    (["evaluate", __file__, "--accelerator", "cuda"], "--accelerator"),
+    (["evaluate", __file__, "--mem-len", "-1"], "--mem-len"),
+    (["evaluate", __file__, "--clamp-len", "-1"], "--clamp-len"),
+    (["generate", __file__, "--clamp-len", "-2"], "--clamp-len"),
 ])
 def test_argument_mistakes_are_one_line_pointing_at_help(capsys, args, needle):
     code, _, err = cli(capsys, *args)
     assert_refused(code, err, needle, "--help")
 
 
+@pytest.mark.parametrize("args", [["evaluate", "nowhere"], ["generate", "nowhere/last.ckpt"],
+                                  ["compare", "runs-that-are-not-there"], ["evaluate", "."]])
+def test_a_wrong_run_or_checkpoint_is_refused_before_torch_loads(args):
+    """evaluate, generate and compare take a run folder or a checkpoint; a wrong one is one line, exit 2, from
+    the argument parser: torch (seconds to import) is never loaded."""
+    probe = ("import sys; from parnas.cli import main; code = main(sys.argv[1:]); "
+             "assert 'torch' not in sys.modules, 'torch loaded'; sys.exit(code)")
+    run = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "run folder" in run.stderr or "finished run" in run.stderr
+
+
 def test_library_checks_sampling_and_devices():
     with pytest.raises(ConfigError, match="temperature"):
         Sampling(temperature=float("nan"))
-    with pytest.raises(ConfigError, match="--device"):
+    with pytest.raises(ConfigError, match="--accelerator"):
         device_for("foo")
 
 
@@ -142,7 +154,8 @@ def test_compare_and_evaluate_check_their_output_first(capsys, unwritable, tmp_p
     assert_refused(code, err, str(unwritable))
     assert not out  # no table printed before the failure
     # the checkpoint is never read: the folder is checked before the evaluation starts
-    code, out, err = cli(capsys, "evaluate", "--checkpoint", tmp_path / "absent.ckpt", "--out", unwritable / "e.json")
+    (tmp_path / "unread.ckpt").write_bytes(b"not a checkpoint")
+    code, out, err = cli(capsys, "evaluate", tmp_path / "unread.ckpt", "--out", unwritable / "e.json")
     assert_refused(code, err, str(unwritable))
 
 
@@ -204,7 +217,7 @@ def test_an_edited_optimiser_state_is_refused(capsys, finished, tmp_path):
     state[first]["exp_avg"] += 1.0
     edited = tmp_path / "edited.ckpt"
     torch.save(checkpoint, edited)
-    code, _, err = cli(capsys, "evaluate", "--checkpoint", edited, "--out", tmp_path / "e.json")
+    code, _, err = cli(capsys, "evaluate", edited, "--out", tmp_path / "e.json")
     assert_refused(code, err, "optimiser", "edited")
     assert not (tmp_path / "e.json").exists()
 
@@ -369,12 +382,12 @@ def test_evaluate_refuses_a_corpus_the_tokenizer_was_not_built_on(capsys, finish
     last = finished / "checkpoints" / "last.ckpt"
     if not recorded:
         last = without_corpus_record(last, tmp_path / "old.ckpt")
-    code, _, err = cli(capsys, "evaluate", "--checkpoint", last, "--data-path", other_corpus,
+    code, _, err = cli(capsys, "evaluate", last, "--data-path", other_corpus,
                        "--out", tmp_path / "e.json")
     assert_refused(code, err, str(other_corpus), "not the corpus the checkpoint's tokenizer was built on",
                    f"({micro})")
     assert not (tmp_path / "e.json").exists()
     moved = tmp_path / "moved"
     shutil.copytree(micro, moved)  # the same corpus elsewhere is fine
-    code, out, err = cli(capsys, "evaluate", "--checkpoint", last, "--data-path", moved, "--out", tmp_path / "e.json")
+    code, out, err = cli(capsys, "evaluate", last, "--data-path", moved, "--out", tmp_path / "e.json")
     assert code == 0 and "valid perplexity" in out, err

@@ -120,7 +120,7 @@ def test_a_diverged_train_writes_its_metrics_and_ends_with_one_line_and_so_do_re
     assert strict_json(run / "metrics.json")["diverged"] is True
 
     report = tmp_path / "eval.json"
-    code, out, evaluated = cli(capsys, "evaluate", "--checkpoint", run / "checkpoints" / "last.ckpt", "--out", report)
+    code, out, evaluated = cli(capsys, "evaluate", run / "checkpoints" / "last.ckpt", "--out", report)
     assert_diverged_line(code, evaluated)
     assert f"at step {metrics['diverged_step']} " in evaluated
     assert strict_json(report)["diverged"] is True
@@ -143,7 +143,7 @@ def test_a_run_that_learns_is_not_diverged_even_before_it_learns(capsys, micro_c
     metrics = strict_json(run / "metrics.json")
     assert metrics["diverged"] is False and "diverged_step" not in metrics
     report = tmp_path / "eval.json"
-    code, out, err = cli(capsys, "evaluate", "--checkpoint", run / "checkpoints" / "last.ckpt", "--out", report)
+    code, out, err = cli(capsys, "evaluate", run / "checkpoints" / "last.ckpt", "--out", report)
     assert code == 0 and "perplexity" in out, err
     assert strict_json(report)["diverged"] is False
 

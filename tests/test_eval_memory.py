@@ -130,11 +130,11 @@ def checkpoint(wt2_slice, tmp_path_factory):
 def test_evaluate_and_generate_default_to_the_checkpoints_evaluation_memory(checkpoint, tmp_path, capsys):
     metrics, last = json.loads((checkpoint / "metrics.json").read_text()), checkpoint / "checkpoints/last.ckpt"
     assert metrics["eval_mem_len"] == 40  # the perplexity training recorded says its memory
-    assert main(["evaluate", "--checkpoint", str(last)]) == 0
+    assert main(["evaluate", str(last)]) == 0
     result = json.loads((last.parent / "last.ckpt.valid-mem40.json").read_text())
     assert result["mem_len"] == 40 and result["ppl"] == metrics["val_ppl"]  # the same figure
     assert "(memory 40," in capsys.readouterr().out
-    assert main(["evaluate", "--checkpoint", str(last), "--mem-len", "16", "--clamp-len", "20"]) == 0
+    assert main(["evaluate", str(last), "--mem-len", "16", "--clamp-len", "20"]) == 0
     overridden = json.loads((last.parent / "last.ckpt.valid-mem16.json").read_text())
     assert overridden["mem_len"] == 16 and overridden["clamp_len"] == 20 and overridden["ppl"] != result["ppl"]
     assert "positions clamped at 20" in capsys.readouterr().out

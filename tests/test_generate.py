@@ -24,7 +24,7 @@ def checkpoint(wt2_slice, tmp_path_factory):
 
 
 def sample(capsys, checkpoint, *args):
-    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", PROMPT, "--tokens", "40", *args]) == 0
+    assert main(["generate", str(checkpoint), "--prompt", PROMPT, "--tokens", "40", *args]) == 0
     return capsys.readouterr().out
 
 
@@ -59,7 +59,7 @@ def test_memory_is_carried_between_tokens(checkpoint, tmp_path):
 def test_the_continuation_starts_a_new_word(checkpoint, capsys, prompt):
     """Decoded with the prompt, the first token drawn never extends the prompt's last word ("wasth")."""
     for seed in range(8):
-        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--tokens", "3",
+        assert main(["generate", str(checkpoint), "--prompt", prompt, "--tokens", "3",
                      "--seed", str(seed)]) == 0
         text = capsys.readouterr().out
         assert text.startswith(PROMPT) and not text[len(PROMPT)].isalnum(), text
@@ -77,7 +77,7 @@ def test_unknown_words_show_as_one_marker(checkpoint, tmp_path):
 @pytest.mark.parametrize("args, needle", [(["--tokens", "0"], "--tokens"), (["--temperature", "-1"], "--temperature"),
                                           (["--top-k", "-2"], "--top-k")])
 def test_bad_options_exit_2(checkpoint, capsys, args, needle):
-    assert main(["generate", "--checkpoint", str(checkpoint), *args]) == 2
+    assert main(["generate", str(checkpoint), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
 
@@ -96,7 +96,7 @@ def test_the_printed_text_is_the_generated_text(checkpoint, capsys, tmp_path):
     trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
     for prompt in (PROMPT, "two lines\nand a second", ""):
         text, _ = generate(trained, prompt, Sampling(tokens=60, seed=2))
-        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--tokens", "60",
+        assert main(["generate", str(checkpoint), "--prompt", prompt, "--tokens", "60",
                      "--seed", "2"]) == 0
         assert capsys.readouterr().out == text + "\n"
 
@@ -104,7 +104,7 @@ def test_the_printed_text_is_the_generated_text(checkpoint, capsys, tmp_path):
 def test_a_token_count_above_the_maximum_is_one_line(checkpoint, capsys):
     from parnas.retrain.evaluate import MAX_TOKENS
 
-    assert main(["generate", "--checkpoint", str(checkpoint), "--tokens", str(MAX_TOKENS + 1)]) == 2
+    assert main(["generate", str(checkpoint), "--tokens", str(MAX_TOKENS + 1)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{MAX_TOKENS:,}" in err and "--tokens" in err, err
 
@@ -120,7 +120,7 @@ def test_ctrl_c_keeps_the_text_so_far_and_exits_130(checkpoint):
 
     from parnas.retrain.evaluate import MAX_TOKENS
 
-    proc = subprocess.Popen([sys.executable, "-m", "parnas.cli", "generate", "--checkpoint", str(checkpoint),
+    proc = subprocess.Popen([sys.executable, "-m", "parnas.cli", "generate", str(checkpoint),
                              "--prompt", PROMPT, "--tokens", str(MAX_TOKENS)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
@@ -136,3 +136,13 @@ def test_ctrl_c_keeps_the_text_so_far_and_exits_130(checkpoint):
     assert len(err.splitlines()) == 1 and "stopped by Ctrl-C after" in err and f"of {MAX_TOKENS:,} tokens" in err, err
     done = int(err.split("after ")[1].split(" of")[0].replace(",", ""))
     assert 20 <= done < MAX_TOKENS and len(shown + out) > len(PROMPT) + 20 and out.endswith("\n")
+
+
+def test_a_run_folder_is_taken_and_the_unknown_marker_is_never_drawn(checkpoint, capsys, tmp_path):
+    """`parnas generate RUN` reads RUN/checkpoints/last.ckpt; however flat the distribution (a high temperature
+    over 300 pieces, 1,000 draws), the unknown piece is never drawn, so "<unk>" never shows as text."""
+    trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
+    _, ids = generate(trained, "", Sampling(tokens=1000, temperature=50.0, seed=0))
+    assert trained.tokenizer.unk_id not in ids and len(set(ids)) > 200  # flat enough to have drawn it otherwise
+    assert main(["generate", str(checkpoint.parent.parent), "--tokens", "300", "--temperature", "50"]) == 0
+    assert "<unk>" not in capsys.readouterr().out

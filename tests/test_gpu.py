@@ -96,11 +96,11 @@ def test_search_export_retrain_evaluate_generate_compare_on_cuda(wt2_slice, tmp_
 
     # evaluate and sample from the checkpoint on the GPU
     last = out / "checkpoints" / "last.ckpt"
-    assert cli("evaluate", "--checkpoint", last, "--device", "cuda", "--out", tmp_path / "eval.json") == 0
+    assert cli("evaluate", last, "--accelerator", "gpu", "--out", tmp_path / "eval.json") == 0
     evaluated = read(tmp_path / "eval.json")
     assert evaluated["device"].startswith("cuda") and evaluated["ppl"] == pytest.approx(metrics["val_ppl"], rel=1e-4)
     capsys.readouterr()
-    sample = ["generate", "--checkpoint", last, "--device", "cuda", "--tokens", "20", "--seed", "1", "--prompt", "The"]
+    sample = ["generate", last, "--accelerator", "gpu", "--tokens", "20", "--seed", "1", "--prompt", "The"]
     assert cli(*sample) == 0
     text = capsys.readouterr().out
     assert cli(*sample) == 0 and capsys.readouterr().out == text and text.startswith("The")
@@ -136,7 +136,7 @@ def test_cuda_bf16_retrain_and_evaluate(wt2_slice, tmp_path):
     metrics = read(out / "metrics.json")
     assert metrics["device"].startswith("cuda") and metrics["peak_memory_kind"] == "cuda_max_allocated"
     assert metrics["precision"] == "bf16-mixed" and metrics["val_ppl"] < 300
-    assert cli("evaluate", "--checkpoint", out / "checkpoints/last.ckpt", "--device", "cuda",
+    assert cli("evaluate", out / "checkpoints/last.ckpt", "--accelerator", "gpu",
                "--out", tmp_path / "e.json") == 0
     assert read(tmp_path / "e.json")["ppl"] == pytest.approx(metrics["val_ppl"], rel=1e-3)
 
@@ -224,9 +224,9 @@ def test_a_checkpoint_written_on_the_gpu_evaluates_and_resumes_on_the_cpu_and_ba
     last = out / "checkpoints" / "last.ckpt"
     written = torch.load(last, weights_only=True)  # no map_location: tensors come back where they were saved
     assert any(t.is_cuda for t in written["state_dict"].values())
-    for device in ("cpu", "cuda"):
-        assert cli("evaluate", "--checkpoint", last, "--device", device, "--out", tmp_path / f"{device}.json") == 0
-    on_cpu, on_gpu = read(tmp_path / "cpu.json"), read(tmp_path / "cuda.json")
+    for device in ("cpu", "gpu"):
+        assert cli("evaluate", last, "--accelerator", device, "--out", tmp_path / f"{device}.json") == 0
+    on_cpu, on_gpu = read(tmp_path / "cpu.json"), read(tmp_path / "gpu.json")
     assert on_cpu["device"] == "cpu" and on_gpu["device"].startswith("cuda")
     assert on_cpu["ppl"] == pytest.approx(on_gpu["ppl"], rel=1e-4)
 

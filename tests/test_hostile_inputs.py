@@ -328,7 +328,7 @@ def test_a_pickle_of_another_protocol_is_refused_in_parnas_line_alone(tmp_path):
 
     evil = tmp_path / "evil.ckpt"
     evil.write_bytes(pickle.dumps({"state_dict": Evil()}, protocol=4))
-    done = subprocess.run([sys.executable, "-m", "parnas.cli", "evaluate", "--checkpoint", str(evil)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "parnas.cli", "evaluate", str(evil)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     (line,) = done.stderr.strip().splitlines()
     assert done.returncode == 2 and line.startswith("parnas evaluate: error:") and "refused unread" in line

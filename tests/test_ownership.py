@@ -90,9 +90,10 @@ def test_a_fresh_search_clears_its_own_stale_logs_but_not_a_run_that_arrived_the
 # --- a study and the sub-folders it made ------------------------------------------------------------------------
 
 def study(out: Path, strategies: bool = False) -> list[str]:
-    kind = ["--strategies", "par-gumbel-darts,random"] if strategies else ["--budgets", "none", "--rounds", "1"]
-    return ["study", "--config", "tiny", "--seeds", "1", "--out", str(out), "--search-steps", "2", "--retrain-steps",
-            "2", *kind]
+    command = (["strategies", "par-gumbel-darts,random"] if strategies else
+               ["study", "--budgets", "none", "--rounds", "1"])
+    return [*command, "--config", "tiny", "--seeds", "1", "--out", str(out), "--search-steps", "2", "--retrain-steps",
+            "2"]
 
 
 @pytest.mark.parametrize("group", ["retrain", "search"])

@@ -173,8 +173,8 @@ def test_a_checkpoint_of_a_kind_this_version_lacks_is_one_line_for_every_command
     last = out / "checkpoints" / "last.ckpt"
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     lacks = "trained with block kind(s) gelu_test, which this parnas lacks"
-    for command, needle in ((["evaluate", "--checkpoint", last, "--out", tmp_path / "e.json"], lacks),
-                            (["generate", "--checkpoint", last, "--tokens", "4"], lacks),
+    for command, needle in ((["evaluate", last, "--out", tmp_path / "e.json"], lacks),
+                            (["generate", last, "--tokens", "4"], lacks),
                             (["train", *args, "--resume"], "model.blocks: unknown block kind 'gelu_test'")):
         code = main([str(a) for a in command])
         err = one_line(capsys)

@@ -4,6 +4,7 @@ import io
 import json
 import pathlib
 import pickle
+import re
 import zipfile
 
 import pytest
@@ -271,7 +272,7 @@ class Payload:
 
 
 def _evaluate_err(capsys, path):
-    code = main(["evaluate", "--checkpoint", str(path)])
+    code = main(["evaluate", str(path)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     return err
@@ -303,7 +304,7 @@ def test_damaged_or_edited_checkpoints_are_refused_never_executed(trained, tmp_p
     assert "edited" in _evaluate_err(capsys, tmp_path / "layout.ckpt")
     ckpt.save(checkpoint, tmp_path / "layout.ckpt")  # digests made to match: the weights still do not fit
     assert "do not fit" in _evaluate_err(capsys, tmp_path / "layout.ckpt")
-    assert "no checkpoint" in _evaluate_err(capsys, tmp_path / "absent.ckpt")
+    assert "does not exist" in _evaluate_err(capsys, tmp_path / "absent.ckpt")
 
 
 # --- evaluate and compare ----------------------------------------------------------------------------
@@ -312,12 +313,15 @@ def test_evaluate_equals_the_perplexity_recorded_at_the_end_of_training(trained,
     last = trained["root"] / "aadi/checkpoints/last.ckpt"
     for split, key in (("valid", "val_ppl"), ("test", "test_ppl")):
         out = tmp_path / f"{split}.json"
-        assert main(["evaluate", "--checkpoint", str(last), "--split", split, "--out", str(out)]) == 0
+        run = last.parent.parent if split == "valid" else last  # a run folder or its checkpoint
+        assert main(["evaluate", str(run), "--split", split, "--out", str(out)]) == 0
         result = json.loads(out.read_text())
         assert result["ppl"] == trained["found"][key] and result["tokens"] > 0
         assert result["eval_tokens_per_s"] is None or result["eval_seconds"] >= 1.0  # quoted only when timed long
-        assert f"{split} perplexity" in capsys.readouterr().out
-    assert main(["evaluate", "--checkpoint", str(last), "--mem-len", "48"]) == 0
+        printed = capsys.readouterr().out
+        assert f"{split} perplexity" in printed and re.search(r"perplexity [\d.]+ \(per [\w ]+, vocabulary [\d,]+\)",
+                                                               printed), printed
+    assert main(["evaluate", str(last), "--mem-len", "48"]) == 0
     longer = json.loads((last.parent / "last.ckpt.valid-mem48.json").read_text())
     assert longer["mem_len"] == 48 and longer["ppl"] != trained["found"]["val_ppl"] and longer["ppl"] < 1e4
 

@@ -1,4 +1,4 @@
-"""``parnas study --score RUN --table FILE``: a search judged against a ranking table without retraining: the
+"""``parnas table score RUN --table FILE``: a search judged against a ranking table without retraining: the
 correlations, the top-5 overlap and the regret at each budget follow the numbers; a table of another space,
 vocabulary or model, and a run without a supernet checkpoint, are refused in one line with nothing written."""
 
@@ -157,7 +157,7 @@ def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_re
     assert pick_regret(best, table)["regret"] == 0.0 and pick_regret("Z" * table.n_blocks, table) is None
 
     reversed_ = make_table(tmp_path, searched, {k: 1000 / inherited[k] for k in LAYOUTS}, name="reversed.json")
-    assert main(["study", "--score", str(run), "--table", str(reversed_), "--set", "train.threads=1"]) == 0
+    assert main(["table", "score", str(run), "--table", str(reversed_), "--set", "train.threads=1"]) == 0
     out = capsys.readouterr().out
     assert "threads: 1 (train.threads=1)" in out  # it runs models: as many threads as the run's config says
     assert "Kendall tau -1.00, Spearman rho -1.00" in out and "over 7 layouts" in out
@@ -180,7 +180,7 @@ def test_a_table_of_another_space_vocabulary_or_model_is_refused_in_one_line(sea
         data = json.loads(table.read_text())
         data["layouts"] = {k + "I": v for k, v in data["layouts"].items()}
         table.write_text(json.dumps(data))
-    assert main(["study", "--score", str(run), "--table", str(table)]) == 2
+    assert main(["table", "score", str(run), "--table", str(table)]) == 2
     assert message in refusal(capsys.readouterr().err)
 
 
@@ -189,12 +189,12 @@ def test_a_table_of_another_model_and_a_run_without_a_supernet_are_refused(searc
     run, cfg, _, _ = searched
     model = {**config_section(cfg, None, [], {})["model"], "d_model": 64, "mem_len": 99}
     table = make_table(tmp_path, searched, {k: 10.0 + i for i, k in enumerate(LAYOUTS)}, **{"config.model": model})
-    assert main(["study", "--score", str(run), "--table", str(table)]) == 2
+    assert main(["table", "score", str(run), "--table", str(table)]) == 2
     assert "another model than the table's: model.d_model 64 (table) vs 32 (run)" in refusal(capsys.readouterr().err)
     empty = tmp_path / "no-run"
     empty.mkdir()
     good = make_table(tmp_path, searched, {k: 10.0 + i for i, k in enumerate(LAYOUTS)}, name="good.json")
-    assert main(["study", "--score", str(empty), "--table", str(good)]) == 2
+    assert main(["table", "score", str(empty), "--table", str(good)]) == 2
     assert "holds no supernet checkpoint" in refusal(capsys.readouterr().err) and not any(empty.iterdir())
     assert architecture.read(run / "architecture.json")  # the scored run is left as it was
 

@@ -108,7 +108,7 @@ def test_an_unknown_strategy_stops_the_command_with_one_line(capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "known strategies: par-gumbel-darts" in err
     assert "entry point in group 'parnas.strategies'" in err and not (tmp_path / "s").exists()
-    with pytest.raises(ConfigError, match="--strategies: give two or more of par-gumbel-darts"):
+    with pytest.raises(ConfigError, match="strategies: give two or more of par-gumbel-darts"):
         from parnas.study.strategy_study import parse_strategies
 
         parse_strategies("darts,nope")

@@ -278,11 +278,9 @@ def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrai
     (["--budgets", "0.6,none", "--set", "search.par-gumbel-darts.budget_hinge=expected"],
      "search.latency_budget: set one"),
     (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
-    (["--every-network", "--strategies", "par-gumbel-darts,darts"], "cannot be combined with --strategies"),
     (["--census", "200", "--set", "model.n_blocks=6"], "--census 200: 6 blocks over attention, dense, identity make "
                                                         "only 127 networks"),
     (["--census", "5", "--every-network"], "give one of them"), (["--census", "0"], "--census must be >= 1"),
-    (["--census", "5", "--strategies", "par-gumbel-darts,darts"], "cannot be combined with --strategies"),
     (["--census", "5", "--candidates", "attention,dense", "--candidates", "attention,identity"], "one search space"),
     (["--set", "model.eval_mem_len=-8"], "model.eval_mem_len must be >= 0"),
 ])
@@ -367,15 +365,15 @@ def test_retrain_seeds_average_the_perplexities_and_keep_each_seeds():
     assert over_seeds([{"val_ppl": 40.0, "test_ppl": 41.0}])["val_ppl_std"] is None
 
 
-# --- parnas study --strategies -------------------------------------------------------------------------------------
+# --- parnas strategies --------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 @rerun_on_stall
 def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(micro, tmp_path, capfd):
     out = tmp_path / "strategies"
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2"]
-    code = main(["study", "--config", "tiny", *(a for s in sets for a in ("--set", s)), "--strategies",
-                 "par-gumbel-darts,random-oneshot,random", "--seeds", "1", "--search-steps", "4", "--trials", "2",
+    code = main(["strategies", "par-gumbel-darts,random-oneshot,random", "--config", "tiny",
+                 *(a for s in sets for a in ("--set", s)), "--seeds", "1", "--search-steps", "4", "--trials", "2",
                  "--retrain-steps", "2", "--out", str(out)])
     printed = "".join(capfd.readouterr())  # the searches run in processes of their own
     if "search stops there" in printed or "was stopped" in printed:
@@ -394,7 +392,7 @@ def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(mi
 
 def test_strategies_must_be_known_and_at_least_two(tmp_path, capsys):
     for given, needle in (("par-gumbel-darts", "give two or more"), ("darts,nasnet", "unknown: nasnet")):
-        assert main(["study", "--config", "tiny", "--strategies", given, "--out", str(tmp_path / "s")]) == 2
+        assert main(["strategies", given, "--config", "tiny", "--out", str(tmp_path / "s")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err and not (tmp_path / "s").exists()
 

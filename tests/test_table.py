@@ -89,7 +89,7 @@ def test_a_damaged_table_is_refused_in_one_line(tmp_path, capsys, change, messag
     path = write(tmp_path, record(**change))
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    assert main(["study", "--score", str(run), "--table", str(path)]) == 2
+    assert main(["table", "score", str(run), "--table", str(path)]) == 2
     assert message in refusal(capsys.readouterr().err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "table.json"]
 
@@ -134,7 +134,7 @@ def study_folder(tmp_path, priced=True):
 def test_a_study_converts_to_a_table_of_its_layouts_at_the_searches_depth(tmp_path, capsys):
     out, _ = study_folder(tmp_path)
     target = tmp_path / "adi6.json"
-    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target)]) == 0
+    assert main(["table", "build", str(out / "study.json"), "--table", str(target)]) == 0
     assert "written" in capsys.readouterr().out
     table = load_table(target)
     # the shallower layouts padded with identity blocks; the narrower front point left out; a layout retrained
@@ -152,12 +152,12 @@ def test_a_study_converts_to_a_table_of_its_layouts_at_the_searches_depth(tmp_pa
 def test_a_conversion_without_costs_or_onto_an_existing_file_is_refused_and_writes_nothing(tmp_path, capsys):
     out, lat = study_folder(tmp_path, priced=False)
     target = tmp_path / "t.json"
-    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target)]) == 2
+    assert main(["table", "build", str(out / "study.json"), "--table", str(target)]) == 2
     assert "--latency-table" in refusal(capsys.readouterr().err) and not target.exists()
-    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(lat)]) == 2
+    assert main(["table", "build", str(out / "study.json"), "--table", str(lat)]) == 2
     assert "exists" in refusal(capsys.readouterr().err)
     other = write(tmp_path, latency_table(load_config("tiny")), "tiny-latency.json")
-    assert main(["study", "--to-table", str(out / "study.json"), "--table", str(target),
+    assert main(["table", "build", str(out / "study.json"), "--table", str(target),
                  "--latency-table", str(other)]) == 2
     assert "timed at other shapes" in refusal(capsys.readouterr().err) and not target.exists()
 
@@ -195,7 +195,7 @@ def test_the_rebuild_commands_time_the_latency_table_the_study_was_priced_by_fir
                        "--set train.threads=1 --out runs/p.json --refresh")
     assert study_command.endswith("--seeds 3 --budgets 0.6 --retrain-steps 600 --retrain-seeds 3 "
                                   "--random-orderings 0 --census 60 --out runs/planer")
-    assert convert == "parnas study --to-table runs/planer/study.json --table TABLE.json"
+    assert convert == "parnas table build runs/planer/study.json --table TABLE.json"
 
 
 def train_run(tmp_path, layout, seed, val_ppl=32.0, steps=600, vocab=VOCAB, sets=()):
@@ -221,14 +221,14 @@ def six_hundred_step_table(tmp_path):
 
 
 def test_further_seeds_join_their_layouts_and_the_spreads_and_ceiling_follow(tmp_path, capsys):
-    """`parnas study --add-seeds RUN ... --table FILE`: each finished `parnas train` run of a table layout (a
+    """`parnas table add-seeds RUN ... --table FILE`: each finished `parnas train` run of a table layout (a
     shallower network at the table's padded key) adds its validation perplexity at its seed's index; the table
     still loads, its spreads and noise ceiling are the new seeds', and its rebuild commands retrain them."""
     path = six_hundred_step_table(tmp_path)
     runs = [train_run(tmp_path, "ADIIII", 2, 32.0, sets=("train.threads=1",)),  # threads: the sums' order
             train_run(tmp_path, "IIADII", 3, 29.0),  # the same network
             train_run(tmp_path, "DDDDDD", 1, 47.0)]  # fills the seed that gave no perplexity
-    assert main(["study", "--add-seeds", *map(str, runs), "--table", str(path)]) == 0
+    assert main(["table", "add-seeds", *map(str, runs), "--table", str(path)]) == 0
     out = capsys.readouterr().out
     assert "ADIIII: seed 2, val ppl 32.00" in out and "3 seeds added" in out
     table = load_table(path)
@@ -237,7 +237,7 @@ def test_further_seeds_join_their_layouts_and_the_spreads_and_ceiling_follow(tmp
     assert table.noise_ceiling == noise_ceiling({k: list(v) for k, v in table.seeds.items()})
     assert ("parnas train --config wt2-cpu --set 'model.blocks=[attention, dense, identity, identity, identity, "
             "identity]' --set train.max_steps=600 --set train.seed=2 --set train.threads=1") in table.rebuild
-    assert table.rebuild.startswith("parnas study ...") and "parnas study --add-seeds" in table.rebuild
+    assert table.rebuild.startswith("parnas study ...") and "parnas table add-seeds" in table.rebuild
 
 
 @pytest.mark.parametrize("change, message", [
@@ -252,7 +252,7 @@ def test_a_seed_the_table_cannot_take_is_refused_in_one_line_and_nothing_is_writ
     path = six_hundred_step_table(tmp_path)
     before = path.read_text()
     good = train_run(tmp_path, "ADIIII", 4)
-    assert main(["study", "--add-seeds", str(good), str(train_run(tmp_path, **change)), "--table", str(path)]) == 2
+    assert main(["table", "add-seeds", str(good), str(train_run(tmp_path, **change)), "--table", str(path)]) == 2
     assert message in refusal(capsys.readouterr().err) and path.read_text() == before
-    assert main(["study", "--add-seeds", str(tmp_path), "--table", str(path)]) == 2
+    assert main(["table", "add-seeds", str(tmp_path), "--table", str(path)]) == 2
     assert "is not a finished `parnas train` run" in refusal(capsys.readouterr().err)

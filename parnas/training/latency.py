@@ -159,12 +159,22 @@ def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int,
     ``STEADY_SPREAD``. ``progress`` gets one line for a warm-up or a set of rounds that runs over a few seconds.
     A device that fails meanwhile is a one-line :class:`ParnasError`.
     """
+    return [statistics.median(t) for t in time_layout_rounds(layouts, cfg, vocab_size, mode=mode, rounds=rounds,
+                                                              steps=steps, warmup=warmup, device=device,
+                                                              models=models, progress=progress)]
+
+
+def time_layout_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, *, mode: str = "train",
+                       rounds: int = 5, steps: int = 3, warmup: int = 3, device: torch.device | str = "cpu",
+                       models: Sequence[ModelConfig | None] | None = None,
+                       progress: Callable[[str], None] | None = None) -> list[list[float]]:
+    """:func:`time_layouts`' rounds themselves, ms per step of each layout in each round (``times[layout][round]``):
+    for a caller that reports their spread beside their median."""
     device = torch.device(device)
     steady = _each_steady if device.type == "cuda" else None
     with device_failures_said(f"timing {TARGET_LABELS.get(mode, mode)}s", device):
-        times = _round_times(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device, models,
-                             progress=progress, steady=steady)
-    return [statistics.median(t) for t in times]
+        return _round_times(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device, models,
+                            progress=progress, steady=steady)
 
 
 def _round_times(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,

@@ -9,13 +9,15 @@ side by side, round by round, a load that comes and goes slows every model alike
 
 from __future__ import annotations
 
+import os
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from parnas.config import TARGET_LABELS, Config, ModelConfig
-from parnas.training.latency import target_memories, time_layouts
+from parnas.training.latency import relative_spread, target_memories, time_layout_rounds
 from parnas.training.latency_table import MODES, device_name
 
 
@@ -24,9 +26,11 @@ def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequ
                       progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
     """ms per train step, inference segment and generated token of every layout (name -> its kinds and its model
     settings, None for ``cfg``'s) at ``cfg``'s data shapes, in ``rounds`` alternating rounds on ``device``:
-    ``{"<target>_step_ms": {name: ms}}``, with what they were timed with (device, threads, torch, shapes, and the
-    memory each target keeps). ``progress(stage, i, n, line)`` hears of each target as it starts, and of a warm-up
-    or rounds of it that run over a few seconds, how far along they are (one line each)."""
+    ``{"<target>_step_ms": {name: ms}}`` (the rounds' median) and ``{"<target>_spread": {name: spread}}`` (their
+    interquartile range over the median, :func:`relative_spread`), with what they were timed with (device,
+    threads, torch, shapes, the memory each target keeps) and the machine's 1-minute load average after them.
+    ``progress(stage, i, n, line)`` hears of each target as it starts, and of a warm-up or rounds of it that run
+    over a few seconds, how far along they are (one line each)."""
     timing: dict[str, Any] = {"device": device_name(device), "threads": torch.get_num_threads(),
                               "torch": torch.__version__, "rounds": rounds, "batch_size": cfg.data.batch_size,
                               "seg_len": cfg.data.seg_len, "mem_len": cfg.model.mem_len,
@@ -37,9 +41,15 @@ def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequ
                 progress("timing", i + 1, len(MODES), text)
 
         line(f"{TARGET_LABELS[mode]}s of {len(layouts)} layouts, {rounds} alternating rounds on {timing['device']} ...")
-        ms = time_layouts([kinds for kinds, _ in layouts.values()], cfg, vocab_size, mode=mode, rounds=rounds,
-                          device=device, models=[model for _, model in layouts.values()], progress=line)
-        timing[f"{mode}_step_ms"] = dict(zip(layouts, ms))
+        times = time_layout_rounds([kinds for kinds, _ in layouts.values()], cfg, vocab_size, mode=mode,
+                                   rounds=rounds, device=device, models=[model for _, model in layouts.values()],
+                                   progress=line)
+        timing[f"{mode}_step_ms"] = {name: statistics.median(t) for name, t in zip(layouts, times)}
+        timing[f"{mode}_spread"] = {name: relative_spread(t, t) for name, t in zip(layouts, times)}
+    try:
+        timing["load"] = round(os.getloadavg()[0], 2)  # the 1-minute load average the rounds ended in
+    except OSError:  # not every system says
+        timing["load"] = None
     return timing
 
 

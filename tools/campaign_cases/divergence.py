@@ -95,7 +95,7 @@ def resumed(bench: Bench, folder: Path) -> str:
 def evaluated(bench: Bench, folder: Path) -> str:
     source, line = diverged_run(bench)
     report = folder / "eval.json"
-    done = bench.cli(["evaluate", "--checkpoint", str(source / "checkpoints" / "last.ckpt"), "--out", str(report)],
+    done = bench.cli(["evaluate", str(source / "checkpoints" / "last.ckpt"), "--out", str(report)],
                      folder)
     answer = diverged_line(done, "30")
     if said(answer).split(": error: ")[-1] != said(line).split(": error: ")[-1]:

@@ -295,7 +295,7 @@ def output_cases() -> list[Case]:
         refused("output: search into a name too long", ["search", *TINY, *sets(f"search.out_dir={{in}}/{LONG}/run")],
                 "too long"),
         refused("output: evaluate --out a name too long",
-                ["evaluate", "--checkpoint", "{in}/last.ckpt", "--out", "{in}/" + LONG + "/e.json"],
+                ["evaluate", "{in}/last.ckpt", "--out", "{in}/" + LONG + "/e.json"],
                 "too long"),
         refused("output: latency --out under a file", ["latency", *TINY, "--out", "{in}/f/t.json"], "{in}/f",
                 files=file),
@@ -361,7 +361,7 @@ def pickle_cases() -> list[Case]:
     for command, protocol, target in [("evaluate", 4, "os.system"), ("evaluate", 5, "builtins.eval"),
                                       ("generate", 3, "subprocess.Popen"), ("evaluate", 0, "os.system")]:
         cases.append(refused(f"pickle: protocol {protocol} calling {target}, to {command}",
-                             [command, "--checkpoint", "{in}/last.ckpt",
+                             [command, "{in}/last.ckpt",
                               *(["--out", "{out}/e.json"] if command == "evaluate" else [])], "refused unread",
                              files={"last.ckpt": evil_pickle(protocol, target)}))
     return cases

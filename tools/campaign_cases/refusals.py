@@ -201,7 +201,7 @@ def file_cases() -> list[Case]:
 
 def command_cases() -> list[Case]:
     study = ["study", *TINY, "--out", "{out}", "--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"]
-    ckpt = ["--checkpoint", "{in}/last.ckpt"]
+    ckpt = ["{in}/last.ckpt"]
     return [
         refused("search: an empty strategy", search() + ["--strategy", ""], "names no strategy", quick=True),
         refused("search: a blank strategy", search() + ["--strategy", " \t"], "names no strategy"),
@@ -212,8 +212,6 @@ def command_cases() -> list[Case]:
         refused("study: a census of 0", study + ["--census", "0"], "--census"),
         refused("study: every network of 12 blocks", study + ["--every-network", *sets("model.n_blocks=12")],
                 "at most 1000 are retrained"),
-        refused("study: a census with --strategies", study + ["--census", "3", "--strategies", "random"],
-                "cannot be combined with --strategies"),
         refused("generate: a trillion tokens", ["generate", *ckpt, "--tokens", "1000000000000"],
                 "above the 100,000 one run samples at most"),
         refused("generate: zero tokens", ["generate", *ckpt, "--tokens", "0"], "--tokens"),
