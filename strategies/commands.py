@@ -159,14 +159,17 @@ def wait_for(experiment: str, config: str, port: int) -> int:
     the next command; Ctrl-C stops the experiment (``nnictl stop``) and says so."""
     import subprocess
 
+    from parnas.report.experiment_summary import summary_block
+    from parnas.report.experiments import experiment_trials
     from parnas.report.follow import Follower, experiment_size, follow
     from parnas.strategies import experiment_export
 
-    trials, steps, preset, root = experiment_size(config)
+    trials, steps, preset, root, pick = experiment_size(config)
     count = "all its trials" if trials is None else f"{trials} trial{'s' * (trials != 1)}"
     print(f"following it here until it is done ({count}; Ctrl-C stops the experiment)", flush=True)
     try:
-        follow(Follower(experiment, port, trials, steps, root=root), out=lambda line: print(line, flush=True))
+        follow(Follower(experiment, port, trials, steps, root=root, pick_steps=pick),
+               out=lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         nnictl = os.path.join(os.path.dirname(sys.executable), "nnictl")
         nnictl = nnictl if os.path.exists(nnictl) else "nnictl"
@@ -180,9 +183,8 @@ def wait_for(experiment: str, config: str, port: int) -> int:
         print(experiment_export.nothing_finished(experiment, root))
         return 1
     print(experiment_export.table(rows))
-    config_flag = f" --config {preset}" if preset else ""
-    print(f"next: parnas export --experiment {experiment} --out found/ && parnas retrain --arch "
-          f"found/{rows[0]['trial']}.json{config_flag} --out runs/found   (then `nnictl stop {experiment}`)")
+    print()
+    print(summary_block(experiment, experiment_trials(experiment, root), preset))
     return 0
 
 

@@ -177,7 +177,8 @@ def test_launch_wait_shows_the_trials_progress_and_ends_with_the_export_table(tm
         assert code == 0, out + err
         assert "following it here until it is done (1 trial;" in out
         assert re.search(r"trial 1 of 1 \(\w+\) finished at step 20", out), out
-        assert "architecture" in out and f"next: parnas export --experiment {experiment} --out found/" in out
+        assert "architecture" in out and f"summary of experiment {experiment}" in out
+        assert f"  parnas export --experiment {experiment} --out found/" in out
     finally:
         nnictl("stop", experiment)
 

@@ -1,0 +1,125 @@
+"""What ``make search`` ends with and shows on the way: the summary block (each trial's export and cost, its pick
+against the guard, its pictures, the two README retrains) and trials numbered in the order they started."""
+
+import json
+import sqlite3
+from pathlib import Path
+
+from parnas.report.experiment_summary import summary_block
+from parnas.report.experiments import experiment_trials
+from parnas.report.follow import Follower, phase_lines
+
+KINDS = {"A": "attention", "D": "dense", "I": "identity"}
+
+
+def started_in_order(root: Path, experiment: str, ids: list[str]) -> None:
+    """NNI's record of the trials' first events, in ``ids``' order."""
+    db = root / experiment / "db"
+    db.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db / "nni.sqlite") as con:
+        con.execute("create table TrialJobEvent (trialJobId text, event text)")
+        con.executemany("insert into TrialJobEvent values (?, ?)", [(t, "WAITING") for t in ids])
+
+
+def finished(root: Path, experiment: str, trial: str, layout: str, ratio: float, *, winner_ppl: float,
+             guard: str | None, guard_ppl: float | None, verdict: str) -> Path:
+    run = root / experiment / "environments" / "local" / "trials" / trial
+    run.mkdir(parents=True)
+    entrants = [{"architecture": layout, "role": "supernet #1", "val_ppl": [60.0, winner_ppl]}]
+    if guard is not None and guard != layout:
+        entrants.append({"architecture": guard, "role": "guard", "val_ppl": [61.0, guard_ppl]})
+    name = "Transformer-XL" if guard is not None and "I" not in guard else f"the shallower Transformer-XL {guard}"
+    selection = {"steps": [300, 600], "entrants": entrants, "winner": layout, "verdict": verdict,
+                 "guard": None if guard is None else {"architecture": guard, "name": name}}
+    record = {"architecture": {f"block_{i}": KINDS[c] for i, c in enumerate(layout)},
+              "search": {"val_ppl": 70.0, "latency": {"ratio": ratio}, "selection": selection}}
+    (run / "architecture.json").write_text(json.dumps(record))
+    return run
+
+
+def test_the_summary_says_each_trials_export_its_pick_its_pictures_and_the_readme_retrains(tmp_path):
+    started_in_order(tmp_path, "exp", ["zz", "aa"])
+    first = finished(tmp_path, "exp", "zz", "ADDDAD", 0.72, winner_ppl=53.1, guard="ADADII", guard_ppl=54.2,
+                     verdict="search")
+    finished(tmp_path, "exp", "aa", "ADADII", 0.64, winner_ppl=55.0, guard="ADADII", guard_ppl=55.0, verdict="guard")
+    text = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
+    lines = text.splitlines()
+    assert lines[1] == ("  trial 1 (zz): exported ADDDAD, 0.72 x Transformer-XL's cost; retrained 53.10 against the "
+                        "shallower Transformer-XL ADADII's 54.20 after 600 steps: the guard did not win")
+    assert lines[2] == f"    pictures: {first}/{{architecture.png,probabilities.png,probabilities.gif}}"
+    assert lines[3].startswith("  trial 2 (aa): exported ADADII, 0.64 x Transformer-XL's cost; the guard won: the "
+                               "shallower Transformer-XL ADADII retrained 55.00")
+    assert "best: trial 1's ADDDAD (0.72 x Transformer-XL's cost), retrained 53.10" in text
+    assert "  parnas retrain --arch found/zz.json --config wt2-cpu --set train.max_steps=3000 --out runs/found" in lines
+    assert ("  parnas retrain --arch transformer-xl --config wt2-cpu --set train.max_steps=3000 --out runs/txl"
+            in lines)
+
+
+def test_a_best_export_that_is_transformer_xl_is_said_and_not_compared_with_itself(tmp_path):
+    finished(tmp_path, "exp", "t1", "ADADAD", 1.0, winner_ppl=50.0, guard="ADADAD", guard_ppl=50.0, verdict="guard")
+    finished(tmp_path, "exp", "t2", "ADDDDD", 0.8, winner_ppl=52.0, guard="ADADII", guard_ppl=53.0,
+             verdict="search")
+    text = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
+    assert "(Transformer-XL itself)" in text and "the guard won: Transformer-XL retrained 50.00" in text
+    assert "would compare a network with itself; the cheapest layout a pick confirmed instead: trial 2's ADDDDD" in text
+    assert "--arch found/t2.json" in text and "found/t1.json" not in text
+
+
+def test_every_trial_exporting_transformer_xl_gives_no_found_retrain(tmp_path):
+    finished(tmp_path, "exp", "t1", "ADADAD", 1.0, winner_ppl=50.0, guard="ADADAD", guard_ppl=50.0, verdict="guard")
+    text = summary_block("exp", experiment_trials("exp", tmp_path), None)
+    assert "no trial exported a cheaper layout" in text and "found/" not in text.replace("--out found/", "")
+    assert "  parnas retrain --arch transformer-xl --set train.max_steps=3000 --out runs/txl" in text
+
+
+def test_trials_are_numbered_in_the_order_they_started_not_by_id(tmp_path):
+    started_in_order(tmp_path, "exp", ["zz", "aa"])
+    for trial in ("aa", "zz"):  # folders made in id order
+        run = tmp_path / "exp" / "environments" / "local" / "trials" / trial
+        run.mkdir(parents=True)
+        (run / "history.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+    follower = Follower("exp", 8080, n_trials=2, max_steps=10, root=tmp_path, status=lambda port: "RUNNING")
+    lines = follower.poll()
+    assert lines[:2] == ["trial 1 of 2 (zz) started", "trial 2 of 2 (aa) started"]
+
+
+def test_a_trials_phases_reach_the_terminal_with_its_number(tmp_path):
+    run = tmp_path / "exp" / "environments" / "local" / "trials" / "t1"
+    run.mkdir(parents=True)
+    (run / "trial.stderr").write_text(
+        "parnas: training a 1,000-piece SentencePiece tokenizer on x (once)\n"
+        "parnas: warning: the latency table was timed 3 times and never steadily (...)\n"
+        "Epoch 0: 10%|# | 60/600\r")
+    (run / "trial.stdout").write_text("step 50/600, train loss 5.0\nstep 300: validation perplexity 90.00 exported "
+                                      "architecture ADADAD, 89.00 supernet\nfinal pick, round 1/2: ADADAD (supernet "
+                                      "#1) to 300 steps [1/4]\n")
+    follower = Follower("exp", 8080, n_trials=1, max_steps=600, root=tmp_path, status=lambda port: "RUNNING")
+    lines = follower.poll()
+    assert lines[0] == "trial 1 of 1 (t1) started"
+    assert lines[1:5] == ["trial 1: step 300: validation perplexity 90.00 exported architecture ADADAD, 89.00 supernet",
+                          "trial 1: final pick, round 1/2: ADADAD (supernet #1) to 300 steps [1/4]",
+                          "trial 1: training a 1,000-piece SentencePiece tokenizer on x (once)",
+                          "trial 1: warning: the latency table was timed 3 times and never steadily (...)"]
+    assert not any("train loss" in line for line in lines)
+    assert phase_lines(["step 50/600, train loss 5.0"]) == []
+
+
+def test_the_time_left_counts_the_final_pick(tmp_path):
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    clock = Clock()
+    follower = Follower("exp", 8080, n_trials=1, max_steps=100, root=tmp_path, clock=clock,
+                        status=lambda p: "RUNNING", pick_steps=200)
+    run = tmp_path / "exp" / "environments" / "local" / "trials" / "t1"
+    run.mkdir(parents=True)
+    (run / "history.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+    follower.poll()
+    clock.now = 50.0
+    (run / "history.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(51)))
+    (line,) = follower.poll()
+    # 1 s a supernet step; 50 steps left and the pick's 200 retrain steps at half a step each: 150 s
+    assert line.endswith("about 2 min left"), line
