@@ -85,5 +85,5 @@ def test_search_yaml_is_read_for_its_size():
 
 def test_a_config_it_cannot_read_leaves_the_size_unknown(tmp_path):
     (tmp_path / "e.yaml").write_text("trialCommand: python train.py\nmaxTrialNumber: 3\n")
-    assert experiment_size(tmp_path / "e.yaml") == (3, None, None, None)
-    assert experiment_size(tmp_path / "missing.yaml") == (None, None, None, None)
+    assert experiment_size(tmp_path / "e.yaml") == (3, None, None, None, 0)
+    assert experiment_size(tmp_path / "missing.yaml") == (None, None, None, None, 0)
