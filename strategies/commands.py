@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -144,10 +145,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     """Start the NNI experiment (nnictl create) after checking the port and the set-up; its web UI and REST API
     listen on 127.0.0.1 only unless --listen-all."""
     from parnas.report.experiments import launch
+    from parnas.strategies.experiment_budget import check_experiment_budgets
 
     if args.listen_all:
         print(f"parnas launch: --listen-all: anyone who reaches port {args.port} of this machine can read and stop "
               "the experiment (NNI's web UI and REST API have no login)", file=sys.stderr)
+    if Path(args.config).is_file():  # a missing config is launch's to say
+        checked = check_experiment_budgets(Path(args.config))
+        if checked:
+            print(checked, flush=True)
     experiment = launch(args.config, args.port, listen_all=args.listen_all)
     print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
           f"gather its architectures with `parnas export --experiment {experiment}`", flush=True)
