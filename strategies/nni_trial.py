@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parnas.kinds import attending  # imports no torch
@@ -13,6 +14,15 @@ if TYPE_CHECKING:  # a trial's parameters are read before torch loads
 
 def in_nni_trial() -> bool:
     return "NNI_PLATFORM" in os.environ and bool(os.environ.get("NNI_OUTPUT_DIR"))
+
+
+def experiment_folder() -> Path | None:
+    """The nnictl experiment's own folder (``<root>/<experiment id>``, above the trial's output folder), where what its
+    trials share is kept; None outside a trial or where the trial's folder is not under it."""
+    if not in_nni_trial():
+        return None
+    experiment = os.environ.get("NNI_EXP_ID")
+    return next((p for p in Path(os.environ["NNI_OUTPUT_DIR"]).resolve().parents if p.name == experiment), None)
 
 
 def trial_parameters() -> dict[str, Any]:
