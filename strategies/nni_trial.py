@@ -34,20 +34,33 @@ def trial_parameters() -> dict[str, Any]:
     return dict(nni.get_next_parameter() or {})
 
 
-def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
-    """What NNI's web UI shows for a trial, at every evaluation and at the end: ``default`` is the exported
-    architecture's own perplexity; beside it that architecture (one letter per block) and its predicted
-    train step relative to Transformer-XL's (the cost ratio under ``search.penalty_cost=flops``).
-    The web UI lists a dict's keys in this order (its trials table's optional columns, and the charts' choices),
-    and shows the numbers as they are: rounded here as in architecture.json."""
+def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
+               selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What NNI's web UI shows for a trial, at every evaluation (so its columns fill from the first) and at the end:
+    ``default`` is the exported architecture's own perplexity with the supernet's weights; beside it that
+    architecture (one letter per block) and its predicted train step relative to Transformer-XL's (the cost ratio
+    under ``search.penalty_cost=flops``). The final result adds, from the final pick's ``selection`` record, the
+    perplexity the export retrained to from scratch (``retrained_val_ppl``) and the guard's (``guard_val_ppl``),
+    named apart from the supernet-weight one. The web UI lists a dict's keys in this order (its trials table's
+    optional columns, and the charts' choices), and shows the numbers as they are: rounded as in architecture.json."""
     ratio = latency["ratio"] if latency else result.cost_ratio
+    picked = {}
+    if selection:
+        entrants = {e["architecture"]: e for e in selection["entrants"]}
+        guard = selection.get("guard") or {}
+        picked = {"retrained_val_ppl": _last(entrants[selection["winner"]]["val_ppl"]),
+                  "guard": guard.get("architecture"), "guard_val_ppl": _last(guard.get("val_ppl")),
+                  "guard_won": selection["verdict"] == "guard"}
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
-            "latency_ratio": None if ratio is None else round(ratio, 4),
+            "latency_ratio": None if ratio is None else round(ratio, 4), **picked,
             "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": attending(result.kinds),
             "predicted_step_ms": latency["target_ms"] if latency else None,
             "latency_target": latency["target"] if latency else None,
             "latency_device": latency["device"] if latency else None}
 
+
+def _last(values: list[float | None] | None) -> float | None:
+    return values[-1] if values else None
 
 
 def report_to_nni(metric: dict[str, Any], final: bool = False) -> None:

@@ -123,3 +123,34 @@ def test_the_time_left_counts_the_final_pick(tmp_path):
     (line,) = follower.poll()
     # 1 s a supernet step; 50 steps left and the pick's 200 retrain steps at half a step each: 150 s
     assert line.endswith("about 2 min left"), line
+
+
+def test_the_final_metric_and_the_export_table_carry_the_picks_retrained_perplexities(tmp_path):
+    from parnas.strategies.experiment_export import export_experiment, table
+    from parnas.strategies.nni_trial import nni_metric
+    from parnas.strategies.supernet_export import Evaluated
+
+    probabilities = {f"block_{i}": {"attention": 0.8, "dense": 0.15, "identity": 0.05} for i in range(4)}
+    result = Evaluated(600, 0.1, probabilities, ["attention", "dense", "attention", "identity"], 80.0, 79.0, 0.7)
+    selection = {"entrants": [{"architecture": "ADAI", "val_ppl": [60.0, 53.1]},
+                              {"architecture": "ADII", "val_ppl": [61.0, 54.2]}],
+                 "winner": "ADAI", "verdict": "search", "guard": {"architecture": "ADII", "val_ppl": [61.0, 54.2]}}
+    metric = nni_metric(result, None, selection)
+    assert (metric["default"], metric["retrained_val_ppl"], metric["guard_val_ppl"]) == (80.0, 53.1, 54.2)
+    assert list(metric)[:3] == ["default", "architecture", "latency_ratio"] and metric["guard_won"] is False
+    assert "retrained_val_ppl" not in nni_metric(result, None)  # an evaluation during the search: no pick yet
+
+    run = finished(tmp_path, "exp", "t1", "ADAI", 0.7, winner_ppl=53.1, guard="ADII", guard_ppl=54.2,
+                   verdict="search")
+    from parnas.architecture import make_record
+    from parnas.config import load_config
+
+    record = json.loads((run / "architecture.json").read_text())
+    record = make_record(record["architecture"], load_config("tiny").model, 1000, probabilities=probabilities,
+                         search=record["search"])
+    (run / "architecture.json").write_text(json.dumps(record))
+    rows = export_experiment("exp", root=tmp_path)
+    assert rows[0]["retrained_val_ppl"] == 53.1 and rows[0]["guard_val_ppl"] == 54.2
+    # the margins are the exported kinds': block_1 exported dense where the supernet preferred attention
+    assert rows[0]["margins"]["block_1"] < 0 and rows[0]["overruled"] == ["block_1", "block_3"]
+    assert "53.10" in table(rows) and "ADII 54.20" in table(rows)
