@@ -3,7 +3,10 @@ against the guard, its pictures, the two README retrains) and trials numbered in
 
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from parnas.report.experiment_summary import summary_block
 from parnas.report.experiments import experiment_trials
@@ -154,3 +157,32 @@ def test_the_final_metric_and_the_export_table_carry_the_picks_retrained_perplex
     # the margins are the exported kinds': block_1 exported dense where the supernet preferred attention
     assert rows[0]["margins"]["block_1"] < 0 and rows[0]["overruled"] == ["block_1", "block_3"]
     assert "53.10" in table(rows) and "ADII 54.20" in table(rows)
+
+
+def test_the_pictures_show_the_export_apart_from_what_the_supernet_preferred_and_no_unread_tau(tmp_path):
+    from test_plots import write_run
+
+    from parnas.report.heatmap import progress_label
+    from parnas.report.history import load_history
+    from parnas.report.plots import architecture_figure, lines_figure, plot_run
+
+    run = tmp_path / "run"
+    write_run(run, n_blocks=4, winners=["attention"] * 4)  # the supernet prefers AAAA
+    record = json.loads((run / "architecture.json").read_text())
+    record["architecture"] = {f"block_{i}": k for i, k in enumerate(["attention", "dense"] * 2)}  # the pick's ADAD
+    record["search"]["tau_final"] = None  # a forward that read no temperature
+    (run / "architecture.json").write_text(json.dumps(record))
+    plot_run(run, tensorboard=False)
+    texts = [t.get_text() for t in architecture_figure(load_history(run), record).axes[0].texts]
+    assert texts[0] != "" and any(t.startswith("Exported architecture: 4 blocks") for t in texts)
+    assert "the supernet preferred AAAA; exported ADAD" in texts
+    assert sum(t.startswith("preferred attention") for t in texts) == 2
+    assert "supernet's probabilities (softmax \u03b1)" in texts and not any("\u03c4 final" in t for t in texts)
+    history = load_history(run)
+    record["search"]["tau_final"] = 0.1
+    assert any("\u03c4 final 0.1" in t.get_text() for t in architecture_figure(history, record).axes[0].texts)
+    assert "tau" in progress_label(history, -1)
+    untimed = replace(history, tau=np.full_like(history.tau, np.nan))
+    labels = [line.get_label() for ax in lines_figure(untimed).axes for line in ax.get_lines()]
+    assert "temperature \u03c4" not in labels and "tau" not in progress_label(untimed, -1)
+    assert "temperature \u03c4" in [line.get_label() for line in lines_figure(history).axes[0].get_lines()]
