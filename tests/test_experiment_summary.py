@@ -186,3 +186,21 @@ def test_the_pictures_show_the_export_apart_from_what_the_supernet_preferred_and
     labels = [line.get_label() for ax in lines_figure(untimed).axes for line in ax.get_lines()]
     assert "temperature \u03c4" not in labels and "tau" not in progress_label(untimed, -1)
     assert "temperature \u03c4" in [line.get_label() for line in lines_figure(history).axes[0].get_lines()]
+
+
+def test_tensorboard_has_no_epoch_card_and_shows_the_first_scalars_first(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from parnas.report.plots import FIRST_SCALARS, log_tensorboard
+    from parnas.training.trainer import StepsTakenLogger
+
+    logger = StepsTakenLogger(str(tmp_path), name="tensorboard", version="")
+    logger.log_metrics({"epoch": 0.0, "train/loss": 5.0}, step=0)
+    logger.log_metrics({"epoch": 0.0}, step=1)
+    logger.finalize("success")
+    log_tensorboard(tmp_path / "tensorboard", np.zeros((4, 4, 3), dtype=np.uint8), 1)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["scalars"] == ["train/loss"] and "custom_scalars__config__" in events.Tags()["tensors"]
+    (charts,) = FIRST_SCALARS.values()
+    assert next(iter(charts.values()))[1] == ["train/loss"]  # the loss first, then both perplexities

@@ -110,6 +110,10 @@ def summary_block(experiment: str, trials: Mapping[str, Trial], preset: str | No
     for o in outcomes:
         lines.append("  " + _line(o))
         lines.append(f"    pictures: {o['pictures']}/{{{','.join(PICTURES)}}}")
+    folders = {o["pictures"].parent for o in outcomes}
+    if len(folders) == 1:
+        lines.append(f"  TensorBoard: tensorboard --logdir {folders.pop()}   (a run per trial, <trial>/tensorboard; "
+                     "its final pick's retrains beside it, <trial>/select/<layout>/tensorboard)")
     best = best_outcome(outcomes)
     cheaper = [o for o in outcomes if not o["transformer_xl"] and isinstance(o["cost_ratio"], (int, float))]
     if best["transformer_xl"]:

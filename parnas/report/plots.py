@@ -124,8 +124,21 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
     return [gif, lines, arch]
 
 
+# TensorBoard's Scalars tab sorts cards by name; its Custom Scalars tab shows these first, in this order: what a user
+# of a search looks at first (the loss, both perplexities, the temperature, the cost), then the rest
+FIRST_SCALARS = {"the search": {
+    "train loss": ["Multiline", ["train/loss"]],
+    "val ppl: exported architecture (supernet weights) and supernet": ["Multiline",
+                                                                       ["val/ppl_exported", "val/ppl_supernet"]],
+    "temperature tau": ["Multiline", ["search/tau"]],
+    "expected cost ratio (to Transformer-XL's) and the budget's multiplier": ["Multiline",
+                                                                             ["search/expected_cost_ratio",
+                                                                              "search/lambda"]]}}
+
+
 def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = stderr_note) -> None:
-    """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars.
+    """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars, and the layout
+    that shows those a user opens first first (:data:`FIRST_SCALARS`, TensorBoard's Custom Scalars tab).
 
     It goes into one events file, ``<log_dir>/<TB_FILE>``, which each call replaces: plotting a run again
     never adds a second copy of the image."""
@@ -139,6 +152,7 @@ def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = st
         writer = SummaryWriter(log_dir=tmp)
         try:
             writer.add_image(TB_TAG, image, global_step=step, dataformats="HWC")
+            writer.add_custom_scalars(FIRST_SCALARS)
         finally:
             writer.close()
         (written,) = Path(tmp).glob("events.out.tfevents.*")
