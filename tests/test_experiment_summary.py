@@ -204,3 +204,16 @@ def test_tensorboard_has_no_epoch_card_and_shows_the_first_scalars_first(tmp_pat
     assert events.Tags()["scalars"] == ["train/loss"] and "custom_scalars__config__" in events.Tags()["tensors"]
     (charts,) = FIRST_SCALARS.values()
     assert next(iter(charts.values()))[1] == ["train/loss"]  # the loss first, then both perplexities
+
+
+def test_pareto_gives_coinciding_trials_one_label_and_axes_a_readable_span():
+    from parnas.report.pareto import LATENCY_LABEL, MIN_X_SPAN, MIN_Y_SPAN, TrialPoint, pareto_figure
+
+    points = [TrialPoint("MaXZC", 31.94, 1.0, "ADADAD"), TrialPoint("xnguz", 31.95, 1.0, "ADADAD"),
+              TrialPoint("other", 33.0, 0.7, "ADDDDD")]
+    ax = pareto_figure(points, LATENCY_LABEL, "e").axes[0]
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == ["ADADAD (MaXZC, xnguz)", "ADDDDD (other)"]
+    single = pareto_figure(points[:2], LATENCY_LABEL, "e").axes[0]
+    (x0, x1), (y0, y1) = single.get_xlim(), single.get_ylim()
+    assert x1 - x0 >= MIN_X_SPAN - 1e-9 and y1 - y0 >= MIN_Y_SPAN * 31.9 and x0 < 1.0 < x1
