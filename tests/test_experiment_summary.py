@@ -93,9 +93,10 @@ def test_a_trials_phases_reach_the_terminal_with_its_number(tmp_path):
         "parnas: training a 1,000-piece SentencePiece tokenizer on x (once)\n"
         "parnas: warning: the latency table was timed 3 times and never steadily (...)\n"
         "Epoch 0: 10%|# | 60/600\r")
-    (run / "trial.stdout").write_text("step 50/600, train loss 5.0\nstep 300: validation perplexity 90.00 exported "
-                                      "architecture ADADAD, 89.00 supernet\nfinal pick, round 1/2: ADADAD (supernet "
-                                      "#1) to 300 steps [1/4]\n")
+    (run / "trial.log").write_text(  # NNI's print hook
+        "[2026-12-06 20:26:40] INFO (nni) Connect\n[2026-12-06 20:26:52] PRINT step 50/600, train loss 5.0\n"
+        "[2026-12-06 20:27:04] PRINT step 300: validation perplexity 90.00 exported architecture ADADAD, 89.00 "
+        "supernet\n[2026-12-06 20:27:16] PRINT final pick, round 1/2: ADADAD (supernet #1) to 300 steps [1/4]\n")
     follower = Follower("exp", 8080, n_trials=1, max_steps=600, root=tmp_path, status=lambda port: "RUNNING")
     lines = follower.poll()
     assert lines[0] == "trial 1 of 1 (t1) started"

@@ -38,7 +38,10 @@ PICK_STEP_SHARE = 0.5
 # the trial's own lines passed on (its phases), after "parnas: " is taken off a stderr line
 PHASES = re.compile(r"^(training a .*tokenizer|latency table|warning: |step \d+: validation|final pick|"
                     r"the shallower Transformer-XL|Transformer-XL beat|architecture \S+ \(|parnas search: error)")
-OUTPUTS = ("trial.stdout", "trial.stderr")  # where NNI's local training service keeps a trial's output
+# where NNI keeps a trial's output: its print hook writes stdout to trial.log ("[time] PRINT line"), the rest goes to
+# trial.stdout and trial.stderr
+OUTPUTS = ("trial.log", "trial.stdout", "trial.stderr")
+PRINTED = re.compile(r"^\[[^\]]*\] PRINT ")
 
 
 def last_step(run_dir: Path) -> int | None:
@@ -85,7 +88,7 @@ def phase_lines(lines: list[str]) -> list[str]:
     """Of a trial's output lines, those that mark a phase (:data:`PHASES`), without the ``parnas:`` prefix."""
     out = []
     for line in lines:
-        text = line.strip().removeprefix("parnas: ")
+        text = PRINTED.sub("", line.strip()).removeprefix("parnas: ")
         if PHASES.match(text):
             out.append(text)
     return out
