@@ -144,17 +144,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """Start the NNI experiment (nnictl create) after checking the port and the set-up; its web UI and REST API
     listen on 127.0.0.1 only unless --listen-all."""
-    from parnas.report.experiments import launch
-    from parnas.strategies.experiment_budget import check_experiment_budgets
+    from parnas.report.experiments import launch, working_root
+    from parnas.strategies.experiment_budget import check_experiment_budgets, share_with_trials
 
     if args.listen_all:
         print(f"parnas launch: --listen-all: anyone who reaches port {args.port} of this machine can read and stop "
               "the experiment (NNI's web UI and REST API have no login)", file=sys.stderr)
-    if Path(args.config).is_file():  # a missing config is launch's to say
-        checked = check_experiment_budgets(Path(args.config))
-        if checked:
-            print(checked, flush=True)
+    checked = check_experiment_budgets(Path(args.config)) if Path(args.config).is_file() else None  # else launch says
+    if checked:
+        print(checked.line, flush=True)
     experiment = launch(args.config, args.port, listen_all=args.listen_all)
+    share_with_trials(checked, working_root(Path(args.config)) / experiment)
     print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
           f"gather its architectures with `parnas export --experiment {experiment}`", flush=True)
     return wait_for(experiment, args.config, args.port) if args.wait else 0

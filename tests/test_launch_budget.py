@@ -21,7 +21,7 @@ def test_search_yaml_gives_its_trials_budgets_cheaper_than_transformer_xl():
 
 def test_a_budget_below_the_cheapest_layout_is_refused_in_one_line_and_nothing_starts(tmp_path, capsys,
                                                                                       monkeypatch):
-    monkeypatch.setattr(experiment_budget, "cheapest_ratio", lambda cfg: (0.31, "identity", "a table"))
+    monkeypatch.setattr(experiment_budget, "cheapest_ratio", lambda cfg: (0.31, "identity", "a table", None))
     monkeypatch.setenv("NNI_EXPERIMENTS_DIR", str(tmp_path / "experiments"))
     experiment = yaml.safe_load((REPO / "search.yaml").read_text())
     experiment["searchSpace"]["search.latency_budget"] = {"_type": "choice", "_value": [0.2, 0.65]}
@@ -39,3 +39,13 @@ def test_a_range_is_checked_at_its_lower_end_and_a_fixed_budget_too():
     ranged = {"searchSpace": {"search.latency_budget": {"_type": "uniform", "_value": [0.4, 0.9]}}}
     assert experiment_budget.drawn_budgets(ranged, cfg) == [0.4]
     assert experiment_budget.drawn_budgets({"searchSpace": {}}, cfg) == [0.9]
+
+
+def test_the_table_the_launch_priced_with_is_the_one_its_trials_reuse(tmp_path):
+    from test_latency_cache import table
+
+    timed = table(spread=0.4, load=3.0)  # never steady: the machine's cache would not keep it
+    experiment_budget.share_with_trials(experiment_budget.Checked("checked", timed), tmp_path / "exp")
+    reused, _, made_before = experiment_budget.experiment_table(tmp_path / "exp" / "latency", timed.key,
+                                                                lambda: table(cost=9.0))
+    assert made_before and reused.kinds_ms == timed.kinds_ms
