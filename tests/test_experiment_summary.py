@@ -218,3 +218,10 @@ def test_pareto_gives_coinciding_trials_one_label_and_axes_a_readable_span():
     single = pareto_figure(points[:2], LATENCY_LABEL, "e").axes[0]
     (x0, x1), (y0, y1) = single.get_xlim(), single.get_ylim()
     assert x1 - x0 >= MIN_X_SPAN - 1e-9 and y1 - y0 >= MIN_Y_SPAN * 31.9 and x0 < 1.0 < x1
+
+
+def test_a_guard_the_supernet_picked_too_is_said_to_be_both(tmp_path):
+    finished(tmp_path, "exp", "t1", "ADII", 0.5, winner_ppl=50.0, guard="ADII", guard_ppl=50.0, verdict="search")
+    text = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
+    assert "exported ADII, 0.50 x Transformer-XL's cost; the supernet picked the shallower Transformer-XL ADII too: " \
+           "retrained 50.00 after 600 steps" in text

@@ -51,6 +51,7 @@ def trial_outcome(number: int, trial: Trial) -> dict[str, Any] | None:
                                                  if guard.get("architecture") else None)
         outcome["guard_ppl"] = _seeds_mean(entrants.get(guard.get("architecture"), {})) if guard else None
         outcome["guard_won"] = selection.get("verdict") == "guard"
+        outcome["picked_guard"] = bool(guard) and selection.get("winner") == guard.get("architecture")
         outcome["seeds"] = 1 + len((winner or {}).get("confirm_val_ppl") or [])
     return outcome
 
@@ -77,6 +78,9 @@ def _line(o: Mapping[str, Any]) -> str:
     seeds = f", mean of {o['seeds']} seeds" if o.get("seeds", 1) > 1 else ""
     if o["guard"] is None:
         return f"{head}, {cost}; retrained {_ppl(o['retrained_ppl'])} after {o['steps']} steps; no guard within budget"
+    if o.get("picked_guard") and not o["guard_won"]:
+        return (f"{head}, {cost}; the supernet picked {o['guard']} too: retrained {_ppl(o['retrained_ppl'])} after "
+                f"{o['steps']} steps")
     verdict = "the guard won" if o["guard_won"] else "the guard did not win"
     if o["guard_won"]:
         return f"{head}, {cost}; {verdict}: {o['guard']} retrained {_ppl(o['retrained_ppl'])} after {o['steps']} steps"
