@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -143,12 +144,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """Start the NNI experiment (nnictl create) after checking the port and the set-up; its web UI and REST API
     listen on 127.0.0.1 only unless --listen-all."""
-    from parnas.report.experiments import launch
+    from parnas.report.experiments import launch, working_root
+    from parnas.strategies.experiment_budget import check_experiment_budgets, share_with_trials
 
     if args.listen_all:
         print(f"parnas launch: --listen-all: anyone who reaches port {args.port} of this machine can read and stop "
               "the experiment (NNI's web UI and REST API have no login)", file=sys.stderr)
+    checked = check_experiment_budgets(Path(args.config)) if Path(args.config).is_file() else None  # else launch says
+    if checked:
+        print(checked.line, flush=True)
     experiment = launch(args.config, args.port, listen_all=args.listen_all)
+    share_with_trials(checked, working_root(Path(args.config)) / experiment)
     print(f"experiment {experiment}: web UI http://127.0.0.1:{args.port}; stop it with `nnictl stop {experiment}`; "
           f"gather its architectures with `parnas export --experiment {experiment}`", flush=True)
     return wait_for(experiment, args.config, args.port) if args.wait else 0
@@ -159,14 +165,17 @@ def wait_for(experiment: str, config: str, port: int) -> int:
     the next command; Ctrl-C stops the experiment (``nnictl stop``) and says so."""
     import subprocess
 
+    from parnas.report.experiment_summary import summary_block
+    from parnas.report.experiments import experiment_trials
     from parnas.report.follow import Follower, experiment_size, follow
     from parnas.strategies import experiment_export
 
-    trials, steps, preset, root = experiment_size(config)
+    trials, steps, preset, root, pick = experiment_size(config)
     count = "all its trials" if trials is None else f"{trials} trial{'s' * (trials != 1)}"
     print(f"following it here until it is done ({count}; Ctrl-C stops the experiment)", flush=True)
     try:
-        follow(Follower(experiment, port, trials, steps, root=root), out=lambda line: print(line, flush=True))
+        follow(Follower(experiment, port, trials, steps, root=root, pick_steps=pick),
+               out=lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         nnictl = os.path.join(os.path.dirname(sys.executable), "nnictl")
         nnictl = nnictl if os.path.exists(nnictl) else "nnictl"
@@ -180,9 +189,8 @@ def wait_for(experiment: str, config: str, port: int) -> int:
         print(experiment_export.nothing_finished(experiment, root))
         return 1
     print(experiment_export.table(rows))
-    config_flag = f" --config {preset}" if preset else ""
-    print(f"next: parnas export --experiment {experiment} --out found/ && parnas retrain --arch "
-          f"found/{rows[0]['trial']}.json{config_flag} --out runs/found   (then `nnictl stop {experiment}`)")
+    print()
+    print(summary_block(experiment, experiment_trials(experiment, root), preset))
     return 0
 
 

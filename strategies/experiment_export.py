@@ -1,9 +1,11 @@
 """Gather the architectures an nnictl experiment's trials found, best first, and say how sure each is.
 
-A trial's quality is the validation perplexity of its exported (argmax) architecture with the
-supernet's weights, not retrained (``search.val_ppl``); the supernet's own (``supernet_val_ppl``)
-comes beside it. A block is *undecided* when its top probability leads the second by less than
-:data:`parnas.report.experiments.UNDECIDED_MARGIN`: the exported choice there is close to a coin toss.
+A trial's quality is the validation perplexity of its exported architecture with the supernet's weights, not
+retrained (``search.val_ppl``); the supernet's own (``supernet_val_ppl``) comes beside it, and where the search
+ended with a final pick, the perplexity its export retrained to from scratch and the guard's, named apart from
+both. A block's margin is that of the kind *exported* there: its probability less the best other kind's. Below
+:data:`parnas.report.experiments.UNDECIDED_MARGIN` the exported choice is close to a coin toss (*undecided*); below
+0 the supernet preferred another kind there, and the budget or the final pick chose this one (*overruled*).
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
     exported, supernet = perplexities(search)
     blocks = [architecture.label(i) for i in range(len(record["architecture"]))]  # input first
     probs = record["probabilities"]
-    margins = {b: round(margin(probs[b].values()), 4) for b in blocks if isinstance(probs.get(b), dict) and probs[b]}
+    margins = {b: round(exported_margin(probs[b], record["architecture"][b]), 4) for b in blocks
+               if isinstance(probs.get(b), dict) and probs[b]}
+    selection = search.get("selection") if isinstance(search.get("selection"), dict) else {}
+    entrants = {e.get("architecture"): e for e in selection.get("entrants") or [] if isinstance(e, dict)}
+    winner, guard = entrants.get(selection.get("winner")) or {}, selection.get("guard") or {}
     latency = search.get("latency") if isinstance(search.get("latency"), dict) else None
     gap = search.get("discretisation_gap")
     return {"trial": trial_id, "val_ppl": exported, "supernet_val_ppl": supernet,
@@ -46,10 +52,27 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
             "old_record": "supernet_val_ppl" not in search,
             "architecture": architecture.layout_string(architecture.layout(record)),
             "blocks": record["architecture"], "probabilities": record["probabilities"], "margins": margins,
-            "undecided": [b for b, m in margins.items() if m < UNDECIDED_MARGIN],
+            "undecided": [b for b, m in margins.items() if 0 <= m < UNDECIDED_MARGIN],
+            "overruled": [b for b, m in margins.items() if m < 0],
+            "retrained_val_ppl": _last(winner.get("val_ppl")), "guard": guard.get("architecture"),
+            "guard_val_ppl": _last((entrants.get(guard.get("architecture")) or {}).get("val_ppl")),
+            "guard_won": selection.get("verdict") == "guard" if selection else None,
             "latency": latency, "latency_ratio": (latency or {}).get("ratio"),
             "architecture_cost": search.get("architecture_cost"), "cost_unit": search.get("cost_unit"),
             "parameters": {k: search.get(k) for k in PARAMETERS}, "path": str(path)}
+
+
+def exported_margin(probabilities: dict[str, float], exported: str) -> float:
+    """The exported kind's probability less the best other kind's (negative where the supernet preferred another);
+    the block's margin (:func:`parnas.report.experiments.margin`) when the record does not price the exported kind."""
+    if exported not in probabilities:
+        return margin(probabilities.values())
+    others = [float(p) for k, p in probabilities.items() if k != exported]
+    return float(probabilities[exported]) - max(others) if others else 1.0
+
+
+def _last(values: Any) -> float | None:
+    return values[-1] if isinstance(values, list) and values and isinstance(values[-1], (int, float)) else None
 
 
 def export_experiment(experiment_id: str, out: str | Path | None = None,
@@ -83,6 +106,10 @@ def warnings(rows: Sequence[dict[str, Any]]) -> list[str]:
             blocks = ", ".join(f"{b} (margin {r['margins'][b]:.2f})" for b in r["undecided"])
             lines.append(f"trial {r['trial']}: undecided {blocks}: top \u2212 second probability < "
                          f"{UNDECIDED_MARGIN:g}, the exported choice there is close to a tie")
+        if r.get("overruled"):
+            blocks = ", ".join(f"{b} (margin {r['margins'][b]:.2f})" for b in r["overruled"])
+            lines.append(f"trial {r['trial']}: overruled {blocks}: the supernet preferred another kind there; the "
+                         "budget or the final pick chose the exported one")
         if r["old_record"]:
             lines.append(f"trial {r['trial']}: an older search, which recorded only the supernet's val ppl "
                          "(shown as 'supernet'); its exported architecture's is unknown")
@@ -105,16 +132,20 @@ def _number(value: Any, spec: str = ".2f") -> str:
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The default output: one line per trial, then what the columns mean."""
-    head = ("trial", "val ppl", "supernet", "architecture", "latency ratio | cost", "block margins", "undecided")
+    head = ("trial", "val ppl", "supernet", "retrained", "guard", "architecture", "latency ratio | cost",
+            "block margins", "undecided")
     lines = [head]
     for r in rows:
         cost = (_number(r["latency_ratio"]) if r["latency_ratio"] is not None else
                 f"{r['architecture_cost']:.4g} {r['cost_unit'] or ''}".rstrip()
                 if isinstance(r["architecture_cost"], (int, float)) else "-")
-        lines.append((r["trial"], _number(r["val_ppl"]), _number(r["supernet_val_ppl"]), r["architecture"], cost,
+        guard = (f"{r['guard']} {_number(r['guard_val_ppl'])}" + (" (won)" if r["guard_won"] else "")
+                 if r.get("guard") else "-")
+        lines.append((r["trial"], _number(r["val_ppl"]), _number(r["supernet_val_ppl"]),
+                      _number(r.get("retrained_val_ppl")), guard, r["architecture"], cost,
                       " ".join(f"{m:.2f}" for m in r["margins"].values()), ", ".join(r["undecided"]) or "-"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    right = {1, 2, 4}
+    right = {1, 2, 3, 6}
     text = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
             for line in lines]
     targets = sorted({TARGET_LABELS.get((r["latency"] or {}).get("target"), "train step") for r in rows
@@ -122,10 +153,13 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(text + [
         "",
         "val ppl: validation perplexity of the exported architecture (supernet weights, not retrained); "
-        "supernet: the supernet's (candidates mixed by softmax(alpha))",
+        "supernet: the supernet's (candidates mixed by softmax(alpha)); retrained: the exported architecture's after "
+        "the final pick's retrain from scratch (its last round); guard: the Transformer-XL it was checked against, "
+        "retrained alike",
         f"architecture: {LETTER_CODE}",
         f"latency ratio: predicted {' or '.join(targets)} of the exported architecture / the standard "
         "Transformer-XL's at the "
         "same n_blocks (search.latency.ratio); where none is recorded, the architecture's cost and its unit",
-        f"block margins: top - second probability of each block, input first; undecided: below {UNDECIDED_MARGIN:g}",
+        "block margins: the exported kind's probability less the best other kind's, each block, input first "
+        f"(below 0: the supernet preferred another kind); undecided: from 0 to {UNDECIDED_MARGIN:g}",
     ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parnas.kinds import attending  # imports no torch
@@ -15,6 +16,15 @@ def in_nni_trial() -> bool:
     return "NNI_PLATFORM" in os.environ and bool(os.environ.get("NNI_OUTPUT_DIR"))
 
 
+def experiment_folder() -> Path | None:
+    """The nnictl experiment's own folder (``<root>/<experiment id>``, above the trial's output folder), where what its
+    trials share is kept; None outside a trial or where the trial's folder is not under it."""
+    if not in_nni_trial():
+        return None
+    experiment = os.environ.get("NNI_EXP_ID")
+    return next((p for p in Path(os.environ["NNI_OUTPUT_DIR"]).resolve().parents if p.name == experiment), None)
+
+
 def trial_parameters() -> dict[str, Any]:
     """The tuner's parameters for this trial (dotted keys such as ``search.tau_end``), or {}."""
     if not in_nni_trial():
@@ -24,20 +34,33 @@ def trial_parameters() -> dict[str, Any]:
     return dict(nni.get_next_parameter() or {})
 
 
-def nni_metric(result: Evaluated, latency: dict[str, Any] | None) -> dict[str, Any]:
-    """What NNI's web UI shows for a trial, at every evaluation and at the end: ``default`` is the exported
-    architecture's own perplexity; beside it that architecture (one letter per block) and its predicted
-    train step relative to Transformer-XL's (the cost ratio under ``search.penalty_cost=flops``).
-    The web UI lists a dict's keys in this order (its trials table's optional columns, and the charts' choices),
-    and shows the numbers as they are: rounded here as in architecture.json."""
+def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
+               selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What NNI's web UI shows for a trial, at every evaluation (so its columns fill from the first) and at the end:
+    ``default`` is the exported architecture's own perplexity with the supernet's weights; beside it that
+    architecture (one letter per block) and its predicted train step relative to Transformer-XL's (the cost ratio
+    under ``search.penalty_cost=flops``). The final result adds, from the final pick's ``selection`` record, the
+    perplexity the export retrained to from scratch (``retrained_val_ppl``) and the guard's (``guard_val_ppl``),
+    named apart from the supernet-weight one. The web UI lists a dict's keys in this order (its trials table's
+    optional columns, and the charts' choices), and shows the numbers as they are: rounded as in architecture.json."""
     ratio = latency["ratio"] if latency else result.cost_ratio
+    picked = {}
+    if selection:
+        entrants = {e["architecture"]: e for e in selection["entrants"]}
+        guard = selection.get("guard") or {}
+        picked = {"retrained_val_ppl": _last(entrants[selection["winner"]]["val_ppl"]),
+                  "guard": guard.get("architecture"), "guard_val_ppl": _last(guard.get("val_ppl")),
+                  "guard_won": selection["verdict"] == "guard"}
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
-            "latency_ratio": None if ratio is None else round(ratio, 4),
+            "latency_ratio": None if ratio is None else round(ratio, 4), **picked,
             "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": attending(result.kinds),
             "predicted_step_ms": latency["target_ms"] if latency else None,
             "latency_target": latency["target"] if latency else None,
             "latency_device": latency["device"] if latency else None}
 
+
+def _last(values: list[float | None] | None) -> float | None:
+    return values[-1] if values else None
 
 
 def report_to_nni(metric: dict[str, Any], final: bool = False) -> None:

@@ -14,9 +14,18 @@ from parnas.config import Config
 from parnas.data.corpora import load_splits
 from parnas.errors import ParnasError
 from parnas.strategies.costs import CostModel, flops_model, latency_costs
+from parnas.strategies.nni_trial import experiment_folder
 from parnas.training.devices import check_devices, training_device
 from parnas.training.latency import check_targets, target_memories
-from parnas.training.latency_cache import cache_path, check_cache, describe, latency_table, newest_covering, unsteady
+from parnas.training.latency_cache import (
+    cache_path,
+    check_cache,
+    describe,
+    experiment_table,
+    latency_table,
+    newest_covering,
+    unsteady,
+)
 from parnas.training.latency_table import MODES, LatencyTable, load_table_for, read_table, table_key
 
 PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
@@ -65,11 +74,24 @@ def cost_model(cfg: Config, vocab_size: int, device: torch.device, pinned: Path 
         table, cached = load_table_for(given, key, target=cfg.search.latency_target), True
         source = f"given, {given}"
     else:
-        table, cached = latency_table(cfg, vocab_size, kinds, device, **({"warn": warn} if warn else {}),
-                                      targets=(cfg.search.latency_target,))  # its own target alone
-        source = "cached" if cached else "timed now, " + ("cached" if unsteady(table) is None else "not cached")
+        def obtain() -> LatencyTable:
+            nonlocal cached, source
+            table, cached = latency_table(cfg, vocab_size, kinds, device, **({"warn": warn} if warn else {}),
+                                          targets=(cfg.search.latency_target,))  # its own target alone
+            source = "cached" if cached else "timed now, " + ("cached" if unsteady(table) is None else "not cached")
+            return table
+
+        cached, source, shared = False, "", experiment_folder()
+        if shared is None:
+            table = obtain()
+        else:  # one table for every trial of the experiment
+            key = table_key(cfg, vocab_size, sorted({*kinds, "identity"}), device)
+            table, given_path, reused = experiment_table(shared / "latency", key, obtain)
+            given, cached = str(given_path), cached or reused
+            source = (f"the experiment's, {given}, which an earlier trial made" if reused else
+                      f"{source}; the experiment's from now on, {given}")
     return latency_costs(table, cfg.model.n_blocks, cfg.search.latency_target), {
-        "table": table, "cached": cached, "path": given, "timed_here": given is None,
+        "table": table, "cached": cached, "path": given, "timed_here": cfg.search.latency_table is None,
         "memory": target_memories(cfg), "source": source}
 
 
@@ -91,7 +113,8 @@ def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: lis
     other = {f"{m}_{'token' if m == 'generate' else 'step'}_ms": round(table.predict(kinds, m), 3)
              for m in table.modes}  # the targets the table prices (a search times its own alone)
     return {"unit": "ms", "device": table.key["device"], "precision": table.key.get("precision"),
-            "table": latency.get("path"), "timed_here": latency.get("timed_here"), "target": target,
+            "table": latency.get("path"), "priced_with": latency.get("source"),
+            "timed_at": (table.timing or {}).get("timed_at"), "timed_here": latency.get("timed_here"), "target": target,
             "target_ms": round(table.predict(kinds, target), 3),
             **other,
             "transformer_xl_ms": round(table.transformer_xl_ms(len(kinds), target), 3), "ratio": round(ratio, 4),

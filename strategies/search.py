@@ -260,7 +260,7 @@ def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: f
     architecture.write(run_dir / "architecture.json", record)
     plot_run(run_dir)
     if trial:
-        report_to_nni(nni_metric(result, latency), final=True)
+        report_to_nni(nni_metric(result, latency, selection), final=True)
     return record
 
 

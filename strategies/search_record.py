@@ -34,7 +34,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
     return architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities, tokenizer=tokenizer.identity(),
         search={"strategy": strategy_registry.PAR_GUMBEL_DARTS, "mode": module.par.mode, "steps": steps,
-                "tau_final": module.tau, "val_ppl": round(result.val_ppl, 4),
+                "tau_final": module.tau if reads_tau(module.par) else None, "val_ppl": round(result.val_ppl, 4),
                 "supernet_val_ppl": round(result.supernet_val_ppl, 4),
                 "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
@@ -56,3 +56,12 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                 "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
                 "nni_trial": trial, "selection": selection})
+
+
+def reads_tau(par: Any) -> bool:
+    """Whether a search with these (resolved) PAR settings reads the temperature: a tau given away from its default
+    would be reported unread otherwise (:meth:`parnas.strategies.par_settings.PARSettings.unread`). A record and its
+    pictures show tau only where it was read."""
+    from dataclasses import replace
+
+    return "tau_start" not in replace(par, tau_start=par.tau_start / 2 + 0.25).unread()

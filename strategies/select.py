@@ -348,17 +348,17 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
                  *([confirm] if confirm else []),
                  *(f"out after {steps[n - 1]} steps{early}: {', '.join(names)}" for n, names in sorted(rounds.items(),
                                                                                                         reverse=True))]
-        line = (f"the shallower Transformer-XL {guard['architecture']} beat the search's picks after {at} (val ppl "
-                f"{'; '.join(parts)}): exported it")
+        line = (f"{guard_name(guard['kinds'])} beat "
+                f"the search's picks after {at} (val ppl {'; '.join(parts)}): exported it")
     elif won:
         verdict = "search"
-        line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}), the shallower "
-                "Transformer-XL, which the supernet picked too")
+        line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}), "
+                f"{guard_name(guard['kinds'], named=False)}, which the supernet picked too")
     else:
         verdict = "search"
         out = f" after {steps[len(guard['val_ppl']) - 1]} steps" if guard["val_ppl"] else ""
-        line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); the shallower "
-                f"Transformer-XL {guard['architecture']}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
+        line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); "
+                f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
                                                                                             else ""))
     return {"k": cfg.search.select.k, "rank": cfg.search.select.rank, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
@@ -370,9 +370,18 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
                          for e in entered],
             "winner": winner["architecture"],
             "guard": None if guard is None else {"architecture": guard["architecture"],
+                                                 "name": guard_name(guard["kinds"]),
                                                  "val_ppl": _rounded(guard["val_ppl"]),
                                                  "cost_ratio": guard["cost_ratio"]},
             "verdict": verdict, "verdict_line": line, "seconds": round(seconds, 1)}
+
+
+def guard_name(kinds: Sequence[str], named: bool = True) -> str:
+    """What the guard is called: "Transformer-XL" when it keeps every block (the budget admits the full network),
+    else "the shallower Transformer-XL ADAD" (``named``: with its layout; without, "the shallower Transformer-XL")."""
+    if SKIPPED_KIND not in kinds:
+        return "Transformer-XL"
+    return f"the shallower Transformer-XL {layout_string(kinds)}" if named else "the shallower Transformer-XL"
 
 
 def _rounded(values: Sequence[float | None]) -> list[float | None]:

@@ -75,11 +75,15 @@ def test_it_ends_when_nni_says_done_or_the_manager_has_gone(tmp_path):
 
 
 def test_search_yaml_is_read_for_its_size():
-    trials, steps, preset, root = experiment_size(REPO / "search.yaml")
+    from parnas.config import load_config
+    from parnas.report.follow import pick_retrain_steps
+
+    trials, steps, preset, root, pick = experiment_size(REPO / "search.yaml")
     assert (trials, steps, preset, root) == (4, 600, "wt2-cpu", None)
+    assert pick == pick_retrain_steps(load_config("wt2-cpu").search.select, steps) > 0  # the time left counts it
 
 
 def test_a_config_it_cannot_read_leaves_the_size_unknown(tmp_path):
     (tmp_path / "e.yaml").write_text("trialCommand: python train.py\nmaxTrialNumber: 3\n")
-    assert experiment_size(tmp_path / "e.yaml") == (3, None, None, None)
-    assert experiment_size(tmp_path / "missing.yaml") == (None, None, None, None)
+    assert experiment_size(tmp_path / "e.yaml") == (3, None, None, None, 0)
+    assert experiment_size(tmp_path / "missing.yaml") == (None, None, None, None, 0)

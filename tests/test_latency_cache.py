@@ -202,3 +202,46 @@ def test_parnas_latency_refuses_check_with_out_and_neither_in_one_line(args, nee
     assert main(["latency", "--config", "tiny", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_the_trials_of_one_experiment_price_with_the_table_the_first_one_made(tmp_path):
+    """The first trial obtains the table (here an unsteady one, which the machine's cache refuses) and the others
+    reuse it from the experiment's folder, never timing their own."""
+    first, later = table(spread=0.4, load=3.0), table(cost=9.0)
+    made, path, reused = latency_cache.experiment_table(tmp_path / "latency", first.key, lambda: first)
+    assert (made, reused) == (first, False) and path.is_file()
+    again, same_path, reused = latency_cache.experiment_table(tmp_path / "latency", first.key, lambda: later)
+    assert reused and same_path == path and again.kinds_ms == first.kinds_ms and again.timing == first.timing
+    assert not list((tmp_path / "latency").glob(".parnas.lock"))  # the lock goes with its holder
+
+
+def test_a_held_experiment_table_is_waited_for(tmp_path, monkeypatch):
+    from parnas.errors import ParnasError
+
+    tries, said = [], []
+    real = latency_cache.hold_run_dir
+
+    def busy_twice(folder):  # another trial holds the folder for two looks
+        tries.append(folder)
+        if len(tries) <= 2:
+            raise ParnasError(f"{folder} is in use by another parnas run (process 1): wait for it")
+        return real(folder)
+
+    monkeypatch.setattr(latency_cache, "hold_run_dir", busy_twice)
+    monkeypatch.setattr(latency_cache.time, "sleep", lambda s: None)
+    one = table()
+    latency_cache.experiment_table(tmp_path / "latency", one.key, lambda: one, progress=said.append)
+    assert len(tries) == 3 and said == ["latency table: waiting for the trial that is timing the experiment's table"]
+
+
+def test_a_trial_finds_its_experiments_folder(tmp_path, monkeypatch):
+    from parnas.strategies.nni_trial import experiment_folder
+
+    run = tmp_path / "exp1" / "environments" / "local" / "trials" / "T"
+    run.mkdir(parents=True)
+    monkeypatch.setenv("NNI_PLATFORM", "local")
+    monkeypatch.setenv("NNI_OUTPUT_DIR", str(run))
+    monkeypatch.setenv("NNI_EXP_ID", "exp1")
+    assert experiment_folder() == (tmp_path / "exp1").resolve()
+    monkeypatch.delenv("NNI_PLATFORM")
+    assert experiment_folder() is None

@@ -391,3 +391,18 @@ def test_no_further_seed_runs_when_the_guard_wins_or_confirm_seeds_is_0(tmp_path
     assert set(trained) == {0}
     selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
     assert selection["verdict"] == "search" and selection["confirm_seeds"] == 0
+
+
+def test_the_guard_is_named_transformer_xl_when_it_keeps_every_block():
+    """The full network is Transformer-XL, not "the shallower" one; the record's verdict names it so."""
+    from parnas.config import load_config
+
+    assert select.guard_name(["attention", "dense", "attention", "dense"]) == "Transformer-XL"
+    assert select.guard_name(["attention", "dense", "identity", "identity"]) == "the shallower Transformer-XL ADII"
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.steps=[2, 4]"])
+    full = {**select._entrant(["attention", "dense"] * 2, "guard", COSTS, []), "val_ppl": [60.0, 50.0]}
+    other = {**select._entrant(["dense"] * 4, "supernet #1", COSTS, []), "val_ppl": [70.0, 55.0]}
+    record = select._record(cfg, [other, full], full, 1.0, "search.latency_budget", 1.0)
+    assert record["verdict"] == "guard" and record["guard"]["name"] == "Transformer-XL"
+    assert record["verdict_line"].startswith("Transformer-XL beat the search's picks")
+    assert "shallower" not in record["verdict_line"]

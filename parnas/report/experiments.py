@@ -76,15 +76,17 @@ def trial_run_dirs(experiment_id: str, root: str | Path | None = None) -> dict[s
 
 
 def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dict[str, Trial]:
-    """Every trial folder of the experiment, finished or not, sorted by trial id."""
+    """Every trial folder of the experiment, finished or not, in the order the trials started: NNI's record of
+    the trials' first events, then (for a trial it has not recorded) the folder's creation, then the id. A trial's
+    number ("trial k of n") is its place here, so it never changes as trials come and go."""
     folder = experiment_dir(experiment_id, root)
     dirs: dict[str, Path] = {}
     for path in sorted(p for p in [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")] if p.is_dir()):
         dirs[path.name] = max(dirs.get(path.name, path), path, key=_run_dir_rank)  # the folder the search wrote
-    nni = nni_trial_statuses(folder)
+    nni, started = nni_trial_statuses(folder), nni_trial_order(folder)
     stopped = experiment_stopped(experiment_id, root)
     trials = {}
-    for trial, run in sorted(dirs.items()):
+    for trial, run in sorted(dirs.items(), key=lambda item: (started.get(item[0], math.inf), _made(item[1]), item[0])):
         status = nni.get(trial)
         if (run / "architecture.json").is_file():
             kind = FINISHED
@@ -98,6 +100,27 @@ def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dic
 
 def _run_dir_rank(path: Path) -> tuple[bool, bool]:
     return (path / "architecture.json").is_file(), (path / "history.jsonl").is_file()
+
+
+def _made(path: Path) -> float:
+    try:
+        return path.stat().st_ctime
+    except OSError:
+        return math.inf
+
+
+def nni_trial_order(folder: Path) -> dict[str, int]:
+    """Trial id -> the place of its first event in ``<experiment>/db/nni.sqlite`` (the order NNI started the trials;
+    {} without a readable record)."""
+    db = folder / "db" / "nni.sqlite"
+    if not db.is_file():
+        return {}
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as con:
+            rows = con.execute("select trialJobId, min(rowid) from TrialJobEvent group by trialJobId").fetchall()
+    except sqlite3.Error:  # being written, or another NNI version's schema: the folders' order
+        return {}
+    return {trial: first for trial, first in rows if isinstance(first, int)}
 
 
 def status_counts(trials: Mapping[str, Trial]) -> str:

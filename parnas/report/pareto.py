@@ -79,9 +79,9 @@ def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
     ax.step(fx, fy, where="post", color="#d62728", linewidth=1.5, zorder=1)
     ax.scatter(fx, fy, s=100, facecolors="none", edgecolors="#d62728", linewidths=1.8, zorder=3,
                label="Pareto front" + ("" if finished else " (histories so far)"))
-    for p in points:
-        where = "" if p.step is None else f", step {p.step:,}"
-        ax.annotate(f"{p.layout} ({p.trial}{where})", (p.cost, p.val_ppl), textcoords="offset points",
+    for group in coinciding(points):
+        trials = ", ".join(p.trial + ("" if p.step is None else f", step {p.step:,}") for p in group)
+        ax.annotate(f"{group[0].layout} ({trials})", (group[0].cost, group[0].val_ppl), textcoords="offset points",
                     xytext=(5, 4), fontsize=8)
     ax.set_xlabel(f"{xlabel}\n\u2190 cheaper", fontsize=9)  # two lines: a device's latency label is long
     ax.set_ylabel(EXPORTED_PPL_LABEL.replace(" (", "\n("), fontsize=9)
@@ -90,10 +90,41 @@ def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
     ax.set_title(f"labels: architecture ({LETTER_CODE}), trial", fontsize=8, color="#555555")
     ax.grid(alpha=0.3)
     ax.margins(x=0.12, y=0.08)
+    low, high = ax.get_xlim()
+    ax.set_xlim(*widened(low, high, MIN_X_SPAN if xlabel == LATENCY_LABEL else 0.1 * max(abs(low), abs(high))))
+    low, high = ax.get_ylim()
+    ax.set_ylim(*widened(low, high, MIN_Y_SPAN * (low + high) / 2))
     # under the axis, not over the trials: wherever they lie, a legend inside could hide some
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False, fontsize=8)
     return fig
+
+
+MIN_X_SPAN = 0.2  # of a latency ratio: layouts a block apart differ by about a tenth of Transformer-XL's step
+MIN_Y_SPAN = 0.05  # of the perplexity: beyond the seed spread of a short retrain, so noise never fills the axis
+SAME_PPL = 0.005  # points of one layout and cost whose perplexities differ by less share a label
+
+
+def coinciding(points: Sequence[TrialPoint]) -> list[list[TrialPoint]]:
+    """The points in groups that one label names: one layout at one cost, perplexities within :data:`SAME_PPL`
+    (trials that exported the same network), in the order their first point comes."""
+    groups: list[list[TrialPoint]] = []
+    for p in points:
+        group = next((g for g in groups if g[0].layout == p.layout and math.isclose(g[0].cost, p.cost, rel_tol=1e-3)
+                      and abs(g[0].val_ppl - p.val_ppl) <= SAME_PPL * g[0].val_ppl), None)
+        if group is None:
+            groups.append([p])
+        else:
+            group.append(p)
+    return groups
+
+
+def widened(low: float, high: float, span: float) -> tuple[float, float]:
+    """``(low, high)`` widened about its middle to at least ``span``."""
+    if high - low >= span:
+        return low, high
+    middle = (low + high) / 2
+    return middle - span / 2, middle + span / 2
 
 
 def trial_cost(record: Mapping[str, Any]) -> tuple[float | None, str | None]:

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,8 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
         raise HistoryError(f"no run directory {run}")
     history = load_history(run)
     record = read_architecture(run, note)
+    if record is not None and "tau_final" in (record.get("search") or {}) and record["search"]["tau_final"] is None:
+        history = replace(history, tau=np.full_like(history.tau, np.nan))  # a search that read no tau shows none
     gif, last = write_gif(history, run / "probabilities.gif", max_frames)
     lines = save_figure(lines_figure(history), run / "probabilities.png")
     arch = save_figure(architecture_figure(history, record), run / "architecture.png")
@@ -121,8 +124,21 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
     return [gif, lines, arch]
 
 
+# TensorBoard's Scalars tab sorts cards by name; its Custom Scalars tab shows these first, in this order: what a user
+# of a search looks at first (the loss, both perplexities, the temperature, the cost), then the rest
+FIRST_SCALARS = {"the search": {
+    "train loss": ["Multiline", ["train/loss"]],
+    "val ppl: exported architecture (supernet weights) and supernet": ["Multiline",
+                                                                       ["val/ppl_exported", "val/ppl_supernet"]],
+    "temperature tau": ["Multiline", ["search/tau"]],
+    "expected cost ratio (to Transformer-XL's) and the budget's multiplier": ["Multiline",
+                                                                             ["search/expected_cost_ratio",
+                                                                              "search/lambda"]]}}
+
+
 def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = stderr_note) -> None:
-    """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars.
+    """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars, and the layout
+    that shows those a user opens first first (:data:`FIRST_SCALARS`, TensorBoard's Custom Scalars tab).
 
     It goes into one events file, ``<log_dir>/<TB_FILE>``, which each call replaces: plotting a run again
     never adds a second copy of the image."""
@@ -136,6 +152,7 @@ def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = st
         writer = SummaryWriter(log_dir=tmp)
         try:
             writer.add_image(TB_TAG, image, global_step=step, dataformats="HWC")
+            writer.add_custom_scalars(FIRST_SCALARS)
         finally:
             writer.close()
         (written,) = Path(tmp).glob("events.out.tfevents.*")
@@ -162,8 +179,11 @@ def lines_figure(history: History) -> Any:
     fig = figure(4.2 * cols + 1.0, 2.0 * rows + 2.2, layout="constrained")
     grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.1] + [1.0] * rows)
     top = fig.add_subplot(grid[0, :])
-    top.plot(history.steps, history.tau, color="#444444", label="temperature \u03c4")
-    top.set_ylabel("\u03c4")
+    if np.isfinite(history.tau).any():  # NaN: the search read no temperature (its forward drew no sample)
+        top.plot(history.steps, history.tau, color="#444444", label="temperature \u03c4")
+        top.set_ylabel("\u03c4")
+    else:
+        top.set_yticks([])
     series = [(history.val_ppl, EXPORTED_PPL_LABEL, "o-", "#2ca02c"),
               (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "s--", "#9467bd")]
     series = [s for s in series if np.isfinite(s[0]).any()]
@@ -177,7 +197,7 @@ def lines_figure(history: History) -> Any:
         handles = [*top.get_legend_handles_labels()[0], *twin.get_legend_handles_labels()[0]]
         twin.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=1, fontsize=8,
                     frameon=False, borderaxespad=0.2)
-    else:
+    elif np.isfinite(history.tau).any():
         top.set_title("temperature", fontsize=10)
     first = None
     for i, block in enumerate(history.blocks):
@@ -201,13 +221,15 @@ def lines_figure(history: History) -> Any:
             ax.set_ylabel("probability")
     handles, labels = first.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
-    fig.suptitle("Block-kind probabilities during the search", fontweight="bold")
+    fig.suptitle("The supernet's block-kind probabilities during the search", fontweight="bold")
     return fig
 
 
 def architecture_figure(history: History, record: Mapping[str, Any] | None = None) -> Any:
-    """The found architecture as a column of blocks, input at the top, each with its probabilities
-    (from ``architecture.json``; without one, the argmax of the last logged probabilities)."""
+    """The exported architecture as a column of blocks, input at the top (from ``architecture.json``; without one,
+    the argmax of the last logged probabilities); apart from it, on the right and labelled as the supernet's, each
+    block's probabilities and, where it differs from the export (chosen by the budget or the final pick), the kind
+    the supernet preferred there."""
     from matplotlib.patches import FancyBboxPatch, Patch
 
     kinds = history.kinds
@@ -244,15 +266,19 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
             ax.add_patch(FancyBboxPatch((left, y - 0.2), width, 0.4, boxstyle="square,pad=0",
                                         facecolor=kind_colour(k), edgecolor="none"))
             left += width
-        if kind in probs:
-            ax.text(8.4, y, f"p = {float(probs[kind]):.2f}", va="center", fontsize=10)
+        top = max(probs, key=probs.get) if probs else kind
+        if top != kind:  # the supernet preferred another kind here: said, in that kind's colour
+            ax.text(8.3, y, f"preferred {top}\n{float(probs[top]):.2f}", va="center", fontsize=8.5,
+                    color=kind_colour(top), fontstyle="italic")
+        elif kind in probs:
+            ax.text(8.3, y, f"{float(probs[kind]):.2f}", va="center", fontsize=10)
     softmax = "adaptive softmax" if ((record or {}).get("model") or {}).get("cutoffs") else "softmax"
     box(-(len(blocks) + 2), softmax, "white", "#666666", "#333333")
     for i in range(len(blocks) + 1):
         ax.annotate("", xy=(2.7, -(i + 1.62)), xytext=(2.7, -(i + 1.38)),
                     arrowprops={"arrowstyle": "-|>", "color": "#666666"})
     counts = ", ".join(f"{sum(v == k for v in arch.values())} {k}" for k in dict.fromkeys(arch.values()))
-    title = f"{'Found architecture' if record else 'Architecture so far'}: {len(blocks)} blocks ({counts})"
+    title = f"{'Exported architecture' if record else 'Architecture so far'}: {len(blocks)} blocks ({counts})"
     ax.text(5, 1.55, title, ha="center", fontsize=min(13.0, 13.0 * 62 / len(title)), fontweight="bold")  # fits 7.4 in
     exported, supernet = perplexities(search)
     at = ""
@@ -277,7 +303,12 @@ def architecture_figure(history: History, record: Mapping[str, Any] | None = Non
              f"supernet's val ppl{at}: {supernet:.2f} (candidates mixed by softmax(\u03b1))" if supernet else ""]
     for y, line in zip((1.12, 0.72, 0.37), [line for line in lines if line]):
         ax.text(5, y, line, ha="center", fontsize=10 if y > 1 else 9, color="#333333")
-    ax.text(6.7, -0.95, "probabilities", ha="center", fontsize=9, color="#555555")
+    preferred = "".join(max(final[b], key=final[b].get)[0].upper() for b in blocks if final.get(b))
+    exported_layout = "".join(arch[b][0].upper() for b in blocks)
+    ax.text(6.7, -0.95, "supernet's probabilities (softmax \u03b1)", ha="center", fontsize=9, color="#555555")
+    if record and preferred and preferred != exported_layout:
+        ax.text(6.7, -0.62, f"the supernet preferred {preferred}; exported {exported_layout}", ha="center",
+                fontsize=9, color="#b22222")
     ax.legend(handles=[Patch(color=kind_colour(k), label=k) for k in legend_kinds],
               loc="lower center", ncols=min(4, len(legend_kinds)), frameon=False, bbox_to_anchor=(0.5, 0.0))
     return fig

@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from parnas import reading
 from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
+from parnas.run_folders import hold_run_dir
 from parnas.training import latency
 from parnas.training.latency_table import MODES, LatencyTable, cost_problem, table_key
 from parnas.training.timing import stderr_line
@@ -233,3 +236,48 @@ def drift(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
             furthest = max(furthest, (abs(off), f"{off:+.0%} on a {mode} step of {name}"))
     verdict = f"the cached table is off by at most {furthest[1]}" if furthest[1] else "no target to compare"
     return [*lines, verdict]
+
+
+def experiment_table(folder: Path, key: dict[str, Any], obtain: Callable[[], LatencyTable],
+                     progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, Path, bool]:
+    """The one table every trial of an experiment prices with, kept in ``folder`` (the experiment's): returns (table,
+    its file, whether another trial had made it). The first trial to need it holds ``folder``
+    (:func:`parnas.run_folders.hold_run_dir`: an ``O_NOFOLLOW`` lock) while ``obtain`` gives it (this machine's
+    cache, or a timing) and writes it; the others wait for the lock and read it. Trials that each timed their own
+    table at whatever load they met optimised against different prices; a table that never steadied is not cached
+    on the machine, and is shared here all the same. A file that does not read back as a table of ``key`` is
+    replaced."""
+    path = folder / f"{cache_path(key).stem}.json"
+    with _held_when_free(folder, progress):
+        try:
+            table = LatencyTable.from_dict(reading.read_json(path)) if path.is_file() else None
+        except (OSError, ValueError, KeyError, TypeError, ParnasError):
+            table = None
+        if table is not None and table.key == key and cached_problem(table) is None:
+            return table, path, True
+        table = obtain()
+        write_json_atomic(path, table.to_dict())
+        return table, path, False
+
+
+@contextmanager
+def _held_when_free(folder: Path, progress: Callable[[str], None] | None, every_s: float = 1.0) -> Iterator[None]:
+    """Hold ``folder``, waiting (one ``progress`` line) while another process holds it."""
+    said = False
+    while True:
+        try:
+            holding = hold_run_dir(folder)
+            holding.__enter__()
+        except ParnasError as e:
+            if "in use by another parnas run" not in str(e):
+                raise
+            if not said and progress is not None:
+                progress("latency table: waiting for the trial that is timing the experiment's table")
+                said = True
+            time.sleep(every_s)
+            continue
+        try:
+            yield
+        finally:
+            holding.__exit__(None, None, None)
+        return

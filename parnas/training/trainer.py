@@ -127,10 +127,12 @@ class Throughput(pl.Callback):
 class StepsTakenLogger(TensorBoardLogger):
     """TensorBoard with steps counted as optimiser steps taken, as history.jsonl, metrics.json and NNI count
     them: Lightning logs a batch's metrics (and a validation after step N) under the count of steps
-    finished before that batch, one less (N-1)."""
+    finished before that batch, one less (N-1). Lightning's "epoch" scalar is left out: the runs count steps."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        super().log_metrics(metrics, None if step is None else step + 1)
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}  # Lightning's own: a card no one reads first
+        if metrics:
+            super().log_metrics(metrics, None if step is None else step + 1)
 
 
 def prints_progress(step: int, every: int) -> bool:

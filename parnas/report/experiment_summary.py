@@ -1,0 +1,141 @@
+"""The block ``parnas launch --wait`` (``make search``) ends with: what each trial exported and at what cost, what
+its final pick retrained it to against the guard, whether the guard won, where its pictures are, and the two
+retrains that compare the best find with Transformer-XL.
+
+Plain records in, text out (no torch). A trial's numbers are its place in start order
+(:func:`parnas.report.experiments.experiment_trials`), as the progress lines said them. The best trial is the one
+whose export retrained to the lowest perplexity in its pick (the supernet-weight perplexity where no pick ran).
+When that export is Transformer-XL itself, comparing it with Transformer-XL would compare a network with itself:
+the block says so and offers the cheapest layout a pick confirmed instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from parnas.architecture import layout_string
+from parnas.config import transformer_xl_layout
+from parnas.report.experiments import FINISHED, Trial
+
+RETRAIN_STEPS = 3000  # the first hour's retrain length (README): found network and Transformer-XL alike
+PICTURES = ("architecture.png", "probabilities.png", "probabilities.gif")
+
+
+def trial_outcome(number: int, trial: Trial) -> dict[str, Any] | None:
+    """What the summary says of one finished trial (None: unreadable or not finished)."""
+    if trial.status != FINISHED:
+        return None
+    try:
+        record = json.loads((trial.run_dir / "architecture.json").read_text())
+        kinds = [record["architecture"][f"block_{i}"] for i in range(len(record["architecture"]))]
+        search = record.get("search") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    layout = layout_string(kinds)
+    latency = search.get("latency") if isinstance(search.get("latency"), dict) else {}
+    ratio = latency.get("ratio", search.get("cost_ratio"))
+    selection = search.get("selection") if isinstance(search.get("selection"), dict) else None
+    outcome = {"number": number, "trial": trial.id, "architecture": layout, "cost_ratio": ratio,
+               "transformer_xl": layout == layout_string(transformer_xl_layout(len(kinds))),
+               "supernet_weight_ppl": search.get("val_ppl"), "retrained_ppl": None, "steps": None,
+               "guard": None, "guard_ppl": None, "guard_won": None, "pictures": trial.run_dir}
+    if selection:
+        entrants = {e.get("architecture"): e for e in selection.get("entrants") or [] if isinstance(e, dict)}
+        winner, guard = entrants.get(selection.get("winner")), selection.get("guard") or {}
+        outcome["retrained_ppl"] = _seeds_mean(winner) if winner else None
+        outcome["steps"] = (selection.get("steps") or [None])[-1]
+        outcome["guard"] = guard.get("name") or (f"the shallower Transformer-XL {guard['architecture']}"
+                                                 if guard.get("architecture") else None)
+        outcome["guard_ppl"] = _seeds_mean(entrants.get(guard.get("architecture"), {})) if guard else None
+        outcome["guard_won"] = selection.get("verdict") == "guard"
+        outcome["picked_guard"] = bool(guard) and selection.get("winner") == guard.get("architecture")
+        outcome["seeds"] = 1 + len((winner or {}).get("confirm_val_ppl") or [])
+    return outcome
+
+
+def _seeds_mean(entrant: Mapping[str, Any]) -> float | None:
+    """An entrant's last-round perplexity, averaged with its confirming seeds' where they ran."""
+    values = [*(entrant.get("val_ppl") or [])[-1:], *(entrant.get("confirm_val_ppl") or [])]
+    if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def _ppl(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _line(o: Mapping[str, Any]) -> str:
+    cost = f"{o['cost_ratio']:.2f} x Transformer-XL's cost" if isinstance(o["cost_ratio"], (int, float)) else "cost n/a"
+    head = f"trial {o['number']} ({o['trial']}): exported {o['architecture']}"
+    head += " (Transformer-XL itself)" if o["transformer_xl"] else ""
+    if o["steps"] is None:
+        return (f"{head}, {cost}; no final pick ran (val ppl {_ppl(o['supernet_weight_ppl'])} with the supernet's "
+                "weights)")
+    seeds = f", mean of {o['seeds']} seeds" if o.get("seeds", 1) > 1 else ""
+    if o["guard"] is None:
+        return f"{head}, {cost}; retrained {_ppl(o['retrained_ppl'])} after {o['steps']} steps; no guard within budget"
+    if o.get("picked_guard") and not o["guard_won"]:
+        return (f"{head}, {cost}; the supernet picked {o['guard']} too: retrained {_ppl(o['retrained_ppl'])} after "
+                f"{o['steps']} steps")
+    verdict = "the guard won" if o["guard_won"] else "the guard did not win"
+    if o["guard_won"]:
+        return f"{head}, {cost}; {verdict}: {o['guard']} retrained {_ppl(o['retrained_ppl'])} after {o['steps']} steps"
+    return (f"{head}, {cost}; retrained {_ppl(o['retrained_ppl'])} against {o['guard']}'s {_ppl(o['guard_ppl'])} "
+            f"after {o['steps']} steps{seeds}: {verdict}")
+
+
+def best_outcome(outcomes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The trial whose export retrained best in its pick (supernet-weight perplexity where none ran); earliest wins
+    ties."""
+    def key(o: Mapping[str, Any]) -> tuple[float, float, int]:
+        retrained, inherited = o["retrained_ppl"], o["supernet_weight_ppl"]
+        return (retrained if retrained is not None else math.inf,
+                inherited if isinstance(inherited, (int, float)) else math.inf, o["number"])
+
+    return min(outcomes, key=key)
+
+
+def retrain_line(config: str | None, arch: str, out: str) -> str:
+    flag = f" --config {config}" if config else ""
+    return f"parnas retrain --arch {arch}{flag} --set train.max_steps={RETRAIN_STEPS} --out {out}"
+
+
+def summary_block(experiment: str, trials: Mapping[str, Trial], preset: str | None) -> str | None:
+    """The block, or None when no trial finished."""
+    outcomes = [o for o in (trial_outcome(n, t) for n, t in enumerate(trials.values(), start=1)) if o is not None]
+    if not outcomes:
+        return None
+    lines = [f"summary of experiment {experiment} ({len(outcomes)} of {len(trials)} trials finished; perplexities "
+             "on the validation split, retrained from scratch in each trial's final pick):"]
+    for o in outcomes:
+        lines.append("  " + _line(o))
+        lines.append(f"    pictures: {o['pictures']}/{{{','.join(PICTURES)}}}")
+    folders = {o["pictures"].parent for o in outcomes}
+    if len(folders) == 1:
+        lines.append(f"  TensorBoard: tensorboard --logdir {folders.pop()}   (a run per trial, <trial>/tensorboard; "
+                     "its final pick's retrains beside it, <trial>/select/<layout>/tensorboard)")
+    best = best_outcome(outcomes)
+    cheaper = [o for o in outcomes if not o["transformer_xl"] and isinstance(o["cost_ratio"], (int, float))]
+    if best["transformer_xl"]:
+        found = min(cheaper, key=lambda o: (o["cost_ratio"], o["number"])) if cheaper else None
+        lines.append(f"best: trial {best['number']} exported Transformer-XL itself: retraining it beside "
+                     "Transformer-XL would compare a network with itself"
+                     + (f"; the cheapest layout a pick confirmed instead: trial {found['number']}'s "
+                        f"{found['architecture']} ({found['cost_ratio']:.2f} x)" if found else
+                        "; no trial exported a cheaper layout (give search.latency_budget a lower value)"))
+    else:
+        found = best
+        lines.append(f"best: trial {best['number']}'s {best['architecture']} "
+                     f"({best['cost_ratio']:.2f} x Transformer-XL's cost), retrained {_ppl(best['retrained_ppl'])}")
+    lines.append("next: retrain it and Transformer-XL as the README does, then compare them:")
+    lines.append(f"  parnas export --experiment {experiment} --out found/")
+    if found is not None:
+        lines.append("  " + retrain_line(preset, f"found/{found['trial']}.json", "runs/found"))
+    lines.append("  " + retrain_line(preset, "transformer-xl", "runs/txl"))
+    lines.append(f"  nnictl stop {experiment}   (the web UI stays up until then)")
+    return "\n".join(lines)
+
