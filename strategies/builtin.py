@@ -44,4 +44,4 @@ PAR = SearchStrategy(PAR_GUMBEL_DARTS, ONE_SHOT, run_par_search, check=check_par
                           "resume", source="Mandava et al. 2020 (PAR); parnas's own")
 _NNI_RUN = {ONE_SHOT: run_nni_one_shot, MULTI_TRIAL: run_nni_multi_trial}
 STRATEGIES = (PAR, *(SearchStrategy(s.name, s.family, _NNI_RUN[s.family], check=check_nni_strategy,
-                                    settings=s.settings, what=s.what, source=NNI) for s in NNI_STRATEGIES))
+                                    what=s.what, source=NNI) for s in NNI_STRATEGIES))

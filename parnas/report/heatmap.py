@@ -165,7 +165,9 @@ class HeatmapFigure:
 
 def progress_label(history: History, index: int) -> str:
     """The progress bar's label, e.g. ``step 250 / 1,000, tau 0.46`` (of the last logged step)."""
-    return f"step {int(history.steps[index]):,} / {int(history.steps[-1]):,}, tau {history.tau[index]:.3f}"
+    tau = history.tau[index]  # NaN where the search drew no Gumbel sample (it read no tau)
+    shown = f", tau {tau:.3f}" if tau == tau else ""
+    return f"step {int(history.steps[index]):,} / {int(history.steps[-1]):,}{shown}"
 
 
 def render_heatmap(history: History, index: int = -1) -> np.ndarray:

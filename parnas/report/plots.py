@@ -162,8 +162,9 @@ def lines_figure(history: History) -> Any:
     fig = figure(4.2 * cols + 1.0, 2.0 * rows + 2.2, layout="constrained")
     grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.1] + [1.0] * rows)
     top = fig.add_subplot(grid[0, :])
-    top.plot(history.steps, history.tau, color="#444444", label="temperature \u03c4")
-    top.set_ylabel("\u03c4")
+    if np.isfinite(history.tau).any():  # a search that drew no Gumbel sample read no tau: none is drawn
+        top.plot(history.steps, history.tau, color="#444444", label="temperature \u03c4")
+        top.set_ylabel("\u03c4")
     series = [(history.val_ppl, EXPORTED_PPL_LABEL, "o-", "#2ca02c"),
               (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "s--", "#9467bd")]
     series = [s for s in series if np.isfinite(s[0]).any()]

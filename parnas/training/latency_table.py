@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from parnas import reading
-from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout, upgrade_flat_settings
+from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError
 
 MODES = LATENCY_TARGETS  # the latency targets a table prices (both names stay importable from here)
@@ -120,7 +120,7 @@ def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> lis
     A model setting newer than the table counts as its default there (what the code that timed it built)."""
     def flat(key: dict[str, Any], model_defaults: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
-        model = {**model_defaults, **upgrade_flat_settings(key.get("model") or {}, note=False)}  # earlier versions
+        model = {**model_defaults, **(key.get("model") or {})}
         for name, value in model.items():
             if isinstance(value, dict):  # a kind's settings: only the run's kinds' count
                 out.update({f"model.{name}.{k}": v for k, v in value.items()} if name in run_key["kinds"] else {})
