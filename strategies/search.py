@@ -28,7 +28,7 @@ import numpy as np
 import pytorch_lightning as pl
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 
-from parnas import architecture
+from parnas import architecture, strategy_registry
 from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data.corpora import load_splits
@@ -41,7 +41,6 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
-from parnas.strategies.par_settings import par_settings
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
 from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
@@ -99,6 +98,10 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     """
     if cfg.train.accumulate != 1:
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
+    supernet_of = strategy_registry.get(cfg.search.strategy).supernet_factory()  # the registry's flag
+    if supernet_of is None:
+        raise ParnasError(f"search.strategy={cfg.search.strategy} has no supernet for parnas's one-shot search: "
+                          "run it with its own code (parnas search --strategy)")
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
     lr_setting, lr = cfg.search.weights_lr(cfg.train)
     task = LanguageModelTask(replace(cfg.train, lr=lr), meta, lr_setting)
@@ -111,9 +114,9 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
                                     pinned=run_dir / PINNED_TABLE if ckpt else None,
                                     warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
-    strategy = PARGumbelDARTS(cfg.search, par_settings(cfg.search), max_steps=cfg.train.max_steps,
-                              gradient_clip_val=cfg.train.clip or None,
-                              costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
+    strategy = supernet_of(cfg.search, cfg.search.settings, max_steps=cfg.train.max_steps,
+                           gradient_clip_val=cfg.train.clip or None,
+                           costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
     supernet = strategy.mutate_model(space)
     compile_model(supernet, cfg.train.compile)  # a fair step stacked or a gumbel one: one static graph a step
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from parnas import architecture, strategy_registry
+from parnas import architecture
 from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.strategies.nni_trial import in_nni_trial
@@ -32,7 +32,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
     trial = os.environ.get("NNI_TRIAL_JOB_ID") if in_nni_trial() else None
     return architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities, tokenizer=tokenizer.identity(),
-        search={"strategy": strategy_registry.PAR_GUMBEL_DARTS, "steps": steps,
+        search={"strategy": cfg.search.strategy, "steps": steps,
                 **module.par.read(), **({"tau_final": module.tau} if module.par.samples else {}),
                 "val_ppl": round(result.val_ppl, 4),
                 "supernet_val_ppl": round(result.supernet_val_ppl, 4),
