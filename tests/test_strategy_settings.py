@@ -2,6 +2,7 @@
 loads; a key of an earlier version, or a removed one, is refused in one line naming what to use; a strategy
 registered in code declares its own; and both registries stand on one base."""
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -127,3 +128,21 @@ def test_the_builtin_strategies_reach_their_code_by_imports_the_layer_check_sees
         assert not any(isinstance(getattr(strategy, f), str) for f in ("run", "check", "settings")), strategy.name
     source = (Path(__file__).parents[1] / "parnas" / "strategy_registry.py").read_text()
     assert not re.search(r"[\"']parnas\.strategies[\w.]*:", source)  # names none of their code
+
+
+def test_the_references_table_of_search_settings_documents_every_one():
+    """docs/reference.md's tables of the ``search:`` and ``search.par-gumbel-darts:`` settings name each setting
+    the config holds, and none it does not."""
+    from parnas.config import SearchConfig
+    from parnas.selection import SelectConfig
+    from parnas.strategies.par_settings import PARSettings
+
+    text = (ROOT / "docs" / "reference.md").read_text()
+    start = text.index("In the\n`search:` section:")
+    rows = [line for line in text[start:text.index("**What a block costs.**", start)].splitlines()
+            if line.startswith("| `")]
+    named = {name for row in rows for name in re.findall(r"`([\w.]+)`", row.split(" | ")[0])}
+    held = {f.name for f in dataclasses.fields(SearchConfig)} - {"select", "strategy_settings"}
+    held |= {f"select.{f.name}" for f in dataclasses.fields(SelectConfig)}
+    held |= {f.name for f in dataclasses.fields(PARSettings)}
+    assert named == held
