@@ -94,10 +94,10 @@ def fixed_step(cfg: Config, vocab: int, precision: str, kinds: Sequence[str] | N
     return model, _step(model, [list(model.parameters())], cfg, precision)
 
 
-def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed", compile_mode: str = "none"
+def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "gumbel", compile_mode: str = "none"
                   ) -> tuple[torch.nn.Module, Callable[[Tensor], None]]:
     """The search's supernet and its joint training step: weights and logits, by
-    ``search.par-gumbel-darts.forward``: ``mixed``, every candidate runs in every block, weighted; ``sampled``, one
+    ``search.par-gumbel-darts.forward``: ``gumbel``, every candidate runs in every block, weighted; ``sampled``, one
     drawn from softmax(alpha), the logits as initialised (even odds: the search's start); ``fair``, every candidate
     of every block once, in as many forwards as a block has candidates, with one backward. ``compile_mode``: the
     supernet compiled as ``train.compile`` compiles it in a search (a fair step's sub-steps then stacked in one
@@ -107,7 +107,7 @@ def supernet_step(cfg: Config, vocab: int, precision: str, forward: str = "mixed
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.gumbel_darts import PARGumbelDARTS
 
-    strategy = PARGumbelDARTS(cfg.search, max_steps=1)
+    strategy = PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1)
     supernet = strategy.mutate_model(PARTransformerXLSpace(cfg.model, vocab, cfg.search.candidates)).cuda().train()
     compile_model(supernet, compile_mode)
     alphas = [p for name, p in supernet.named_parameters() if name.endswith("_arch_alpha")]
@@ -189,7 +189,7 @@ ADDED_BY_FLAG = {  # the store_true flags: the model each adds to those timed (o
         "with --compile, add the Transformer-XL compiled but its loss eager (its targets grouped as they come, not "
         "padded to fixed capacities), as train.compile ran it before the loss was compiled: what that buys",
     "--compile-supernet":
-        "with --compile, add the mixed and the fair supernet compiled in that mode, as train.compile compiles them "
+        "with --compile, add the gumbel and the fair supernet compiled in that mode, as train.compile compiles them "
         "in a search (the fair step's sub-steps stacked in one forward)",
     "--no-supernet":
         "leave the supernet out (a quick look at the Transformer-XL and what flags add)",
@@ -256,10 +256,10 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         return Timed(kinds, lambda cfg, vocab: fixed_step(cfg, vocab, precision, kinds, **options), precision)
 
     def supernet(forward: str, compile_mode: str = "none") -> Timed:
-        return Timed([{"mixed": "choice"}.get(forward, forward)] * n,
+        return Timed([{"gumbel": "choice"}.get(forward, forward)] * n,
                      lambda cfg, vocab: supernet_step(cfg, vocab, precision, forward, compile_mode), precision)
 
-    models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet("mixed")})
+    models = {"transformer-xl": fixed()} | ({} if args.no_supernet else {"supernet": supernet("gumbel")})
     if args.groups_on_device and shape.cutoffs:
         models[ONE_SYNC] = fixed()  # its loss groups the targets: bench_shape hands it none
     if args.unpadded:
@@ -279,7 +279,7 @@ def timed_models(shape: Shape, args: Any) -> dict[str, Timed]:
         if args.flex:
             models[f"{FLEX}, compiled"] = fixed(compile_mode=args.compile, attention_kernel="flex")
         if args.compile_supernet:
-            models[f"supernet, compiled ({args.compile})"] = supernet("mixed", args.compile)
+            models[f"supernet, compiled ({args.compile})"] = supernet("gumbel", args.compile)
             models[f"{FAIR}, compiled ({args.compile})"] = supernet("fair", args.compile)
     for layout in args.layout:
         models[layout] = fixed(layout)

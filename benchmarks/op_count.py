@@ -5,7 +5,7 @@ size (at wt2-par an H100 ran 22 ms steps at 0.2% of its peak). The count of ops 
 for, and it does not depend on the machine: it is counted here on the CPU with torch's dispatch mode, over one
 forward, loss and backward (the optimiser, one fused call, apart), after warm-up steps fill the memory. View ops
 (reshapes, transposes, slices) launch no kernel and are left out. The supernet is the search's (every candidate
-mixed, ``search.par-gumbel-darts.forward: mixed``). Dai et al.'s MemTransformerLM is imported from a local checkout
+mixed, ``search.par-gumbel-darts.forward: gumbel``). Dai et al.'s MemTransformerLM is imported from a local checkout
 of the pytorch/ folder of github.com/kimiyoung/transformer-xl, at the same configuration (as ``train_step.py``).
 
     python benchmarks/op_count.py                                  # wt2-seed, 12 blocks: Dai et al.'s wt2 shape
@@ -81,7 +81,7 @@ def supernet(cfg: Config, vocab_size: int) -> torch.nn.Module:
 
     torch.manual_seed(0)
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
-    return PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train()
+    return PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1).mutate_model(space).train()
 
 
 def tokens(cfg: Config, vocab_size: int) -> Tensor:

@@ -1,7 +1,7 @@
 """Cost of a search step against a step of the fixed standard Transformer-XL it prices layouts against.
 
 The supernet's step is the search's, joint mode: every block (attention, dense, identity by default) mixes its
-candidates by Gumbel-softmax weights (``search.par-gumbel-darts.forward: mixed``); or runs only a candidate drawn
+candidates by Gumbel-softmax weights (``search.par-gumbel-darts.forward: gumbel``); or runs only a candidate drawn
 from softmax(alpha) (``sampled``; its REINFORCE term, a few scalar products, is left out); or, as a one-process
 search does by default (``fair``), runs every candidate of every block once on the same segment from the same
 memory, in as many forwards as a block has candidates, with one backward. Both the weights and the logits step.
@@ -16,7 +16,7 @@ medians over rounds, and ratios medians of same-round ratios.
     python benchmarks/search_step.py --config wt2-cpu --rounds 7
     python benchmarks/search_step.py --config wt2-cpu --compile default  # + the Transformer-XL and supernets compiled
 
-``--compile MODE`` adds the Transformer-XL, the mixed supernet and the fair one compiled as ``train.compile=MODE``
+``--compile MODE`` adds the Transformer-XL, the gumbel supernet and the fair one compiled as ``train.compile=MODE``
 compiles them in a search (the fair step's sub-steps stacked into one forward: ``parnas.strategies.fair``; a
 sampled step is not one static graph); their first steps, which compile, are among the warm-up's.
 """
@@ -124,21 +124,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", default="none", choices=COMPILE_MODES,
-                        help="also time the Transformer-XL and the mixed and fair supernets compiled in this mode")
+                        help="also time the Transformer-XL and the gumbel and fair supernets compiled in this mode")
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     torch.manual_seed(0)
 
     def supernet() -> torch.nn.Module:
         space = PARTransformerXLSpace(cfg.model, args.vocab_size, cfg.search.candidates)
-        return PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train()
+        return PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1).mutate_model(space).train()
 
     def fixed() -> torch.nn.Module:
         return build_fixed_model(cfg.model, args.vocab_size, transformer_xl_layout(cfg.model.n_blocks)).train()
 
-    models = {"transformer-xl": fixed(), "supernet, mixed": supernet(),
+    models = {"transformer-xl": fixed(), "supernet, gumbel": supernet(),
               "supernet, sampled": Sampling(supernet()), "supernet, fair": supernet()}
-    compiled = [f"{name}, {args.compile}" for name in ("transformer-xl", "supernet, mixed", "supernet, fair")]
+    compiled = [f"{name}, {args.compile}" for name in ("transformer-xl", "supernet, gumbel", "supernet, fair")]
     if args.compile != "none":
         models |= dict(zip(compiled, (fixed(), supernet(), supernet())))
         for name in compiled:
@@ -168,13 +168,13 @@ def main() -> None:
           f"{list(cfg.search.candidates)}; median of {args.rounds} rounds of {args.steps} steps")
     for name, ms in figures.items():
         print(f"{name:20s} {statistics.median(ms):8.1f} ms/step")
-    for name in ("supernet, mixed", "supernet, sampled", "supernet, fair"):
+    for name in ("supernet, gumbel", "supernet, sampled", "supernet, fair"):
         print(ratio_line(name, "transformer-xl", figures, f"step {name} / transformer-xl"))
-    print(ratio_line("supernet, sampled", "supernet, mixed", figures, "step sampled / mixed"))
-    print(ratio_line("supernet, fair", "supernet, mixed", figures, "step fair / mixed"))
+    print(ratio_line("supernet, sampled", "supernet, gumbel", figures, "step sampled / gumbel"))
+    print(ratio_line("supernet, fair", "supernet, gumbel", figures, "step fair / gumbel"))
     if args.compile != "none":
         fixed_c, *supernets = compiled
-        for name, eager in zip(supernets, ("supernet, mixed", "supernet, fair")):
+        for name, eager in zip(supernets, ("supernet, gumbel", "supernet, fair")):
             print(ratio_line(name, "transformer-xl", figures, f"step {name} / transformer-xl"))
             print(ratio_line(name, fixed_c, figures, f"step {name} / {fixed_c}"))
             print(ratio_line(name, eager, figures, f"step {name} / {eager}"))

@@ -18,8 +18,6 @@ from typing import Any
 from parnas import kinds, strategy_registry
 from parnas.arguments import presets as presets  # the preset names, as --help lists them (read here too)
 from parnas.config_files import read_yaml
-from parnas.config_upgrade import FLAT_KIND_SETTINGS as FLAT_KIND_SETTINGS  # read here by earlier importers
-from parnas.config_upgrade import upgrade_flat_settings, upgrade_search_settings
 from parnas.errors import ConfigError
 from parnas.kinds.registry import KINDS
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
@@ -58,8 +56,7 @@ class ModelConfig(OwnsSettings):
 
     A kind's own settings are its own (:mod:`parnas.kinds`): a config gives them as
     ``model.<kind>.<setting>`` (``model.lsh.chunk_len: 8``); ``kind_settings`` holds those given, and
-    :meth:`settings_of` a kind's, its defaults where none were given. The flat keys of earlier versions
-    (``model.chunk_len``) still load, with a one-line note.
+    :meth:`settings_of` a kind's, its defaults where none were given.
 
     ``eval_mem_len``: the memory (states per block) every evaluation keeps: validation, ``parnas evaluate`` and
     ``generate``, the ``inference`` and ``generate`` latency targets. Dai et al. evaluate with a longer memory
@@ -148,8 +145,8 @@ class ModelConfig(OwnsSettings):
     @classmethod
     def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """For :func:`parnas.overrides.from_dict`: ``model.<kind>`` sections built into that kind's settings
-        (``kind_settings``), the flat keys of earlier versions moved there with a one-line note."""
-        values = upgrade_flat_settings(values, prefix)
+        (``kind_settings``)."""
+        values = dict(values)
         return values, cls.take_sections(values, prefix)
 
     @property
@@ -180,7 +177,6 @@ class DataConfig:
     path: str | None = None
     tokenizer: str = "sentencepiece"
     vocab_size: int = 12000
-    sp_model_type: str = "unigram"
     batch_size: int = 32
     seg_len: int = 32
     eval_batch_size: int = 32
@@ -193,7 +189,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         _require(self.tokenizer in ("sentencepiece", "word", "char"),
                  f"data.tokenizer must be sentencepiece, word or char, not {self.tokenizer!r}")
-        _require(self.sp_model_type in ("unigram", "bpe"), "data.sp_model_type must be unigram or bpe")
         for key in ("vocab_size", "batch_size", "seg_len", "eval_batch_size"):
             _require(getattr(self, key) > 0, f"data.{key} must be > 0")
         _require(self.tokenizer != "sentencepiece" or self.vocab_size > SPECIAL_PIECES,
@@ -211,7 +206,6 @@ class TrainConfig:
     warmup_steps: int = 100
     min_lr: float = 0.0
     clip: float = 0.25
-    weight_decay: float = 0.0
     accumulate: int = 1
     eval_every: int = 500
     log_every: int = 50
@@ -235,7 +229,6 @@ class TrainConfig:
         _require(0 <= self.min_lr <= self.lr, "train.min_lr must be in [0, train.lr]")
         _require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
         _require(self.clip >= 0, "train.clip must be >= 0 (0 turns clipping off)")
-        _require(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
         _require(self.accelerator in ACCELERATORS,
                  f"train.accelerator must be one of {', '.join(ACCELERATORS)}, not {self.accelerator!r}")
         _require(self.precision in PRECISIONS,
@@ -252,8 +245,7 @@ class SearchConfig(OwnsSettings):
     own Gumbel-DARTS) unless set; NNI's own and plugins' are the others (``parnas search --strategy``). A
     strategy's own settings are its own, as a kind's are: a config gives them as ``search.<strategy>.<setting>``
     (``search.par-gumbel-darts.tau_end: 0.2``); ``strategy_settings`` holds those given, :meth:`settings_of` a
-    strategy's, its defaults where none were given, and :attr:`settings` the chosen strategy's. The flat keys of
-    earlier versions (``search.tau_end``) still load, with a one-line note.
+    strategy's, its defaults where none were given, and :attr:`settings` the chosen strategy's.
 
     The cost of an architecture is its predicted step time relative to the standard Transformer-XL at the same
     ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay).
@@ -289,9 +281,8 @@ class SearchConfig(OwnsSettings):
     @classmethod
     def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """For :func:`parnas.overrides.from_dict`: ``candidates`` may name a preset (CANDIDATE_PRESETS), and
-        ``search.<strategy>`` sections are built into that strategy's settings (``strategy_settings``), the flat
-        keys of earlier versions moved there with a one-line note."""
-        values = upgrade_search_settings(values, prefix)
+        ``search.<strategy>`` sections are built into that strategy's settings (``strategy_settings``)."""
+        values = dict(values)
         named = values.get("candidates")
         if isinstance(named, str):
             if named not in CANDIDATE_PRESETS:

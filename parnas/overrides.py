@@ -19,6 +19,7 @@ import yaml
 
 from parnas import reading
 from parnas.errors import ConfigError
+from parnas.old_keys import old_key_message
 
 
 def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
@@ -34,6 +35,9 @@ def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)} - set(built)
     unknown = sorted(set(values) - names)
+    for key in unknown:
+        if (message := old_key_message(f"{prefix}{key}")) is not None:
+            raise ConfigError(message)
     if unknown:
         raise ConfigError(f"unknown config key {reading.clipped(prefix + str(unknown[0]))}; known keys: "
                           f"{', '.join(sorted(names))}")

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from parnas import plugins
 from parnas.errors import ConfigError, ParnasError
+from parnas.old_keys import old_key_message
 from parnas.overrides import from_dict
 
 Record = TypeVar("Record")
@@ -151,6 +152,9 @@ def build_settings(settings: type | None, section: Any, prefix: str, name: str, 
     """``section`` (a config's ``<prefix><name>`` mapping) built into ``settings``, or None where it holds only
     the defaults (one config, one value). Messages name the key in full (``<prefix><name>.<field>``)."""
     if settings is None:
+        for key in section if isinstance(section, Mapping) else ():
+            if (message := old_key_message(f"{prefix}{name}.{key}")) is not None:
+                raise ConfigError(message)
         raise ConfigError(f"{prefix}{name}: the {name} {what} has no settings")
     if not isinstance(section, Mapping):
         raise ConfigError(f"{prefix}{name} must be a mapping of the {name} {what}'s settings, got {section!r}")

@@ -13,52 +13,37 @@ from dataclasses import dataclass
 
 from parnas.errors import ConfigError
 
-RANKS = ("probability", "inherited")  # how the final pick chooses the supernet's entrants
+EARLY_VALID_FRACTION = 0.25  # the part of the validation split the rounds before the last judge by
 
 
 @dataclass(frozen=True)
 class SelectConfig:
-    """``search.select``: the final pick after the supernet.
+    """``search.select``: the final pick after the supernet (why each setting is what it is: docs/results.md).
 
     ``steps``: the training steps each surviving candidate has reached at the end of each round (strictly
     increasing; training continues from the previous round's checkpoint, one learning-rate schedule spanning
     the last round's steps); after every round but the last the better half goes on, and the last round's best
     is exported; the warm-up is ``train.warmup_steps``, at most half the first round's steps. None (the
     default): half of ``train.max_steps``, then all of it, so the last round trains the finalists exactly as
-    ``parnas retrain`` will train the exported one. Shorter rounds misjudge the shallower Transformer-XL: in
-    PLANER's space, after 150 and 300 steps of a 300-step schedule the 2-block guard lost to 5-block networks
-    that it beats after 600 steps by 1-2%. Empty: no final pick (the supernet's layout is exported, as before).
-    ``k``: how many of the supernet's layouts enter, at least 1; 3 by default: on both ranking tables (PAR's 6-block
-    space and PLANER's) 17 of 18 supernets exported the same network with 3 as with 4, the 18th a better one
-    (the guard), for about three quarters of the pick's time. ``guard``: enter the shallower Transformer-XL
-    too; it goes on to the last round whatever its rank. ``budget``: the cost ratio (to Transformer-XL's) the
-    entrants must be within; None: ``search.latency_budget``, or without one the cost of the layout the
-    supernet exports. ``rank``: how the supernet's ``k`` are chosen: ``probability`` (its most probable
-    networks under softmax(alpha), the exported one first) or ``inherited`` (of its ``pool`` most probable
-    networks within the budget, the ``k`` with the lowest validation perplexity with the supernet's weights:
-    one validation pass each). A strict-fair supernet ranks well but exports badly (4 blocks: its logits' pick
-    13.1% above the front, its inherited ranking's within 1.8%): rank it by ``inherited``.
-    ``early_valid_fraction``: the part of the validation split the rounds before the last judge by (the first
-    part of every evaluation stream, so from all of the split); the last round reads all of it, as ``parnas
-    retrain`` does. A whole pass over WikiText-2's validation split reads six times the tokens a 300-step round
-    trains on at wt2-cpu, and took as long as the round; the early rounds only drop the supernet's entrants
-    that trail (the guard goes on to the last round whatever its rank). On the 18 supernets of both ranking
-    tables, a quarter exported the same network as the whole split every time (the finalists differed twice).
+    ``parnas retrain`` will train the exported one (shorter rounds misjudge the shallower Transformer-XL). Empty:
+    no final pick (the supernet's layout is exported).
+    ``k``: how many of the supernet's layouts enter, at least 1: its most probable networks within the budget, the
+    exported one first. ``budget``: the cost ratio (to Transformer-XL's) the entrants must be within; None:
+    ``search.latency_budget``, or without one the cost of the layout the supernet exports. The shallower
+    Transformer-XL within the budget (the guard) always enters too, and goes on to the last round whatever its
+    rank: a user is never handed a network that lost to it. The rounds before the last judge by
+    :data:`EARLY_VALID_FRACTION` of the validation split (the first part of every evaluation stream, so from all
+    of the split): they only drop the entrants that trail; the last round reads all of it, as ``parnas retrain``
+    does.
     ``confirm_seeds``: when one of the supernet's layouts beats the guard in the last round, both are retrained
     on this many further seeds (``train.seed`` + 1, ...) to the last round's steps, and the guard is exported
-    unless the layout's mean over every seed is lower; 0 judges on the one seed. A 600-step retrain's seeds
-    spread by up to 3% in PLANER's space: two of nine searches there exported a layout that beat the guard by
-    0.5-0.8% on the search's seed and lies 0.9-2.9% above it over three. Where it runs, it adds two retrains to
-    the pick (at wt2-cpu, 16-17 s to a 64-65 s search).
+    unless the layout's mean over every seed is lower; 0 judges on the one seed (a short retrain's seeds spread
+    by more than the margins the guard is beaten by).
     """
 
     k: int = 3
     steps: tuple[int, ...] | None = None
-    guard: bool = True
     budget: float | None = None
-    rank: str = "probability"
-    pool: int = 32
-    early_valid_fraction: float = 0.25
     confirm_seeds: int = 1
 
     def __post_init__(self) -> None:
@@ -69,21 +54,12 @@ class SelectConfig:
         if any(s <= 0 for s in steps) or any(a >= b for a, b in zip(steps, steps[1:])):
             raise ConfigError(f"search.select.steps must be positive and strictly increasing (the steps each round "
                               f"ends at), got {list(steps)}")
-        if self.rank not in RANKS:
-            raise ConfigError(f"search.select.rank must be one of {', '.join(RANKS)} (how the supernet's entrants are "
-                              f"chosen), got {self.rank!r}")
-        if self.pool < self.k:
-            raise ConfigError(f"search.select.pool ({self.pool}) must be at least search.select.k ({self.k}): the "
-                              "networks ranked by inherited perplexity, of which k enter")
-        if not 0.0 < self.early_valid_fraction <= 1.0:
-            raise ConfigError(f"search.select.early_valid_fraction must be in (0, 1] (the part of the validation "
-                              f"split the early rounds judge by), got {self.early_valid_fraction}")
-        if self.confirm_seeds < 0:
-            raise ConfigError(f"search.select.confirm_seeds must be >= 0 (further seeds that confirm a win over the "
-                              f"guard), got {self.confirm_seeds}")
         if self.budget is not None and not 0.0 < self.budget <= 1.0:
             raise ConfigError(f"search.select.budget must be in (0, 1] (a fraction of Transformer-XL's cost), got "
                               f"{self.budget}")
+        if self.confirm_seeds < 0:
+            raise ConfigError(f"search.select.confirm_seeds must be >= 0 (further seeds that confirm a win over the "
+                              f"guard), got {self.confirm_seeds}")
 
     @property
     def enabled(self) -> bool:

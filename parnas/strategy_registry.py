@@ -60,7 +60,12 @@ class SearchStrategy:
     naming one in a module without torch): the strategy's own settings, ``search.<name>.<field>`` in a config,
     read as ``cfg.search.settings_of(name)``; a ``check(self, config)`` method on it, if any, refuses settings
     that do not fit the rest of the config, whenever a config with ``search.strategy`` = ``name`` is built.
-    ``what`` and ``source`` are for the docs.
+    ``supernet`` (optional, same forms as ``run``): the strategy has a supernet that parnas's one-shot pipeline
+    trains, then picks from and exports (:func:`parnas.strategies.search.run_search`: the final pick, the
+    architecture record, the pictures); it is called as ``supernet(search, settings, *, max_steps,
+    gradient_clip_val, costs, history_path, on_evaluation)`` and returns the NNI one-shot strategy to train
+    (``PARGumbelDARTS`` or a subclass), and ``run`` is then that pipeline. ``what`` and ``source`` are for the
+    docs.
     """
 
     name: str
@@ -68,6 +73,7 @@ class SearchStrategy:
     run: str | Run
     check: Union[str, Check, None] = None
     settings: Union[str, type, None] = None
+    supernet: Union[str, Callable[..., Any], None] = None
     what: str = ""
     source: str = ""
 
@@ -78,9 +84,9 @@ class SearchStrategy:
         if self.family not in FAMILIES:
             raise StrategyError(f"search strategy {self.name!r}: family must be {' or '.join(FAMILIES)}, "
                                 f"not {self.family!r}")
-        for field, value in (("run", self.run), ("check", self.check)):
+        for field, value in (("run", self.run), ("check", self.check), ("supernet", self.supernet)):
             if not (callable(value) or isinstance(value, str) and plugins.split_target(value)
-                    or field == "check" and value is None):
+                    or field != "run" and value is None):
                 raise StrategyError(f"search strategy {self.name!r}: {field} must be a callable or a "
                                     f"'module:attribute' string, got {value!r}")
         if not (self.settings is None or is_settings_class(self.settings)
@@ -96,6 +102,11 @@ class SearchStrategy:
         """Refuse (ConfigError) what this strategy cannot do with ``cfg``, before anything is read or written."""
         if self.check is not None:
             self._load("check", self.check)(cfg, resume)
+
+    def supernet_factory(self) -> Callable[..., Any] | None:
+        """What builds the one-shot strategy that trains this strategy's supernet (None: it has none), imported
+        on first use."""
+        return None if self.supernet is None else self._load("supernet", self.supernet)
 
     def settings_class(self) -> type | None:
         """The class of this strategy's settings (None: it has none), imported on first use."""

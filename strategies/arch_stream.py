@@ -1,20 +1,14 @@
-"""The architecture stream: the validation segments a bilevel DARTS search steps the logits on, and their memory.
+"""The architecture stream of NNI's own DARTS strategies: the validation segments their logits step on, and
+that stream's memory.
 
-First-order DARTS alternates two streams: the weights step on the training stream, the logits on the
-validation stream (as DARTS did on PTB). Both are Transformer-XL streams, so each keeps its own memory:
-the training task (:class:`parnas.training.task.LanguageModelTask`) keeps the training stream's and knows
-nothing of this one; :class:`ArchStream` keeps this one's, runs its segments through the task's
-:meth:`~parnas.training.task.LanguageModelTask.side_stream_nll`, resets its memory where the stream starts
-over, and hands a checkpoint the memory to restore, so a resumed search continues it exactly.
-
-Two loops drive it:
-
-- PAR's Gumbel-DARTS (:mod:`parnas.strategies.gumbel_darts`) pairs segment t of each stream in one batch
-  (:class:`PairedStreams`), which marks where the shorter stream starts over;
-- NNI's DARTS modules (DARTS, GumbelDARTS, Proxyless) call the task's ``training_step`` twice per step, on
-  the validation batch with ``batch_idx`` 2i, then on the training batch with 2i+1, and Lightning's
-  ``CombinedLoader`` cycles the shorter loader without saying so: :class:`NNIDartsTask` routes the first to
-  this stream and counts where it starts over.
+NNI's DARTS modules (DARTS, GumbelDARTS, Proxyless) alternate two streams: the weights step on the training
+stream, the logits on the validation stream (as DARTS did on PTB). Both are Transformer-XL streams, so each keeps
+its own memory: the training task (:class:`parnas.training.task.LanguageModelTask`) keeps the training stream's;
+:class:`ArchStream` keeps this one's, runs its segments through the task's
+:meth:`~parnas.training.task.LanguageModelTask.side_stream_nll` and resets its memory where the stream starts over.
+NNI's modules call the task's ``training_step`` twice per step, on the validation batch with ``batch_idx`` 2i,
+then on the training batch with 2i+1, and Lightning's ``CombinedLoader`` cycles the shorter loader without saying
+so: :class:`NNIDartsTask` routes the first to this stream and counts where it starts over.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from typing import Any
 
 from nni.nas.oneshot.pytorch.differentiable import DartsLightningModule
 from torch import Tensor
-from torch.utils.data import Dataset
 
 from parnas.nn.model import Memory
 from parnas.training.task import LanguageModelTask, scalars_read
@@ -32,56 +25,27 @@ from parnas.training.task import LanguageModelTask, scalars_read
 ARCH_DROPOUT_SEED_OFFSET = 7919
 """Added to ``train.seed`` for the architecture stream's dropout (:meth:`LanguageModelTask.seed_for_step`), so
 its segments draw other numbers than the training segment of the same step. Any number would do that is
-distinct from the search's other offsets (:data:`parnas.strategies.sampled.PICK_SEED_OFFSETS`) and above the seeds
+distinct from the search's other offsets (:data:`parnas.strategies.sampled.PICK_SEED_OFFSET`) and above the seeds
 people pick (0, 1, 2, ...), so that no stream of one run replays a stream of a run with a nearby seed. The
 offsets are primes (this is the 1,000th) only to be easy to tell apart; nothing depends on primality."""
 
 
 class ArchStream:
-    """The architecture stream's memory and place: where it restarts, and what a checkpoint keeps of it."""
+    """The architecture stream's memory and place: where it restarts."""
 
     def __init__(self) -> None:
         self.memory: Memory | None = None
-        self.saved: list[Tensor | None] | None = None  # a checkpoint's memory (every rank's), until the next segment
         self.position = 0  # segments done in this pass over the stream
 
     def restart(self) -> None:
         """The stream starts over: its first segment sees no memory."""
-        self.memory, self.saved, self.position = None, None, 0
+        self.memory, self.position = None, 0
 
     def nll(self, task: LanguageModelTask, batch: Sequence[Any]) -> Tensor:
         """Per-token NLL (B, L) of the stream's next segment, with its own memory and dropout seed."""
-        if self.saved is not None:
-            self.memory, self.saved = task.local_memory(self.saved, batch[0]), None
         nll, self.memory = task.side_stream_nll(batch, self.memory, ARCH_DROPOUT_SEED_OFFSET)
         self.position += 1
         return nll
-
-    def state(self, task: LanguageModelTask) -> list[Tensor | None] | None:
-        """The memory a checkpoint keeps (gathered from every rank: all ranks call this)."""
-        return self.saved if self.saved is not None else task.gather_memory(self.memory)
-
-    def restore(self, saved: list[Tensor | None] | None) -> None:
-        """Continue from a checkpoint's :meth:`state`; sliced to this rank at the next segment."""
-        self.memory, self.saved = None, saved
-
-
-class PairedStreams(Dataset):
-    """Segment t of the weight stream with segment t (cycled) of the architecture stream.
-
-    ``arch_restart`` marks where the shorter stream starts over, so its memory is reset
-    there, which Lightning's ``CombinedLoader`` would not tell us.
-    """
-
-    def __init__(self, train: Dataset, arch: Dataset) -> None:
-        self.train, self.arch = train, arch
-
-    def __len__(self) -> int:
-        return len(self.train)  # type: ignore[arg-type]
-
-    def __getitem__(self, t: int) -> dict[str, Any]:
-        a = t % len(self.arch)  # type: ignore[arg-type]
-        return {"train": self.train[t], "arch": self.arch[a], "arch_restart": a == 0}
 
 
 class NNIDartsTask(LanguageModelTask):

@@ -27,6 +27,14 @@ def run_par_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     return run_search(cfg, resume=resume)
 
 
+def par_supernet(*args: Any, **kwargs: Any) -> Any:
+    """PAR's Gumbel-DARTS strategy object (:class:`parnas.strategies.gumbel_darts.PARGumbelDARTS`), the
+    supernet ``run_par_search`` trains."""
+    from parnas.strategies.gumbel_darts import PARGumbelDARTS
+
+    return PARGumbelDARTS(*args, **kwargs)
+
+
 def run_nni_one_shot(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     from parnas.strategies.nni_strategies import run_nni_search
 
@@ -40,8 +48,9 @@ def run_nni_multi_trial(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
 
 
 PAR = SearchStrategy(PAR_GUMBEL_DARTS, ONE_SHOT, run_par_search, check=check_par_search, settings=PARSettings,
-                     what="Gumbel-softmax DARTS with tau annealed every step, a latency penalty or budget, exact "
-                          "resume", source="Mandava et al. 2020 (PAR); parnas's own")
+                     supernet=par_supernet,
+                     what="Gumbel-softmax DARTS with tau annealed every step, a latency penalty or budget, the final "
+                          "pick, exact resume", source="Mandava et al. 2020 (PAR); parnas's own")
 _NNI_RUN = {ONE_SHOT: run_nni_one_shot, MULTI_TRIAL: run_nni_multi_trial}
 STRATEGIES = (PAR, *(SearchStrategy(s.name, s.family, _NNI_RUN[s.family], check=check_nni_strategy,
-                                    settings=s.settings, what=s.what, source=NNI) for s in NNI_STRATEGIES))
+                                    what=s.what, source=NNI) for s in NNI_STRATEGIES))

@@ -30,7 +30,7 @@ from parnas.report.experiments import (
     perplexities,
 )
 
-PARAMETERS = ("seed", "penalty_weight", "arch_lr", "mode", "hard", "tau_final")
+PARAMETERS = ("seed", "penalty_weight", "arch_lr", "forward", "tau_final")
 
 
 def trial_row(trial_id: str, path: Path) -> dict[str, Any]:

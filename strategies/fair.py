@@ -2,7 +2,8 @@
 trained once a step, on the same batch.
 
 Why: a supernet is worth its cost only if the weights it leaves rank layouts as retraining does. Trained
-``mixed`` (every candidate run and summed by softmax(alpha)) or ``sampled`` (candidates drawn from softmax(alpha)),
+``gumbel`` (every candidate run and summed by a sample of softmax(alpha)) or ``sampled`` (candidates drawn from
+softmax(alpha)),
 the candidates the logits favour early get more and larger updates, their inherited perplexity improves because
 they were trained more, the logits favour them further: the ranking measures training received, not quality. In
 PLANER's space such a supernet ranked layouts at chance (Kendall tau about 0 against retraining). Strict fairness
@@ -11,14 +12,14 @@ block, the picks of each block a random permutation of its candidates (:func:`fa
 candidate runs exactly once; the sub-steps see the same batch and the same starting memory, their losses are
 averaged and the weights take one optimiser step on the accumulated gradients. Every candidate then gets one
 update from the same data each step, whatever the logits say. A step costs ``K`` single-path forwards and
-backwards, about what a ``mixed`` step of ``K`` candidates costs, and holds as many activations.
+backwards, about what a ``gumbel`` step of ``K`` candidates costs, and holds as many activations.
 
 What the logits learn from: each candidate's own sub-step loss. Block b's logits descend
 ``sum_k softmax(alpha_b)[k] x (L_(b,k) - mean L)``, with ``L_(b,k)`` the loss of the sub-step that ran candidate
 ``k`` in block b (the other blocks picked uniformly): the expected loss under the block's distribution of what
 was measured, which moves the probability towards the candidates whose loss was lower (:func:`fair_surrogate`).
-The picks are not drawn from softmax(alpha), so no score-function estimator is needed. In ``bilevel`` mode the
-architecture stream runs ``mixed`` as before: only the weights' training is made fair.
+The picks are not drawn from softmax(alpha), so no score-function estimator is needed, and no Gumbel sample is
+drawn: tau is not read.
 
 The training stream's bookkeeping (its memory, data position and micro-batch count) advances once a step, through
 the last sub-step, which runs the task's own ``train_nll``: the memory carried to the next segment is that

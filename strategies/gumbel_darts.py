@@ -6,18 +6,17 @@ mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:
 Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
 and why:
 
-- tau moves every optimiser step (exponential, linear or cosine), not per epoch;
-- with ``search.par-gumbel-darts.forward: sampled`` a step runs only one sampled candidate per block, not all, and
-  the logits learn from the loss by REINFORCE (:mod:`parnas.strategies.sampled`);
-- ``joint`` mode (the original TensorFlow PAR Transformer-XL's procedure) steps weights and logits from one batch;
-  ``bilevel`` is first-order DARTS with logits stepping on the validation stream, the architecture stream
-  (:mod:`parnas.strategies.arch_stream`), which keeps its own Transformer-XL memory beside the task's training
-  memory and resets it where that stream starts over;
+- tau falls exponentially every optimiser step, not per epoch, and weights and logits step
+  from one batch (the original TensorFlow PAR Transformer-XL's procedure): with the default ``forward: gumbel``
+  every candidate runs, weighted by the block's Gumbel-softmax sample at tau, and the loss's gradient reaches the
+  logits through that sample;
+- ``forward: fair`` trains every candidate once a step on its own path (:mod:`parnas.strategies.fair`), and
+  ``forward: sampled`` one sampled candidate per block, the logits learning by REINFORCE
+  (:mod:`parnas.strategies.sampled`): neither draws a Gumbel sample;
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`). A ``latency_budget`` is a
   constraint: a hinge on the excess over the budget of the *exported* architecture's cost, differentiated through
-  the expected cost under softmax(alpha) (``budget_hinge: exported``), or of the expected cost itself
-  (``expected``: PLANER's latency loss, which pushes until the distribution, not just its argmax, is within the
-  budget), weighted by a multiplier found by dual ascent or fixed by ``penalty_weight``. Without a budget, a
+  the expected cost under softmax(alpha), weighted by a multiplier found by dual ascent or fixed by
+  ``penalty_weight``. Without a budget, a
   ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees the probabilities as Python floats, so
   it has no gradient to the logits);
 - evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop and forwards no
@@ -51,26 +50,27 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from parnas.config import SearchConfig
-from parnas.strategies.arch_stream import ArchStream, PairedStreams
 from parnas.strategies.costs import CostModel
 from parnas.strategies.fair import fair_loss
-from parnas.strategies.par_settings import par_settings, resolved_par
-from parnas.strategies.sampled import PICK_SEED_OFFSETS, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.par_settings import PARSettings
+from parnas.strategies.sampled import PICK_SEED_OFFSET, SampledMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from parnas.strategies.temperature import GumbelSoftmax, tau_at
 from parnas.training.evaluation import perplexity
 from parnas.training.task import LanguageModelTask, on_host, scalars_read, showing_progress_bar
 
+DUAL_LR = 0.05  # the rate of the dual ascent on a latency budget's multiplier
+
 
 class PARDartsModule(DartsLightningModule):
     """The search loop around a :class:`LanguageModelTask` (see module docstring)."""
 
-    def __init__(self, training_module: LanguageModelTask, search: SearchConfig, *, max_steps: int,
+    def __init__(self, training_module: LanguageModelTask, search: SearchConfig, par: PARSettings, *, max_steps: int,
                  gradient_clip_val: float | None, costs: CostModel | None = None,
                  history_path: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(training_module, arc_learning_rate=search.arch_lr, gradient_clip_val=gradient_clip_val,
                          log_prob_every_n_step=search.log_every)
-        self.search, self.par, self.max_steps, self.costs = search, resolved_par(search), max_steps, costs
+        self.search, self.par, self.max_steps, self.costs = search, par, max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
         self.tau = self.par.tau_start
         self._dual = torch.zeros((), dtype=torch.float64)  # the budget's multiplier (lambda), by dual ascent
@@ -80,7 +80,6 @@ class PARDartsModule(DartsLightningModule):
         self._choice_cache: list[DifferentiableMixedLayer] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
         self._baseline: Tensor | None = None  # forward=sampled: the loss's moving average (REINFORCE's)
-        self.arch_stream = ArchStream()  # bilevel: the validation stream the logits step on
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
@@ -148,8 +147,7 @@ class PARDartsModule(DartsLightningModule):
         return (self.costs.constant + (alphas.softmax(-1) * costs).sum()) / self.costs.reference
 
     def configure_architecture_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.arch_parameters(), lr=self.search.arch_lr, betas=(0.5, 0.999),
-                                weight_decay=self.par.arch_weight_decay)
+        return torch.optim.Adam(self.arch_parameters(), lr=self.search.arch_lr, betas=(0.5, 0.999))
 
     # --- the search step ------------------------------------------------------
     def _softmaxes(self) -> list[GumbelSoftmax]:
@@ -157,37 +155,30 @@ class PARDartsModule(DartsLightningModule):
             self._softmax_cache = [m for m in self.modules() if isinstance(m, GumbelSoftmax)]
         return self._softmax_cache
 
-    def _sampled_loss(self, stream: str, batch: tuple[Tensor, Tensor], learns: bool) -> tuple[Tensor, Tensor | float]:
-        """The stream's loss, and what the logits learn from besides the penalty. ``mixed``: every candidate
-        runs, and the loss's own gradient reaches the logits (0 here). ``sampled``: one candidate a block, drawn
-        from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws the same), and the
-        REINFORCE surrogate of :mod:`parnas.strategies.sampled` where the logits ``learns`` from this stream."""
-        if self.par.forward == "mixed" or (self.par.forward == "fair" and stream != "train"):
-            return self._stream_loss(stream, batch), 0.0
-        if self.par.forward == "fair":  # every candidate once on the same batch (parnas.strategies.fair)
-            stacked = self.training_module.train_cfg.compile != "none"  # one static graph to compile
-            return fair_loss(self.choices(), self.training_module, batch, learns, stacked)
-        choices = self.choices()
-        picks = draw_picks(choices, self.training_module.seed_for_step(PICK_SEED_OFFSETS[stream]))
-        loss = self._stream_loss(stream, batch)
-        if not learns:
-            return loss, 0.0
-        surrogate, self._baseline = reinforce(choices, picks, loss, self._baseline)
-        return loss, surrogate
-
-    def _stream_loss(self, stream: str, batch: tuple[Tensor, Tensor]) -> Tensor:
+    def _step_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | float]:
+        """The training batch's loss, and what the logits learn from besides the penalty. ``gumbel``: every
+        candidate runs, mixed by the Gumbel sample, and the loss's own gradient reaches the logits (0 here).
+        ``fair``: every candidate once on the same batch (:mod:`parnas.strategies.fair`). ``sampled``: one
+        candidate a block, drawn from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws
+        the same), and the REINFORCE surrogate of :mod:`parnas.strategies.sampled`."""
         task = self.training_module
-        if stream == "train":  # the task's own path: memory restore, dropout seed, data position
-            return task.train_nll(batch).mean() + task.aux_loss()  # aux: the compressive memory's (task.py)
-        return self.arch_stream.nll(task, batch).mean()
+        if self.par.forward == "fair":
+            stacked = task.train_cfg.compile != "none"  # one static graph to compile
+            return fair_loss(self.choices(), task, batch, True, stacked)
+        if self.par.forward == "sampled":
+            choices = self.choices()
+            picks = draw_picks(choices, task.seed_for_step(PICK_SEED_OFFSET))
+            loss = task.train_nll(batch).mean() + task.aux_loss()
+            surrogate, self._baseline = reinforce(choices, picks, loss, self._baseline)
+            return loss, surrogate
+        return task.train_nll(batch).mean() + task.aux_loss(), 0.0  # aux: the compressive memory's (task.py)
 
     def _penalty(self) -> Tensor | float:
         """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget).
 
-        The hinged cost (``budget_hinge``) is the exported (argmax) architecture's, straight-through: its value
-        is the argmax's excess and its gradient that of the expected cost under softmax(alpha), so it pushes
-        exactly while what would be exported is over budget; or the expected cost (PLANER), which pushes
-        while the distribution's mean is over it. lambda is ``penalty_weight`` when set, else it grows by dual
+        The hinged cost is the exported (argmax) architecture's, straight-through: its value is the argmax's
+        excess and its gradient that of the expected cost under softmax(alpha), so it pushes exactly while what
+        would be exported is over budget. lambda is ``penalty_weight`` when set, else it grows by dual
         ascent while the hinged cost is over the budget and decays when under."""
         if self.costs is None or (not self.search.penalty_weight and self.search.latency_budget is None):
             return 0.0
@@ -196,22 +187,17 @@ class PARDartsModule(DartsLightningModule):
             self.log("search/expected_cost_ratio", expected.detach())
         if self.search.latency_budget is None:
             return self.search.penalty_weight * expected
-        if self.par.budget_hinge == "expected":
-            cost = expected
-        else:
-            cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
+        cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
         multiplier = self.search.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
         if self._logging:
             self.log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
         return multiplier * F.relu(cost - self.search.latency_budget)
 
     def _dual_step(self) -> None:
-        """lambda <- max(0, lambda + dual_lr x (hinged cost - budget)): identical on every rank (same logits)."""
+        """lambda <- max(0, lambda + DUAL_LR x (exported cost - budget)): identical on every rank (same logits)."""
         if self.costs is not None and self.search.latency_budget is not None and not self.fixed_lambda:
-            cost = (self.expected_ratio().detach() if self.par.budget_hinge == "expected"
-                    else self.exported_ratio())
-            excess = cost - self.search.latency_budget
-            self._dual = (self._dual.to(excess.device) + self.par.dual_lr * excess).clamp_min(0.0)
+            excess = self.exported_ratio() - self.search.latency_budget
+            self._dual = (self._dual.to(excess.device) + DUAL_LR * excess).clamp_min(0.0)
 
     def _sync_arch_gradients(self) -> None:
         """Average the logits' gradients over DDP ranks, so every rank holds the same logits (NNI #5013)."""
@@ -225,34 +211,19 @@ class PARDartsModule(DartsLightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         step = self.trainer.global_step
         self._logging = scalars_read(self.trainer, self.training_module.train_cfg.log_every)
-        self.tau = tau_at(step, self.max_steps, self.par.tau_start, self.par.tau_end, self.par.tau_schedule)
-        if self.par.forward == "mixed" or self.par.mode == "bilevel":  # the steps that draw a Gumbel sample
+        self.tau = tau_at(step, self.max_steps, self.par.tau_start, self.par.tau_end)
+        if self.par.samples:  # Gumbel-DARTS: the sample every block mixes its candidates by, at this tau
             for softmax in self._softmaxes():
-                softmax.set_tau(self.tau, self.par.hard)
+                softmax.set_tau(self.tau)
         arch_optimizer = self.architecture_optimizers()
         arch_moves = step >= self.par.arch_warmup_steps
         arch_optimizer.zero_grad()
-
-        if self.par.mode == "bilevel":
-            if batch["arch_restart"]:
-                self.arch_stream.restart()
-            if arch_moves:
-                arch_loss, surrogate = self._sampled_loss("arch", batch["arch"], learns=True)
-                arch_loss = arch_loss + self._penalty()
-                self.manual_backward(arch_loss + surrogate)
-                self._sync_arch_gradients()
-                arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
-                if self._logging:
-                    self.log("search/arch_loss", arch_loss.detach())
-            loss, _ = self._sampled_loss("train", batch["train"], learns=False)
-            self.advance_optimization(loss, batch_idx, self.gradient_clip_val)
-        else:
-            loss, surrogate = self._sampled_loss("train", batch, learns=True)  # the baseline follows from step 0
-            total = loss + self._penalty() + surrogate if arch_moves else loss
-            self.advance_optimization(total, batch_idx, self.gradient_clip_val)  # backward reaches alpha too
-            if arch_moves:
-                self._sync_arch_gradients()
-                arch_optimizer.optimizer.step()
+        loss, surrogate = self._step_loss(batch)  # the REINFORCE baseline follows the loss from step 0
+        total = loss + self._penalty() + surrogate if arch_moves else loss
+        self.advance_optimization(total, batch_idx, self.gradient_clip_val)  # backward reaches alpha too
+        if arch_moves:
+            self._sync_arch_gradients()
+            arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
         if arch_moves:
             self._dual_step()
         clear_picks(self.choices())
@@ -262,12 +233,14 @@ class PARDartsModule(DartsLightningModule):
         metrics = dict(getattr(self.training_module.model, "block_metrics", {}))  # e.g. act/steps/block_3
         if self._logging:
             self.log("train/loss", loss.detach(), prog_bar=showing_progress_bar(self.trainer))
-            self.log_dict({**metrics, "search/tau": on_host(self.tau)})
+            self.log_dict({**metrics, **({"search/tau": on_host(self.tau)} if self.par.samples else {})})
         if done % self.search.log_every == 0:
             probs = self.probabilities()
             self.log_dict({f"prob/{label}/{kind}": on_host(p) for label, dist in probs.items()
                            for kind, p in dist.items()})
-            record: dict[str, Any] = {"step": done, "tau": self.tau, "probabilities": probs}
+            record: dict[str, Any] = {"step": done, "probabilities": probs}
+            if self.par.samples:  # a forward that draws no sample reads no tau: none is recorded
+                record["tau"] = self.tau
             if self.costs is not None:
                 record["expected_cost_ratio"] = round(float(self.expected_ratio().detach()), 5)
                 record["exported_cost_ratio"] = round(self.costs.ratio(self.argmax()), 5)
@@ -305,14 +278,14 @@ class PARDartsModule(DartsLightningModule):
         return self.evaluated(kinds, fitted, perplexity(float(sums[0] / sums[1])), supernet_val_ppl)
 
     def evaluated(self, kinds: list[str], fitted: bool, val_ppl: float, supernet_val_ppl: float) -> Evaluated:
-        return Evaluated(self.trainer.global_step, self.tau, self.probabilities(), kinds, val_ppl, supernet_val_ppl,
+        tau = self.tau if self.par.samples else None  # a forward without a Gumbel sample reads no tau
+        return Evaluated(self.trainer.global_step, tau, self.probabilities(), kinds, val_ppl, supernet_val_ppl,
                          self.costs.ratio(kinds) if self.costs is not None else None, fitted)
 
     # --- checkpoints: the task adds its section (memory, metadata); the search adds lambda and the arch memory
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.training_module.on_save_checkpoint(checkpoint)
-        arch_memory = self.arch_stream.state(self.training_module)
-        checkpoint["parnas"]["search"] = {"lambda": self.dual, "arch_memory": arch_memory, "forward": self.par.forward,
+        checkpoint["parnas"]["search"] = {"lambda": self.dual,
                                           "baseline": None if self._baseline is None else float(self._baseline),
                                           "last_evaluation": asdict(self.last_evaluation)
                                           if self.last_evaluation else None}
@@ -328,8 +301,7 @@ class PARDartsModule(DartsLightningModule):
         # the temperature of the last step taken, as the run that saved held it: a search resumed after its last
         # step (to finish its export) takes no step that would set it
         self.tau = tau_at(max(0, int(checkpoint["global_step"]) - 1), self.max_steps, self.par.tau_start,
-                          self.par.tau_end, self.par.tau_schedule)
-        self.arch_stream.restore(state.get("arch_memory"))
+                          self.par.tau_end)
 
     def append_history(self, record: dict[str, Any]) -> None:
         """One line of history.jsonl; a line with a cost says which device's latency priced it, and which latency."""
@@ -343,36 +315,32 @@ class PARDartsModule(DartsLightningModule):
 class PARGumbelDARTS(GumbelDARTS):
     """NNI strategy: ``NasExperiment(PARTransformerXLSpace(...), evaluator, PARGumbelDARTS(...)).run()``.
 
-    The evaluator is NNI's ``Lightning`` around a :class:`LanguageModelTask`; its validation data is both what
-    perplexity is measured on and, in ``bilevel`` mode, the stream the logits learn from (as DARTS did on PTB)."""
+    The evaluator is NNI's ``Lightning`` around a :class:`LanguageModelTask`; its validation data is what
+    perplexity is measured on. ``par``: PAR's settings, as the search read them (passed down, never re-read)."""
 
-    def __init__(self, search: SearchConfig, *, max_steps: int, gradient_clip_val: float | None = None,
-                 costs: CostModel | None = None, history_path: Path | None = None,
+    def __init__(self, search: SearchConfig, par: PARSettings, *, max_steps: int,
+                 gradient_clip_val: float | None = None, costs: CostModel | None = None,
+                 history_path: Path | None = None,
                  on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
-        super().__init__(temperature=par_settings(search).tau_start, arc_learning_rate=search.arch_lr,
+        super().__init__(temperature=par.tau_start, arc_learning_rate=search.arch_lr,
                          gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every,
                          mutation_hooks=[SampledMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
         if (search.penalty_weight or search.latency_budget is not None) and costs is None:
             raise ValueError("a cost penalty or a latency budget needs a CostModel")
-        self.search, self.par, self.max_steps, self.costs = search, resolved_par(search), max_steps, costs
+        self.search, self.par, self.max_steps, self.costs = search, par, max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation
 
     def configure_softmax(self) -> GumbelSoftmax:
         return GumbelSoftmax()
 
     def configure_oneshot_module(self, training_module: LanguageModelTask) -> PARDartsModule:
-        return PARDartsModule(training_module, self.search, max_steps=self.max_steps,
+        return PARDartsModule(training_module, self.search, self.par, max_steps=self.max_steps,
                               gradient_clip_val=self.gradient_clip_val, costs=self.costs,
                               history_path=self.history_path, on_evaluation=self.on_evaluation)
 
     def train_dataloader(self, train_dataloader_fn: Callable[[], DataLoader],
                          val_dataloader_fn: Callable[[], DataLoader]) -> DataLoader:
-        train = train_dataloader_fn()
-        if self.par.mode == "joint":
-            return train
-        # the training loader's sampler: it starts a resumed search at the task's data position
-        return DataLoader(PairedStreams(train.dataset, val_dataloader_fn().dataset), batch_size=None,
-                          sampler=train.sampler)
+        return train_dataloader_fn()
 
     def val_dataloader(self, train_dataloader_fn: Callable[[], DataLoader],
                        val_dataloader_fn: Callable[[], DataLoader]) -> DataLoader:

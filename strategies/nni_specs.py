@@ -1,5 +1,5 @@
 """NNI's own strategies as parnas runs them on the PAR space: one list, :data:`NNI_STRATEGIES` (NNI's class, its
-fixed arguments, whether it learns logits, its own settings), which the built-in records
+fixed arguments, whether it learns logits), which the built-in records
 (:mod:`parnas.strategies.builtin`), the dispatch (:mod:`parnas.strategies.nni_strategies`,
 :mod:`parnas.strategies.multi_trial`), the CLI, the docs and the tests read; and the check that refuses what they
 cannot do. Imports no torch: a config is checked before it loads.
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from parnas.errors import ConfigError
 from parnas.strategies.nni_trial import in_nni_trial
-from parnas.strategies.par_settings import PARSettings
 from parnas.strategy_registry import DEFAULT, MULTI_TRIAL, ONE_SHOT, StrategyError
 
 if TYPE_CHECKING:
@@ -20,28 +19,11 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class NNIGumbelSettings:
-    """NNI's ``gumbel-darts``'s own settings (``search.gumbel-darts.<setting>``): its temperature falls from
-    ``tau_start`` to ``tau_end`` over the epochs (NNI's ``temperature`` pair)."""
-
-    tau_start: float = 1.0
-    tau_end: float = 0.1
-
-    def __post_init__(self) -> None:
-        if not 0 < self.tau_end <= self.tau_start:
-            raise ConfigError(f"tau_end ({self.tau_end}) must be > 0 and not exceed tau_start ({self.tau_start})")
-
-    def nni_arguments(self) -> dict[str, Any]:
-        return {"temperature": (self.tau_start, self.tau_end)}
-
-
-@dataclass(frozen=True)
 class NNIStrategy:
     """One of NNI's own strategies as parnas runs it on the PAR space: ``nni_class`` (in ``nni.nas.strategy``)
     built with the fixed ``arguments``; where ``logits``, also with the run's ``search.arch_lr``, ``train.clip``
-    and ``search.log_every`` (the strategy learns architecture logits); where ``settings`` (as
-    :attr:`parnas.strategy_registry.SearchStrategy.settings`), with what its settings' ``nni_arguments()``
-    returns. ``refused``: why parnas does not run it (its check says so in one line)."""
+    and ``search.log_every`` (the strategy learns architecture logits). NNI's strategies have no settings of
+    their own here."""
 
     name: str
     family: str
@@ -49,21 +31,15 @@ class NNIStrategy:
     what: str
     arguments: tuple[tuple[str, Any], ...] = ()
     logits: bool = False
-    settings: type | None = None
-    refused: str = ""
 
 
 NNI_STRATEGIES = (
     NNIStrategy("darts", ONE_SHOT, "DARTS", "first-order DARTS, the logits stepped on the validation stream",
                 logits=True),
     NNIStrategy("gumbel-darts", ONE_SHOT, "GumbelDARTS", "DARTS with Gumbel-softmax samples, tau annealed per epoch",
-                logits=True, settings=NNIGumbelSettings),
+                logits=True),
     NNIStrategy("random-oneshot", ONE_SHOT, "RandomOneShot", "uniform random paths through the supernet, no logits"),
     NNIStrategy("proxyless", ONE_SHOT, "Proxyless", "one sampled binary-gated path per block", logits=True),
-    NNIStrategy("enas", ONE_SHOT, "ENAS",
-                "a reinforcement-learned controller (refused: its dependencies do not install)",
-                refused="needs NNI's optional reinforcement-learning dependencies (tianshou<1 and gym), which do not "
-                        "install beside this torch"),
     NNIStrategy("random", MULTI_TRIAL, "Random", "architectures drawn at random, no repeats", (("dedup", True),)),
     NNIStrategy("regularized-evolution", MULTI_TRIAL, "RegularizedEvolution", "aging evolution, population 4, "
                 "sample 2", (("population_size", 4), ("sample_size", 2))),
@@ -90,20 +66,11 @@ def check_nni_strategy(cfg: Config, resume: bool) -> None:
     if multi_trial and (in_nni_trial() or resume):
         raise ConfigError(f"search.strategy={name} starts an NNI experiment of its own: run it outside nnictl, "
                           "without --resume")
-    if spec.refused:
-        runnable = [s.name for s in NNI_STRATEGIES if s.family == ONE_SHOT and not s.refused]
-        raise ConfigError(f"search.strategy={name} {spec.refused}; use {', '.join(runnable)} or {DEFAULT}")
     unpriced = "does not price latency: drop it, or compare the exported costs with parnas study"
     for setting, value, why in (("search.latency_budget", search.latency_budget, unpriced),
                                 ("search.penalty_weight", search.penalty_weight or None, unpriced)):
         if value is not None:
             raise ConfigError(f"{setting} is honoured by search.strategy={DEFAULT} only; NNI's {name} {why}")
-    for owner, given in search.strategy_settings.items():  # PAR's own settings, given and not at their defaults
-        for key, why in (("export_samples", "exports its own choice"), ("forward", "has its own loop"),
-                         ("mode", "has its own loop")):
-            value, applies = getattr(given, key, None), key != "mode" or not multi_trial  # trials train fixed models
-            if isinstance(given, PARSettings) and applies and value != getattr(PARSettings(), key):
-                raise ConfigError(f"search.{owner}.{key}={value} is {owner}'s setting; NNI's {name} {why}")
     if resume:
         raise ConfigError(f"--resume continues a {DEFAULT} search; NNI's {name} cannot resume: start it again")
     if cfg.train.devices * cfg.train.num_nodes != 1:

@@ -34,8 +34,7 @@ from parnas.strategies.nni_trial import in_nni_trial
 
 def nni_strategy_object(cfg: Config) -> Any:
     """NNI's strategy object for ``search.strategy`` (:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`): its fixed
-    arguments, the run's architecture learning rate, clipping and logging where it learns logits, and its own
-    settings' arguments (gumbel-darts's tau range)."""
+    arguments, and the run's architecture learning rate, clipping and logging where it learns logits."""
     from nni.nas import strategy as nni_strategies
 
     spec = nni_strategy(cfg.search.strategy)
@@ -43,8 +42,6 @@ def nni_strategy_object(cfg: Config) -> Any:
     if spec.logits:
         arguments |= {"arc_learning_rate": cfg.search.arch_lr, "gradient_clip_val": cfg.train.clip or None,
                       "log_prob_every_n_step": cfg.search.log_every}
-    if spec.settings is not None:
-        arguments |= cfg.search.settings.nni_arguments()
     return getattr(nni_strategies, spec.nni_class)(**arguments)
 
 

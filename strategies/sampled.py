@@ -2,7 +2,7 @@
 logits learn from the loss that sample reached (REINFORCE with a moving-average baseline). The forwards a step may
 run, ``SEARCH_FORWARDS``, are PAR's settings' (:mod:`parnas.strategies.par_settings`, read before torch loads).
 
-A mixed block of NNI's Gumbel-DARTS runs every candidate and sums their outputs by the sample's weights, so a
+A block of Gumbel-DARTS (``forward: gumbel``) runs every candidate and sums their outputs by the sample's weights, so a
 step of the supernet costs as much as every candidate of every block: about twice a Transformer-XL step when
 attention and dense are both candidates. Here each block draws one candidate from softmax(alpha) and runs only
 that one: the step costs one sampled architecture's. What the logits learn from is then the loss itself: the
@@ -36,11 +36,10 @@ from parnas.nn.blocks import Keeper
 
 BASELINE_DECAY = 0.95  # the loss's moving average: b <- decay b + (1 - decay) L, over about 20 steps
 
-PICK_SEED_OFFSETS = {"train": 104_729, "arch": 130_363}
-"""Added to ``train.seed`` for each stream's picks (:func:`draw_picks`, seeded by the task's ``seed_for_step``):
-the picks of a step draw other numbers than its dropout, and the two streams' picks differ from each other.
-Like :data:`parnas.strategies.arch_stream.ARCH_DROPOUT_SEED_OFFSET` they need only be distinct and above the seeds
-people pick; they are primes (the 10,000th and the 12,191st) only to be easy to tell apart."""
+PICK_SEED_OFFSET = 104_729
+"""Added to ``train.seed`` for a step's picks (:func:`draw_picks`, seeded by the task's ``seed_for_step``): the
+picks of a step draw other numbers than its dropout. Like the search's other offsets it need only be distinct and
+above the seeds people pick; it is a prime only to be easy to tell apart."""
 
 
 class SampledMixedLayer(DifferentiableMixedLayer):

@@ -18,7 +18,6 @@ rules (:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strate
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ import numpy as np
 import pytorch_lightning as pl
 from nni.nas.evaluator.pytorch import Lightning, Trainer
 
-from parnas import architecture
+from parnas import architecture, strategy_registry
 from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.data.corpora import load_splits
@@ -42,12 +41,11 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
-from parnas.strategies.par_settings import par_settings, trained_forward, written_forward
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
 from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
 from parnas.strategies.select import check_selection, final_pick
-from parnas.strategies.supernet_export import Evaluated, exported_nll, sample_layouts
+from parnas.strategies.supernet_export import Evaluated, exported_nll
 from parnas.training import checkpoint
 from parnas.training.compiling import compile_model
 from parnas.training.data_module import SegmentData, check_segments
@@ -90,17 +88,20 @@ class SupernetSearch:
 
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
-                 meta: dict[str, Any] | None = None, costs: CostModel | None = None,
-                 resumed_forward: str | None = None) -> SupernetSearch:
+                 meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> SupernetSearch:
     """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
 
     ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
     model to search with instead of the device's latency table (nothing is timed; the budget is checked
-    against it), for studying the search itself under known costs. ``resumed_forward``: what the checkpoint
-    a search resumes trained with, which ``forward: auto`` keeps (:func:`keep_trained_forward`).
+    against it), for studying the search itself under known costs. PAR's settings are read here, once, and
+    passed down as they are (``forward`` included: a concrete value, never resolved again).
     """
     if cfg.train.accumulate != 1:
         raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
+    supernet_of = strategy_registry.get(cfg.search.strategy).supernet_factory()  # the registry's flag
+    if supernet_of is None:
+        raise ParnasError(f"search.strategy={cfg.search.strategy} has no supernet for parnas's one-shot search: "
+                          "run it with its own code (parnas search --strategy)")
     space = PARTransformerXLSpace(cfg.model, vocab_size, cfg.search.candidates)
     lr_setting, lr = cfg.search.weights_lr(cfg.train)
     task = LanguageModelTask(replace(cfg.train, lr=lr), meta, lr_setting)
@@ -113,40 +114,14 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
                                     pinned=run_dir / PINNED_TABLE if ckpt else None,
                                     warn=None if trainer.is_global_zero else lambda line: None)
     check_budget(cfg, costs)
-    par = par_settings(cfg.search).resolved(cfg.train.devices * cfg.train.num_nodes, trained=resumed_forward)
-    if (unread := par.unread()) and trainer.is_global_zero:
-        print(f"parnas: search.{cfg.search.strategy}.{', '.join(unread)} set, but a {par.forward} step draws no "
-              f"Gumbel sample: not read (set search.{cfg.search.strategy}.forward=mixed to anneal one)",
-              file=sys.stderr)
-    search = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: par})
-    strategy = PARGumbelDARTS(search, max_steps=cfg.train.max_steps, gradient_clip_val=cfg.train.clip or None,
-                              costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
+    strategy = supernet_of(cfg.search, cfg.search.settings, max_steps=cfg.train.max_steps,
+                           gradient_clip_val=cfg.train.clip or None,
+                           costs=costs, history_path=run_dir / "history.jsonl", on_evaluation=on_evaluation)
     supernet = strategy.mutate_model(space)
-    compile_model(supernet, cfg.train.compile)  # a fair step stacked or a mixed one: one static graph a step
+    compile_model(supernet, cfg.train.compile)  # a fair step stacked or a gumbel one: one static graph a step
     evaluator = strategy.mutate_evaluator(Lightning(task, trainer, datamodule=data,
                                                     fit_kwargs={"ckpt_path": str(ckpt) if ckpt else None}))
     return SupernetSearch(supernet, strategy, evaluator, data, costs, latency)
-
-
-def keep_trained_forward(cfg: Config, checkpoint: dict[str, Any]) -> tuple[Config, str | None]:
-    """``cfg`` to resume ``checkpoint`` with, and the forward it trained with (:func:`trained_forward`). A search
-    continues as it started: ``forward: auto`` takes the checkpoint's forward, whatever this version's ``auto``
-    would choose (one line says so where they differ), and a checkpoint whose config named a forward outright (as
-    before ``auto`` existed) is resumed with that. Any other forward must match the checkpoint's
-    (:func:`parnas.training.resume.check_resumable`, which also refuses a fixed model's checkpoint: left to it)."""
-    if "space" not in checkpoint["parnas"]["architecture"]:
-        return cfg, None
-    par, trained = par_settings(cfg.search), trained_forward(checkpoint)
-    if par.forward != "auto":
-        return cfg, trained
-    now = par.resolved(cfg.train.devices * cfg.train.num_nodes).forward
-    if trained != now:
-        print(f"parnas: resuming with search.{cfg.search.strategy}.forward={trained}, as the checkpoint trained "
-              f"(forward: auto starts a new search {now})", file=sys.stderr)
-    if written_forward(checkpoint) == "auto":
-        return cfg, trained
-    settings = {**cfg.search.strategy_settings, cfg.search.strategy: replace(par, forward=trained)}
-    return replace(cfg, search=replace(cfg.search, strategy_settings=settings)), trained
 
 
 def final_evaluation(search: SupernetSearch) -> Evaluated:
@@ -162,30 +137,6 @@ def final_evaluation(search: SupernetSearch) -> Evaluated:
     result = module.evaluated(kinds, fitted, perplexity(float(sums[0] / sums[1])), supernet)
     module.append_history(result.history_line())
     return result
-
-
-def best_of_samples(search: SupernetSearch, result: Evaluated, cfg: Config) -> tuple[Evaluated, list[dict[str, Any]]]:
-    """``search.par-gumbel-darts.export_samples`` layouts drawn from softmax(alpha) beside the exported one
-    (``result``), those over the budget dropped, each scored like it (whole validation split, the supernet's
-    weights): the best of them all, and what was tried. Drawn with ``train.seed``: the same search samples the
-    same layouts."""
-    module, budget = search.module, cfg.search.latency_budget
-    search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
-    layouts = sample_layouts(list(result.probabilities.values()), par_settings(cfg.search).export_samples,
-                             cfg.train.seed, exclude=[result.kinds])
-    if budget is not None and module.costs is not None:
-        layouts = [k for k in layouts if module.costs.ratio(k) <= budget + 1e-9]
-    best, tried = result, [{"architecture": result.architecture, "val_ppl": round(result.val_ppl, 4),
-                            "cost_ratio": result.cost_ratio, "drawn": False}]
-    for kinds in layouts:
-        sums = exported_nll(search.supernet, module.choices(), kinds, search.data.batches("valid"))
-        scored = module.evaluated(kinds, False, perplexity(float(sums[0] / sums[1])), result.supernet_val_ppl)
-        tried.append({"architecture": scored.architecture, "val_ppl": round(scored.val_ppl, 4),
-                      "cost_ratio": scored.cost_ratio, "drawn": True})
-        best = scored if scored.val_ppl < best.val_ppl else best
-    if best is not result:
-        module.append_history(best.history_line())  # the history ends with what is exported
-    return best, tried
 
 
 def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
@@ -211,9 +162,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
     pl.seed_everything(cfg.train.seed, verbose=False)
     tokenizer, splits = load_splits(cfg.data)
     cfg.model.check_vocab(tokenizer.vocab_size)
-    trained = None
     if saved is not None:  # the same search: the settings, the tokenizer and the space it was started with
-        cfg, trained = keep_trained_forward(cfg, saved)
         check_resumable(saved, cfg, None, tokenizer, str(source))
     ckpt = run_dir / "checkpoints" / "last.ckpt" if source is not None else None  # the source, copied there
     check_segments(cfg, splits)  # a segment longer than a split fails here, before tensorboard/ exists
@@ -226,8 +175,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
             "architecture": {"space": "PARTransformerXLSpace", "candidates": list(cfg.search.candidates)}}
-    search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta,
-                          resumed_forward=trained)
+    search = build_search(cfg, splits, tokenizer.vocab_size, run_dir, ckpt=ckpt, on_evaluation=report, meta=meta)
     check_selection(cfg, search.costs)
     # everything checked (latency budget included): now files may be touched
     prepare_run_dir(run_dir, saved["global_step"] if saved else None, source)
@@ -244,19 +192,17 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
 def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: float, trial: bool,
            run_dir: Path) -> dict[str, Any]:
-    """After the last step: the final evaluation, the best of the sampled layouts, ``architecture.json``, the
-    plots, and NNI's final result; returns the record."""
+    """After the last step: the final evaluation, the final pick, ``architecture.json``, the plots, and NNI's
+    final result; returns the record."""
     result = final_evaluation(search)
     lr_setting, lr = cfg.search.weights_lr(cfg.train)
     failure = search_divergence(result, tokenizer.vocab_size, search.trainer.global_step, lr, lr_setting)
     if failure is not None:
         raise failure
-    drawn = par_settings(cfg.search).export_samples
-    result, sampled = best_of_samples(search, result, cfg) if drawn else (result, None)
     result, selection = final_pick(search, cfg, tokenizer, result, run_dir)  # short retrains, the guard
     latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
     record = search_record(cfg, tokenizer, search.module, result, steps=search.trainer.global_step, seconds=seconds,
-                           latency=latency, sampled=sampled, selection=selection)
+                           latency=latency, selection=selection)
     architecture.write(run_dir / "architecture.json", record)
     plot_run(run_dir)
     if trial:
@@ -288,9 +234,7 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
-    unhinged = {**cfg.search.strategy_settings, cfg.search.strategy: replace(par_settings(cfg.search),
-                                                                             budget_hinge="exported")}
-    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0, strategy_settings=unhinged)  # no budget
+    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0)  # no budget
     search = build_search(replace(cfg, search=unpriced),
                           splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from parnas import architecture, strategy_registry
+from parnas import architecture
 from parnas.architecture import layout_string
 from parnas.config import Config
 from parnas.strategies.nni_trial import in_nni_trial
@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # the summary is printed for any strategy's record: it loads 
 
 def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, result: Evaluated, *, steps: int,
                   seconds: float, latency: dict[str, Any] | None,
-                  sampled: list[dict[str, Any]] | None,
                   selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """The architecture record of a finished ``par-gumbel-darts`` search: the exported layout, softmax(alpha) per
     block, and the search's figures (perplexities, the budget and lambda, costs, time), validated. ``selection``:
@@ -33,35 +32,27 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
     trial = os.environ.get("NNI_TRIAL_JOB_ID") if in_nni_trial() else None
     return architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities, tokenizer=tokenizer.identity(),
-        search={"strategy": strategy_registry.PAR_GUMBEL_DARTS, "mode": module.par.mode, "steps": steps,
-                "tau_final": module.tau if reads_tau(module.par) else None, "val_ppl": round(result.val_ppl, 4),
+        search={"strategy": cfg.search.strategy, "steps": steps,
+                **module.par.read(), **({"tau_final": module.tau} if module.par.samples else {}),
+                "val_ppl": round(result.val_ppl, 4),
                 "supernet_val_ppl": round(result.supernet_val_ppl, 4),
                 "discretisation_gap": round(result.val_ppl - result.supernet_val_ppl, 4),
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
                 "val_mem_len": cfg.model.evaluation_memory, "seed": cfg.train.seed,
                 "candidates": list(search.candidates),
                 "penalty_weight": search.penalty_weight, "latency_budget": budget,
-                "budget_hinge": module.par.budget_hinge if budget is not None else None,
                 "lambda_final": None if budget is None else
                 search.penalty_weight if module.fixed_lambda else round(module.dual, 6),
                 "fitted_to_budget": result.fitted_to_budget,
-                "argmax": layout_string(module.argmax()), "sampled": sampled,
+                "argmax": layout_string(module.argmax()),
                 "latency": latency,
                 "block_costs": {k: round(v, 4) for k, v in costs.per_kind.items()}, "cost_unit": costs.unit,
                 "architecture_cost": round(costs.total(kinds), 4),
                 "cost_ratio": round(costs.ratio(kinds), 4),
                 "expected_cost": round(float(module.expected_ratio().detach()) * costs.reference, 4),
-                "hard": module.par.hard, "forward": module.par.forward, "arch_lr": search.arch_lr,
+                "arch_lr": search.arch_lr,
                 "weight_lr": search.weights_lr(cfg.train)[1],
                 "seconds": round(seconds, 1),
                 "step_seconds": round(seconds / max(1, steps), 4),
                 "nni_trial": trial, "selection": selection})
 
-
-def reads_tau(par: Any) -> bool:
-    """Whether a search with these (resolved) PAR settings reads the temperature: a tau given away from its default
-    would be reported unread otherwise (:meth:`parnas.strategies.par_settings.PARSettings.unread`). A record and its
-    pictures show tau only where it was read."""
-    from dataclasses import replace
-
-    return "tau_start" not in replace(par, tau_start=par.tau_start / 2 + 0.25).unread()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,6 +41,7 @@ from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.nn.model import SKIPPED_KIND, blocks_run
 from parnas.run_folders import remove_own_runs
+from parnas.selection import EARLY_VALID_FRACTION
 from parnas.strategies.costs import CostModel
 from parnas.strategies.supernet_export import Evaluated, exported_nll
 
@@ -132,31 +133,19 @@ def inherited_ppl(search: FinishedSearch, kinds: Sequence[str]) -> float:
     return math.exp(float(sums[0] / sums[1]))
 
 
-def entrants(cfg: Config, costs: CostModel, result: Evaluated, budget: float,
-             score: Callable[[Sequence[str]], float] | None = None) -> list[dict[str, Any]]:
-    """The supernet's ``k`` networks within ``budget``, and the guard. With ``search.select.rank=probability``
-    its most probable (the layout it exports first, when that fits): scoring each by perplexity would cost a
-    validation pass, and the retrains judge them anyway. With ``inherited``, ``score(kinds)`` (the validation
-    perplexity with the supernet's weights) ranks its ``pool`` most probable networks and the ``k`` lowest enter."""
+def entrants(cfg: Config, costs: CostModel, result: Evaluated, budget: float) -> list[dict[str, Any]]:
+    """The supernet's ``k`` most probable networks within ``budget`` (the layout it exports first, when that
+    fits: scoring each by perplexity would cost a validation pass, and the retrains judge them anyway), and the
+    guard."""
     select, probabilities = cfg.search.select, list(result.probabilities.values())
     fits = layout_ratio(costs, result.kinds) <= budget + 1e-9
-    if select.rank == "inherited" and score is not None:
-        pool = most_probable(probabilities, costs, budget, select.pool)
-        if fits and all(blocks_run(k) != blocks_run(result.kinds) for k in pool):
-            pool = [result.kinds, *pool]
-        print(f"final pick: ranking {len(pool)} networks within the budget by val ppl with the supernet's weights",
-              flush=True)
-        scored = sorted(((_finite(score(kinds)), i, kinds) for i, kinds in enumerate(pool)))[:select.k]
-        out = [{**_entrant(kinds, f"supernet #{rank}", costs, probabilities), "inherited_val_ppl": _round(ppl)}
-               for rank, (ppl, _, kinds) in enumerate(scored, 1)]
-    else:
-        pool = most_probable(probabilities, costs, budget, select.k)
-        if fits:
-            pool = [result.kinds, *[k for k in pool if blocks_run(k) != blocks_run(result.kinds)]][:select.k]
-        out = [_entrant(kinds, f"supernet #{rank}", costs, probabilities) for rank, kinds in enumerate(pool, 1)]
-        if out and out[0]["kinds"] == result.kinds:
-            out[0]["inherited_val_ppl"] = _round(result.val_ppl)
-    guard = guard_layout(costs, cfg.model.n_blocks, cfg.search.candidates, budget) if select.guard else None
+    pool = most_probable(probabilities, costs, budget, select.k)
+    if fits:
+        pool = [result.kinds, *[k for k in pool if blocks_run(k) != blocks_run(result.kinds)]][:select.k]
+    out = [_entrant(kinds, f"supernet #{rank}", costs, probabilities) for rank, kinds in enumerate(pool, 1)]
+    if out and out[0]["kinds"] == result.kinds:
+        out[0]["inherited_val_ppl"] = _round(result.val_ppl)
+    guard = guard_layout(costs, cfg.model.n_blocks, cfg.search.candidates, budget)
     if guard is not None:
         same = [e for e in out if blocks_run(e["kinds"]) == blocks_run(guard)]
         if same:
@@ -208,7 +197,7 @@ def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: P
         pl.seed_everything(cfg.train.seed, verbose=False)
         model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
         try:
-            fraction = 1.0 if round_index == len(steps) - 1 else cfg.search.select.early_valid_fraction
+            fraction = 1.0 if round_index == len(steps) - 1 else EARLY_VALID_FRACTION
             metrics = fit(run, model, tokenizer, dict(splits), record, resume=last.is_file(), test=False,
                           valid_fraction=fraction)
         except ParnasError as error:  # a diverged entrant loses; anything else is the user's to fix
@@ -228,7 +217,7 @@ def pick_rounds(cfg: Config) -> tuple[int, ...]:
 
 def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
     return {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
-            "supernet_steps": step, "early_valid_fraction": cfg.search.select.early_valid_fraction,
+            "supernet_steps": step, "early_valid_fraction": EARLY_VALID_FRACTION,
             "confirm_seeds": cfg.search.select.confirm_seeds}
 
 
@@ -247,7 +236,7 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
         return result, None
     start = time.perf_counter()
     budget, source = selection_budget(cfg, search.costs, result.kinds)
-    entered = entrants(cfg, search.costs, result, budget, lambda kinds: inherited_ppl(search, kinds))
+    entered = entrants(cfg, search.costs, result, budget)
     folder = run_dir / SELECT_DIR
     plan = _plan(cfg, entered, search.trainer.global_step)
     plan_file = folder / "plan.json"
@@ -322,7 +311,7 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
             seconds: float) -> dict[str, Any]:
     """What architecture.json keeps of the pick: every entrant with its perplexity after each round it ran, the
     guard's, the verdict and the one line that says it."""
-    steps, fraction = pick_rounds(cfg), cfg.search.select.early_valid_fraction
+    steps, fraction = pick_rounds(cfg), EARLY_VALID_FRACTION
     early = f" ({fraction:g} of the validation split)" if fraction < 1 else ""
     guard = _guard(entered)
     rivals = [e for e in entered if e is not guard and e["val_ppl"]]
@@ -337,7 +326,7 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
     if guard is None:
         verdict = "no guard"
         line = (f"final pick: {winner['architecture']} after {at}; no shallower Transformer-XL is within the budget "
-                f"{budget:.2f}" if cfg.search.select.guard else f"final pick: {winner['architecture']} after {at}")
+                f"{budget:.2f}")
     elif won and "supernet" not in guard["role"]:
         verdict = "guard"
         rounds: dict[int, list[str]] = {}  # each rival by the round it went out in, its perplexity then
@@ -360,10 +349,10 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
         line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); "
                 f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
                                                                                             else ""))
-    return {"k": cfg.search.select.k, "rank": cfg.search.select.rank, "steps": list(steps), "budget": round(budget, 4),
+    return {"k": cfg.search.select.k, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
             "val_ppl_is": "trained from scratch (train.seed) to each round's steps; the last round on the whole "
-                          f"validation split, earlier ones on {fraction:g} of it (search.select.early_valid_fraction)",
+                          f"validation split, earlier ones on {fraction:g} of it",
             "confirm_seeds": cfg.search.select.confirm_seeds,
             "entrants": [{**{k: v for k, v in e.items() if k != "kinds"}, "val_ppl": _rounded(e["val_ppl"]),
                           **({"confirm_val_ppl": _rounded(e["confirm_val_ppl"])} if "confirm_val_ppl" in e else {})}

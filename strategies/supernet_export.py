@@ -78,7 +78,7 @@ class Evaluated:
     """One evaluation: the exported architecture's own perplexity (supernet weights) and the supernet's."""
 
     step: int
-    tau: float
+    tau: float | None  # None: the search drew no Gumbel sample and read no tau
     probabilities: dict[str, dict[str, float]]
     kinds: list[str]
     val_ppl: float  # the exported (argmax) architecture, weights inherited, no retraining
@@ -91,28 +91,8 @@ class Evaluated:
         return layout_string(self.kinds)
 
     def history_line(self) -> dict[str, Any]:
-        return {"step": self.step, "tau": self.tau, "probabilities": self.probabilities,
+        tau = {} if self.tau is None else {"tau": self.tau}
+        return {"step": self.step, **tau, "probabilities": self.probabilities,
                 "val_ppl": self.val_ppl, "supernet_val_ppl": self.supernet_val_ppl,
                 "architecture": self.architecture, "exported_cost_ratio": self.cost_ratio,
                 "fitted_to_budget": self.fitted_to_budget}
-
-
-def sample_layouts(probabilities: Sequence[Mapping[str, float]], count: int, seed: int,
-                   exclude: Sequence[Sequence[str]] = ()) -> list[list[str]]:
-    """Up to ``count`` distinct layouts drawn from the blocks' distributions (each block independently), none of
-    ``exclude``, in the order drawn; fewer when the distributions are too peaked to give that many. The same
-    ``seed`` and probabilities give the same layouts."""
-    generator = torch.Generator().manual_seed(seed)
-    names = [list(p) for p in probabilities]
-    weights = torch.tensor([list(p.values()) for p in probabilities], dtype=torch.float64)  # (n_blocks, n_kinds)
-    seen = {tuple(e) for e in exclude}
-    out: list[list[str]] = []
-    for _ in range(20 * count):
-        if len(out) == count:
-            break
-        picks = torch.multinomial(weights, 1, generator=generator).squeeze(1).tolist()  # (n_blocks,)
-        layout = [kinds[i] for kinds, i in zip(names, picks)]
-        if tuple(layout) not in seen:
-            seen.add(tuple(layout))
-            out.append(layout)
-    return out

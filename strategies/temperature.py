@@ -2,7 +2,7 @@
 
 A search anneals tau every optimiser step (:func:`tau_at`), not every epoch as NNI's GumbelDARTS does. The
 softmax (:class:`GumbelSoftmax`) holds tau twice: as the Python number eager steps divide by, and in a tensor
-that a compiled supernet (``train.compile`` with ``forward: mixed``) reads. Graphs traced from a Python number
+that a compiled supernet (``train.compile`` with ``forward: gumbel``) reads. Graphs traced from a Python number
 are specialised on its value, so a supernet compiled that way recompiled at every step; a tensor is an input
 whose value may change between calls. Eager steps keep dividing by the number, so what they compute is what they
 computed before the tensor existed.
@@ -10,24 +10,17 @@ computed before the tensor existed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from nni.nas.oneshot.pytorch.supermodule.differentiable import GumbelSoftmax as NNIGumbelSoftmax
 from torch import Tensor
 
 
-def tau_at(step: int, total_steps: int, start: float, end: float, schedule: str = "exponential") -> float:
-    """Temperature at optimiser step ``step``: ``start`` at step 0, ``end`` at the last step, monotone."""
+def tau_at(step: int, total_steps: int, start: float, end: float) -> float:
+    """Temperature at optimiser step ``step``: ``start`` at step 0, ``end`` at the last step, falling exponentially
+    (the original TensorFlow PAR Transformer-XL's schedule)."""
     t = min(1.0, step / max(1, total_steps - 1))
-    if schedule == "exponential":
-        return start * (end / start) ** t
-    if schedule == "linear":
-        return start + (end - start) * t
-    if schedule == "cosine":
-        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * t))
-    raise ValueError(f"unknown tau schedule {schedule!r}")
+    return start * (end / start) ** t
 
 
 class GumbelSoftmax(NNIGumbelSoftmax):
@@ -38,9 +31,9 @@ class GumbelSoftmax(NNIGumbelSoftmax):
         super().__init__(dim)
         self.register_buffer("temperature", torch.ones(()), persistent=False)  # tau for compiled graphs; not saved
 
-    def set_tau(self, tau: float, hard: bool) -> None:
-        """The temperature of the next training forwards, and whether their samples are straight-through."""
-        self.tau, self.hard = tau, hard
+    def set_tau(self, tau: float) -> None:
+        """The temperature of the next training forwards (their samples are soft: every candidate weighted)."""
+        self.tau, self.hard = tau, False
         self.temperature.fill_(tau)  # in place: a compiled graph reads the tensor it was traced with
 
     def forward(self, logits: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parnas import architecture, reading
+from parnas import architecture, reading, strategy_registry
 from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.overrides import as_given, from_dict, merge, parse_overrides, unflatten
@@ -167,10 +167,9 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     if plan.widths and plan.base.search.latency_table is not None:
         raise ConfigError("--widths cannot be priced by search.latency_table (a table prices one width): time the "
                           "study on its device instead")
-    from parnas.strategies.par_settings import check_par_search
-
     for search in plan.searches:  # what a search would refuse, refused here: before the study writes anything
-        check_par_search(search_config(plan, search), resume=False)
+        cfg = search_config(plan, search)
+        strategy_registry.get(cfg.search.strategy).check_config(cfg, False)
     from parnas.study.space import check_space
 
     check_space(plan)  # a space too large to retrain whole, a census it cannot give

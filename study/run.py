@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parnas import architecture
+from parnas import architecture, strategy_registry
 from parnas.files import write_json_atomic
 from parnas.run_folders import hold_run_dir
 from parnas.study.front import width_model
@@ -53,9 +53,8 @@ class Progress:
 
 
 def run_searches(plan: Plan, progress: Progress) -> dict[PlannedSearch, dict[str, Any]]:
-    """Each search's record: read when finished, resumed from its checkpoint, else run."""
-    from parnas.strategies.search import run_search
-
+    """Each search's record: read when finished, resumed from its checkpoint, else run by its strategy, reached
+    through the registry (:mod:`parnas.strategy_registry`)."""
     found = {}
     for i, search in enumerate(plan.searches, 1):
         run_dir, name = own_sub_dir(search_dir(plan, search), "study"), search.name
@@ -66,7 +65,8 @@ def run_searches(plan: Plan, progress: Progress) -> dict[PlannedSearch, dict[str
             continue
         resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
         progress("search", i, len(plan.searches), f"{name}{' (resumed)' if resume else ''} in {run_dir} ...")
-        found[search] = run_search(search_config(plan, search), resume=resume)
+        cfg = search_config(plan, search)
+        found[search] = strategy_registry.get(cfg.search.strategy).runner()(cfg, resume=resume)
         progress("search", i, len(plan.searches),
                  f"{name}: found {architecture.layout_string(architecture.layout(found[search]))}")
     return found

@@ -69,7 +69,6 @@ def add_seeds(table_path: str | Path, runs: Sequence[str | Path]) -> tuple[dict[
 def _finished_run(run: Path) -> tuple[Any, dict[str, Any]]:
     """A finished ``parnas train`` run's config and metrics; ConfigError for anything else."""
     from parnas.config import Config
-    from parnas.config_upgrade import upgrade_config
     from parnas.overrides import from_dict
 
     metrics_path = run / "metrics.json"
@@ -80,7 +79,7 @@ def _finished_run(run: Path) -> tuple[Any, dict[str, Any]]:
     if not isinstance(metrics, dict) or not isinstance(metrics.get("config"), dict) or not isinstance(
             metrics.get("val_ppl"), (int, float)) or metrics.get("diverged"):
         raise ConfigError(f"{metrics_path} holds no validation perplexity of a finished run")
-    cfg = from_dict(Config, upgrade_config(metrics["config"], note=False))
+    cfg = from_dict(Config, metrics["config"])
     if not cfg.model.blocks:
         raise ConfigError(f"{run} trained no fixed layout (model.blocks is empty)")
     return cfg, metrics

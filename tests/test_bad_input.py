@@ -58,7 +58,7 @@ def finished(micro, tmp_path_factory):
 @pytest.mark.parametrize("setting, needle", [
     ("train.precision=bogus", "train.precision"),
     ("train.accelerator=tpu", "train.accelerator"),
-    ("train.weight_decay=-1", "train.weight_decay"),
+    ("train.weight_decay=0.1", "train.weight_decay was removed"),
     ("train.lr=.inf", "train.lr must be a finite number"),
     ("train.lr=.nan", "train.lr must be a finite number"),
     ("search.par-gumbel-darts.tau_start=.inf", "search.par-gumbel-darts.tau_start must be a finite number"),

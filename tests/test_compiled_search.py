@@ -1,4 +1,4 @@
-"""A search's supernet under ``train.compile``: with ``forward: mixed`` every step runs every candidate of every
+"""A search's supernet under ``train.compile``: with ``forward: gumbel`` every step runs every candidate of every
 block, one static graph that Dynamo captures whole. It must train as the eager supernet does while tau anneals
 (tau is an input of the graphs, not a constant they were specialised on: no recompile a step), evaluate an
 exported layout without compiling for it, and be refused, in one line, where the step is not static."""
@@ -27,12 +27,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `fun
 
 
 def supernets(mode: str, device: str = "cpu", *settings: str) -> tuple[dict, object, int]:
-    """An eager mixed supernet and its compiled copy (tiny preset: dropout 0, memory filling over two segments;
+    """An eager gumbel supernet and its compiled copy (tiny preset: dropout 0, memory filling over two segments;
     then ``settings``), a Zipf token stream and the segment length."""
-    cfg = load_config("tiny", ["model.mem_len=32", "search.par-gumbel-darts.forward=mixed", *settings])
+    cfg = load_config("tiny", ["model.mem_len=32", "search.par-gumbel-darts.forward=gumbel", *settings])
     torch.manual_seed(0)
     space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
-    eager = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).to(device).train()
+    eager = PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1).mutate_model(space).to(device).train()
     compiled = copy.deepcopy(eager)
     compile_model(compiled, mode)
     L = cfg.data.seg_len
@@ -63,7 +63,7 @@ def train_side_by_side(models: dict, stream: torch.Tensor, L: int, steps: int, t
         with torch._dynamo.config.patch(error_on_recompile=t >= 3):
             for name, model in models.items():
                 for softmax in (m for m in model.modules() if isinstance(m, GumbelSoftmax)):
-                    softmax.set_tau(tau_at(t, steps, 1.0, 0.1), hard=False)
+                    softmax.set_tau(tau_at(t, steps, 1.0, 0.1))
                 torch.manual_seed(t)  # the Gumbel noise: eager's draws, in the graph too (fallback_random)
                 h, mems[name] = model(x, mems[name])
                 losses[name] = model.nll(h, y, groups[name][t]).mean()
@@ -80,7 +80,7 @@ def train_side_by_side(models: dict, stream: torch.Tensor, L: int, steps: int, t
 
 
 @pytest.mark.slow  # a compile of seconds: `make test` runs it, `make test-fast` not
-def test_a_compiled_mixed_supernet_trains_like_the_eager_one_while_tau_anneals():
+def test_a_compiled_gumbel_supernet_trains_like_the_eager_one_while_tau_anneals():
     models, stream, L = supernets("default")
     torch._dynamo.reset()
     try:
@@ -160,7 +160,7 @@ def test_on_cuda_a_cuda_graphed_fair_supernet_steps_as_its_eager_sub_steps_do(be
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
+def test_on_cuda_a_cuda_graphed_gumbel_supernet_trains_like_the_eager_one():
     """``train.compile=reduce-overhead``: the supernet's forward, loss and their backward replayed as CUDA
     graphs, tau changing between replays; eager's losses, gradients and memories to a tolerance; and every graph a
     CUDA graph (Inductor skipped none)."""
@@ -179,8 +179,8 @@ def test_on_cuda_a_cuda_graphed_mixed_supernet_trains_like_the_eager_one():
 
 @pytest.mark.parametrize("settings, said", [
     (["search.par-gumbel-darts.forward=sampled"], "and a sampled supernet runs other candidates from step to step: "
-     "set search.par-gumbel-darts.forward to fair or mixed to compile the supernet"),
-    (["search.par-gumbel-darts.forward=mixed", "search.candidates=[attention,ut]", "train.accelerator=gpu"],
+     "set search.par-gumbel-darts.forward to gumbel or fair to compile the supernet"),
+    (["search.par-gumbel-darts.forward=gumbel", "search.candidates=[attention,ut]", "train.accelerator=gpu"],
      "train.compile=reduce-overhead replays the supernet's step as CUDA graphs, and ut blocks read values back"),
 ])
 def test_a_compiled_search_that_is_not_one_static_step_is_refused_in_one_line(capsys, tmp_path, settings, said):
@@ -223,12 +223,12 @@ def test_a_compiled_search_stopped_and_resumed_is_the_uninterrupted_one(micro, t
 
 
 @pytest.mark.slow
-def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path, micro):
-    """``parnas search --set train.compile=default`` with ``forward: mixed``, on the CPU: a line before the first
+def test_a_compiled_gumbel_search_says_it_compiles_and_exports(capsys, tmp_path, micro):
+    """``parnas search --set train.compile=default`` with ``forward: gumbel``, on the CPU: a line before the first
     step says it compiles, one after says how long it took, and the search evaluates, picks and exports as an eager
     one, its checkpoint holding the same keys. The final pick's short retrains run eager: no line of theirs says
     they compile."""
-    base = compiled_search(micro, "mixed", "search.select.steps=[4]", "search.latency_budget=0.8")
+    base = compiled_search(micro, "gumbel", "search.select.steps=[4]", "search.latency_budget=0.8")
     for mode in ("none", "default"):
         assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
     out = capsys.readouterr().out
@@ -243,16 +243,16 @@ def test_a_compiled_mixed_search_says_it_compiles_and_exports(capsys, tmp_path, 
 @pytest.mark.slow
 def test_search_step_times_the_compiled_models_beside_the_eager_ones(benchmark_script, monkeypatch, capsys):
     """``benchmarks/search_step.py --compile default`` (tiny, one round of one step): the compiled Transformer-XL
-    and mixed and fair supernets are timed in the same rounds as the eager ones, and their ratios printed."""
+    and gumbel and fair supernets are timed in the same rounds as the eager ones, and their ratios printed."""
     search_step = benchmark_script("search_step")
     monkeypatch.setattr("sys.argv", ["search_step.py", "--config", "tiny", "--vocab-size", "1000", "--steps", "1",
                                      "--rounds", "1", "--warmup", "1", "--compile", "default"])
     search_step.main()
     out = capsys.readouterr().out
-    for name in ("transformer-xl", "supernet, mixed", "supernet, fair", "transformer-xl, default",
-                 "supernet, mixed, default", "supernet, fair, default"):
+    for name in ("transformer-xl", "supernet, gumbel", "supernet, fair", "transformer-xl, default",
+                 "supernet, gumbel, default", "supernet, fair, default"):
         assert any(line.startswith(f"{name} ") and line.endswith(" ms/step") for line in out.splitlines()), name
-    for name in ("mixed", "fair"):
+    for name in ("gumbel", "fair"):
         assert f"step supernet, {name}, default / transformer-xl, default: " in out
         assert f"step supernet, {name}, default / supernet, {name}: " in out
 
@@ -266,7 +266,7 @@ def test_a_stacked_fair_step_runs_where_the_model_is(benchmark_script):
 
     cfg = load_config("tiny", ["model.dropout=0.1", "search.candidates=[attention,moe,identity]"])
     space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
-    supernet = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).to("meta").train()
+    supernet = PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1).mutate_model(space).to("meta").train()
     tokens = torch.randint(0, VOCAB, (8, 17))
     groups = supernet.group_targets(tokens[:, 1:]).to(torch.device("meta"))
     task = benchmark_script("search_step").FairTask(supernet)

@@ -74,28 +74,12 @@ def test_every_candidate_of_every_block_runs_alone_once_and_is_trained_every_ste
     assert search.trainer.global_step == steps  # one optimiser step per step, not one per sub-step
 
 
-@pytest.mark.parametrize("sets, processes, forward", [
-    (["search.candidates=planer"], 1, "fair"),  # eight kinds a block: the ranking tables' choice
-    ([], 1, "fair"),  # PAR's three: ranked best on table (a) too
-    ([], 2, "mixed"),  # DDP: fair runs in one process
-    (["search.candidates=planer", "train.devices=2"], 2, "mixed"),  # fair runs in one process
-    (["search.candidates=planer", "search.par-gumbel-darts.forward=mixed"], 1, "mixed"),  # as given
-    (["search.par-gumbel-darts.forward=fair"], 1, "fair"),
-])
-def test_the_default_forward_trains_strictly_fair_in_one_process(sets, processes, forward):
-    from parnas.strategies.par_settings import par_settings, resolved_par
+def test_fair_runs_in_one_process_and_is_refused_in_several():
+    from parnas.errors import ConfigError
 
-    cfg = load_config("tiny", ["train.accelerator=cpu", "model.n_heads=4", *sets])
-    assert par_settings(cfg.search).resolved(processes).forward == forward
-    if processes == 1:
-        assert resolved_par(cfg.search).forward == forward
-    assert load_config("tiny").search.settings.forward == "auto"
-
-
-def test_a_search_in_one_process_trains_fair_and_records_it(tmp_path):
-    search = build_search(search_config("search.candidates=[attention, dense, identity, dense_half]"), SPLITS, VOCAB,
-                          tmp_path)
-    assert search.module.par.forward == "fair"
+    with pytest.raises(ConfigError, match="forward=fair runs in one process, not 2"):
+        load_config("tiny", ["train.accelerator=cpu", "train.devices=2", FAIR])
+    assert load_config("tiny", ["train.accelerator=cpu", "train.devices=2"]).search.settings.forward == "gumbel"
 
 
 def test_a_fair_supernets_weights_do_not_depend_on_what_the_logits_learn(tmp_path):
@@ -105,7 +89,8 @@ def test_a_fair_supernets_weights_do_not_depend_on_what_the_logits_learn(tmp_pat
     for run, penalty in enumerate(("0", "5")):
         torch.manual_seed(0)  # as parnas search seeds before it builds the supernet
         search = build_search(search_config("train.max_steps=6", "train.warmup_steps=0", "search.penalty_cost=flops",
-                                            f"search.penalty_weight={penalty}"), SPLITS, VOCAB, tmp_path / str(run))
+                                            f"search.penalty_weight={penalty}", FAIR), SPLITS, VOCAB,
+                              tmp_path / str(run))
         search.run()
         assert search.module.par.forward == "fair"
         trained.append({k: v.detach().clone() for k, v in search.supernet.state_dict().items()})
@@ -115,31 +100,28 @@ def test_a_fair_supernets_weights_do_not_depend_on_what_the_logits_learn(tmp_pat
 
 
 @pytest.mark.parametrize("sets, unread", [
-    (["search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.hard=true"], "tau_end, hard"),
-    (["search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.forward=mixed"], None),  # mixed anneals
-    (["search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.mode=bilevel"], None),  # the logits' stream
-    ([], None),
+    ([FAIR, "search.par-gumbel-darts.tau_end=0.3", "search.par-gumbel-darts.tau_start=2"], "tau_start, tau_end"),
+    (["search.par-gumbel-darts.forward=sampled", "search.par-gumbel-darts.tau_start=2"], "tau_start"),
 ])
-def test_gumbel_settings_a_fair_step_never_reads_are_named_in_one_line(tmp_path, capsys, sets, unread):
-    """A user who tunes tau under the default (fair) forward is told it changes nothing, and how to make it."""
-    build_search(search_config(*sets), SPLITS, VOCAB, tmp_path)
-    err = [line for line in capsys.readouterr().err.splitlines() if "draws no Gumbel sample" in line]
-    if unread is None:
-        assert err == []
-    else:
-        assert err == [f"parnas: search.par-gumbel-darts.{unread} set, but a fair step draws no Gumbel sample: not "
-                       "read (set search.par-gumbel-darts.forward=mixed to anneal one)"]
+def test_gumbel_settings_given_to_a_forward_that_draws_no_sample_are_refused_in_one_line(sets, unread):
+    """A user who tunes tau under a forward that never reads it is told so, before anything runs."""
+    from parnas.errors import ConfigError
+
+    forward = sets[0].rsplit("=", 1)[1]
+    with pytest.raises(ConfigError, match=f"^search.par-gumbel-darts.{unread} set, but forward={forward} draws no "
+                                          "Gumbel sample and reads no tau: drop them, or use forward=gumbel$"):
+        load_config("tiny", sets)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_a_fair_search_of_planers_kinds_trains_every_candidate_on_cuda(tmp_path, precision):
-    """The default forward in one process, on the GPU, in PLANER's space: every candidate of every block (attention with
+    """The fair forward on the GPU, in PLANER's space: every candidate of every block (attention with
     fewer heads, the wider and narrower dense blocks, the mixture of experts) is trained, the logits learn and stay
     finite, and the search's record says where and how it trained."""
     cfg = search_config("train.max_steps=3", "model.n_heads=4", "search.candidates=planer", "train.warmup_steps=0",
-                        "search.penalty_cost=flops", "train.accelerator=gpu", f"train.precision={precision}")
+                        "search.penalty_cost=flops", "train.accelerator=gpu", f"train.precision={precision}", FAIR)
     search = build_search(cfg, SPLITS, VOCAB, tmp_path)
     assert search.module.par.forward == "fair"
     choices = [m for m in search.supernet.modules() if hasattr(m, "_arch_alpha")]

@@ -54,7 +54,8 @@ def test_flops_per_token_are_what_torch_counts_in_a_training_step(gpu_shapes, cu
                                "model.mem_len=4", "model.div_value=2", f"model.cutoffs={list(cutoffs)}"])
     if supernet:
         space = PARTransformerXLSpace(cfg.model, V, cfg.search.candidates)
-        model, kinds = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space).train(), ["choice"] * 3
+        strategy = PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1)
+        model, kinds = strategy.mutate_model(space).train(), ["choice"] * 3
     else:
         kinds = ["attention", "dense", "attention"]
         model = build_fixed_model(cfg.model, V, kinds).train()
@@ -82,7 +83,7 @@ def test_every_shape_builds_a_valid_fixed_model_and_supernet(gpu_shapes):
         with torch.device("meta"):  # WikiText-103's vocabulary: 110M embedding weights, no memory taken
             fixed = build_fixed_model(cfg.model, shape.vocab, ["attention", "dense"] * shape.n_layers)
             space = PARTransformerXLSpace(cfg.model, shape.vocab, cfg.search.candidates)
-            supernet = PARGumbelDARTS(cfg.search, max_steps=1).mutate_model(space)
+            supernet = PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=1).mutate_model(space)
             x = torch.zeros(shape.batch, shape.seg_len, dtype=torch.long)
             for model in (fixed, supernet):
                 h, mems = model(x)

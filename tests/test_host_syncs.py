@@ -88,12 +88,8 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     assert record.recorder.total == 0, record.recorder.sites  # nothing in parnas, Lightning or NNI
 
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
-    for run, hinge in enumerate(([], ["search.par-gumbel-darts.budget_hinge=expected"],
-                                 ["search.par-gumbel-darts.budget_hinge=expected", "search.penalty_weight=2"],
-                                 # bilevel: each batch pairs a weight and a logit segment
-                                 ["search.par-gumbel-darts.mode=bilevel"],
-                                 # every candidate mixed (the default is fair in one process; mixed under DDP)
-                                 ["search.par-gumbel-darts.forward=mixed"])):
+    for run, hinge in enumerate(([], ["search.penalty_weight=2"],  # the default (gumbel): every candidate mixed
+                                 ["search.par-gumbel-darts.forward=fair"])):
         search = build_search(load_config("tiny", [*cfg_overrides, *hinge]), splits, VOCAB,
                               tmp_path / "search" / str(run), costs=costs)
         record = host_syncs.RecordStep(3)

@@ -4,18 +4,17 @@ load, with a one-line note."""
 
 import dataclasses
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from parnas import architecture, kinds
-from parnas.config import FLAT_KIND_SETTINGS, Config, ModelConfig, load_config
+from parnas.config import Config, ModelConfig, load_config
 from parnas.errors import ConfigError
 from parnas.nn.model import build_fixed_model
+from parnas.old_keys import RENAMED
 from parnas.overrides import from_dict
-from parnas.training.resume import check_resumable
 
 VOCAB = 500
 
@@ -35,7 +34,7 @@ def test_the_core_model_config_holds_no_kinds_settings():
     for name in kinds.with_settings():
         own = {f.name for f in dataclasses.fields(kinds.get(name).settings)}
         assert not core & (own | {f"{name}_{field}" for field in own}), name
-    assert not core & set(FLAT_KIND_SETTINGS)
+    assert not core & {key.split('.')[1] for key in RENAMED if key.startswith('model.')}  # the old flat keys
 
 
 @pytest.mark.parametrize("setting, needle", [
@@ -53,16 +52,6 @@ def test_bad_settings_are_refused_naming_the_key(setting, needle):
         load_config("tiny", ["model.n_heads=4", "model.d_ff=128", setting])
 
 
-def test_flat_keys_of_earlier_versions_load_with_one_line_each(capsys):
-    old = load_config("tiny", ["model.chunk_len=8", "model.act_tau=0.05", "model.compress_fn=mean"])
-    notes = capsys.readouterr().err.strip().splitlines()
-    assert sorted(notes) == ["parnas: model.act_tau is deprecated: use model.ut.tau",
-                             "parnas: model.chunk_len is deprecated: use model.lsh.chunk_len",
-                             "parnas: model.compress_fn is deprecated: use model.compressive.fn"]
-    new = load_config("tiny", ["model.lsh.chunk_len=8", "model.ut.tau=0.05", "model.compressive.fn=mean"])
-    assert old == new and capsys.readouterr().err == ""
-
-
 def test_a_config_round_trips_through_its_dict_and_defaults_are_not_stored():
     cfg = load_config("tiny", ["model.moe.top_k=2", "model.conv.kernel=7"])  # 7: conv's default
     assert set(cfg.model.kind_settings) == {"moe"}
@@ -70,20 +59,6 @@ def test_a_config_round_trips_through_its_dict_and_defaults_are_not_stored():
     assert again == cfg and again.model.settings_of("moe").top_k == 2
     record = architecture.make_record({"block_0": "moe"}, dataclasses.replace(cfg.model, n_blocks=1), VOCAB)
     assert architecture.model_config(record).settings_of("moe").top_k == 2
-
-
-def test_a_checkpoint_written_with_flat_keys_resumes_and_a_changed_setting_is_refused(capsys):
-    cfg = load_config("tiny", ["model.n_blocks=1"])
-    record = architecture.make_record({"block_0": "attention"}, cfg.model, VOCAB)
-    written = cfg.to_dict()
-    del written["model"]["lsh"]
-    written["model"] |= {"n_buckets": 4, "n_hashes": 2, "chunk_len": 16}  # as a checkpoint of earlier versions
-    checkpoint = {"parnas": {"architecture": record, "tokenizer": {"sha256": "x"}, "config": written}}
-    check_resumable(checkpoint, cfg, record, SimpleNamespace(sha256="x"), "last.ckpt")
-    assert "model.chunk_len is deprecated" in capsys.readouterr().err
-    changed = load_config("tiny", ["model.n_blocks=1", "model.lsh.chunk_len=8"])
-    with pytest.raises(ConfigError, match="model.lsh.chunk_len=16, now 8"):
-        check_resumable(checkpoint, changed, record, SimpleNamespace(sha256="x"), "last.ckpt")
 
 
 @dataclass(frozen=True)

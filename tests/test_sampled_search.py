@@ -33,7 +33,8 @@ class OneChoice(ModelSpace):
 def mixed_layer(n=3, width=4) -> SampledMixedLayer:
     """One block of n candidates, mutated by the search's strategy."""
     torch.manual_seed(0)
-    return PARGumbelDARTS(load_config("tiny").search, max_steps=1).mutate_model(OneChoice(n, width)).block
+    search = load_config("tiny").search
+    return PARGumbelDARTS(search, search.settings, max_steps=1).mutate_model(OneChoice(n, width)).block
 
 
 def test_a_sampled_block_runs_only_its_pick_and_evaluation_mixes_every_candidate():
@@ -87,10 +88,9 @@ def test_reinforce_raises_the_odds_of_picks_that_did_better_than_usual_and_lower
     assert first.item() == pytest.approx(3.2)  # the first step's baseline is its own loss
 
 
-@pytest.mark.parametrize("mode", ["joint", "bilevel"])
-def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_block(tmp_path, mode):
-    search = build_search(search_config("train.max_steps=3", f"search.par-gumbel-darts.mode={mode}",
-                                        "search.par-gumbel-darts.forward=sampled"), SPLITS, VOCAB, tmp_path)
+def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_block(tmp_path):
+    search = build_search(search_config("train.max_steps=3", "search.par-gumbel-darts.forward=sampled"), SPLITS,
+                          VOCAB, tmp_path)
     training = {}  # (block, candidate) -> forwards in training
 
     def count(module, args, out, key):
@@ -105,8 +105,8 @@ def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_blo
     search.run()
     assert all(not torch.equal(before[k], a) for k, a in alphas(search).items())
     assert len(layers) == 2 and all(layer.pick is None for layer in layers)  # nothing kept past the step
-    forwards = 3 * (2 if mode == "bilevel" else 1)  # 3 steps; bilevel's also run the logits' segment
-    for layer in layers:  # one candidate a forward, where a mixed step runs all three
+    forwards = 3  # 3 steps
+    for layer in layers:  # one candidate a forward, where a gumbel step runs all three
         assert sum(training.get((layer.label, name), 0) for name in layer.names) == forwards, training
 
 
@@ -151,7 +151,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
 
 @pytest.mark.parametrize("settings, needle", [
     (["search.par-gumbel-darts.forward=all"],
-     "search.par-gumbel-darts.forward must be one of auto, mixed, sampled, fair, not 'all'"),
+     "search.par-gumbel-darts.forward must be one of gumbel, fair, sampled, not 'all'"),
     (["search.par-gumbel-darts.forward=sampled", "train.devices=2", "data.batch_size=8", "data.eval_batch_size=8"],
      "search.par-gumbel-darts.forward=sampled runs in one process, not 2"),
 ])
@@ -162,14 +162,13 @@ def test_settings_a_sampled_search_cannot_honour_are_refused(settings, needle):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("mode", ["joint", "bilevel"])
-def test_a_sampled_search_runs_on_cuda_and_draws_as_on_the_cpu(tmp_path, mode):
+def test_a_sampled_search_runs_on_cuda_and_draws_as_on_the_cpu(tmp_path):
     """On the GPU the picks come from a CUDA generator: the search runs, the logits move, and a second run with
     the same seed draws the same (the resume test's premise)."""
     def search(out):
         torch.manual_seed(0)
-        s = build_search(search_config("train.max_steps=4", f"search.par-gumbel-darts.mode={mode}",
-                                       "search.par-gumbel-darts.forward=sampled", "train.accelerator=gpu"),
+        s = build_search(search_config("train.max_steps=4", "search.par-gumbel-darts.forward=sampled",
+                                       "train.accelerator=gpu"),
                          SPLITS, VOCAB, out)
         before = alphas(s)
         s.run()

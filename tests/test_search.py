@@ -12,7 +12,6 @@ from nni.nas.nn.pytorch import LayerChoice
 
 from parnas.config import BLOCK_KINDS, ModelConfig, load_config
 from parnas.search_spaces import PARTransformerXLSpace, fixed_model
-from parnas.strategies.arch_stream import PairedStreams
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import tau_at
 from parnas.strategies.search import build_search
@@ -59,27 +58,18 @@ def test_space_has_one_labelled_choice_per_block_and_fixes_under_model_context()
     assert [m is not None for m in mems] == [True, False, False, True, False]
 
 
-@pytest.mark.parametrize("schedule", ["exponential", "linear", "cosine"])
-def test_tau_starts_ends_and_decreases_every_step(schedule):
-    taus = [tau_at(step, 50, 1.0, 0.1, schedule) for step in range(50)]
+def test_tau_starts_ends_and_decreases_exponentially_every_step():
+    taus = [tau_at(step, 50, 1.0, 0.1) for step in range(50)]
     assert taus[0] == pytest.approx(1.0) and taus[-1] == pytest.approx(0.1)
     assert all(a > b for a, b in zip(taus, taus[1:]))
-    if schedule == "exponential":
-        assert taus[1] / taus[0] == pytest.approx(taus[-1] / taus[-2])
-
-
-def test_paired_streams_cycle_the_architecture_stream_and_mark_restarts():
-    pairs = PairedStreams(list(range(7)), ["a", "b", "c"])
-    items = [pairs[t] for t in range(len(pairs))]
-    assert [i["arch"] for i in items] == list("abcabca")
-    assert [i["arch_restart"] for i in items] == [True, False, False, True, False, False, True]
+    assert taus[1] / taus[0] == pytest.approx(taus[-1] / taus[-2])
 
 
 def alphas(search):
     return {m.label: m._arch_alpha.detach().clone() for m in search.supernet.modules() if hasattr(m, "_arch_alpha")}
 
 
-def test_joint_mode_moves_weights_and_logits_from_the_training_batch_alone(tmp_path):
+def test_a_step_moves_weights_and_logits_from_the_training_batch_alone(tmp_path):
     search = build_search(search_config("train.max_steps=1"), SPLITS, VOCAB, tmp_path)
     before_alpha = alphas(search)
     before_w = search.supernet.embed.weight.detach().clone()
@@ -89,21 +79,9 @@ def test_joint_mode_moves_weights_and_logits_from_the_training_batch_alone(tmp_p
     assert set(search.module.training_module.mems) == {"train"}
 
 
-def test_bilevel_reads_the_other_stream_and_keeps_two_memories(tmp_path):
-    search = build_search(search_config("train.max_steps=2", "search.par-gumbel-darts.mode=bilevel"), SPLITS, VOCAB,
-                          tmp_path)
-    before_alpha = alphas(search)
-    search.run()
-    train, arch = search.module.training_module.mems["train"], search.module.arch_stream.memory
-    assert train[0].shape[0] == 8 and arch[0].shape[0] == 4  # batch vs eval batch size
-    assert all(not torch.equal(before_alpha[k], a) for k, a in alphas(search).items())
-
-
-@pytest.mark.parametrize("mode", ["joint", "bilevel"])
 @pytest.mark.slow
-def test_search_chooses_attention_where_the_task_needs_it(tmp_path, mode):
-    search = run(tmp_path, "train.max_steps=600", "search.par-gumbel-darts.arch_warmup_steps=200",
-                 f"search.par-gumbel-darts.mode={mode}")
+def test_search_chooses_attention_where_the_task_needs_it(tmp_path):
+    search = run(tmp_path, "train.max_steps=600", "search.par-gumbel-darts.arch_warmup_steps=200")
     attention = [p["attention"] for p in search.module.probabilities().values()]
     assert max(attention) > 0.8, search.module.probabilities()
     assert "attention" in search.module.export().values()
@@ -130,13 +108,13 @@ def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hinge, fixed_lambda", [("exported", None), ("expected", None), ("expected", 5.0)])
-def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, hinge, fixed_lambda):
-    """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block. Whichever cost is
-    hinged (the argmax's, or the expected one as PLANER does) and whether lambda is found or fixed."""
+@pytest.mark.parametrize("fixed_lambda", [None, 5.0])
+def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, fixed_lambda):
+    """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block, whether lambda
+    is found or fixed."""
     weight = [f"search.penalty_weight={fixed_lambda}"] if fixed_lambda else []
     search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300",
-                                        f"search.par-gumbel-darts.budget_hinge={hinge}", *weight),
+                                        *weight),
                           SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
     search.run()
     kinds, fitted = search.module.exported_kinds()
@@ -144,7 +122,6 @@ def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, hinge, fix
     lambdas = [line["lambda"] for line in history(tmp_path) if "lambda" in line]
     if fixed_lambda:
         assert set(lambdas) == {fixed_lambda}
-        assert float(search.module.expected_ratio().detach()) < 0.55  # the distribution itself was pushed to the budget
     else:
         assert max(lambdas) > 0  # the multiplier had to rise: unconstrained, this task keeps attention
     assert search.module.last_evaluation.kinds == kinds
@@ -189,15 +166,12 @@ def test_the_budget_prices_the_argmax_on_the_device_as_the_exported_layout_is_pr
         assert float(device_ratio) == pytest.approx(FIXED_COSTS.ratio(search.module.argmax()), rel=1e-12)
 
 
-@pytest.mark.parametrize("hinge", ["exported", "expected"])
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")  # the penalty alone, outside a Trainer
-def test_the_budget_hinge_pushes_only_while_its_cost_is_over_the_budget(tmp_path, hinge):
-    """With a fixed lambda the penalty is lambda x max(0, cost - budget): zero, and no gradient to the logits,
-    under the budget; over it, the excess of the argmax's cost (``exported``) or of the expected cost
-    (``expected``), with the expected cost's gradient either way."""
-    search = build_search(search_config("search.latency_budget=0.5", "search.penalty_weight=2",
-                                        f"search.par-gumbel-darts.budget_hinge={hinge}"), SPLITS, VOCAB, tmp_path,
-                          costs=FIXED_COSTS)
+def test_the_budget_hinge_pushes_only_while_the_exported_cost_is_over_the_budget(tmp_path):
+    """With a fixed lambda the penalty is lambda x max(0, cost - budget) of the argmax's cost: zero, and no
+    gradient to the logits, under the budget; over it, the excess, with the expected cost's gradient."""
+    search = build_search(search_config("search.latency_budget=0.5", "search.penalty_weight=2"), SPLITS, VOCAB,
+                          tmp_path, costs=FIXED_COSTS)
     module = search.module
     module.set_model(search.supernet)
     choices = module.choices()
@@ -216,12 +190,11 @@ def test_the_budget_hinge_pushes_only_while_its_cost_is_over_the_budget(tmp_path
 
     assert penalty([[0.0, 0.0, 9.0], [0.0, 0.0, 9.0]]) == (0.0, False)  # II: 0.2, expected about 0.2
     value, moved = penalty([[9.0, 0.0, 0.0], [0.0, 9.0, 0.0]])  # AD: 1.0, expected just under
-    expected = float(module.expected_ratio().detach())
-    assert moved and value == pytest.approx(2 * ((1.0 if hinge == "exported" else expected) - 0.5), rel=1e-6)
-    # argmax II (0.2, under) but the distribution's mean over: only the expected hinge still pushes
+    assert moved and value == pytest.approx(2 * (1.0 - 0.5), rel=1e-6)
+    # argmax II (0.2, under) but the distribution's mean over: what is exported is within, so nothing pushes
     value, moved = penalty([[1.0, 1.0, 1.3], [1.0, 1.0, 1.3]])
     assert float(module.expected_ratio().detach()) > 0.5
-    assert moved == (hinge == "expected") and (value > 0) == (hinge == "expected")
+    assert not moved and value == 0
 
 
 def test_fit_budget_takes_the_most_probable_layout_within_the_budget():
@@ -267,7 +240,7 @@ def test_exported_architecture_evaluates_as_the_fixed_model_with_the_same_weight
 
 
 def test_evaluation_uses_no_gumbel_noise_and_is_deterministic(tmp_path):
-    search = run(tmp_path, "train.max_steps=20", "search.par-gumbel-darts.hard=true")
+    search = run(tmp_path, "train.max_steps=20")
     batches = search.data.batches("valid")
     first, second = evaluate(search.supernet, batches), evaluate(search.supernet, batches)
     assert first.nll == second.nll and math.isfinite(first.ppl)
@@ -313,9 +286,11 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
     ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),
     ("search.latency_budget=.nan", "search.latency_budget must be a finite number"),
     ("search.latency_budget=fast", "search.latency_budget must be float"),
-    ("search.par-gumbel-darts.budget_hinge=expected", "hinges the cost at search.latency_budget: set one"),
-    ("search.latency_budget=0.65 --set search.par-gumbel-darts.budget_hinge=mean",
-     "search.par-gumbel-darts.budget_hinge must be one of exported"),
+    ("search.par-gumbel-darts.forward=fair --set search.par-gumbel-darts.tau_end=0.2",
+     "search.par-gumbel-darts.tau_end set, but forward=fair draws no Gumbel sample and reads no tau"),
+    ("search.par-gumbel-darts.forward=mixed", "forward must be one of gumbel, fair, sampled, not 'mixed' (mixed is "
+     "now called gumbel)"),
+    ("search.par-gumbel-darts.budget_hinge=expected", "search.par-gumbel-darts.budget_hinge was removed"),
     ("search.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
 ])
 def test_search_refuses_bad_settings_with_one_line(tmp_path, capsys, setting, needle):
@@ -356,7 +331,7 @@ def test_usable_as_an_nni_nas_experiment(tmp_path):
     trainer = build_trainer(cfg.train, tmp_path, trainer_cls=Trainer, gradient_clip_val=None)
     evaluator = Lightning(LanguageModelTask(cfg.train), trainer, datamodule=data)
     experiment = NasExperiment(PARTransformerXLSpace(cfg.model, VOCAB), evaluator,
-                               PARGumbelDARTS(cfg.search, max_steps=5, gradient_clip_val=0.25))
+                               PARGumbelDARTS(cfg.search, cfg.search.settings, max_steps=5, gradient_clip_val=0.25))
     experiment.config.experiment_working_directory = str(tmp_path / "nni")
     experiment.run()
     experiment.stop()  # marks it stopped in nnictl's registry, now rather than at exit when streams are closed
@@ -386,45 +361,8 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("written, recorded, resumed_with", [
-    ("auto", "fair", "fair"),  # this version's checkpoint: it records what it trained with
-    ("auto", None, "mixed"),  # the version before: auto trained three kinds mixed, and recorded nothing
-    ("mixed", None, "mixed"),  # a checkpoint from before auto: its config names the forward
-])
-def test_a_resumed_search_keeps_the_forward_its_checkpoint_trained_with(tmp_path, wt2_slice, capsys, written,
-                                                                        recorded, resumed_with):
-    """A search continues as it started: `forward: auto` of a newer version does not switch a half-trained
-    supernet to another training, and says so where it would have."""
-    import json
-
-    from parnas.cli import main
-    from parnas.training import checkpoint as saving
-
-    common = ["--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=300",
-              "--set", "model.cutoffs=[100, 200]", "--set", f"search.out_dir={tmp_path}", "--set", "train.max_steps=8",
-              "--set", "train.ckpt_every=4", "--set", "train.eval_every=100", "--set", "search.select.steps=[]"]
-    assert main(["search", *common, "--set", "train.stop_at=4"]) == 0
-    path = tmp_path / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    assert checkpoint["parnas"]["search"]["forward"] == "fair"  # auto's choice in one process, recorded
-    checkpoint["parnas"]["config"]["search"]["par-gumbel-darts"]["forward"] = written  # as an older version wrote
-    if recorded is None:
-        del checkpoint["parnas"]["search"]["forward"]
-    saving.save(checkpoint, path)  # sealed again, as that version sealed it
-    capsys.readouterr()
-    assert main(["search", *common, "--resume"]) == 0
-    assert json.loads((tmp_path / "architecture.json").read_text())["search"]["forward"] == resumed_with
-    said = [line for line in capsys.readouterr().err.splitlines() if "as the checkpoint trained" in line]
-    assert said == ([] if resumed_with == "fair" else ["parnas: resuming with search.par-gumbel-darts.forward=mixed, "
-                                                       "as the checkpoint trained (forward: auto starts a new search "
-                                                       "fair)"])
-
-
-@pytest.mark.parametrize("mode, forward", [("joint", "mixed"), ("bilevel", "mixed"), ("joint", "sampled"),
-                                           *(pytest.param(m, "fair", marks=pytest.mark.slow)
-                                             for m in ("joint", "bilevel"))])
-def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, mode, forward):
+@pytest.mark.parametrize("forward", ["gumbel", "sampled", pytest.param("fair", marks=pytest.mark.slow)])
+def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, forward):
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
     also when each step runs only the candidates sampled (the same draws after the resume), and strictly fair
     (the same permutations, the same dropout of every sub-step, the training memory restored where the step
@@ -433,7 +371,7 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     from parnas.training import checkpoint
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
-              "model.dropout=0.1", f"search.par-gumbel-darts.mode={mode}", "search.latency_budget=0.5",
+              "model.dropout=0.1", "search.latency_budget=0.5",
               f"search.par-gumbel-darts.forward={forward}")
 
     def search(run_dir, *extra, ckpt=None):

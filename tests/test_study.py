@@ -234,21 +234,18 @@ def test_a_rerun_with_other_settings_is_refused(small_corpus, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_study_whose_budget_hinges_the_expected_cost_runs_to_its_ranking(small_corpus, tmp_path):
-    """PLANER's hinge (search.par-gumbel-darts.budget_hinge=expected) is valid only with a budget; the supernet read
-    back for the ranking is priced by nothing, and must still build."""
+def test_a_study_with_a_budget_runs_to_its_ranking(small_corpus, tmp_path):
+    """The supernet read back for the ranking is priced by nothing (no budget), and must still build."""
     out = tmp_path / "study"
-    args = study_args(small_corpus, out, "--budgets", "0.9", "--seeds", "1", "--random-orderings", "0",
-                      "--set", "search.par-gumbel-darts.budget_hinge=expected")
+    args = study_args(small_corpus, out, "--budgets", "0.9", "--seeds", "1", "--random-orderings", "0")
     assert main(args) == 0
     study = json.loads((out / "study.json").read_text())
     assert study["ranking"]["budget 0.9, seed 0"]["inherited"]
 
 
-def test_the_budgets_of_a_study_are_its_searches_budgets_whatever_hinges_them(tmp_path):
-    """A budget's hinge on the expected cost needs a budget: --budgets gives it, as it does to each search."""
-    plan = make_plan("tiny", ["search.par-gumbel-darts.budget_hinge=expected"], 1, "0.6,0.8", tmp_path / "study")
-    assert plan.budgets == (0.6, 0.8) and plan.base.search.settings.budget_hinge == "expected"
+def test_the_budgets_of_a_study_are_its_searches_budgets(tmp_path):
+    plan = make_plan("tiny", [], 1, "0.6,0.8", tmp_path / "study")
+    assert plan.budgets == (0.6, 0.8)
     assert [search_config(plan, s).search.latency_budget for s in plan.searches] == [0.6, 0.8]
     assert not (tmp_path / "study").exists()
 
@@ -274,9 +271,7 @@ def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrai
     (["--widths", "33"], "divisible by model.n_heads"), (["--widths", "16,33"], "divisible by model.n_heads"),
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
-    (["--budgets", "none", "--set", "search.par-gumbel-darts.budget_hinge=expected"], "search.latency_budget: set one"),
-    (["--budgets", "0.6,none", "--set", "search.par-gumbel-darts.budget_hinge=expected"],
-     "search.latency_budget: set one"),
+    (["--set", "search.par-gumbel-darts.budget_hinge=expected"], "search.par-gumbel-darts.budget_hinge was removed"),
     (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
     (["--census", "200", "--set", "model.n_blocks=6"], "--census 200: 6 blocks over attention, dense, identity make "
                                                         "only 127 networks"),

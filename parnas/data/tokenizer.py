@@ -356,10 +356,10 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
     build: Callable[[Path], None]
     if cfg.tokenizer == "sentencepiece":
         cls, filename = SentencePieceTokenizer, "spm.model"
-        target = root / f"{key}-sentencepiece-{cfg.sp_model_type}-{cfg.vocab_size}"
+        target = root / f"{key}-sentencepiece-unigram-{cfg.vocab_size}"
 
         def build(tmp: Path) -> None:
-            train_sentencepiece(train_file, tmp / "spm", cfg.vocab_size, cfg.sp_model_type)
+            train_sentencepiece(train_file, tmp / "spm", cfg.vocab_size, "unigram")
             (tmp / "spm.vocab").unlink(missing_ok=True)
     elif cfg.tokenizer in ("word", "char"):
         target, filename = root / f"{key}-{cfg.tokenizer}", "vocab.txt"

@@ -90,7 +90,8 @@ def load_history(run_dir: str | Path) -> History:
             continue
         try:
             rec = json.loads(line)
-            step, tau, probs = int(rec["step"]), float(rec["tau"]), rec["probabilities"]
+            # no tau: a search whose forward draws no Gumbel sample reads none, and records none
+            step, tau, probs = int(rec["step"]), float(rec.get("tau", "nan")), rec["probabilities"]
             row = {b: {k: float(p) for k, p in probs[b].items()} for b in probs}
         except (ValueError, KeyError, TypeError, AttributeError):
             if number == len(lines) and not text.endswith("\n"):

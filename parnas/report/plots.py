@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +113,6 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
         raise HistoryError(f"no run directory {run}")
     history = load_history(run)
     record = read_architecture(run, note)
-    if record is not None and "tau_final" in (record.get("search") or {}) and record["search"]["tau_final"] is None:
-        history = replace(history, tau=np.full_like(history.tau, np.nan))  # a search that read no tau shows none
     gif, last = write_gif(history, run / "probabilities.gif", max_frames)
     lines = save_figure(lines_figure(history), run / "probabilities.png")
     arch = save_figure(architecture_figure(history, record), run / "architecture.png")

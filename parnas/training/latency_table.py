@@ -10,6 +10,7 @@ it was timed on may differ.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from parnas import reading
-from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout, upgrade_flat_settings
+from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError
 
 MODES = LATENCY_TARGETS  # the latency targets a table prices (both names stay importable from here)
@@ -111,20 +112,23 @@ def read_table(path: Path) -> LatencyTable:
     return LatencyTable.from_dict(reading.read_json(path))
 
 
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))  # the model settings this version has
 # Where and how a table was timed rather than what was timed: a table from another machine may differ in these.
 DEVICE_FIELDS = ("device", "device_type", "torch", "threads", "precision")
 
 
 def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> list[str]:
     """``name table-value vs run-value`` for each shape (``model.<setting>`` for the model's) that differs.
-    A model setting newer than the table counts as its default there (what the code that timed it built)."""
+    A model setting newer than the table counts as its default there (what the code that timed it built); one this
+    version's model has no field for (a key of an earlier version: a kind's setting then kept flat) is no shape of
+    any run it builds, and is left out."""
     def flat(key: dict[str, Any], model_defaults: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
-        model = {**model_defaults, **upgrade_flat_settings(key.get("model") or {}, note=False)}  # earlier versions
+        model = {**model_defaults, **(key.get("model") or {})}
         for name, value in model.items():
             if isinstance(value, dict):  # a kind's settings: only the run's kinds' count
                 out.update({f"model.{name}.{k}": v for k, v in value.items()} if name in run_key["kinds"] else {})
-            else:
+            elif name in MODEL_FIELDS:
                 out[f"model.{name}"] = value
         return out
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from parnas import architecture
 from parnas.config import Config
-from parnas.config_upgrade import upgrade_config
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import write_atomic
@@ -32,8 +31,7 @@ RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train
                      "data.path"}
 # A search may also move its run directory and log at another interval; its other search.* settings must match.
 # The final pick runs after the supernet and replans when any of its settings changes.
-SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every",
-                                                 "search.par-gumbel-darts.export_samples"} | {
+SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every"} | {
                                                  f"search.select.{f.name}" for f in fields(SelectConfig)}
 
 
@@ -56,7 +54,7 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
         raise ConfigError(f"{source} was trained with another tokenizer; resume with the same data settings")
     may_change = RESUMABLE_CHANGES if record is not None else SEARCH_RESUMABLE_CHANGES
     # a setting newer than the checkpoint counts as its default (what the code that wrote it did)
-    written = upgrade_config(meta["config"])
+    written = meta["config"]
     old, new = _flatten(Config().to_dict()) | _flatten(written), _flatten(cfg.to_dict())
     for key in sorted((set(old) | set(new)) - may_change):
         if (record is None or not key.startswith("search.")) and _plain(old.get(key)) != _plain(new.get(key)):

@@ -289,7 +289,7 @@ class LanguageModelTask(LightningModule):
 
     def configure_optimizers(self) -> Any:
         cfg = self.train_cfg
-        optimizer = adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, precision=cfg.precision)
+        optimizer = adam(self.model.parameters(), lr=cfg.lr, precision=cfg.precision)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_multiplier(step, cfg.warmup_steps, cfg.max_steps, cfg.min_lr / cfg.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

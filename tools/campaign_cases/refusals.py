@@ -99,7 +99,7 @@ def settings_cases() -> list[Case]:
         refused("config: segments longer than the data", train(*MICRO, "data.seg_len=100000"), "too short"),
         refused("search: compiling a sampled supernet",
                 search("train.compile=default", "search.par-gumbel-darts.forward=sampled"),
-                "search.par-gumbel-darts.forward to fair or mixed", "train.compile=none"),
+                "search.par-gumbel-darts.forward to gumbel or fair", "train.compile=none"),
         refused("search: tau infinite", search("search.par-gumbel-darts.tau_start=.inf"),
                 "search.par-gumbel-darts.tau_start must be a finite number"),
         refused("search: an unknown latency target", search("search.latency_target=decode"),
