@@ -216,11 +216,11 @@ def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
     it trains, for the time left."""
     if not select.enabled:
         return 0
-    rounds, alive, total, reached = select.rounds(max_steps), select.k + int(select.guard), 0, 0
+    rounds, alive, total, reached = select.rounds(max_steps), select.k + 1, 0, 0  # the guard always enters
     for r, target in enumerate(rounds):
         total += alive * (target - reached)
         reached = target
-        alive = min(alive, select.kept(alive, r, len(rounds)) + int(select.guard))
+        alive = min(alive, select.kept(alive, r, len(rounds)) + 1)
     return total + 2 * select.confirm_seeds * rounds[-1]
 
 
