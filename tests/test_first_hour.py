@@ -326,7 +326,7 @@ class Workspace:
 
 
 @pytest.fixture(scope="module")
-def workspace(micro, tmp_path_factory):
+def workspace(micro, wt2_tokenizer, tmp_path_factory):  # <dir>/spm.model: the presets' tokenizer
     with pytest.MonkeyPatch.context() as mp:  # module scope: set the private cache ourselves
         mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
         mp.setenv("NNI_EXPERIMENTS_DIR", str(tmp_path_factory.getbasetemp() / "documented" / "experiments"))
