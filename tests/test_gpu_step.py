@@ -201,7 +201,8 @@ def test_eager_loss_adds_the_compiled_transformer_xl_whose_targets_are_not_padde
 def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most(benchmark_script):
     """What ``--profile`` prints for a model, here for a tiny Transformer-XL's training step on the CPU (where the
     busy time is the aten ops' own): the wall and busy time a step, busy within wall, then the top ops by their
-    own time, largest first, whose shares of the busy time add up to at most all of it."""
+    own time, largest first, each op once, each share its time over the busy time, adding up to at most all of it.
+    Which ops come first is the machine's business (load reorders them), not the summary's."""
     import re
 
     step_profile, train_step = benchmark_script("step_profile"), benchmark_script("train_step")
@@ -228,7 +229,9 @@ def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most
     assert len(rows) == 5 and all(rows), lines
     ms = [float(r[1]) for r in rows]
     assert ms == sorted(ms, reverse=True) and sum(float(r[2]) for r in rows) <= 100.5
-    assert "aten::mm" in {r[3] for r in rows} or "aten::addmm" in {r[3] for r in rows}, lines
+    assert len({r[3] for r in rows}) == 5, lines  # one row an op, its calls summed
+    busy = float(head[2])  # each share is of the busy time in the head line, both as printed (to 0.1)
+    assert all(abs(float(r[2]) - 100 * float(r[1]) / busy) <= 0.06 + float(r[2]) * 0.05 / busy for r in rows), lines
 
 
 def test_a_profiled_gpu_step_counts_each_kernel_once(benchmark_script):
