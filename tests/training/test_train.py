@@ -12,7 +12,7 @@ from parnas.data.corpora import load_splits, unigram_perplexity
 @pytest.mark.slow
 def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=500",
+    code = main(["train", "--config", "tiny", "--set", f"data.path={small_corpus}", "--set", "data.vocab_size=500",
                  "--set", "model.cutoffs=[100, 250]", "--set", "train.max_steps=300",
                  "--set", "train.eval_every=150", "--set", f"train.out_dir={out}"])
     assert code == 0
@@ -27,14 +27,14 @@ def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_tensorboard_and_the_progress_lines_get_the_training_scalars_at_their_steps(wt2_slice, tmp_path, capsys):
+def test_tensorboard_and_the_progress_lines_get_the_training_scalars_at_their_steps(small_corpus, tmp_path, capsys):
     """A step whose scalars nothing reads logs none: TensorBoard still gets the training loss, perplexity and
     learning rate every ``train.log_every`` steps (counted as steps taken), the progress lines the loss after the
     first step and every ``train.log_every``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    code = main(["train", "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=500",
+    code = main(["train", "--config", "tiny", "--set", f"data.path={small_corpus}", "--set", "data.vocab_size=500",
                  "--set", "model.cutoffs=[100, 250]", "--set", "train.max_steps=12", "--set", "train.log_every=5",
                  "--set", "train.eval_every=100", "--set", f"train.out_dir={out}"])
     assert code == 0
