@@ -1,4 +1,5 @@
-"""Shared fixtures: a private cache per test session, and small slices of WikiText-2."""
+"""Shared fixtures: a private cache per test session (its tokenizers kept across runs), and small slices of
+WikiText-2."""
 
 import os
 from pathlib import Path
@@ -9,29 +10,66 @@ WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
 needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
 
 
+def tokenizer_store(config: pytest.Config) -> Path | None:
+    """Where tokenizers outlive a test run: pytest's cache folder (``.pytest_cache``, emptied by
+    ``pytest --cache-clear`` and ``make clean``), in a subfolder named by the source of the module that trains them.
+    Inside it the product's own cache keys each tokenizer by its corpus's sha256 and its settings and checks it
+    when it loads it (a damaged one is built again), so the store is verified, not trusted; a change to how
+    tokenizers are built starts a new subfolder, and the old ones are removed. None without pytest's cache."""
+    import hashlib
+    import shutil
+
+    if getattr(config, "cache", None) is None:
+        return None
+    import parnas.data.tokenizer as module
+
+    version = hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:12]
+    root = config.cache.mkdir("parnas-tokenizers")
+    for old in root.iterdir():
+        if old.name != version:
+            shutil.rmtree(old, ignore_errors=True)
+    (root / version).mkdir(exist_ok=True)
+    return root / version
+
+
 @pytest.fixture(scope="session")
-def session_cache(tmp_path_factory) -> Path:
-    """The session's cache, with the presets' WikiText-2 tokenizer trained into it before any test runs: a
-    tokenizer trained on a corpus that large says so in a line on stderr, which would otherwise land in the
-    output of whichever test first needed it (a refusal's one line among them)."""
-    import contextlib
-    import io
-
+def session_cache(tmp_path_factory, pytestconfig) -> Path:
+    """The session's private cache: latency tables and remembered corpus folders start empty in every run, but its
+    ``tokenizers/`` is the store kept across runs, so a tokenizer is trained only by the first test that needs it,
+    once per checkout and corpus."""
     cache = tmp_path_factory.getbasetemp() / "parnas-cache"
-    if (WT2 / "train.txt").is_file():
-        from parnas.config import load_config
-        from parnas.data.tokenizer import build_tokenizer
-
-        with contextlib.redirect_stderr(io.StringIO()):
-            for preset in ("tiny", "wt2-cpu"):
-                build_tokenizer(load_config(preset).data, WT2, cache)
+    cache.mkdir(exist_ok=True)
+    store = tokenizer_store(pytestconfig)
+    if store is not None:
+        (cache / "tokenizers").symlink_to(store, target_is_directory=True)
     return cache
 
 
+@pytest.fixture(scope="session")
+def wt2_tokenizer(session_cache) -> None:
+    """The presets' WikiText-2 tokenizer in the cache, trained quietly if it is not there yet: trained on a corpus
+    that large, it says so in a line on stderr, which would otherwise land in the output of the test that first
+    needed it (a refusal's one line among them). Tests that check what a command over WikiText-2 prints ask for it."""
+    import contextlib
+    import io
+
+    if not (WT2 / "train.txt").is_file():
+        return
+    from parnas.config import load_config
+    from parnas.data.tokenizer import build_tokenizer
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        for preset in ("tiny", "wt2-cpu"):
+            build_tokenizer(load_config(preset).data, WT2, session_cache)
+
+
 @pytest.fixture(autouse=True)
-def private_cache(session_cache, monkeypatch):
-    """Tokenizers and token ids go to a per-session cache, never ~/.cache."""
+def private_cache(session_cache, monkeypatch, request):
+    """Tokenizers and token ids go to a per-session cache, never ~/.cache. A slow test may run the presets on the
+    whole of WikiText-2: it gets that tokenizer first (no fast test reads more than a slice)."""
     monkeypatch.setenv("PARNAS_CACHE_DIR", str(session_cache))
+    if request.node.get_closest_marker("slow"):
+        request.getfixturevalue("wt2_tokenizer")
 
 
 @pytest.fixture(scope="session")

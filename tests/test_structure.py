@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("parnas", "search_spaces", "strategies", "retrain", "study")  # installed as parnas and its subpackages
+PACKAGES = ("parnas",)  # parnas/strategies/ is parnas.strategies: every package sits where its import path says
 SCRIPTS = ("benchmarks", "tools")
 
 # Private names of other libraries that have no public equivalent, each with why it is used.
@@ -106,12 +106,8 @@ def test_no_two_public_functions_or_classes_share_a_name():
 
 
 def source_of(name: str) -> Path | None:
-    """The file of module ``name`` as installed (``parnas.strategies.x`` is ``strategies/x.py``), None if none."""
-    head, _, rest = name.partition(".")
-    parts = rest.split(".") if rest else []
-    if head == "parnas" and parts and parts[0] in PACKAGES[1:]:
-        head, parts = parts[0], parts[1:]
-    base = ROOT.joinpath(head, *parts)
+    """The file of module ``name`` in the checkout, None if none."""
+    base = ROOT.joinpath(*name.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():
             return path

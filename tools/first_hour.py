@@ -16,7 +16,7 @@ architectures found, the trials' table, the comparison), so that what the run fo
 times. ``--write`` replaces the first ``N s`` / ``N min`` of each timed README line's comment and the sentence
 that says at what load the times were taken; nothing else in the README changes (the date and the table it
 prints go in docs/benchmarks.md by hand, and so does ``make search``'s time in the Makefile's and search.yaml's
-first comments, which tests/test_first_hour.py holds to the README's). On this 2-core machine
+first comments, which tests/cli/test_first_hour.py holds to the README's). On this 2-core machine
 one run's times differed from the next one's by up to a third, so ``--runs N`` reruns the whole hour N times and
 takes each step's median (and prints every run's times beside it).
 """

@@ -142,10 +142,10 @@ step steps-graphs-wt2par 160 python3 benchmarks/gpu_step.py --shape wt2-par --co
     --rounds 5 --profile
 step steps-graphs-wt103 150 python3 benchmarks/gpu_step.py --shape wt103-base --compile reduce-overhead --rounds 5
 step steps-nvidia 40 python3 benchmarks/gpu_step.py --shape nvidia-base --shape long --rounds 5
-step padding-tests 60 "${pytest_gpu[@]}" tests/test_alignment.py tests/test_gpu.py -k "padded or heads_of_41" \
+step padding-tests 60 "${pytest_gpu[@]}" tests/nn/test_alignment.py tests/gpu/test_gpu.py -k "padded or heads_of_41" \
     ${per_test:+"$per_test=30"}
 step padding-wt103 45 python3 benchmarks/gpu_step.py --shape wt103-base --no-supernet --unpadded --rounds 3 --profile
-step supernet-tests 150 "${pytest_gpu[@]}" tests/test_compiled_search.py ${per_test:+"$per_test=100"}
+step supernet-tests 150 "${pytest_gpu[@]}" tests/strategies/test_compiled_search.py ${per_test:+"$per_test=100"}
 # three compiles of 40-90 s each on an H200 (the Transformer-XL's took 46 s; the supernets run every candidate)
 step supernet-wt2par 330 python3 benchmarks/gpu_step.py --shape wt2-par --compile reduce-overhead --fair \
     --compile-supernet --unpadded --rounds 5 --profile

@@ -40,12 +40,13 @@ HEAD = {"train": ["train"], "retrain": ["retrain", "--arch", "transformer-xl"], 
 
 
 def tests_module(name: str):  # noqa: ANN201 - a test module, imported for its helpers
-    """A module of tests/ (for helpers the tests check with, reused here rather than copied)."""
+    """A module of tests/, named by its dotted path under it (``training.test_interrupt``): helpers the tests check
+    with, reused here rather than copied."""
     import importlib
 
-    if str(REPO / "tests") not in sys.path:
-        sys.path.insert(0, str(REPO / "tests"))
-    return importlib.import_module(name)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"tests.{name}")
 
 
 def run_args(bench: Bench, command: str, out: Path, *extra: str) -> list[str]:
@@ -65,7 +66,7 @@ def reference(bench: Bench, command: str, *extra: str) -> tuple[Path, float]:
 def same_run(straight: Path, run: Path, command: str) -> None:
     """Bit-exact: the weights and step of last.ckpt, and the final metrics and history."""
     try:
-        tests_module("test_interrupt").same_weights(straight / "checkpoints" / "last.ckpt",
+        tests_module("training.test_interrupt").same_weights(straight / "checkpoints" / "last.ckpt",
                                                     run / "checkpoints" / "last.ckpt")
     except AssertionError as e:
         raise Bad(f"the resumed run's weights differ from the uninterrupted one's ({last_words(str(e), 80)})") from None
@@ -199,7 +200,8 @@ def tmpfs(bench: Bench, folder: Path, size: str) -> Path:
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
                           text=True)
     if done.returncode:
-        raise Skip(f"cannot mount a tmpfs here ({last_words(done.stderr, 80)}); tests/test_disk_full.py mocks it")
+        raise Skip(f"cannot mount a tmpfs here ({last_words(done.stderr, 80)}); "
+                   "tests/training/test_disk_full.py mocks it")
     bench.cleanups.append(lambda: subprocess.run(["umount", "-l", str(disk)], check=False))
     return disk
 
@@ -274,7 +276,7 @@ def web_ui(listen_all: bool) -> Case:
     def check(bench: Bench, folder: Path) -> str:
         import yaml
 
-        nnictl = tests_module("test_nnictl")
+        nnictl = tests_module("cli.test_nnictl")
         if not (Path(sys.executable).parent / "nnictl").exists():
             raise Skip("nnictl is not installed beside this Python")
         address = nnictl.non_loopback_address()
@@ -329,12 +331,12 @@ def documented(bench: Bench, folder: Path) -> str:
     """Every command the README and docs show runs at tiny scale, or is skipped with its reason (the test that
     collects them, run here as it is)."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           "tests/test_first_hour.py", "-k", "documented"], cwd=REPO, env=bench.env,
+                           "tests/cli/test_first_hour.py", "-k", "documented"], cwd=REPO, env=bench.env,
                           capture_output=True, text=True, timeout=3600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     if done.returncode != 0:
         raise Bad(f"pytest exit {done.returncode}: {last_words(done.stdout, 200)}")
-    return f"tests/test_first_hour.py -k documented: {summary}"
+    return f"tests/cli/test_first_hour.py -k documented: {summary}"
 
 
 def cases() -> list[Case]:
