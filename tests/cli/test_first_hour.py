@@ -215,15 +215,15 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"--accelerator gpu", Run(needs=("found", "arch"), gpu=True, extra=("--set", "train.precision=32-true"))),
     (r"^parnas study \.\.\. ", Skip("elides its arguments (the line above, with another target)")),
     (r"^parnas table (score|build) ", Skip("needs the finished study or search of the lines above (minutes to "
-                                                "hours at their size); tests/study/test_score.py and tests/study/test_table.py "
-                                                "run both on tiny runs")),
+                                                "hours at their size); tests/study/test_score.py and "
+                                                "tests/study/test_table.py run both on tiny runs")),
     (r"^parnas table add-seeds ", Skip("adds the line above's wt2-cpu retrain to the shipped table, in place; "
-                                         "tests/study/test_table.py adds runs to a table and refuses the ones it cannot "
-                                         "take")),
+                                         "tests/study/test_table.py adds runs to a table and refuses the ones it "
+                                         "cannot take")),
     (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
     (r"^parnas study ", Skip(HOURS)),
-    (r"^parnas strategies ", Skip("searches with four strategies, 3 seeds each (many minutes); tests/study/test_study.py "
-                                  "compares three at tiny scale")),
+    (r"^parnas strategies ", Skip("searches with four strategies, 3 seeds each (many minutes); "
+                                  "tests/study/test_study.py compares three at tiny scale")),
     (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "
                                                  "every multi-trial strategy, 3 tiny trials each)")),
     (r"search\.candidates=\[attention,shift", Skip("needs the plugin package the section writes (parnas-shift)")),

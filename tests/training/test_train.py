@@ -12,7 +12,7 @@ from parnas.data.corpora import load_splits, unigram_perplexity
 @pytest.mark.slow
 def test_it_learns_far_below_the_unigram_perplexity(wt2_slice, tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--config", "tiny", "--set", f"data.path={small_corpus}", "--set", "data.vocab_size=500",
+    code = main(["train", "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=500",
                  "--set", "model.cutoffs=[100, 250]", "--set", "train.max_steps=300",
                  "--set", "train.eval_every=150", "--set", f"train.out_dir={out}"])
     assert code == 0
