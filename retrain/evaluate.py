@@ -39,6 +39,7 @@ from parnas.errors import ConfigError, DataError, ParnasError
 from parnas.retrain.load import TrainedModel
 from parnas.training.data_module import SegmentData
 from parnas.training.evaluation import divergence, divergence_step, model_device, split_metrics
+from parnas.training.task import diverged_error
 
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
@@ -75,6 +76,19 @@ def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None)
     first = divergence_step(trained.history, step, vocab_size)
     what = "the validation loss" if split == "valid" else f"the {split} loss"
     return divergence(loss, vocab_size, first, trained.config.train.lr, what, measured_at=step)
+
+
+def weights_divergence(trained: TrainedModel) -> ParnasError | None:
+    """The line a checkpoint whose weights are not all finite ends a command with (the one its training ended
+    with, :func:`parnas.training.task.diverged_error`), checked before any work: sampling would draw from NaN
+    probabilities. None when every floating-point weight is finite."""
+    bad = [name for name, t in trained.model.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if not bad:
+        return None
+    step = divergence_step(trained.history, trained.step, trained.model.vocab_size)
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return diverged_error(step, f"the checkpoint's weights are not finite: {bad[0]}{more}", trained.config.train.lr)
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:
@@ -179,6 +193,9 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
     """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids,
     and hands ``stream`` the prompt, then each token as it is drawn.
     Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
+    diverged = weights_divergence(trained)
+    if diverged is not None:
+        raise diverged
     model, cfg = trained.model.eval(), trained.config
     device = model_device(model)
     model.evaluate_with(opts.mem_len if opts.mem_len is not None else generation_memory(cfg.model, cfg.data.seg_len),

@@ -136,3 +136,21 @@ def test_ctrl_c_keeps_the_text_so_far_and_exits_130(checkpoint):
     assert len(err.splitlines()) == 1 and "stopped by Ctrl-C after" in err and f"of {MAX_TOKENS:,} tokens" in err, err
     done = int(err.split("after ")[1].split(" of")[0].replace(",", ""))
     assert 20 <= done < MAX_TOKENS and len(shown + out) > len(PROMPT) + 20 and out.endswith("\n")
+
+
+def test_a_checkpoint_with_non_finite_weights_is_one_line_as_evaluate_says_it(checkpoint, capsys, monkeypatch):
+    """torch.multinomial would end in a traceback over NaN probabilities: refused first, in evaluate's words."""
+    import parnas.retrain.load
+
+    def poisoned(*args, **kwargs):
+        trained = load_trained(*args, **kwargs)
+        with torch.no_grad():
+            next(trained.model.parameters()).view(-1)[0] = float("nan")
+        return trained
+
+    monkeypatch.setattr(parnas.retrain.load, "load_trained", poisoned)
+    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", PROMPT, "--tokens", "5"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "training diverged" in err and "weights are not finite" in err, err
+    assert captured.out == ""
