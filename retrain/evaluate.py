@@ -133,6 +133,8 @@ class Sampling:
             raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
         if self.top_k < 0:
             raise ConfigError("--top-k must be >= 0 (0 keeps the whole vocabulary)")
+        if not 0 <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+            raise ConfigError(f"--seed must be in 0..2**64 - 1, got {self.seed}")
         for flag, value in (("--mem-len", self.mem_len), ("--clamp-len", self.clamp_len)):
             if value is not None and value < 0:
                 raise ConfigError(f"{flag} must be >= 0")

@@ -29,6 +29,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, extra=params)  # once, for the whole command
     strategy = strategy_registry.get(cfg.search.strategy)
     strategy.check_config(cfg, args.resume)  # a dry run refuses what the search refuses
+    beyond = cfg.search.select.beyond(cfg.train.max_steps)
+    if beyond is not None:
+        print(f"parnas search: note: {beyond}", file=sys.stderr, flush=True)
     if cfg.search.latency_table is not None:  # a FIFO would block its open while the run's folder is held
         reading.check_regular(cfg.search.latency_table, f"search.latency_table: {cfg.search.latency_table}")
     if args.dry_run:
