@@ -256,7 +256,7 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
             stop_within(experiment)
             atexit.unregister(experiment.stop)
     if failure is not None:
-        remove_experiment(run_dir / "nni", experiment.id, run_dir if made_run_dir else None)
+        remove_experiment(run_dir / "nni", experiment.id, (run_dir / "nni", run_dir if made_run_dir else None))
         reason = (str(failure).strip().splitlines() or [""])[0]
         raise ParnasError(f"NNI could not run the {cfg.search.strategy} search's experiment on port {port} "
                           f"({type(failure).__name__}{': ' + reason if reason else ''}); nothing was kept: "

@@ -305,10 +305,10 @@ def discard_failed_launch(root: Path, experiment_id: str | None) -> None:
     Experiments().remove_experiment(experiment_id)
 
 
-def remove_experiment(root: Path, experiment_id: str, run_dir: Path | None = None) -> None:
+def remove_experiment(root: Path, experiment_id: str, made: Iterable[Path | None] = ()) -> None:
     """Remove what NNI wrote of one experiment under its working directory ``root`` (its folder, the ``_latest``
-    link when it names this id), then ``root`` and ``run_dir`` where nothing else is left in them. A link at
-    the experiment's folder is removed, never what it points to."""
+    link when it names this id), then the folders of ``made`` (ones the caller made) where nothing else is left in
+    them. A link at the experiment's folder is removed, never what it points to."""
     folder = root / experiment_id
     if folder.is_symlink():
         folder.unlink()
@@ -318,7 +318,7 @@ def remove_experiment(root: Path, experiment_id: str, run_dir: Path | None = Non
     with suppress(OSError):
         if latest.is_symlink() and Path(os.readlink(latest)).name == experiment_id:
             latest.unlink()
-    for empty in (root, run_dir):
+    for empty in made:
         with suppress(OSError):
             if empty is not None:
                 empty.rmdir()  # holds something else, or is gone: kept
