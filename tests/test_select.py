@@ -107,18 +107,6 @@ def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(cap
     assert not (tmp_path / "run").exists()
 
 
-def test_a_pick_that_trains_past_max_steps_says_so_in_one_line_before_the_search(capsys, tmp_path):
-    """A 4-step search whose pick would retrain each finalist for 1,000 steps: said at the start, in one line."""
-    code = main(["search", "--dry-run", "--config", "tiny", "--set", "train.max_steps=4",
-                 "--set", "search.select.steps=[1000]", "--set", f"search.out_dir={tmp_path}/run"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 0 and err == [("parnas search: note: search.select.steps=[1000] go beyond train.max_steps=4: the "
-                                    "final pick trains each of its finalists for up to 1,000 steps, longer than "
-                                    "parnas retrain trains the exported layout; lower them, or set "
-                                    "search.select.steps=[] to export without a pick")], err
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_selection_budget_below_the_cheapest_layout_is_refused_before_anything_is_written(capsys, tmp_path, micro):
     code = main(micro_search(micro, "search.candidates=[attention, dense]", "search.select.steps=[1, 3]",
                              "search.select.budget=0.05",
