@@ -70,13 +70,15 @@ def validate(record: Any, source: str = "architecture") -> dict:
         fail("must be a JSON object")
     if record.get("format") != FORMAT:
         fail(f"format is {record.get('format')!r}, expected {FORMAT!r}")
-    if record.get("version") != VERSION:
+    if not _is_int(record.get("version")) or record.get("version") != VERSION:  # true == 1 in Python
         fail(f"version {record.get('version')!r} is not supported (this parnas reads version {VERSION})")
     arch, model = record.get("architecture"), record.get("model")
     if not isinstance(arch, dict) or not arch:
         fail("'architecture' must map block labels to block kinds")
-    if not isinstance(model, dict) or not isinstance(model.get("vocab_size"), int):
+    if not isinstance(model, dict) or not _is_int(model.get("vocab_size")):
         fail("'model' must hold the model settings and an integer vocab_size")
+    if "n_blocks" in model and not _is_int(model["n_blocks"]):
+        fail(f"model.n_blocks must be int, got {reading.shown(model['n_blocks'])}")
     bad = {k: v for k, v in arch.items() if not isinstance(v, str) or not kinds.is_known(v)}
     if bad:
         key = next(iter(bad))
@@ -91,6 +93,11 @@ def validate(record: Any, source: str = "architecture") -> dict:
     except ConfigError as e:
         fail(str(e))
     return record
+
+
+def _is_int(value: Any) -> bool:
+    """An int as JSON writes one: not ``4.0``, and not ``true`` (a bool is an int in Python), as ``--set`` takes."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def model_config(record: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> ModelConfig:

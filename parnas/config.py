@@ -223,6 +223,8 @@ class TrainConfig:
         for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
             _require(getattr(self, key) > 0, f"train.{key} must be > 0")
         _require(self.threads >= 0, f"train.threads must be >= 0 (0: chosen per run), got {self.threads}")
+        _require(0 <= self.seed < 2**32, f"train.seed must be in 0..{2**32 - 1} (2**32 - 1, the seeds Lightning's "
+                 f"seed_everything and NumPy take), got {self.seed}")
         _require(0 <= self.stop_at <= self.max_steps,
                  "train.stop_at must be in [0, train.max_steps] (0: run to the end)")
         _require(self.lr > 0, "train.lr must be > 0")

@@ -12,14 +12,17 @@ A run's own folder (one run at a time, never another run's files) is :mod:`parna
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from parnas import reading
 from parnas.errors import ParnasError
 
 STALE_TEMP_SECONDS = 3600  # a temp file this old was left by a process that died while writing
@@ -40,12 +43,24 @@ def folder_error(folder: Path, e: OSError) -> ParnasError:
     return ParnasError(f"cannot write to {folder}: {reason}; choose another output folder")
 
 
+def check_not_link(folder: str | Path) -> Path:
+    """Raise ParnasError (one line) if ``folder`` is a symbolic link or exists and is not a folder: parnas writes
+    through no link (what it points to is not the run's), and a file where a folder goes would fail only once the
+    run had done its work. Creates nothing."""
+    folder = Path(folder)
+    if os.path.lexists(folder) and (folder.is_symlink() or not folder.is_dir()):
+        raise ParnasError(f"cannot write to {folder}: it is {reading.kind_of(folder)}, not a folder parnas writes "
+                          "into; remove it, or choose another output folder")
+    return folder
+
+
 def check_writable_dir(folder: str | Path) -> Path:
-    """Raise ParnasError (one line) unless ``folder`` is, or can be made, a folder this process can write.
+    """Raise ParnasError (one line) unless ``folder`` is, or can be made, a folder this process can write: not a
+    symbolic link nor a file (:func:`check_not_link`), the one check every folder a command writes gets.
 
     Leaves the file system as it found it: folders created to find out are removed again,
     so a run that fails a later check leaves no empty output folder behind."""
-    folder = Path(folder)
+    folder = check_not_link(folder)
     missing = []  # folders this check creates, deepest last
     probe = folder
     while not probe.exists() and probe != probe.parent:
@@ -69,13 +84,14 @@ def check_writable_dir(folder: str | Path) -> Path:
 
 
 def ensure_writable_dir(folder: str | Path) -> Path:
-    """``folder``, created if absent; ParnasError (one line) if it cannot be created or written."""
+    """``folder``, created if absent; ParnasError (one line) if it cannot be created or written, or is a link or a
+    file (:func:`check_writable_dir`)."""
     folder = check_writable_dir(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise folder_error(folder, e) from None
-    return folder
+    return check_not_link(folder)  # made by another meanwhile: still no link
 
 
 def remove_stale_temps(folder: Path, name: str, older_than: float = STALE_TEMP_SECONDS) -> None:
@@ -181,8 +197,46 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text))
 
 
+def copy_atomic(source: str | Path, path: str | Path) -> Path:
+    """Copy ``source`` to ``path`` atomically (see :func:`write_atomic`): a link already at ``path`` is replaced,
+    never written through."""
+    with open(source, "rb") as src:
+        return write_atomic(path, lambda f: shutil.copyfileobj(src, f), "wb")
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+CHECKSUM_SUFFIX = ".blake2b"  # beside a cached file: the hash of its bytes, written when the file was made
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    """The hex digest of the file's bytes, read in blocks."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksum(path: str | Path) -> Path:
+    """Record the hash of ``path``'s bytes beside it (``<name>.blake2b``), for :func:`checksum_mismatch` to verify
+    when the file is read again: a cache entry damaged at the same size (its bytes zeroed) is found so."""
+    path = Path(path)
+    return write_text_atomic(path.with_name(path.name + CHECKSUM_SUFFIX), file_digest(path, "blake2b") + "\n")
+
+
+def checksum_mismatch(path: str | Path) -> str | None:
+    """Why ``path``'s bytes are not those :func:`write_checksum` recorded (no record, or another hash), else None."""
+    path = Path(path)
+    try:
+        recorded = path.with_name(path.name + CHECKSUM_SUFFIX).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return "no checksum was recorded with it"
+    if file_digest(path, "blake2b") != recorded:
+        return "its bytes do not match the checksum recorded when it was made"
+    return None
 
 
 def resume_source(out_dir: str | Path, resume: bool | str | Path) -> Path | None:

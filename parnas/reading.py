@@ -15,8 +15,10 @@ the first. Parse errors themselves are the caller's to word: they propagate as `
 from __future__ import annotations
 
 import json
+import os
 import re
 import reprlib
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,11 +38,52 @@ _JSON_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*")(\s*:)?|[\[\]{}]', re.S)
 _MERGE = "tag:yaml.org,2002:merge"
 
 
-def read_bytes(path: str | Path, what: str | None = None) -> bytes:
-    """The file's bytes, refused (ParnasError) above :data:`MAX_BYTES` before it is read. OSError propagates."""
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISREG, "a file"))
+
+
+def kind_of(path: str | Path) -> str:
+    """What is at ``path``, in words (``"a FIFO (named pipe)"``, ``"a symbolic link"``, ``"a file"``...); a link
+    is named as such, not followed. ``"nothing"`` if nothing is there."""
+    try:
+        return _kind(os.lstat(path).st_mode)
+    except OSError:
+        return "nothing"
+
+
+def _kind(mode: int) -> str:
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def _not_regular(what: str, mode: int) -> ParnasError:
+    return ParnasError(f"{what} is {_kind(mode)}, not a file: give the path of a regular file")
+
+
+def check_regular(path: str | Path, what: str | None = None) -> Path:
+    """``path``, refused (ParnasError, one line naming what it is) if it exists and is not a regular file (after
+    links): a FIFO blocks whoever opens it until a writer comes, a device or socket is never a file a user meant.
+    Checked by ``stat`` before any ``open``; a missing file is left to the caller to word."""
     path = Path(path)
-    with open(path, "rb") as f:
-        size = path.stat().st_size
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return path
+    if not stat.S_ISREG(mode):
+        raise _not_regular(what or str(path), mode)
+    return path
+
+
+def read_bytes(path: str | Path, what: str | None = None) -> bytes:
+    """The file's bytes, refused (ParnasError) if it is not a regular file (:func:`check_regular`: a FIFO would
+    block the open) or above :data:`MAX_BYTES`, before it is read. OSError propagates."""
+    path = check_regular(path, what)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO swapped in since the check: no hang
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(what or str(path), info.st_mode)
+        size = info.st_size
         if size > MAX_BYTES:
             raise _too_large(what or str(path), size)
         data = f.read(MAX_BYTES + 1)

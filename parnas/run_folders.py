@@ -24,17 +24,19 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from parnas.errors import ParnasError
-from parnas.files import check_writable_dir, folder_error, out_of_space, resume_source
+from parnas.files import check_not_link, check_writable_dir, folder_error, out_of_space, resume_source
 
 
 def check_run_dir(out_dir: str | Path, resume: bool | str | Path, *, results: tuple[str, ...] = ("metrics.json",),
-                  setting: str = "train.out_dir, --out") -> Path:
+                  setting: str = "train.out_dir, --out", folders: tuple[str, ...] = ()) -> Path:
     """The one run-folder check, for a training run and a search alike, before the run touches ``out_dir``: no
     other run writes it (:func:`check_not_held`), it can be written, it holds no earlier run (its ``last.ckpt``
     or one of ``results``, the files a finished run leaves) unless the run resumes (which needs the checkpoint:
     ``last.ckpt``, or the one ``--resume=PATH`` names), and the sub-folders the run writes in
-    (``tensorboard/``, ``checkpoints/``) hold no other run (:func:`check_no_other_run`). ``setting`` names where
-    the user chooses another folder. Prefer :func:`take_run_dir`, which holds the folder and checks it once."""
+    (``tensorboard/``, ``checkpoints/`` and the command's own ``folders``) are neither links nor files
+    (:func:`parnas.files.check_not_link`), and the first two hold no other run (:func:`check_no_other_run`).
+    ``setting`` names where the user chooses another folder. Prefer :func:`take_run_dir`, which holds the folder
+    and checks it once."""
     out = check_writable_dir(out_dir)
     check_not_held(out)
     last = out / "checkpoints" / "last.ckpt"
@@ -50,6 +52,8 @@ def check_run_dir(out_dir: str | Path, resume: bool | str | Path, *, results: tu
         if done is not None:
             raise ParnasError(f"{out} already holds a run ({done}): pass --resume to continue it, "
                               f"or choose a new output folder ({setting})")
+    for sub in (*RUN_SUBFOLDERS, *folders):
+        check_not_link(out / sub)  # a link or a file there: refused now, not once the run has trained
     for sub, what in RUN_SUBFOLDERS.items():
         check_no_other_run(out / sub, what)
     return out
@@ -209,7 +213,7 @@ def hold_run_dir(folder: str | Path) -> Iterator[Path]:
 
 @contextmanager
 def take_run_dir(out_dir: str | Path, resume: bool | str | Path, *, results: tuple[str, ...] = ("metrics.json",),
-                 setting: str = "train.out_dir, --out") -> Iterator[Path]:
+                 setting: str = "train.out_dir, --out", folders: tuple[str, ...] = ()) -> Iterator[Path]:
     """A run's folder, held (:func:`hold_run_dir`) and then checked (:func:`check_run_dir`) once for the whole
     command: the command takes it at the top, before torch loads, and the library calls inside it (``train``,
     ``retrain``, a search) find it taken and neither check nor lock again. Holding first means no other run can
@@ -219,7 +223,7 @@ def take_run_dir(out_dir: str | Path, resume: bool | str | Path, *, results: tup
         yield Path(out_dir)
         return
     with hold_run_dir(out_dir) as folder:
-        check_run_dir(folder, resume, results=results, setting=setting)
+        check_run_dir(folder, resume, results=results, setting=setting, folders=folders)
         _TAKEN.add(key)
         try:
             yield folder

@@ -72,6 +72,17 @@ class SelectConfig:
             return self.steps
         return (max_steps,) if max_steps < 2 else (max_steps // 2, max_steps)
 
+    def beyond(self, max_steps: int) -> str | None:
+        """The line that says so when the pick's rounds train past ``train.max_steps`` (what ``parnas retrain``
+        trains the exported layout for, and a search of that length costs), else None: a 4-step search whose
+        pick retrains each finalist for 1,000 steps is the user's to know before it starts, not after."""
+        rounds = self.rounds(max_steps)
+        if not rounds or rounds[-1] <= max_steps:
+            return None
+        return (f"search.select.steps={list(rounds)} go beyond train.max_steps={max_steps}: the final pick trains "
+                f"each of its finalists for up to {rounds[-1]:,} steps, longer than parnas retrain trains the "
+                "exported layout; lower them, or set search.select.steps=[] to export without a pick")
+
     @staticmethod
     def kept(entrants: int, round_index: int, n_rounds: int) -> int:
         """How many of ``entrants`` go on after round ``round_index`` of ``n_rounds``: the better half (rounded

@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from parnas.cli import main
 from parnas.config import Config, ModelConfig, load_config, presets
 from parnas.errors import ConfigError
 from parnas.nn.model import TransformerXL
@@ -87,3 +88,12 @@ def test_cutoffs_must_lie_inside_the_vocabulary():
 def test_configs_are_frozen():
     with pytest.raises(AttributeError):
         ModelConfig().d_model = 3  # type: ignore[misc]
+
+
+def test_a_pick_that_trains_past_max_steps_says_so_in_one_line_before_the_search(capsys, tmp_path):
+    """A 4-step search whose pick would retrain each finalist for 1,000 steps: said at the start, in one line."""
+    code = main(["search", "--dry-run", "--config", "tiny", "--set", "train.max_steps=4",
+                 "--set", "search.select.steps=[1000]", "--set", f"search.out_dir={tmp_path}/run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 0 and len(err) == 1 and "search.select.steps=[1000] go beyond train.max_steps=4" in err[0], err
+    assert "for up to 1,000 steps" in err[0] and not (tmp_path / "run").exists()

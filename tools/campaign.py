@@ -36,12 +36,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.campaign_cases import divergence, faults, hostile, ownership, refusals  # noqa: E402  (this checkout's, as the commands run it)
+from tools.campaign_cases import divergence, faults, hostile, ownership, refusals, trust  # noqa: E402  (this checkout's, as the commands run it)
 from tools.campaign_cases.bench import Bad, Bench, Case, Skip, last_words  # noqa: E402
 
 
 def all_cases() -> list[Case]:
-    cases = [*refusals.cases(), *faults.cases(), *divergence.cases(), *ownership.cases(), *hostile.cases()]
+    cases = [*refusals.cases(), *faults.cases(), *divergence.cases(), *ownership.cases(), *hostile.cases(),
+             *trust.cases()]
     names = [c.name for c in cases]
     assert len(set(names)) == len(names), "two cases share a name"
     return cases

@@ -6,7 +6,8 @@ the known public corpora are downloaded and checked against a published checksum
 found under ``$PARNAS_DATA_DIR`` is remembered in ``<cache>/corpora.json``, so the next
 command finds it without the variable. Token ids are encoded once per split and tokenizer
 and cached as int32 ``.npy`` beside the tokenizer (``load_splits``); a cached file that is
-damaged (unreadable, truncated, ids outside the vocabulary) is reported and encoded again.
+damaged (bytes other than the checksum recorded beside it, unreadable, ids outside the vocabulary) is
+reported and encoded again.
 ``ContextBatches`` walks a split as B contiguous streams, L tokens at a time, which is
 what lets Transformer-XL carry its memory from one segment to the next.
 """
@@ -32,10 +33,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from parnas import reading
 from parnas.config import DataConfig
 from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import DataError, ParnasError
-from parnas.files import write_atomic, write_json_atomic
+from parnas.files import checksum_mismatch, write_atomic, write_checksum, write_json_atomic
 
 SPLITS = ("train", "valid", "test")
 
@@ -113,7 +115,8 @@ def default_cache_dir() -> Path:
 
 def _is_corpus(folder: Path, *, required: bool = False) -> bool:
     """Whether ``folder`` holds all three splits; a partial or empty corpus is an error, not a miss."""
-    files = [folder / f"{split}.txt" for split in SPLITS]
+    files = [reading.check_regular(folder / f"{split}.txt", f"corpus file {folder / f'{split}.txt'}")
+             for split in SPLITS]  # a FIFO or a device there is named as such, never opened
     present = [f for f in files if f.is_file()]
     if not present and not required:
         return False
@@ -281,8 +284,8 @@ def _unpack(zf: zipfile.ZipFile, spec: DatasetSpec, out: Path) -> None:
 def load_splits(cfg: DataConfig, *, cache_dir: Path | None = None) -> tuple[Tokenizer, dict[str, np.ndarray]]:
     """The tokenizer and the int32 token ids of each split (read-only memory maps).
 
-    Ids are cached as ``<split>-<sha256[:16] of the split file>.npy`` in the tokenizer's
-    directory, so editing a split file re-encodes it and nothing else.
+    Ids are cached as ``<split>-<sha256[:16] of the split file>.npy`` in the tokenizer's directory, with the
+    checksum of its bytes beside it, so editing a split file re-encodes it and nothing else.
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     corpus = resolve_corpus(cfg.dataset, cfg.path, cache_dir=cache)
@@ -294,7 +297,11 @@ def load_splits(cfg: DataConfig, *, cache_dir: Path | None = None) -> tuple[Toke
 
 
 def _cached_ids(cached: Path, vocab_size: int) -> np.ndarray:
-    """The ids in ``cached``, checked: a 1-D int32 array with every id inside the vocabulary."""
+    """The ids in ``cached``, checked: the bytes recorded when it was made (:func:`parnas.files.checksum_mismatch`),
+    a 1-D int32 array with every id inside the vocabulary."""
+    damaged = checksum_mismatch(cached)
+    if damaged is not None:
+        raise ValueError(damaged)
     ids = np.load(cached, mmap_mode="r")
     if ids.ndim != 1 or ids.dtype != np.int32:
         raise ValueError(f"it holds a {ids.dtype} array of shape {ids.shape}, not 1-D int32 ids")
@@ -315,6 +322,7 @@ def _token_ids(tokenizer: Tokenizer, text_file: Path) -> np.ndarray:
                   file=sys.stderr)
     ids = tokenizer.encode_file(text_file).astype(np.int32, copy=False)
     write_atomic(cached, lambda f: np.save(f, ids), "wb")
+    write_checksum(cached)
     return np.load(cached, mmap_mode="r")
 
 

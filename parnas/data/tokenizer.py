@@ -45,17 +45,10 @@ from sentencepiece import sentencepiece_model_pb2
 
 from parnas.config import DataConfig
 from parnas.errors import DataError, TokenizerError
+from parnas.files import checksum_mismatch, file_digest, write_checksum
 
 EOS, UNK = "<eos>", "<unk>"
 _BATCH_LINES = 8192  # lines encoded per call: bounds the Python lists alive at once
-
-
-def file_digest(path: Path, algorithm: str = "sha256") -> str:
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_lines(path: Path) -> Iterator[str]:
@@ -334,6 +327,7 @@ def _build_once(target: Path, filename: str, build: Callable[[Path], None]) -> N
     tmp.mkdir()
     try:
         build(tmp)
+        write_checksum(tmp / filename)
         if target.exists() and not (target / filename).is_file():
             shutil.rmtree(target)  # left incomplete by hand: rebuild it
         try:
@@ -371,6 +365,9 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
         raise TokenizerError(f"unknown data.tokenizer {cfg.tokenizer!r}; choose sentencepiece, word or char")
     if (target / filename).is_file():
         try:
+            damaged = checksum_mismatch(target / filename)
+            if damaged is not None:
+                raise TokenizerError(damaged)
             tokenizer = cls(target / filename, from_cache=True)
             if cls is SentencePieceTokenizer and tokenizer.vocab_size != cfg.vocab_size:
                 raise TokenizerError(f"it has {tokenizer.vocab_size} pieces, not {cfg.vocab_size}")

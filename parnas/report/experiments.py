@@ -31,7 +31,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,10 +44,23 @@ def default_root() -> Path:
     return Path(os.environ.get("NNI_EXPERIMENTS_DIR") or "~/nni-experiments").expanduser()
 
 
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what NNI makes (8 letters and digits); names a folder, never a path
+
+
+def is_id(name: str) -> bool:
+    """Whether ``name`` can be an NNI experiment or trial id: letters, digits, ``_`` and ``-`` only, so a path
+    built from it stays in its base folder (no ``/``, no ``..``)."""
+    return _ID.fullmatch(name) is not None
+
+
 def experiment_dir(experiment_id: str, root: str | Path | None = None) -> Path:
+    """``<root>/<experiment_id>``, an existing folder; an id that is not an id (``../x``) is refused in one line."""
     folder = Path(root).expanduser() if root else default_root()
+    if not is_id(experiment_id):
+        raise ParnasError(f"{reading.clipped(experiment_id)!r} is not an NNI experiment id (letters, digits, _ and "
+                          "- only): pass the id nnictl printed, as `nnictl experiment list` shows it")
     path = folder / experiment_id
-    if not experiment_id or not path.is_dir():
+    if not path.is_dir():
         raise ParnasError(f"no NNI experiment {experiment_id!r} under {folder} "
                           "(pass --experiments-dir if its experimentWorkingDirectory is elsewhere)")
     return path
@@ -81,7 +94,8 @@ def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dic
     number ("trial k of n") is its place here, so it never changes as trials come and go."""
     folder = experiment_dir(experiment_id, root)
     dirs: dict[str, Path] = {}
-    for path in sorted(p for p in [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")] if p.is_dir()):
+    found = [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")]
+    for path in sorted(p for p in found if is_id(p.name) and p.is_dir() and not p.is_symlink()):
         dirs[path.name] = max(dirs.get(path.name, path), path, key=_run_dir_rank)  # the folder the search wrote
     nni, started = nni_trial_statuses(folder), nni_trial_order(folder)
     stopped = experiment_stopped(experiment_id, root)
@@ -260,14 +274,12 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
         raise ParnasError("nnictl not found: install parnas's dependencies (make install)")
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
     root = working_root(config)
-    before = set(root.glob("*")) if root.is_dir() else set()
     done = subprocess.run([nnictl, "create", "--config", str(config), "--port", str(port)],
                           capture_output=True, text=True, env=env if listen_all else loopback_env(env))
     output = re.sub(r"\x1b\[\d+m", "", done.stdout + done.stderr)
     match = re.search(r"Experiment ID: (\w+)", output)
     if done.returncode != 0 or match is None or not serves(port, match.group(1)):
-        made = [p for p in (set(root.glob("*")) if root.is_dir() else set()) - before if not (p / "db").exists()]
-        discard_failed_launch([*made, *([root / match.group(1)] if match else [])], match.group(1) if match else None)
+        discard_failed_launch(root, match.group(1) if match else None)
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         if done.returncode == 0 and match is not None or "EADDRINUSE" in output or "not idle" in output:
             raise ParnasError(f"port {port} was taken by another process while the experiment started (a second "
@@ -303,12 +315,33 @@ def working_root(config: Path) -> Path:
     return Path(root).expanduser() if isinstance(root, str) else default_root()
 
 
-def discard_failed_launch(folders: list[Path], experiment_id: str | None) -> None:
-    """Remove what a failed ``nnictl create`` left: the experiment folders it made (new since the call, with no
-    manager's database: a racing launch that won has one) and its id's line in nnictl's list of experiments."""
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
-    if experiment_id is not None:
-        from nni.tools.nnictl.config_utils import Experiments
+def discard_failed_launch(root: Path, experiment_id: str | None) -> None:
+    """Remove what a failed ``nnictl create`` left: the folder of the experiment id it printed, the ``_latest``
+    link to it and the id's line in nnictl's list of experiments. Nothing else under ``root`` is touched: other
+    experiments (and whatever else a user keeps there) appear beside it at any moment, and are not this launch's.
+    Without an id (nnictl failed before naming one) nothing is removed."""
+    if experiment_id is None or not is_id(experiment_id):
+        return
+    remove_experiment(root, experiment_id)
+    from nni.tools.nnictl.config_utils import Experiments
 
-        Experiments().remove_experiment(experiment_id)
+    Experiments().remove_experiment(experiment_id)
+
+
+def remove_experiment(root: Path, experiment_id: str, made: Iterable[Path | None] = ()) -> None:
+    """Remove what NNI wrote of one experiment under its working directory ``root`` (its folder, the ``_latest``
+    link when it names this id), then the folders of ``made`` (ones the caller made) where nothing else is left in
+    them. A link at the experiment's folder is removed, never what it points to."""
+    folder = root / experiment_id
+    if folder.is_symlink():
+        folder.unlink()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    latest = root / "_latest"
+    with suppress(OSError):
+        if latest.is_symlink() and Path(os.readlink(latest)).name == experiment_id:
+            latest.unlink()
+    for empty in made:
+        with suppress(OSError):
+            if empty is not None:
+                empty.rmdir()  # holds something else, or is gone: kept

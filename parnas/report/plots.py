@@ -27,7 +27,7 @@ import numpy as np
 
 from parnas import reading
 from parnas.config import TARGET_LABELS
-from parnas.files import current_umask
+from parnas.files import check_not_link, current_umask, ensure_writable_dir
 from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
 from parnas.report.heatmap import (
     DPI,
@@ -51,7 +51,7 @@ Note = Callable[[str], None]
 
 
 def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -111,6 +111,8 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
     run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise HistoryError(f"no run directory {run}")
+    if tensorboard:
+        check_not_link(run / "tensorboard")  # refused before any figure is drawn, not after
     history = load_history(run)
     record = read_architecture(run, note)
     gif, last = write_gif(history, run / "probabilities.gif", max_frames)
@@ -144,7 +146,7 @@ def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = st
     except ImportError as e:  # tensorboard is a dependency; a broken install should not lose the plots
         note(f"TensorBoard image skipped ({e})")
         return
-    log_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(log_dir)
     with tempfile.TemporaryDirectory(dir=log_dir.parent, prefix=".tensorboard-") as tmp:  # same file system
         writer = SummaryWriter(log_dir=tmp)
         try:

@@ -16,6 +16,8 @@ import sys
 
 def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the fixed model of an architecture JSON (or a named layout) from scratch, then evaluate it."""
+    from parnas import reading
+    from parnas.architecture import NAMED_LAYOUTS
     from parnas.config import load_config
     from parnas.overrides import as_given
     from parnas.run_folders import take_run_dir
@@ -26,6 +28,8 @@ def cmd_retrain(args: argparse.Namespace) -> int:
             overrides.append(as_given(f"train.{key}", args.out_dir) if key == "out_dir" else
                              f"train.{key}={getattr(args, key)}")
     cfg = load_config(args.config, overrides)  # before torch is imported: a mistake fails at once
+    if args.arch not in NAMED_LAYOUTS:
+        reading.check_regular(args.arch)  # a FIFO would block its open while the run's folder is held
     if args.dry_run:
         from parnas.retrain.run import dry_run_retrain
 

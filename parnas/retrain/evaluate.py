@@ -39,6 +39,7 @@ from parnas.errors import ConfigError, DataError, ParnasError
 from parnas.retrain.load import TrainedModel
 from parnas.training.data_module import SegmentData
 from parnas.training.evaluation import divergence, divergence_step, model_device, split_metrics
+from parnas.training.task import diverged_error
 
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
@@ -75,6 +76,21 @@ def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None)
     first = divergence_step(trained.history, step, vocab_size)
     what = "the validation loss" if split == "valid" else f"the {split} loss"
     return divergence(loss, vocab_size, first, trained.config.train.lr, what, measured_at=step)
+
+
+def weights_divergence(trained: TrainedModel) -> ParnasError | None:
+    """The line a checkpoint whose weights are not all finite ends a command with (the one its training ended
+    with, :func:`parnas.training.task.diverged_error`), checked before any work: sampling would draw from NaN
+    probabilities. None when every floating-point weight is finite."""
+    weights = {name: t for name, t in trained.model.state_dict().items()
+               if t.is_floating_point() and t.device.type != "meta"}  # a meta model has no values to check
+    finite = [torch.isfinite(t).all() for t in weights.values()]
+    if not finite or bool(torch.stack(finite).all()):  # one read back to the host, not one per tensor
+        return None
+    bad = [name for name, ok in zip(weights, finite) if not bool(ok)]
+    step = divergence_step(trained.history, trained.step, trained.model.vocab_size)
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return diverged_error(step, f"the checkpoint's weights are not finite: {bad[0]}{more}", trained.config.train.lr)
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:
@@ -119,6 +135,8 @@ class Sampling:
             raise ConfigError("--temperature must be >= 0 (0 picks the most likely token)")
         if self.top_k < 0:
             raise ConfigError("--top-k must be >= 0 (0 keeps the whole vocabulary)")
+        if not 0 <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+            raise ConfigError(f"--seed must be in 0..2**64 - 1, got {self.seed}")
         for flag, value in (("--mem-len", self.mem_len), ("--clamp-len", self.clamp_len)):
             if value is not None and value < 0:
                 raise ConfigError(f"{flag} must be >= 0")
@@ -179,6 +197,9 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
     """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids,
     and hands ``stream`` the prompt, then each token as it is drawn.
     Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
+    diverged = weights_divergence(trained)
+    if diverged is not None:
+        raise diverged
     model, cfg = trained.model.eval(), trained.config
     device = model_device(model)
     model.evaluate_with(opts.mem_len if opts.mem_len is not None else generation_memory(cfg.model, cfg.data.seg_len),

@@ -12,7 +12,7 @@ from pathlib import Path
 def cmd_search(args: argparse.Namespace) -> int:
     """Search an architecture with ``search.strategy`` (the registry's; PAR's Gumbel-DARTS unless set) and write
     architecture.json (inside nnictl: a trial, with the tuner's parameters)."""
-    from parnas import strategy_registry
+    from parnas import reading, strategy_registry
     from parnas.config import load_config
     from parnas.overrides import as_given
     from parnas.strategies.nni_trial import in_nni_trial, trial_parameters
@@ -30,6 +30,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, extra=params)  # once, for the whole command
     strategy = strategy_registry.get(cfg.search.strategy)
     strategy.check_config(cfg, args.resume)  # a dry run refuses what the search refuses
+    beyond = cfg.search.select.beyond(cfg.train.max_steps)
+    if beyond is not None:
+        print(f"parnas search: note: {beyond}", file=sys.stderr, flush=True)
+    if cfg.search.latency_table is not None:  # a FIFO would block its open while the run's folder is held
+        reading.check_regular(cfg.search.latency_table, f"search.latency_table: {cfg.search.latency_table}")
     if args.dry_run:
         from parnas.strategies.pricing import dry_run_budget
         from parnas.strategies.run_folder import check_search_dir

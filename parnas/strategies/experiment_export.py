@@ -10,7 +10,6 @@ both. A block's margin is that of the kind *exported* there: its probability les
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from parnas import architecture
 from parnas.config import TARGET_LABELS
 from parnas.errors import ParnasError
-from parnas.files import write_json_atomic
+from parnas.files import copy_atomic, ensure_writable_dir, write_json_atomic
 from parnas.report.experiments import (
     FINISHED,
     LETTER_CODE,
@@ -87,11 +86,10 @@ def export_experiment(experiment_id: str, out: str | Path | None = None,
             for t in experiment_trials(experiment_id, root).values() if t.status == FINISHED]
     rows.sort(key=lambda r: (r["val_ppl"] is None, r["val_ppl"] or 0.0, r["supernet_val_ppl"] or 0.0))
     if out is not None and rows:
-        folder = Path(out)
+        folder = ensure_writable_dir(out)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
             for row in rows:
-                shutil.copyfile(row["path"], folder / f"{row['trial']}.json")
+                copy_atomic(row["path"], folder / f"{row['trial']}.json")
             write_json_atomic(folder / "summary.json", rows)
         except OSError as e:
             raise ParnasError(f"cannot write into --out {folder}: {e.strerror or e}") from None

@@ -196,23 +196,6 @@ def stop_within(experiment: Any, timeout_s: float = 60.0) -> None:
     stopper.join(timeout_s)
 
 
-def remove_experiment(folder: Path, experiment_id: str, run_dir: Path | None) -> None:
-    """Remove what NNI wrote of one experiment under its working directory ``folder`` (its folder, the
-    ``_latest`` link to it), then ``folder`` and ``run_dir`` where nothing else is left in them."""
-    import shutil
-
-    shutil.rmtree(folder / experiment_id, ignore_errors=True)
-    latest = folder / "_latest"
-    if latest.is_symlink() and os.readlink(latest) == experiment_id:
-        latest.unlink()
-    for empty in (folder, run_dir):
-        try:
-            if empty is not None:
-                empty.rmdir()
-        except OSError:
-            pass  # holds something else, or is gone
-
-
 def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = None,
                     port: int | None = None) -> dict[str, Any]:
     """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` (``search.trials``) trials,
@@ -229,7 +212,7 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
     from parnas import architecture
     from parnas.data.corpora import load_splits
     from parnas.files import check_writable_dir, ensure_writable_dir
-    from parnas.report.experiments import nni_on_loopback, port_in_use
+    from parnas.report.experiments import nni_on_loopback, port_in_use, remove_experiment
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.nni_strategies import nni_strategy_object
     from parnas.strategies.pricing import cost_model, latency_summary, table_line
@@ -273,7 +256,7 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
             stop_within(experiment)
             atexit.unregister(experiment.stop)
     if failure is not None:
-        remove_experiment(run_dir / "nni", experiment.id, run_dir if made_run_dir else None)
+        remove_experiment(run_dir / "nni", experiment.id, (run_dir / "nni", run_dir if made_run_dir else None))
         reason = (str(failure).strip().splitlines() or [""])[0]
         raise ParnasError(f"NNI could not run the {cfg.search.strategy} search's experiment on port {port} "
                           f"({type(failure).__name__}{': ' + reason if reason else ''}); nothing was kept: "

@@ -2,10 +2,10 @@
 clears first.
 
 The folder (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial) holds ``architecture.json``,
-``history.jsonl``, ``tensorboard/`` and ``checkpoints/``. It is checked by the check every run folder gets
-(:func:`parnas.run_folders.check_run_dir`), with the file a finished search leaves, ``architecture.json``, as its
-result; a resumed search drops the history written after its checkpoint. This module loads no torch: the command
-takes the folder (:func:`take_search_dir`) before the heavy modules load.
+``history.jsonl``, ``tensorboard/``, ``checkpoints/`` and the final pick's ``select/``. It is checked by the
+check every run folder gets (:func:`parnas.run_folders.check_run_dir`), with the file a finished search leaves,
+``architecture.json``, as its result; a resumed search drops the history written after its checkpoint. This module
+loads no torch: the command takes the folder (:func:`take_search_dir`) before the heavy modules load.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from parnas.strategies.nni_trial import in_nni_trial
 
 SEARCH_RESULTS = ("architecture.json",)  # what a finished search leaves: a fresh search refuses its folder
 SEARCH_SETTING = "search.out_dir"
+SELECT_DIR = "select"  # the final pick's retrains, beside checkpoints/ and tensorboard/
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -33,7 +34,8 @@ def run_dir_of(cfg: Config) -> Path:
 @contextmanager
 def take_search_dir(run_dir: str | Path, resume: bool | str | Path) -> Iterator[Path]:
     """``run_dir`` held and checked once for the search's life (:func:`parnas.run_folders.take_run_dir`)."""
-    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING) as folder:
+    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING,
+                      folders=(SELECT_DIR,)) as folder:
         yield folder
 
 
@@ -41,7 +43,7 @@ def check_search_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
     """The checkpoint to resume from (``last.ckpt``, or the one ``--resume=PATH`` names), if any; touches nothing.
     The folder is checked here (:func:`parnas.run_folders.check_run_dir`) unless the command took it already."""
     if not is_taken(run_dir):
-        check_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING)
+        check_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING, folders=(SELECT_DIR,))
     return resume_source(run_dir, resume)
 
 

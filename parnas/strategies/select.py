@@ -38,11 +38,12 @@ from parnas import architecture
 from parnas.architecture import layout_string
 from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
-from parnas.files import write_json_atomic
+from parnas.files import ensure_writable_dir, write_json_atomic
 from parnas.nn.model import SKIPPED_KIND, blocks_run
 from parnas.run_folders import remove_own_runs
 from parnas.selection import EARLY_VALID_FRACTION
 from parnas.strategies.costs import CostModel
+from parnas.strategies.run_folder import SELECT_DIR
 from parnas.strategies.supernet_export import Evaluated, exported_nll
 
 if TYPE_CHECKING:
@@ -57,9 +58,6 @@ class FinishedSearch(Protocol):
     data: Any  # the search's SegmentData: its splits and validation batches
     trainer: Any
     costs: CostModel
-
-
-SELECT_DIR = "select"  # in the search's run folder
 
 
 def layout_ratio(costs: CostModel, kinds: Sequence[str]) -> float:
@@ -242,7 +240,7 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
     plan_file = folder / "plan.json"
     if plan_file.is_file() and json.loads(plan_file.read_text()) != plan:
         remove_own_runs(folder)  # another supernet's pick: nothing of it applies
-    folder.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(folder)
     write_json_atomic(plan_file, plan)
     alive, steps = list(entered), pick_rounds(cfg)
     for r, target in enumerate(steps):

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from parnas.errors import ParnasError
-from parnas.files import check_writable_dir
+from parnas.files import check_not_link, check_writable_dir
 from parnas.run_folders import LOCK_FILE, check_no_other_run, check_not_held, runs_within
 
 OWNER_FILE = ".parnas-owner"  # written by a parent command (a study) into each sub-folder it makes
@@ -45,7 +45,7 @@ def check_sub_dirs(parent: str | Path, groups: tuple[str, ...], owner: str) -> N
     """Every sub-folder already in ``parent``'s ``groups`` (e.g. ``search/``, ``retrain/``) is one ``owner`` made
     and no other run holds (:func:`own_sub_dir`, writing nothing): checked before the parent's work begins."""
     for group in groups:
-        folder = Path(parent) / group
+        folder = check_not_link(Path(parent) / group)  # a link there would take the study's runs elsewhere
         for sub in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else ():
             own_sub_dir(sub, owner, make=False)
 

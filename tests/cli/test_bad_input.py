@@ -68,6 +68,8 @@ def finished(micro, tmp_path_factory):
     ("model.attention_kernel=flash", "model.attention_kernel must be one of sdpa, flex, not 'flash'"),
     ("model.eval_mem_len=-1", "model.eval_mem_len must be >= 0"),
     ("model.clamp_len=-4", "model.clamp_len must be >= 0"),
+    ("train.seed=-1", "train.seed must be in 0..4294967295"),  # Lightning's seed_everything would raise
+    ("train.seed=4294967296", "train.seed must be in 0..4294967295"),
     ("data.vocab_size=2", "data.vocab_size=2 leaves a SentencePiece vocabulary no room"),  # not SentencePiece's own
 ])
 @pytest.mark.parametrize("command", ["train", "search", "retrain"])
@@ -122,6 +124,9 @@ def test_a_wrong_run_or_checkpoint_is_refused_before_torch_loads(args):
 def test_library_checks_sampling_and_devices():
     with pytest.raises(ConfigError, match="temperature"):
         Sampling(temperature=float("nan"))
+    for seed in (-1, 2**64):  # torch.Generator.manual_seed's range: a traceback outside it
+        with pytest.raises(ConfigError, match="--seed must be in 0..2"):
+            Sampling(seed=seed)
     with pytest.raises(ConfigError, match="--accelerator"):
         device_for("foo")
 

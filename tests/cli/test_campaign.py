@@ -42,3 +42,20 @@ def test_a_wrong_expectation_is_reported_bad(tmp_path):
     assert "lacks 'no such words in the line'" in lines[0] and "exit 2, not 3" in lines[1], lines
     assert "exit 0, not 2" in lines[2], lines
     assert summary(results) == "0 of 3 answered well"
+
+
+def test_the_campaign_tries_every_family_of_trust():
+    """Removal beside another process, links at every folder a command writes, damaged caches, special files, ids,
+    JSON types, numbers, non-finite weights and the pick's steps (issue 63's families), each with variants."""
+    from tools.campaign import all_cases
+
+    names = [c.name for c in all_cases()]
+    for prefix, least in (("removal: ", 1), ("links: ", 12), ("cache: token ids", 2), ("cache: a vocabulary", 1),
+                          ("special: ", 12), ("ids: ", 4), ("json: an architecture whose", 5), ("numbers: ", 4),
+                          ("weights: ", 2), ("settings: search.select.steps", 2)):
+        assert sum(n.startswith(prefix) for n in names) >= least, prefix
+    for sub in ("checkpoints/", "tensorboard/", "select/", "search/", "retrain/", "t1.json", "summary.json"):
+        assert any(n.startswith("links: ") and sub in n for n in names), sub
+    for kind in ("FIFO", "socket", "character device"):
+        for given in ("a config", "an architecture", "a latency table", "a corpus split"):
+            assert f"special: a {kind} as {given}" in names

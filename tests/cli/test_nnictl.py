@@ -236,3 +236,29 @@ def test_nnictl_says_what_it_does_without_a_deprecation_warning_first():
                           timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
     assert done.returncode == 0 and done.stdout.strip() == "3.0"
     assert "Warning" not in done.stderr, done.stderr
+
+
+def test_a_failed_launch_removes_only_its_own_experiment_folder(tmp_path, capsys, monkeypatch):
+    """Folders that appear beside the launch (another experiment, a user's files) are kept; the launch's own
+    folder, named by the id nnictl printed, goes, and so does the ``_latest`` link to it."""
+    from parnas.report import experiments
+
+    root = tmp_path / "experiments"
+    config = tmp_path / "probe.yaml"
+    config.write_text(yaml.safe_dump({**PROBE, "trialCodeDirectory": str(tmp_path),
+                                      "experimentWorkingDirectory": str(root)}))
+
+    def failed_create(*args, **kwargs):  # nnictl create that names its experiment, then fails
+        for name in ("other_run", "own1234/log", "shared/new_run_1"):
+            (root / name).mkdir(parents=True)
+        (root / "_latest").symlink_to("own1234")
+        return subprocess.CompletedProcess(args, 1, "Experiment ID: own1234\n", "ERROR: the manager died\n")
+
+    monkeypatch.setattr(experiments.subprocess, "run", failed_create)
+    monkeypatch.setattr(experiments, "port_in_use", lambda port: False)
+    monkeypatch.setattr("nni.tools.nnictl.config_utils.Experiments.remove_experiment", lambda self, i: None)
+    code = main(["launch", "--config", str(config), "--port", str(free_port())])
+    out, err = capsys.readouterr()
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "nnictl create failed" in err, err
+    assert sorted(p.name for p in root.iterdir()) == ["other_run", "shared"]
+    assert (root / "shared" / "new_run_1").is_dir()

@@ -185,3 +185,22 @@ def test_a_command_checks_and_locks_its_folder_once(micro, tmp_path, name):
     assert done.stdout.strip().splitlines()[-1] == "0 1 1", done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / ("architecture.json" if name == "search" else "metrics.json")).is_file()
     assert not (out / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("name, sub", [("train", "checkpoints"), ("train", "tensorboard"), ("retrain", "checkpoints"),
+                                       ("search", "tensorboard"), ("search", "select")])
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_link_or_a_file_at_a_sub_folder_a_run_writes_is_refused_before_any_work(tmp_path, capsys, name, sub,
+                                                                                  planted):
+    """``out/checkpoints`` a link to a folder elsewhere would take the run's checkpoints there; a file there would
+    fail only once the run had trained. Either is one line, at the start, and nothing is written anywhere."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    if planted == "link":
+        (out / sub).symlink_to(elsewhere, target_is_directory=True)
+    else:
+        (out / sub).write_text("a file of the user's\n")
+    code, _, err = cli(capsys, *command(name, out))
+    assert_refused(code, err, str(out / sub), "symbolic link" if planted == "link" else "a file, not a folder")
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == [sub]

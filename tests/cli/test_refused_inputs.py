@@ -53,6 +53,33 @@ def test_a_latency_table_too_deep_is_one_line(capsys, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def _special(path, kind):
+    import os
+    import socket
+
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        socket.socket(socket.AF_UNIX).bind(str(path))  # left bound: the test's folder goes with it
+    return path
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+@pytest.mark.parametrize("given", ["config", "architecture", "latency table"])
+def test_a_special_file_given_as_input_is_refused_by_what_it_is_before_the_run_folder_is_taken(capsys, tmp_path,
+                                                                                              given, kind):
+    """A FIFO opened for reading blocks until a writer comes: refused by stat, never opened, before any lock."""
+    path = _special(tmp_path / "f.json", kind)
+    out = f"train.out_dir={tmp_path}/run"
+    args = {"config": ["train", "--config", path, "--set", out],
+            "architecture": ["retrain", "--arch", path, "--config", "tiny", "--set", out],
+            "latency table": ["search", "--config", "tiny", "--set", f"search.latency_table={path}",
+                              "--set", f"search.out_dir={tmp_path}/run", "--set", "search.penalty_cost=latency"]}
+    code, _, err = cli(capsys, *args[given])
+    assert_refused(code, err, f"{path} is a {kind}", "not a file")
+    assert not (tmp_path / "run").exists()
+
+
 def test_compare_refuses_a_metrics_file_too_deep(capsys, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text(NESTED)

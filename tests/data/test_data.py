@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -17,7 +18,7 @@ import parnas.data.tokenizer
 from parnas.config import DataConfig
 from parnas.data.corpora import DATASETS, ContextBatches, DatasetSpec, load_splits, resolve_corpus, unigram_perplexity
 from parnas.data.tokenizer import file_digest
-from parnas.errors import DataError
+from parnas.errors import DataError, ParnasError
 
 
 @pytest.fixture(autouse=True)
@@ -151,6 +152,21 @@ def test_data_dir_then_cache(tmp_path, monkeypatch):
     assert resolve_corpus("tiny", registry=offline) == shared
 
 
+@pytest.mark.parametrize("special", ["fifo", "socket"])
+def test_a_special_file_at_a_split_is_named_as_such_never_opened(tmp_path, special):
+    import socket
+
+    corpus = write_corpus(tmp_path / "c", **TEXTS)
+    (corpus / "train.txt").unlink()
+    if special == "fifo":
+        os.mkfifo(corpus / "train.txt")
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(corpus / "train.txt"))
+    with pytest.raises(ParnasError, match=r"train.txt is a (FIFO|socket).*not a file"):
+        resolve_corpus("c", corpus)
+
+
 def test_empty_split_is_an_error(tmp_path):
     corpus = write_corpus(tmp_path / "c", TEXTS["train"], "", TEXTS["test"])
     with pytest.raises(DataError, match="valid.txt is empty"):
@@ -273,7 +289,8 @@ def _valid_ids(tmp_path):
     return cfg, tok, np.array(splits["valid"]), npy
 
 
-@pytest.mark.parametrize("damage", ["empty", "garbage", "truncated", "outside the vocabulary", "wrong dtype"])
+@pytest.mark.parametrize("damage", ["empty", "garbage", "truncated", "outside the vocabulary", "wrong dtype",
+                                    "zeroed at the same size", "no checksum"])
 def test_damaged_token_id_caches_are_reported_and_encoded_again(tmp_path, capsys, damage):
     cfg, tok, ids, npy = _valid_ids(tmp_path)
     if damage == "empty":
@@ -284,6 +301,12 @@ def test_damaged_token_id_caches_are_reported_and_encoded_again(tmp_path, capsys
         npy.write_bytes(npy.read_bytes()[:-40])
     elif damage == "outside the vocabulary":
         np.save(npy, np.full_like(ids, tok.vocab_size + 5))
+    elif damage == "zeroed at the same size":  # the header kept: only the checksum tells
+        size = npy.stat().st_size
+        np.save(npy, np.zeros_like(ids))
+        assert npy.stat().st_size == size
+    elif damage == "no checksum":
+        npy.with_name(npy.name + ".blake2b").unlink()
     else:
         np.save(npy, ids.astype(np.int64))
     capsys.readouterr()

@@ -185,6 +185,21 @@ def test_a_damaged_word_vocabulary_is_built_again(tmp_path, capsys):
     assert "damaged" in capsys.readouterr().err and again.sha256 == good.sha256
 
 
+def test_a_cached_vocabulary_changed_in_place_is_caught_by_its_checksum(tmp_path, capsys):
+    """A vocabulary that still reads as one (one word swapped for another, same size) is not used: the checksum
+    recorded when it was built no longer matches."""
+    corpus = write_corpus(tmp_path / "c", " a b c \n b c \n")
+    good = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    text = good.path.read_text()
+    good.path.write_text(text.replace("b\n", "x\n"))
+    capsys.readouterr()
+    again = build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache")
+    note = capsys.readouterr().err.strip()
+    assert len(note.splitlines()) == 1 and "checksum" in note and "building it again" in note, note
+    assert not again.from_cache and again.path.read_text() == text
+    assert build_tokenizer(DataConfig(tokenizer="word"), corpus, tmp_path / "cache").from_cache
+
+
 @pytest.mark.slow
 def test_sentencepiece_writes_the_unknown_piece_as_unk(tmp_path):
     corpus = write_corpus(tmp_path / "c", text_slice(1000))

@@ -146,3 +146,21 @@ def test_a_run_folder_is_taken_and_the_unknown_marker_is_never_drawn(checkpoint,
     assert trained.tokenizer.unk_id not in ids and len(set(ids)) > 200  # flat enough to have drawn it otherwise
     assert main(["generate", str(checkpoint.parent.parent), "--tokens", "300", "--temperature", "50"]) == 0
     assert "<unk>" not in capsys.readouterr().out
+
+
+def test_a_checkpoint_with_non_finite_weights_is_one_line_as_evaluate_says_it(checkpoint, capsys, monkeypatch):
+    """torch.multinomial would end in a traceback over NaN probabilities: refused first, in evaluate's words."""
+    import parnas.retrain.load
+
+    def poisoned(*args, **kwargs):
+        trained = load_trained(*args, **kwargs)
+        with torch.no_grad():
+            next(trained.model.parameters()).view(-1)[0] = float("nan")
+        return trained
+
+    monkeypatch.setattr(parnas.retrain.load, "load_trained", poisoned)
+    assert main(["generate", str(checkpoint), "--prompt", PROMPT, "--tokens", "5"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "training diverged" in err and "weights are not finite" in err, err
+    assert captured.out == ""

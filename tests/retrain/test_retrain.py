@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import pathlib
 import pickle
 import re
@@ -111,6 +112,11 @@ def _not_json(path):
     return str(path)
 
 
+def _fifo(path):
+    os.mkfifo(path)  # opened, it would block until a writer came: refused by stat, never opened
+    return str(path)
+
+
 BAD = {
     "not json": (_not_json, "not JSON"),
     "wrong format": (_edit(format="nni.sample"), "format"),
@@ -121,6 +127,11 @@ BAD = {
     "block count": (_edit(model__n_blocks=6), "n_blocks"),
     "vocabulary": (_edit(model__vocab_size=500), "vocabulary of 500"),
     "missing file": (lambda p: str(p.with_name("absent.json")), "no architecture file"),
+    "version true": (_edit(version=True), "version True"),  # true == 1 in Python
+    "n_blocks a float": (_edit(model__n_blocks=4.0), "model.n_blocks must be int, got 4.0"),
+    "n_blocks true": (_edit(model__n_blocks=True), "model.n_blocks must be int, got True"),
+    "vocab_size a float": (_edit(model__vocab_size=500.0), "an integer vocab_size"),
+    "a FIFO": (_fifo, "is a FIFO"),
 }
 
 

@@ -99,10 +99,41 @@ def test_no_finished_trial_says_how_many_run(capsys, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--experiment", "nope"], "no NNI experiment 'nope'"),
-    (["--experiment", "abc123", "--out", "{d}/a_file/found"], "cannot write into --out"),
+    (["--experiment", "abc123", "--out", "{d}/a_file/found"], "a parent is a file"),
+    (["--experiment", "abc123", "--out", "{d}/a_file"], "a_file: it is a file, not a folder"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, experiment, args, needle):
     (experiment / "a_file").write_text("")
     code = main(["export", *[a.format(d=experiment) for a in args], "--experiments-dir", str(experiment)])
     out, err = capsys.readouterr()
     assert code == 2 and len(err.splitlines()) == 1 and needle in err and not out, err
+
+
+@pytest.mark.parametrize("experiment_id", ["../../x", "abc123/..", "a b", ""])
+def test_an_experiment_id_that_is_a_path_is_refused_before_any_folder_is_read(capsys, tmp_path, experiment_id):
+    """The id names a folder under --experiments-dir, never one outside it."""
+    make_experiment(tmp_path / "elsewhere")  # a real experiment, reachable only by climbing out of D
+    root = tmp_path / "D" / "E"
+    root.mkdir(parents=True)
+    code = main(["export", "--experiment", experiment_id, "--experiments-dir", str(root)])
+    out, err = capsys.readouterr()
+    assert code == 2 and len(err.splitlines()) == 1 and "is not an NNI experiment id" in err and not out, err
+
+
+def test_out_writes_no_file_through_a_link_planted_there(capsys, experiment, tmp_path):
+    """A link at ``<out>/<trial>.json`` is replaced, never followed: its target keeps its bytes."""
+    victim, found = tmp_path / "victim.txt", tmp_path / "found"
+    victim.write_text("the user's own\n")
+    found.mkdir()
+    (found / "t1.json").symlink_to(victim)
+    code, out, err = export(capsys, experiment, "--json", "--out", str(found))
+    assert code == 0 and victim.read_text() == "the user's own\n"
+    assert not (found / "t1.json").is_symlink() and json.loads((found / "t1.json").read_text())["architecture"]
+
+
+def test_out_that_is_a_link_is_refused_in_one_line(capsys, experiment, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "found").symlink_to(elsewhere)
+    code, out, err = export(capsys, experiment, "--out", str(tmp_path / "found"))
+    assert code == 2 and len(err.splitlines()) == 1 and "symbolic link" in err and not list(elsewhere.iterdir()), err

@@ -59,7 +59,7 @@ def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(cap
 
 
 def test_a_selection_budget_below_the_cheapest_layout_is_refused_before_anything_is_written(capsys, tmp_path, micro):
-    code = main(micro_search(micro, "search.candidates=[attention, dense]", "search.select.steps=[2, 4]",
+    code = main(micro_search(micro, "search.candidates=[attention, dense]", "search.select.steps=[1, 3]",
                              "search.select.budget=0.05",
                              f"search.out_dir={tmp_path}/run"))
     err = capsys.readouterr().err
