@@ -54,6 +54,13 @@ def check_not_link(folder: str | Path) -> Path:
     return folder
 
 
+def check_file_folder(file: str | Path) -> Path:
+    """:func:`check_writable_dir` for the folder a file is written into. That folder is the user's to name, link or
+    not (``/tmp`` is one on macOS); the file itself is written atomically, so a link at its own name is replaced,
+    never written through."""
+    return check_writable_dir(Path(file).parent.resolve())
+
+
 def check_writable_dir(folder: str | Path) -> Path:
     """Raise ParnasError (one line) unless ``folder`` is, or can be made, a folder this process can write: not a
     symbolic link nor a file (:func:`check_not_link`), the one check every folder a command writes gets.

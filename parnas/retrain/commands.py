@@ -59,12 +59,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from parnas.errors import ParnasError
-    from parnas.files import check_writable_dir, write_json_atomic
+    from parnas.files import check_file_folder, write_json_atomic
 
     out = Path(args.out) if args.out else None  # checked before the evaluation, not after it
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
-    check_writable_dir(out.parent if out is not None else Path(args.checkpoint).parent)
+    check_file_folder(out if out is not None else args.checkpoint)
     from parnas.retrain.evaluate import default_output, evaluate_checkpoint, evaluation_divergence
     from parnas.retrain.load import device_for, load_trained, scratch_dir
     from parnas.retrain.units import perplexity_units
@@ -136,7 +136,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from parnas.errors import ParnasError
-    from parnas.files import check_writable_dir, write_text_atomic
+    from parnas.files import check_file_folder, write_text_atomic
     from parnas.retrain.compare import AUTO_TIME_PARAMETERS, markdown, read_run, rows, should_time, time_runs, to_csv
 
     runs = [read_run(run) for run in args.runs]
@@ -144,7 +144,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for target in (Path(f"{args.out}.md"), Path(f"{args.out}.csv")):
             if target.is_dir():
                 raise ParnasError(f"{target} is a folder; give --out a file prefix")
-        check_writable_dir(Path(f"{args.out}.md").parent)
+        check_file_folder(f"{args.out}.md")
     timing, not_timed = None, ""
     if should_time(runs, args.time):
         from parnas.threads import use_threads

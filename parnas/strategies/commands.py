@@ -78,7 +78,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
     from parnas.config import TARGET_LABELS, load_config
     from parnas.errors import ParnasError
-    from parnas.files import check_writable_dir, write_json_atomic
+    from parnas.files import check_file_folder, write_json_atomic
     from parnas.training.latency import check_targets
     from parnas.training.latency_table import MODES
 
@@ -94,7 +94,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder: name the table's file, e.g. {out / 'latency.json'}")
     if out is not None:
-        check_writable_dir(out.parent)
+        check_file_folder(out)
     from parnas.threads import use_threads
 
     use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)

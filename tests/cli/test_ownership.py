@@ -204,3 +204,21 @@ def test_a_link_or_a_file_at_a_sub_folder_a_run_writes_is_refused_before_any_wor
     code, _, err = cli(capsys, *command(name, out))
     assert_refused(code, err, str(out / sub), "symbolic link" if planted == "link" else "a file, not a folder")
     assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == [sub]
+
+
+def test_a_file_may_be_written_into_a_linked_folder_the_user_named_but_never_through_a_link_at_its_name(tmp_path):
+    """The folder a file goes into is the user's to name, link or not (macOS's /tmp is one); a link at the file's
+    own name is replaced by the atomic write, never written through."""
+    from parnas.files import check_file_folder, write_json_atomic
+
+    real, linked = tmp_path / "real", tmp_path / "linked"
+    real.mkdir()
+    linked.symlink_to(real)
+    assert check_file_folder(linked / "eval.json") == real
+    victim = tmp_path / "victim.json"
+    victim.write_text("keep")
+    (real / "eval.json").symlink_to(victim)
+    write_json_atomic(linked / "eval.json", {"ok": 1})
+    assert victim.read_text() == "keep" and not (real / "eval.json").is_symlink()
+    with pytest.raises(ParnasError, match="not a folder"):
+        check_file_folder(tmp_path / "victim.json" / "x.json")

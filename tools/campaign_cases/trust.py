@@ -323,7 +323,7 @@ def cases() -> list[Case]:
         (retrain("transformer-xl", "train.seed=1099511627776"), "train.seed=2**40",
          "train.seed must be in 0..4294967295")]]
     out.append(refused("numbers: generate --seed -1", ["generate", "{in}/none.ckpt", "--seed", "-1"],
-                       "--seed must be in 0..2**64 - 1"))
+                       "--seed must be in 0..2**64 - 1", files={"none.ckpt": "not a checkpoint"}))
     out += [non_finite(command) for command in ("generate", "evaluate")]
     out += [pick_past_steps(steps) for steps in ("[1000]", "[2, 8]")]
     return out
