@@ -22,7 +22,6 @@ from parnas.errors import ConfigError
 from parnas.kinds.registry import KINDS
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 from parnas.registry import OwnsSettings
-from parnas.selection import SelectConfig  # search.select: the final pick after a supernet
 
 BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds)
 # search.candidates by name: PAR's three, or PLANER's space (Latifi et al. 2022): PAR's three with fewer heads,
@@ -248,11 +247,10 @@ class SearchConfig(OwnsSettings):
     strategy's, its defaults where none were given, and :attr:`settings` the chosen strategy's.
 
     The cost of an architecture is its predicted step time relative to the standard Transformer-XL at the same
-    ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay).
-    ``latency_budget`` (e.g. 0.65) makes it a constraint the exported architecture must meet, with a multiplier
-    the strategy finds, or fixes at ``penalty_weight`` (PLANER's form); without a budget, ``penalty_weight`` is a
-    fixed weight on the expected cost itself. ``latency_table``: a table written by ``parnas latency`` (on the
-    target device) to price the blocks with instead of timing them here; its shapes must be the run's.
+    ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay): every
+    strategy prices what it exports; PAR's budget and penalty on it are PAR's settings.
+    ``latency_table``: a table written by ``parnas latency`` (on the target device) to price the blocks with
+    instead of timing them here; its shapes must be the run's.
     ``latency_target``: which latency the cost is: ``train`` (a training step), ``inference`` (a forward pass
     over a batch of segments) or ``generate`` (one token decoded at batch 1, as ``parnas generate`` does).
     ``arch_lr``: the learning rate of the architecture logits, for the strategies that learn them; ``trials``:
@@ -265,16 +263,13 @@ class SearchConfig(OwnsSettings):
     candidates: tuple[str, ...] = BLOCK_KINDS
     arch_lr: float = 3.0e-3
     weight_lr: float | None = None
-    penalty_weight: float = 0.0
     penalty_cost: str = "latency"
-    latency_budget: float | None = None
     latency_table: str | None = None
     latency_target: str = "train"
     strategy: str = strategy_registry.DEFAULT
     trials: int = 8
     log_every: int = 10
     out_dir: str = "runs/search"
-    select: SelectConfig = field(default_factory=SelectConfig)  # the final pick after a supernet (parnas.selection)
     strategy_settings: dict[str, Any] = field(default_factory=dict)  # strategy -> its settings, as given
     OWNERS, WHAT, GIVEN = strategy_registry.STRATEGIES, "strategy", "strategy_settings"
 
@@ -298,15 +293,8 @@ class SearchConfig(OwnsSettings):
         _require(self.arch_lr > 0, "search.arch_lr must be > 0")
         _require(self.weight_lr is None or self.weight_lr > 0,
                  f"search.weight_lr must be > 0 (or null: train.lr), got {self.weight_lr}")
-        _require(self.penalty_weight >= 0, f"search.penalty_weight must be >= 0, got {self.penalty_weight}")
         _require(self.penalty_cost in ("latency", "flops"),
                  f"search.penalty_cost must be latency or flops, not {self.penalty_cost!r}")
-        if self.latency_budget is not None:
-            _require(0.0 < self.latency_budget <= 1.0,
-                     f"search.latency_budget must be in (0, 1] (a fraction of Transformer-XL's step time), "
-                     f"got {self.latency_budget}")
-            _require(self.penalty_cost == "latency", "search.latency_budget is a fraction of measured latency: "
-                     "set search.penalty_cost=latency")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
         _require(strategy_registry.is_known(self.strategy),

@@ -1,4 +1,4 @@
-"""The settings of a search's final pick (``search.select.*``), checked when the config is read (no torch).
+"""The settings of a search's final pick (``select.*``), checked when the config is read (no torch).
 
 A supernet ranks layouts poorly in a large space, so the layout it prefers may train worse than simply taking
 blocks off Transformer-XL. The final pick retrains briefly, from scratch, the ``k`` layouts the supernet prefers
@@ -18,7 +18,7 @@ EARLY_VALID_FRACTION = 0.25  # the part of the validation split the rounds befor
 
 @dataclass(frozen=True)
 class SelectConfig:
-    """``search.select``: the final pick after the supernet (why each setting is what it is: docs/results.md).
+    """``select`` (PAR's settings): the final pick after the supernet (why each setting is what it is: docs/results.md).
 
     ``steps``: the training steps each surviving candidate has reached at the end of each round (strictly
     increasing; training continues from the previous round's checkpoint, one learning-rate schedule spanning
@@ -29,7 +29,7 @@ class SelectConfig:
     no final pick (the supernet's layout is exported).
     ``k``: how many of the supernet's layouts enter, at least 1: its most probable networks within the budget, the
     exported one first. ``budget``: the cost ratio (to Transformer-XL's) the entrants must be within; None:
-    ``search.latency_budget``, or without one the cost of the layout the supernet exports. The shallower
+    ``latency_budget``, or without one the cost of the layout the supernet exports. The shallower
     Transformer-XL within the budget (the guard) always enters too, and goes on to the last round whatever its
     rank: a user is never handed a network that lost to it. The rounds before the last judge by
     :data:`EARLY_VALID_FRACTION` of the validation split (the first part of every evaluation stream, so from all
@@ -48,17 +48,17 @@ class SelectConfig:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ConfigError(f"search.select.k must be >= 1 (the supernet's layouts the final pick retrains), got "
-                              f"{self.k}; set search.select.steps=[] to turn the final pick off")
+            raise ConfigError(f"select.k must be >= 1 (the supernet's layouts the final pick retrains), got "
+                              f"{self.k}; set select.steps=[] to turn the final pick off")
         steps = self.steps or ()
         if any(s <= 0 for s in steps) or any(a >= b for a, b in zip(steps, steps[1:])):
-            raise ConfigError(f"search.select.steps must be positive and strictly increasing (the steps each round "
+            raise ConfigError(f"select.steps must be positive and strictly increasing (the steps each round "
                               f"ends at), got {list(steps)}")
         if self.budget is not None and not 0.0 < self.budget <= 1.0:
-            raise ConfigError(f"search.select.budget must be in (0, 1] (a fraction of Transformer-XL's cost), got "
+            raise ConfigError(f"select.budget must be in (0, 1] (a fraction of Transformer-XL's cost), got "
                               f"{self.budget}")
         if self.confirm_seeds < 0:
-            raise ConfigError(f"search.select.confirm_seeds must be >= 0 (further seeds that confirm a win over the "
+            raise ConfigError(f"select.confirm_seeds must be >= 0 (further seeds that confirm a win over the "
                               f"guard), got {self.confirm_seeds}")
 
     @property

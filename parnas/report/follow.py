@@ -253,6 +253,7 @@ def experiment_size(config: str | Path) -> tuple[int | None, int | None, str | N
     except Exception:  # noqa: BLE001 - the trials will say what is wrong with their config themselves
         return trials, None, preset, root, 0
     steps = None if "train.max_steps" in space else cfg.train.max_steps
-    pick = 0 if steps is None or any(k.startswith("search.select.") for k in space) else \
-        pick_retrain_steps(cfg.search.select, steps)
+    select = getattr(cfg.search.settings, "select", None)  # the final pick of a strategy that has one (PAR's)
+    drawn = any(k.startswith(f"search.{cfg.search.strategy}.select.") for k in space)
+    pick = 0 if steps is None or select is None or drawn else pick_retrain_steps(select, steps)
     return trials, steps, preset, root, pick

@@ -41,6 +41,7 @@ from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
+from parnas.strategies.par_settings import par_settings
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
 from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
@@ -170,7 +171,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
     def report(result: Evaluated) -> None:
         if trial:  # evaluations happen inside search.run(), so `search` (bound below) exists by then
-            latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
+            latency = latency_summary(search.costs, search.latency, result.kinds, search.module.par.latency_budget)
             report_to_nni(nni_metric(result, latency))
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
@@ -200,7 +201,7 @@ def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: f
     if failure is not None:
         raise failure
     result, selection = final_pick(search, cfg, tokenizer, result, run_dir)  # short retrains, the guard
-    latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
+    latency = latency_summary(search.costs, search.latency, result.kinds, search.module.par.latency_budget)
     record = search_record(cfg, tokenizer, search.module, result, steps=search.trainer.global_step, seconds=seconds,
                            latency=latency, selection=selection)
     architecture.write(run_dir / "architecture.json", record)
@@ -234,7 +235,8 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
-    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0)  # no budget
+    free_par = replace(par_settings(cfg.search), latency_budget=None, penalty_weight=0.0)  # no budget
+    unpriced = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: free_par})
     search = build_search(replace(cfg, search=unpriced),
                           splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)

@@ -21,7 +21,6 @@ This module imports only light modules at the top: the CLI checks every argument
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -30,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture, reading, strategy_registry
-from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
+from parnas.config import Config, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.overrides import as_given, from_dict, merge, parse_overrides, unflatten
+from parnas.strategies.par_settings import BUDGET, par_settings
 from parnas.study.front import parse_widths
 from parnas.study.orderings import random_orderings, sandwich
 from parnas.study.report import budget_label
@@ -187,11 +187,10 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
         settings["train.max_steps"] = plan.search_steps
-    if plan.base.search.select.steps is None:  # the final pick judges its finalists as the study's retrains train
-        settings["search.select.steps"] = list(plan.base.search.select.rounds(plan.retrain_steps
-                                                                              or plan.base.train.max_steps))
-    if search.budget is not None or "latency_budget" in {f.name for f in dataclasses.fields(SearchConfig)}:
-        settings["search.latency_budget"] = search.budget  # "none" overrides a budget the config may set
+    own, select = f"search.{plan.base.search.strategy}", par_settings(plan.base.search).select
+    if select.steps is None:  # the final pick judges its finalists as the study's retrains train
+        settings[f"{own}.select.steps"] = list(select.rounds(plan.retrain_steps or plan.base.train.max_steps))
+    settings[f"{own}.latency_budget"] = search.budget  # "none" overrides a budget the config may set
     if search.candidates is not None:
         settings["search.candidates"] = list(search.candidates)
     return config_with_settings(plan.base, settings)
@@ -200,7 +199,7 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
 def first_budget_setting(budgets: Sequence[float | None]) -> list[str]:
     """``--set`` of the first latency budget --budgets gives, if any. The base and retrain configs are checked with it,
     as each search's config is with its own: a budget's hinge on the expected cost is only valid with a budget."""
-    return [f"search.latency_budget={budget}" for budget in budgets if budget is not None][:1]
+    return [f"{BUDGET}={budget}" for budget in budgets if budget is not None][:1]
 
 
 def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:

@@ -47,8 +47,9 @@ def parse_strategies(text: str) -> tuple[str, ...]:
 def search_settings(strategy: str, seed: int, search_steps: int, trials: int, out: Path) -> list[str]:
     multi_trial = strategy_registry.get(strategy).family == strategy_registry.MULTI_TRIAL
     steps = max(1, search_steps // trials) if multi_trial else search_steps
+    unpriced = [f"search.{PAR_GUMBEL_DARTS}.latency_budget=null"] if strategy == PAR_GUMBEL_DARTS else []
     return [f"search.strategy={strategy}", f"train.seed={seed}", f"train.max_steps={steps}",
-            f"train.eval_every={steps}", f"search.trials={trials}", "search.latency_budget=null",
+            f"train.eval_every={steps}", f"search.trials={trials}", *unpriced,
             as_given("search.out_dir", str(out / "search" / f"{strategy}-s{seed}"))]
 
 

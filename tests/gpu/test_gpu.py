@@ -194,7 +194,7 @@ def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, d
                                    "data.seg_len=16", "data.eval_batch_size=4", "train.warmup_steps=10",
                                    "train.lr=1e-2", "search.arch_lr=0.03", "train.max_steps=20",
                                    "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
-                                   "model.dropout=0.1", "search.latency_budget=0.5",
+                                   "model.dropout=0.1", "search.par-gumbel-darts.latency_budget=0.5",
                                    "train.accelerator=gpu", *extra])
         meta = {"config": cfg.to_dict(), "architecture": {}, "tokenizer": {}}
         s = build_search(cfg, splits, 32, run_dir, ckpt=resume_from, meta=meta, costs=costs)

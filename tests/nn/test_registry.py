@@ -229,7 +229,7 @@ def test_round_trip_plugin_kind_searched_exported_and_retrained(installed_plugin
     data = ["--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=300", "--set", "model.cutoffs=[100,200]",
             "--set", "model.n_blocks=2", "--set", "train.eval_every=1000", "--set", "data.eval_batch_size=32"]
     assert main(["search", "--config", "tiny", *data, "--set", "search.candidates=[attention,shift]",
-                 "--set", "search.penalty_weight=5", "--set", "train.max_steps=20",
+                 "--set", "search.par-gumbel-darts.penalty_weight=5", "--set", "train.max_steps=20",
                  "--set", f"search.out_dir={tmp_path / 'search'}"]) == 0
     record = architecture.read(tmp_path / "search" / "architecture.json")
     assert set(record["probabilities"]["block_0"]) == {"attention", "shift"}

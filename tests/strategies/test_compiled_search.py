@@ -228,7 +228,8 @@ def test_a_compiled_gumbel_search_says_it_compiles_and_exports(capsys, tmp_path,
     step says it compiles, one after says how long it took, and the search evaluates, picks and exports as an eager
     one, its checkpoint holding the same keys. The final pick's short retrains run eager: no line of theirs says
     they compile."""
-    base = compiled_search(micro, "gumbel", "search.select.steps=[4]", "search.latency_budget=0.8")
+    base = compiled_search(micro, "gumbel", "search.par-gumbel-darts.select.steps=[4]",
+                           "search.par-gumbel-darts.latency_budget=0.8")
     for mode in ("none", "default"):
         assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
     out = capsys.readouterr().out

@@ -136,7 +136,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
     from parnas.strategies.costs import CostModel
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
-                               "search.latency_budget=0.9", "search.par-gumbel-darts.forward=sampled"])
+                               "search.par-gumbel-darts.latency_budget=0.9", "search.par-gumbel-darts.forward=sampled"])
     B, L = cfg.data.batch_size, cfg.data.seg_len
     ids = np.random.default_rng(0).integers(0, 1000, B * L * 20).astype(np.int64)
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)

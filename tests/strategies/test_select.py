@@ -46,10 +46,11 @@ def test_the_entrants_are_the_most_probable_networks_within_the_budget_each_once
 
 
 @pytest.mark.parametrize("setting, needle", [
-    ("search.select.k=0", "search.select.k must be >= 1"),
-    ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
-    ("search.select.rank=inherited", "search.select.rank was removed"),
-    ("search.select.budget=1.5", "search.select.budget must be in (0, 1]"),
+    ("search.par-gumbel-darts.select.k=0", "search.par-gumbel-darts.select.k must be >= 1"),
+    ("search.par-gumbel-darts.select.steps=[4, 2]",
+     "search.par-gumbel-darts.select.steps must be positive and strictly increasing"),
+    ("search.par-gumbel-darts.select.rank=inherited", "search.par-gumbel-darts.select.rank was removed"),
+    ("search.par-gumbel-darts.select.budget=1.5", "search.par-gumbel-darts.select.budget must be in (0, 1]"),
 ])
 def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(capsys, tmp_path, setting, needle):
     code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
@@ -59,11 +60,13 @@ def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(cap
 
 
 def test_a_selection_budget_below_the_cheapest_layout_is_refused_before_anything_is_written(capsys, tmp_path, micro):
-    code = main(micro_search(micro, "search.candidates=[attention, dense]", "search.select.steps=[2, 4]",
-                             "search.select.budget=0.05",
+    code = main(micro_search(micro, "search.candidates=[attention, dense]",
+                             "search.par-gumbel-darts.select.steps=[2, 4]",
+                             "search.par-gumbel-darts.select.budget=0.05",
                              f"search.out_dir={tmp_path}/run"))
     err = capsys.readouterr().err
-    assert code == 2 and "search.select.budget 0.05 is out of reach" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "search.par-gumbel-darts.select.budget 0.05 is out of reach" in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
 
 
@@ -80,7 +83,8 @@ def test_the_early_rounds_judge_by_part_of_the_validation_split_and_the_last_by_
         return {"val_ppl": 100.0 + len(read), "steps": cfg.train.stop_at or cfg.train.max_steps}
 
     monkeypatch.setattr(parnas.training.fit, "fit", fit)
-    assert main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+    assert main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}")) == 0
     assert {r for r in read if r[0] == 2} == {(2, False, EARLY_VALID_FRACTION)}
     assert {r for r in read if r[0] == 4} == {(4, False, 1.0)}
@@ -108,7 +112,8 @@ def test_a_better_shallower_transformer_xl_is_exported_and_said(capsys, tmp_path
     guard = ["attention", "dense", "identity", "identity"]  # at 0.5 of Transformer-XL's FLOPs
     monkeypatch.setattr(select, "short_retrain", retrain)
     monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+    code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}"))
     out = capsys.readouterr().out
     assert code == 0, out
@@ -142,7 +147,9 @@ def test_the_guard_goes_on_to_the_last_round_however_its_first_went(capsys, tmp_
     guard = ["attention", "dense", "identity", "identity"]
     monkeypatch.setattr(select, "short_retrain", retrain)
     monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    assert main(micro_search(micro, "search.select.k=3", "search.select.steps=[2, 4, 6]", "search.select.budget=0.6",
+    assert main(micro_search(micro, "search.par-gumbel-darts.select.k=3",
+                             "search.par-gumbel-darts.select.steps=[2, 4, 6]",
+                             "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}")) == 0
     selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
     assert [r for name, r in trained if name == "ADII"] == [0, 1, 2]  # never cut, though last in the first round
@@ -171,7 +178,8 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
             raise Interrupted(signal.SIGTERM)
         return real(*args)
 
-    command = micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6")
+    command = micro_search(micro, "search.par-gumbel-darts.select.k=2", "search.par-gumbel-darts.select.steps=[2, 4]",
+                           "search.par-gumbel-darts.select.budget=0.6")
     monkeypatch.setattr(select, "short_retrain", stopped_at_the_second)
     assert main(command) == 128 + signal.SIGTERM
     run = tmp_path / "trial"
@@ -199,7 +207,8 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
 def test_a_search_resumed_with_the_pick_turned_on_runs_it(tmp_path, micro):
     command = micro_search(micro, "train.max_steps=6", f"search.out_dir={tmp_path}")
     assert main([*command, "--set", "train.stop_at=3"]) == 0  # the pick off (the tiny preset's)
-    assert main([*command, "--set", "search.select.k=1", "--set", "search.select.steps=[2]", "--resume"]) == 0
+    assert main([*command, "--set", "search.par-gumbel-darts.select.k=1", "--set",
+                 "search.par-gumbel-darts.select.steps=[2]", "--resume"]) == 0
     record = json.loads((tmp_path / "architecture.json").read_text())
     assert record["search"]["steps"] == 6 and record["search"]["selection"]["steps"] == [2]
 
@@ -217,7 +226,8 @@ def test_an_entrant_whose_training_diverges_is_out_and_the_pick_goes_on(capsys, 
         return real_fit(cfg, *args, **kwargs)
 
     monkeypatch.setattr(fitting, "fit", first_diverges)
-    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2]", "search.select.budget=0.6",
+    code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2", "search.par-gumbel-darts.select.steps=[2]",
+                             "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}"))
     out = capsys.readouterr().out
     assert code == 0, out
@@ -232,14 +242,15 @@ def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follow
     """The supernet is trained once; the pick may be rerun with another ``k``. Its old pick is
     discarded, but a ``select`` folder that is a link is unlinked: what it points to is kept."""
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
-    command = micro_search(micro, "train.max_steps=4", "search.select.k=1", "search.select.steps=[2]",
+    command = micro_search(micro, "train.max_steps=4", "search.par-gumbel-darts.select.k=1",
+                           "search.par-gumbel-darts.select.steps=[2]",
                            f"search.out_dir={run}")
     assert main(command) == 0
     (run / "select").rename(elsewhere)
     (run / "select").symlink_to(elsewhere, target_is_directory=True)
     kept = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
     (run / "architecture.json").unlink()
-    assert main([*command, "--set", "search.select.k=2", "--resume"]) == 0
+    assert main([*command, "--set", "search.par-gumbel-darts.select.k=2", "--resume"]) == 0
     assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == kept
     assert (run / "select").is_dir() and not (run / "select").is_symlink()
     selection = json.loads((run / "architecture.json").read_text())["search"]["selection"]
@@ -251,11 +262,11 @@ def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follow
 def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
     from parnas.config import load_config
 
-    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.steps=[2, 4]"])
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.par-gumbel-darts.select.steps=[2, 4]"])
     guard = ["attention", "dense", "identity", "identity"]
     both = {**select._entrant(guard, "supernet #1, guard", COSTS, []), "val_ppl": [60.0, 50.0]}
     other = {**select._entrant(["dense"] * 4, "supernet #2", COSTS, []), "val_ppl": [70.0, 55.0]}
-    record = select._record(cfg, [both, other], both, 0.6, "search.latency_budget", 1.0)
+    record = select._record(cfg, [both, other], both, 0.6, "search.par-gumbel-darts.latency_budget", 1.0)
     assert record["winner"] == "ADII" and record["verdict"] == "search"
     assert record["verdict_line"] == ("final pick: ADII (val ppl 50.00 after 4 steps of retraining), the shallower "
                                       "Transformer-XL, which the supernet picked too")
@@ -265,8 +276,8 @@ def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
 def test_the_supernet_trains_at_search_weight_lr_and_the_pick_at_train_lr(tmp_path, micro):
     """``search.weight_lr`` is the supernet's; the pick's retrains train as ``parnas retrain`` will, at
     ``train.lr``. Read from the checkpoints' own optimisers."""
-    assert main(micro_search(micro, "search.weight_lr=0.02", "train.lr=0.003", "search.select.k=1",
-                             "search.select.steps=[2]", f"search.out_dir={tmp_path}")) == 0
+    assert main(micro_search(micro, "search.weight_lr=0.02", "train.lr=0.003", "search.par-gumbel-darts.select.k=1",
+                             "search.par-gumbel-darts.select.steps=[2]", f"search.out_dir={tmp_path}")) == 0
 
     def peak_lr(path):
         states = torch.load(path, map_location="cpu", weights_only=False)["optimizer_states"]
@@ -295,7 +306,8 @@ def test_a_win_over_the_guard_is_confirmed_on_a_further_seed(capsys, tmp_path, m
     guard = ["attention", "dense", "identity", "identity"]
     monkeypatch.setattr(select, "short_retrain", retrain)
     monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+    code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              "train.seed=0", f"search.out_dir={tmp_path}"))
     out = capsys.readouterr().out
     assert code == 0, out
@@ -323,8 +335,9 @@ def test_no_further_seed_runs_when_the_guard_wins_or_confirm_seeds_is_0(tmp_path
     guard = ["attention", "dense", "identity", "identity"]
     monkeypatch.setattr(select, "short_retrain", retrain)
     monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    assert main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
-                             "search.select.confirm_seeds=0", f"search.out_dir={tmp_path}")) == 0
+    assert main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
+                             "search.par-gumbel-darts.select.confirm_seeds=0", f"search.out_dir={tmp_path}")) == 0
     assert set(trained) == {0}
     selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
     assert selection["verdict"] == "search" and selection["confirm_seeds"] == 0
@@ -336,10 +349,10 @@ def test_the_guard_is_named_transformer_xl_when_it_keeps_every_block():
 
     assert select.guard_name(["attention", "dense", "attention", "dense"]) == "Transformer-XL"
     assert select.guard_name(["attention", "dense", "identity", "identity"]) == "the shallower Transformer-XL ADII"
-    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.steps=[2, 4]"])
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.par-gumbel-darts.select.steps=[2, 4]"])
     full = {**select._entrant(["attention", "dense"] * 2, "guard", COSTS, []), "val_ppl": [60.0, 50.0]}
     other = {**select._entrant(["dense"] * 4, "supernet #1", COSTS, []), "val_ppl": [70.0, 55.0]}
-    record = select._record(cfg, [other, full], full, 1.0, "search.latency_budget", 1.0)
+    record = select._record(cfg, [other, full], full, 1.0, "search.par-gumbel-darts.latency_budget", 1.0)
     assert record["verdict"] == "guard" and record["guard"]["name"] == "Transformer-XL"
     assert record["verdict_line"].startswith("Transformer-XL beat the search's picks")
     assert "shallower" not in record["verdict_line"]
