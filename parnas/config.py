@@ -50,8 +50,7 @@ def cluster_widths(d_model: int, n_clusters: int, div_value: float) -> list[int]
 @dataclass(frozen=True)
 class ModelConfig(OwnsSettings):
     """Transformer-XL body: what every model has. ``blocks`` is the fixed layout; empty means the
-    standard Transformer-XL (attention, dense, attention, dense, ...). ``share_weights``: kinds whose
-    blocks share one module across depth (the ``shared`` kind always does).
+    standard Transformer-XL (attention, dense, attention, dense, ...).
 
     A kind's own settings are its own (:mod:`parnas.kinds`): a config gives them as
     ``model.<kind>.<setting>`` (``model.lsh.chunk_len: 8``); ``kind_settings`` holds those given, and
@@ -81,7 +80,6 @@ class ModelConfig(OwnsSettings):
     tie_projs: tuple[bool, ...] = ()  # per cluster: share the output projection with the embedding's (Dai et al.)
     share_position_bias: bool = False  # one content and one position bias (u, v) for all attention blocks
     blocks: tuple[str, ...] = ()
-    share_weights: tuple[str, ...] = ()
     eval_mem_len: int | None = None  # the memory at evaluation and generation (None: the training one)
     clamp_len: int = 0  # relative distances beyond this read its position (0: none)
     reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
@@ -129,9 +127,6 @@ class ModelConfig(OwnsSettings):
         for kind in self.blocks:
             _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
         self.check_given("model.")
-        if self.share_weights:
-            kinds.check(self.share_weights, "model.share_weights")
-            _require("identity" not in self.share_weights, "model.share_weights: identity has no weights to share")
         _require(not self.blocks or len(self.blocks) == self.n_blocks,
                  f"model.blocks has {len(self.blocks)} entries but model.n_blocks is {self.n_blocks}")
         if self.reversible:  # parnas.nn.reversible
@@ -160,7 +155,7 @@ class ModelConfig(OwnsSettings):
 
     def shares_weights(self, kind: str) -> bool:
         """Whether all blocks of ``kind`` reuse one module (Universal Transformer-style depth recurrence)."""
-        return kind in self.share_weights or kinds.get(kind).shared
+        return kinds.get(kind).shared
 
     def check_vocab(self, vocab_size: int) -> None:
         """Cutoffs only make sense strictly inside the vocabulary."""
@@ -205,7 +200,6 @@ class TrainConfig:
     warmup_steps: int = 100
     min_lr: float = 0.0
     clip: float = 0.25
-    accumulate: int = 1
     eval_every: int = 500
     log_every: int = 50
     ckpt_every: int = 1000
@@ -219,7 +213,7 @@ class TrainConfig:
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
+        for key in ("max_steps", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
             _require(getattr(self, key) > 0, f"train.{key} must be > 0")
         _require(self.threads >= 0, f"train.threads must be >= 0 (0: chosen per run), got {self.threads}")
         _require(0 <= self.stop_at <= self.max_steps,

@@ -32,6 +32,13 @@ REMOVED = {
     f"{PAR}.tau_schedule": "tau falls exponentially, as in the original PAR search; drop the key",
     f"{PAR}.select.guard": "the shallower Transformer-XL always enters the final pick; drop the key",
     "train.weight_decay": "the optimiser has no weight decay; drop the key",
+    **{f"model.{kind}.{share}": f"{kind} keeps a fixed share of model.{of} (parnas.block_shares; "
+                               "another share is another kind, a plugin's); drop the key"
+       for kind, share, of in (("attention_half", "fraction", "n_heads"), ("attention_quarter", "fraction", "n_heads"),
+                               ("dense_half", "ratio", "d_ff"), ("dense_double", "ratio", "d_ff"))},
+    "train.accumulate": "a step is one batch (raise data.batch_size, or train.devices); drop the key",
+    "model.share_weights": "blocks share one module across depth as the shared kind (model.blocks or "
+                           "search.candidates); drop the key",
     "data.sp_model_type": "SentencePiece tokenizers are unigram models; drop the key",
     f"{PAR}.select.rank": "the pick's entrants are the supernet's most probable layouts; drop the key",
     f"{PAR}.select.pool": "the pick's entrants are the supernet's most probable layouts; drop the key",

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from parnas.block_shares import share_of
 from parnas.nn.alignment import PAD_MULTIPLE, pad_multiple
 
 if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
@@ -368,8 +369,8 @@ def build_dense(cfg: ModelConfig) -> DenseBlock:
 
 
 def fewer_heads(cfg: ModelConfig, kind: str) -> AttentionBlock:
-    """Attention with the ``kind``'s fraction of the config's heads, each of the config's head width."""
-    return AttentionBlock(cfg.d_model, cfg.settings_of(kind).heads(cfg.n_heads), cfg.dropout, cfg.dropatt,
+    """Attention with the ``kind``'s share of the config's heads, each of the config's head width."""
+    return AttentionBlock(cfg.d_model, share_of(kind, cfg.n_heads), cfg.dropout, cfg.dropatt,
                           cfg.pre_norm, cfg.attention_kernel, d_head=cfg.d_model // cfg.n_heads)
 
 
@@ -382,11 +383,11 @@ def build_attention_quarter(cfg: ModelConfig) -> AttentionBlock:
 
 
 def build_dense_half(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, cfg.settings_of("dense_half").width(cfg.d_ff), cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, share_of("dense_half", cfg.d_ff), cfg.dropout, cfg.pre_norm)
 
 
 def build_dense_double(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, cfg.settings_of("dense_double").width(cfg.d_ff), cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, share_of("dense_double", cfg.d_ff), cfg.dropout, cfg.pre_norm)
 
 
 def build_identity(cfg: ModelConfig) -> IdentityBlock:

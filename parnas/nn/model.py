@@ -175,7 +175,7 @@ class TransformerXL(nn.Module):
 
     def block_for(self, kind: str, index: int) -> nn.Module:
         """A block of ``kind`` for depth ``index``: a fresh one, or the shared module of a kind
-        that shares weights across depth (``model.share_weights``, the ``shared`` kind) behind its
+        that shares weights across depth (the ``shared`` kind) behind its
         depth's timestep signal."""
         if not self.cfg.shares_weights(kind):
             return make_block(kind, self.cfg)

@@ -125,5 +125,3 @@ def check_par_search(cfg: Any, resume: bool) -> None:
         _require(cfg.train.compile != "reduce-overhead" or not syncing, "train.compile=reduce-overhead replays the "
                  f"supernet's step as CUDA graphs, and {', '.join(syncing)} blocks read values back to the host in "
                  "their forward, which a graph cannot hold: use train.compile=default (or none) for these candidates")
-    _require(cfg.train.accumulate == 1, "search does not support train.accumulate > 1 (one-shot search optimises "
-             "manually)")

@@ -97,8 +97,6 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     against it), for studying the search itself under known costs. PAR's settings are read here, once, and
     passed down as they are (``forward`` included: a concrete value, never resolved again).
     """
-    if cfg.train.accumulate != 1:
-        raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
     supernet_of = strategy_registry.get(cfg.search.strategy).supernet_factory()  # the registry's flag
     if supernet_of is None:
         raise ParnasError(f"search.strategy={cfg.search.strategy} has no supernet for parnas's one-shot search: "

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from parnas import reading
+from parnas import kinds, reading
 from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError
 
@@ -117,17 +117,24 @@ MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))  # the
 DEVICE_FIELDS = ("device", "device_type", "torch", "threads", "precision")
 
 
+def _kind_fields(kind: str) -> set[str]:
+    """The settings this version's ``kind`` has."""
+    settings = kinds.get(kind).settings_class()
+    return {f.name for f in dataclasses.fields(settings)} if settings is not None else set()
+
+
 def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> list[str]:
     """``name table-value vs run-value`` for each shape (``model.<setting>`` for the model's) that differs.
     A model setting newer than the table counts as its default there (what the code that timed it built); one this
-    version's model has no field for (a key of an earlier version: a kind's setting then kept flat) is no shape of
-    any run it builds, and is left out."""
+    version's model has no field for (a key of an earlier version: a kind's setting then kept flat, or one a kind
+    has no more) is no shape of any run it builds, and is left out."""
     def flat(key: dict[str, Any], model_defaults: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
         model = {**model_defaults, **(key.get("model") or {})}
         for name, value in model.items():
-            if isinstance(value, dict):  # a kind's settings: only the run's kinds' count
-                out.update({f"model.{name}.{k}": v for k, v in value.items()} if name in run_key["kinds"] else {})
+            if isinstance(value, dict):  # a kind's settings: only the run's kinds' count, as the model's do
+                own = _kind_fields(name) if name in run_key["kinds"] else set()
+                out.update({f"model.{name}.{k}": v for k, v in value.items() if k in own})
             elif name in MODEL_FIELDS:
                 out[f"model.{name}"] = value
         return out

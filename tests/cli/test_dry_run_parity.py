@@ -71,8 +71,7 @@ def test_a_gpu_this_machine_lacks_is_refused_by_both(capsys, tmp_path, micro, co
 
 @pytest.mark.parametrize("settings, needle", [
     (["model.reversible=true"], "model.reversible"),
-    (["train.compile=default", "search.par-gumbel-darts.forward=sampled"], "train.compile=default"),
-    (["train.accumulate=2"], "train.accumulate")])
+    (["train.compile=default", "search.par-gumbel-darts.forward=sampled"], "train.compile=default")])
 def test_what_a_searchs_supernet_cannot_run_is_refused_by_both(capsys, tmp_path, micro, settings, needle):
     dry, real = refusals(capsys, tmp_path, micro, ["search"], *[arg for s in settings for arg in ("--set", s)])
     assert dry == real and needle in real

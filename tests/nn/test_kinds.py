@@ -226,15 +226,6 @@ def test_shared_blocks_hold_one_set_of_weights_whatever_the_depth():
     assert not torch.allclose(four.blocks[0](h, h[:, :0], pos), four.blocks[1](h, h[:, :0], pos))
 
 
-def test_share_weights_ties_any_kind_and_survives_a_state_dict_round_trip():
-    tied = make(("attention", "dense") * 2, share_weights=("attention", "dense"))
-    assert parameters(tied) == parameters(make(("attention", "dense", "identity", "identity")))
-    copy = make(("attention", "dense") * 2, share_weights=("attention", "dense"))
-    copy.load_state_dict({k: v + 1 for k, v in tied.state_dict().items()})
-    assert copy.blocks[0].core is copy.blocks[2].core
-    torch.testing.assert_close(copy.blocks[2].core.q.weight, tied.blocks[0].core.q.weight + 1)
-
-
 def test_the_supernet_and_the_fixed_model_share_one_module_per_shared_kind():
     cfg = tiny(n_blocks=3)
     with_shared = PARTransformerXLSpace(cfg, VOCAB, ("attention", "dense", "shared"))
@@ -259,7 +250,7 @@ def test_a_checkpoint_from_before_the_new_settings_still_resumes():
     cfg = Config()
     record = architecture.make_record({"block_0": "attention"}, tiny(n_blocks=1), VOCAB)
     old = cfg.to_dict()
-    for key in ("conv", "compressive", "share_weights"):
+    for key in ("conv", "compressive"):
         del old["model"][key]  # what a checkpoint written before these settings holds
     checkpoint = {"parnas": {"architecture": record, "tokenizer": {"sha256": "x"}, "config": old}}
     check_resumable(checkpoint, cfg, record, SimpleNamespace(sha256="x"), "last.ckpt")

@@ -119,21 +119,10 @@ def kind_cases() -> list[Case]:
         return train(f"model.blocks=[{kind}, dense, attention, dense]", *pairs)
 
     return [
-        refused("kind: attention_half of 2 heads at 0.3", blocks("attention_half", "model.attention_half.fraction=0.3"),
-                "model.attention_half.fraction 0.3 of model.n_heads (2) is 0.6 heads"),
+        refused("kind: a removed share", blocks("attention_half", "model.attention_half.fraction=0.3"),
+                "model.attention_half.fraction was removed"),
         refused("kind: attention_quarter of 2 heads", blocks("attention_quarter"),
-                "model.attention_quarter.fraction 0.25 of model.n_heads (2) is 0.5 heads"),
-        refused("kind: attention_half fraction 0", blocks("attention_half", "model.attention_half.fraction=0"),
-                "fraction must be in (0, 1]"),
-        refused("kind: attention_half fraction 1.5", blocks("attention_half", "model.attention_half.fraction=1.5"),
-                "fraction must be in (0, 1]"),
-        refused("kind: dense_half of d_ff 64 at 0.3", blocks("dense_half", "model.dense_half.ratio=0.3"),
-                "model.dense_half.ratio 0.3 of model.d_ff (64) is 19.2 units"),
-        refused("kind: dense_half ratio -1", blocks("dense_half", "model.dense_half.ratio=-1"), "ratio must be > 0"),
-        refused("kind: dense_double ratio 0", blocks("dense_double", "model.dense_double.ratio=0"),
-                "ratio must be > 0"),
-        refused("kind: dense_double ratio 1.01", blocks("dense_double", "model.dense_double.ratio=1.01"),
-                "model.dense_double.ratio 1.01 of model.d_ff (64)"),
+                "attention_quarter keeps 0.25 of model.n_heads (2): 0.5 heads"),
         refused("kind: moe with no experts", blocks("moe", "model.moe.n_experts=0"), "model.moe.n_experts must be >= 1",
                 quick=True),
         refused("kind: moe top_k above its experts", blocks("moe", "model.moe.top_k=5"),
@@ -151,7 +140,7 @@ def kind_cases() -> list[Case]:
         refused("kind: ut with no steps", blocks("ut", "model.ut.max_steps=0"), "max_steps must be >= 1"),
         refused("kind: compressive unknown fn", blocks("compressive", "model.compressive.fn=median"), "fn must be"),
         refused("kind: search over attention_quarter of 2 heads",
-                search("search.candidates=[attention_quarter, dense, identity]"), "model.attention_quarter.fraction"),
+                search("search.candidates=[attention_quarter, dense, identity]"), "attention_quarter keeps 0.25"),
         refused("kind: moe under reversible pairs", blocks("moe", "model.reversible=true"), "moe"),
     ]
 
