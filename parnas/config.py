@@ -72,7 +72,6 @@ class ModelConfig(OwnsSettings):
     mem_len: int = 16
     dropout: float = 0.1
     dropatt: float = 0.0
-    pre_norm: bool = False
     cutoffs: tuple[int, ...] = (250, 2500)
     div_value: float = 4.0
     tie_weights: bool = False

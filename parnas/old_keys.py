@@ -36,6 +36,7 @@ REMOVED = {
                                "another share is another kind, a plugin's); drop the key"
        for kind, share, of in (("attention_half", "fraction", "n_heads"), ("attention_quarter", "fraction", "n_heads"),
                                ("dense_half", "ratio", "d_ff"), ("dense_double", "ratio", "d_ff"))},
+    "model.pre_norm": "blocks are post-norm, as Transformer-XL's and PAR's; drop the key",
     "train.accumulate": "a step is one batch (raise data.batch_size, or train.devices); drop the key",
     "model.share_weights": "blocks share one module across depth as the shared kind (model.blocks or "
                            "search.candidates); drop the key",

@@ -37,7 +37,6 @@ def test_parse_overrides_nests_and_parses_yaml_values():
     (["extra.x=1"], "extra"),
     (["model.d_model=big"], "model.d_model"),
     (["model.d_model=1.5"], "model.d_model"),
-    (["model.pre_norm=1"], "model.pre_norm"),
     (["model.n_heads=true"], "model.n_heads"),
     (["model.cutoffs=5"], "model.cutoffs"),
     (["model.d_model=100", "model.n_heads=3"], "divisible"),

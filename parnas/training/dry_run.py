@@ -199,7 +199,7 @@ def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
         per_kind = {kind: _params(make_block(kind, m)) for kind in dict.fromkeys(k for b in blocks for k in b)}
     embedding = _params(body.embed)
     shared = {id(p) for p in body.embed.parameters()}
-    head = sum(p.numel() for p in body.head.parameters() if id(p) not in shared) + _params(body.final_norm)
+    head = sum(p.numel() for p in body.head.parameters() if id(p) not in shared)
     counts = {kind: sum(kind in b for b in blocks) for kind in per_kind}
     shared_kinds = {k for k in per_kind if m.shares_weights(k)}
     block_params = sum(per_kind[k] * (1 if k in shared_kinds else counts[k]) for k in per_kind)

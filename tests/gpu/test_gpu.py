@@ -336,7 +336,7 @@ def test_heads_of_41_run_a_fused_attention_kernel_on_cuda(precision):
     from parnas.nn.blocks import AttentionBlock, sinusoid
 
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, pre_norm=False).cuda()
+    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0).cuda()
     h = torch.randn(4, 32, 410, device="cuda", requires_grad=True)
     mem, pos = torch.randn(4, 32, 410, device="cuda"), sinusoid(64, 410, torch.device("cuda"))
     fused = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
