@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from parnas.report.experiments import FINISHED, STOPPED, default_root, experiment_stopped, experiment_trials
 
 if TYPE_CHECKING:
-    from parnas.selection import SelectConfig
+    from parnas.pick_config import SelectConfig
 
 ENDED = ("DONE", "STOPPED", "ERROR")  # NNI's experiment statuses after which no trial runs
 PRINT_EVERY_S = 15.0  # a progress line at most this often, besides a trial's start and end
@@ -211,7 +211,7 @@ def follow(follower: Follower, out: Callable[[str], None] = print, every_s: floa
 
 
 def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
-    """The retrain steps of a search's final pick (:mod:`parnas.strategies.select`) when the guard enters apart and
+    """The retrain steps of a search's final pick (:mod:`parnas.strategies.final_pick`) when the guard enters apart and
     goes on to the last round, and a layout of the supernet's beats it there (so the confirming seeds run): the most
     it trains, for the time left."""
     if not select.enabled:

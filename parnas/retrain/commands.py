@@ -18,7 +18,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     """Train the fixed model of an architecture JSON (or a named layout) from scratch, then evaluate it."""
     from parnas.config import load_config
     from parnas.overrides import as_given
-    from parnas.run_folders import take_run_dir
+    from parnas.owned_folders import take_run_dir
 
     overrides = list(args.set)
     for key in ("accelerator", "devices", "precision", "out_dir"):  # as given: --out "exp #2" or --out yes is a path

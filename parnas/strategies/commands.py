@@ -16,7 +16,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from parnas.config import load_config
     from parnas.overrides import as_given
     from parnas.strategies.nni_trial import in_nni_trial, trial_parameters
-    from parnas.strategies.run_folder import run_dir_of, take_search_dir
+    from parnas.strategies.search_folder import run_dir_of, take_search_dir
 
     if args.strategy is not None:
         if not args.strategy.strip():  # never read as "no --strategy", the default search
@@ -32,7 +32,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     strategy.check_config(cfg, args.resume)  # a dry run refuses what the search refuses
     if args.dry_run:
         from parnas.strategies.pricing import dry_run_budget
-        from parnas.strategies.run_folder import check_search_dir
+        from parnas.strategies.search_folder import check_search_dir
         from parnas.training.dry_run import dry_run
 
         check_search_dir(run_dir_of(cfg), args.resume)  # the folder the search would take, as it checks it

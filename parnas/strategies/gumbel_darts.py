@@ -1,7 +1,7 @@
 """PAR's Gumbel-DARTS: an NNI one-shot strategy with per-step tau annealing.
 
 Layering follows NNI's one-shot code: :class:`PARGumbelDARTS` (the strategy)
-mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`SampledMixedLayer`) with a
+mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`RoutedMixedLayer`) with a
 :class:`GumbelSoftmax`, and wraps the task in :class:`PARDartsModule` (the
 Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
 and why:
@@ -53,7 +53,7 @@ from parnas.config import SearchConfig
 from parnas.strategies.costs import CostModel
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.par_settings import PARSettings
-from parnas.strategies.sampled import PICK_SEED_OFFSET, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.sampled import PICK_SEED_OFFSET, RoutedMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from parnas.strategies.temperature import GumbelSoftmax, tau_at
 from parnas.training.evaluation import perplexity
@@ -324,7 +324,7 @@ class PARGumbelDARTS(GumbelDARTS):
                  on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(temperature=par.tau_start, arc_learning_rate=search.arch_lr,
                          gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every,
-                         mutation_hooks=[SampledMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
+                         mutation_hooks=[RoutedMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
         if (par.penalty_weight or par.latency_budget is not None) and costs is None:
             raise ValueError("a cost penalty or a latency budget needs a CostModel")
         self.search, self.par, self.max_steps, self.costs = search, par, max_steps, costs

@@ -13,7 +13,7 @@ from typing import Any
 
 from parnas import kinds
 from parnas.errors import ConfigError
-from parnas.selection import SelectConfig
+from parnas.pick_config import SelectConfig
 
 # what a step runs in each block: every candidate weighted by a Gumbel-softmax sample (Gumbel-DARTS, the default),
 # every candidate once on its own path (strict-fair, strategies.fair), or one sampled candidate (strategies.sampled)
@@ -46,7 +46,7 @@ class PARSettings:
     Transformer-XL's cost ``search.penalty_cost``) makes the cost a constraint the exported architecture must meet,
     with a multiplier the search finds, or fixes at ``penalty_weight`` (PLANER's form); without a budget,
     ``penalty_weight`` is a fixed weight on the expected cost itself. ``select``: the final pick after the supernet
-    (:class:`parnas.selection.SelectConfig`)."""
+    (:class:`parnas.pick_config.SelectConfig`)."""
 
     forward: str = GUMBEL
     tau_start: float = 1.0

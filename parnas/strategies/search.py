@@ -11,7 +11,7 @@ gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomica
 evaluations), ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
 (:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder
 left as training left it, a run that ``--resume`` takes up (and says the same of). Beside this module: the folder's
-rules (:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
+rules (:mod:`parnas.strategies.search_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
 (:mod:`parnas.strategies.nni_trial`) and the record (:mod:`parnas.strategies.search_record`).
 """
 
@@ -35,17 +35,17 @@ from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ParnasError
 from parnas.files import check_writable_dir, write_json_atomic
+from parnas.owned_folders import hold_run_dir
 from parnas.report.plots import plot_run
-from parnas.run_folders import hold_run_dir
 from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
+from parnas.strategies.final_pick import check_selection, final_pick
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
 from parnas.strategies.par_settings import par_settings
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
-from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
+from parnas.strategies.search_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
-from parnas.strategies.select import check_selection, final_pick
 from parnas.strategies.supernet_export import Evaluated, exported_nll
 from parnas.training import checkpoint
 from parnas.training.compiling import compile_model
@@ -141,7 +141,7 @@ def final_evaluation(search: SupernetSearch) -> Evaluated:
 def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
-    The search holds its run directory (:func:`parnas.run_folders.hold_run_dir`), and everything is checked (run
+    The search holds its run directory (:func:`parnas.owned_folders.hold_run_dir`), and everything is checked (run
     directory, checkpoint, corpus, tokenizer) before a file is touched; what the strategy refuses
     (:func:`parnas.strategies.par_settings.check_par_search`, the registry's check) its callers refuse first,
     at their top: ``parnas search`` and both studies. ``resume``: from ``last.ckpt``, or from the checkpoint it

@@ -23,7 +23,7 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                   selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """The architecture record of a finished ``par-gumbel-darts`` search: the exported layout, softmax(alpha) per
     block, and the search's figures (perplexities, the budget and lambda, costs, time), validated. ``selection``:
-    the final pick's record (:func:`parnas.strategies.select.final_pick`: every entrant's short-retrain
+    the final pick's record (:func:`parnas.strategies.final_pick.final_pick`: every entrant's short-retrain
     perplexities, the guard's, the verdict), kept under ``search.selection`` (None: no final pick ran)."""
     search, costs, kinds = cfg.search, module.costs, result.kinds
     chosen = {architecture.label(i): kind for i, kind in enumerate(kinds)}

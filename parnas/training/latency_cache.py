@@ -34,7 +34,7 @@ from parnas import reading
 from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
-from parnas.run_folders import hold_run_dir
+from parnas.owned_folders import hold_run_dir
 from parnas.training import latency
 from parnas.training.latency_table import MODES, LatencyTable, cost_problem, table_key
 from parnas.training.timing import stderr_line
@@ -242,7 +242,7 @@ def experiment_table(folder: Path, key: dict[str, Any], obtain: Callable[[], Lat
                      progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, Path, bool]:
     """The one table every trial of an experiment prices with, kept in ``folder`` (the experiment's): returns (table,
     its file, whether another trial had made it). The first trial to need it holds ``folder``
-    (:func:`parnas.run_folders.hold_run_dir`: an ``O_NOFOLLOW`` lock) while ``obtain`` gives it (this machine's
+    (:func:`parnas.owned_folders.hold_run_dir`: an ``O_NOFOLLOW`` lock) while ``obtain`` gives it (this machine's
     cache, or a timing) and writes it; the others wait for the lock and read it. Trials that each timed their own
     table at whatever load they met optimised against different prices; a table that never steadied is not cached
     on the machine, and is shared here all the same. A file that does not read back as a table of ``key`` is

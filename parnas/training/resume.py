@@ -20,7 +20,7 @@ from parnas.config import Config
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import write_atomic
-from parnas.selection import SelectConfig
+from parnas.pick_config import SelectConfig
 from parnas.training import checkpoint as ckpt
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).

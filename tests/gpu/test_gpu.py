@@ -182,8 +182,8 @@ def copy_stream(n_chunks: int, seed: int) -> np.ndarray:
 
 def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, deterministic):
     from parnas.strategies.costs import CostModel
-    from parnas.strategies.run_folder import prepare_run_dir
     from parnas.strategies.search import build_search
+    from parnas.strategies.search_folder import prepare_run_dir
 
     splits = {"train": copy_stream(3000, 0), "valid": copy_stream(100, 1), "test": copy_stream(100, 2)}
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)

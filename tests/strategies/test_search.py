@@ -372,7 +372,7 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     also when each step runs only the candidates sampled (the same draws after the resume), and strictly fair
     (the same permutations, the same dropout of every sub-step, the training memory restored where the step
     starts: the sub-steps share it)."""
-    from parnas.strategies.run_folder import prepare_run_dir
+    from parnas.strategies.search_folder import prepare_run_dir
     from parnas.training import checkpoint
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",

@@ -134,7 +134,7 @@ def test_the_references_table_of_search_settings_documents_every_one():
     """docs/reference.md's tables of the ``search:`` and ``search.par-gumbel-darts:`` settings name each setting
     the config holds, and none it does not."""
     from parnas.config import SearchConfig
-    from parnas.selection import SelectConfig
+    from parnas.pick_config import SelectConfig
     from parnas.strategies.par_settings import PARSettings
 
     text = (ROOT / "docs" / "reference.md").read_text()

@@ -12,8 +12,8 @@ import torch
 from parnas.cli import main
 from parnas.errors import Interrupted, ParnasError
 from parnas.nn.model import blocks_run
-from parnas.selection import EARLY_VALID_FRACTION
-from parnas.strategies import select
+from parnas.pick_config import EARLY_VALID_FRACTION
+from parnas.strategies import final_pick as pick
 from parnas.strategies.costs import CostModel
 
 COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 0.0, "ms", 4)  # Transformer-XL: 8
@@ -33,7 +33,7 @@ def test_the_entrants_are_the_most_probable_networks_within_the_budget_each_once
     def logp(kinds):
         return sum(math.log(p[k]) for p, k in zip(blocks, kinds))
 
-    found = select.most_probable(blocks, COSTS, 0.5, 4)
+    found = pick.most_probable(blocks, COSTS, 0.5, 4)
     assert len(found) == 4 and all(COSTS.ratio(kinds) <= 0.5 for kinds in found)
     networks = [tuple(k for k in kinds if k != "identity") for kinds in found]
     assert len(set(networks)) == len(networks)  # identity blocks elsewhere: the same network, entered once
@@ -94,9 +94,9 @@ def test_the_early_rounds_judge_by_part_of_the_validation_split_and_the_last_by_
 
 
 def picks_without(guard):
-    """``select.most_probable`` with the networks ``guard`` runs left out (whatever blocks it idles): the
+    """``pick.most_probable`` with the networks ``guard`` runs left out (whatever blocks it idles): the
     supernet's picks, for the guard to beat or lose to."""
-    most_probable = select.most_probable
+    most_probable = pick.most_probable
     return lambda probabilities, costs, budget, count: [
         k for k in most_probable(probabilities, costs, budget, count + 1) if blocks_run(k) != blocks_run(guard)][:count]
 
@@ -110,8 +110,8 @@ def test_a_better_shallower_transformer_xl_is_exported_and_said(capsys, tmp_path
         return 100.0 if blocks_run(kinds) == blocks_run(guard) else 200.0 + len(trained)
 
     guard = ["attention", "dense", "identity", "identity"]  # at 0.5 of Transformer-XL's FLOPs
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
     code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
                              "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}"))
@@ -145,8 +145,8 @@ def test_the_guard_goes_on_to_the_last_round_however_its_first_went(capsys, tmp_
         return 200.0 + len(trained)
 
     guard = ["attention", "dense", "identity", "identity"]
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
     assert main(micro_search(micro, "search.par-gumbel-darts.select.k=3",
                              "search.par-gumbel-darts.select.steps=[2, 4, 6]",
                              "search.par-gumbel-darts.select.budget=0.6",
@@ -170,7 +170,7 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
     monkeypatch.setattr(nni, "get_next_parameter", lambda: {})
     monkeypatch.setattr(nni, "report_intermediate_result", lambda metric: None)
     monkeypatch.setattr(nni, "report_final_result", final.append)
-    real, calls = select.short_retrain, []
+    real, calls = pick.short_retrain, []
 
     def stopped_at_the_second(*args):
         calls.append(args[3].name)
@@ -180,14 +180,14 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
 
     command = micro_search(micro, "search.par-gumbel-darts.select.k=2", "search.par-gumbel-darts.select.steps=[2, 4]",
                            "search.par-gumbel-darts.select.budget=0.6")
-    monkeypatch.setattr(select, "short_retrain", stopped_at_the_second)
+    monkeypatch.setattr(pick, "short_retrain", stopped_at_the_second)
     assert main(command) == 128 + signal.SIGTERM
     run = tmp_path / "trial"
     assert not (run / "architecture.json").exists()
     first = calls[0]
     done = json.loads((run / "select" / first / "rounds.json").read_text())
 
-    monkeypatch.setattr(select, "short_retrain", real)
+    monkeypatch.setattr(pick, "short_retrain", real)
     trained = []
     real_fit = fitting.fit
     monkeypatch.setattr(fitting, "fit", lambda cfg, *a, **k: trained.append(
@@ -264,9 +264,9 @@ def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
 
     cfg = load_config("tiny", ["model.n_blocks=4", "search.par-gumbel-darts.select.steps=[2, 4]"])
     guard = ["attention", "dense", "identity", "identity"]
-    both = {**select._entrant(guard, "supernet #1, guard", COSTS, []), "val_ppl": [60.0, 50.0]}
-    other = {**select._entrant(["dense"] * 4, "supernet #2", COSTS, []), "val_ppl": [70.0, 55.0]}
-    record = select._record(cfg, [both, other], both, 0.6, "search.par-gumbel-darts.latency_budget", 1.0)
+    both = {**pick._entrant(guard, "supernet #1, guard", COSTS, []), "val_ppl": [60.0, 50.0]}
+    other = {**pick._entrant(["dense"] * 4, "supernet #2", COSTS, []), "val_ppl": [70.0, 55.0]}
+    record = pick._record(cfg, [both, other], both, 0.6, "search.par-gumbel-darts.latency_budget", 1.0)
     assert record["winner"] == "ADII" and record["verdict"] == "search"
     assert record["verdict_line"] == ("final pick: ADII (val ppl 50.00 after 4 steps of retraining), the shallower "
                                       "Transformer-XL, which the supernet picked too")
@@ -304,8 +304,8 @@ def test_a_win_over_the_guard_is_confirmed_on_a_further_seed(capsys, tmp_path, m
         return 90.0 + len(trained) if cfg.train.seed == 0 else (105.0 if confirmed else 120.0)
 
     guard = ["attention", "dense", "identity", "identity"]
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
     code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
                              "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              "train.seed=0", f"search.out_dir={tmp_path}"))
@@ -333,8 +333,8 @@ def test_no_further_seed_runs_when_the_guard_wins_or_confirm_seeds_is_0(tmp_path
         return 90.0 if blocks_run(kinds) != blocks_run(guard) else 100.0
 
     guard = ["attention", "dense", "identity", "identity"]
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
     assert main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
                              "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              "search.par-gumbel-darts.select.confirm_seeds=0", f"search.out_dir={tmp_path}")) == 0
@@ -347,12 +347,12 @@ def test_the_guard_is_named_transformer_xl_when_it_keeps_every_block():
     """The full network is Transformer-XL, not "the shallower" one; the record's verdict names it so."""
     from parnas.config import load_config
 
-    assert select.guard_name(["attention", "dense", "attention", "dense"]) == "Transformer-XL"
-    assert select.guard_name(["attention", "dense", "identity", "identity"]) == "the shallower Transformer-XL ADII"
+    assert pick.guard_name(["attention", "dense", "attention", "dense"]) == "Transformer-XL"
+    assert pick.guard_name(["attention", "dense", "identity", "identity"]) == "the shallower Transformer-XL ADII"
     cfg = load_config("tiny", ["model.n_blocks=4", "search.par-gumbel-darts.select.steps=[2, 4]"])
-    full = {**select._entrant(["attention", "dense"] * 2, "guard", COSTS, []), "val_ppl": [60.0, 50.0]}
-    other = {**select._entrant(["dense"] * 4, "supernet #1", COSTS, []), "val_ppl": [70.0, 55.0]}
-    record = select._record(cfg, [other, full], full, 1.0, "search.par-gumbel-darts.latency_budget", 1.0)
+    full = {**pick._entrant(["attention", "dense"] * 2, "guard", COSTS, []), "val_ppl": [60.0, 50.0]}
+    other = {**pick._entrant(["dense"] * 4, "supernet #1", COSTS, []), "val_ppl": [70.0, 55.0]}
+    record = pick._record(cfg, [other, full], full, 1.0, "search.par-gumbel-darts.latency_budget", 1.0)
     assert record["verdict"] == "guard" and record["guard"]["name"] == "Transformer-XL"
     assert record["verdict_line"].startswith("Transformer-XL beat the search's picks")
     assert "shallower" not in record["verdict_line"]

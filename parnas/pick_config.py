@@ -4,7 +4,7 @@ A supernet ranks layouts poorly in a large space, so the layout it prefers may t
 blocks off Transformer-XL. The final pick retrains briefly, from scratch, the ``k`` layouts the supernet prefers
 within the budget and, as a guard, the deepest shallower Transformer-XL (attention and dense pairs) within it,
 by successive halving, and exports the best: a user is never handed a network that lost to that one-line
-alternative. The stage itself is :mod:`parnas.strategies.select`.
+alternative. The stage itself is :mod:`parnas.strategies.final_pick`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The final pick of a supernet search: short retrains that check the supernet's choice against the one-line
-alternative, taking blocks off Transformer-XL (settings: :class:`parnas.selection.SelectConfig`).
+alternative, taking blocks off Transformer-XL (settings: :class:`parnas.pick_config.SelectConfig`).
 
 Entrants: the ``select.k`` layouts the supernet prefers within the selection budget (the layout it exports
 when that fits, then the most probable networks under softmax(alpha) that fit), and the guard: the deepest
@@ -40,8 +40,8 @@ from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.nn.model import SKIPPED_KIND, blocks_run
-from parnas.run_folders import remove_own_runs
-from parnas.selection import EARLY_VALID_FRACTION
+from parnas.owned_folders import remove_own_runs
+from parnas.pick_config import EARLY_VALID_FRACTION
 from parnas.strategies.costs import CostModel
 from parnas.strategies.par_settings import par_settings
 from parnas.strategies.supernet_export import Evaluated, exported_nll
