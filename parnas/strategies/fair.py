@@ -6,7 +6,7 @@ Why: a supernet is worth its cost only if the weights it leaves rank layouts as 
 softmax(alpha)),
 the candidates the logits favour early get more and larger updates, their inherited perplexity improves because
 they were trained more, the logits favour them further: the ranking measures training received, not quality. In
-PLANER's space such a supernet ranked layouts at chance (Kendall tau about 0 against retraining). Strict fairness
+PLANER's space such a supernet ranked layouts at chance (docs/results.md). Strict fairness
 removes that bias: a step runs ``K`` sub-steps (``K`` the number of candidates), each picking one candidate per
 block, the picks of each block a random permutation of its candidates (:func:`fair_picks`), so that each
 candidate runs exactly once; the sub-steps see the same batch and the same starting memory, their losses are

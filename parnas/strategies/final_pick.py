@@ -9,8 +9,7 @@ that are one network (identity blocks elsewhere) enter once. Each is trained fro
 same class, seed and data as ``parnas retrain``) by successive halving: every round trains the survivors to the
 round's steps, continuing from their checkpoints, and the better half goes on; the last round's best is exported.
 The guard goes on to the last round whatever its rank: it is the alternative a user already has, and an early
-round is a poor judge of it (in PLANER's space, 150 steps into a 300-step schedule the 2-block guard scored
-86.5-87.2 against 82-86 for the supernet's 5-block picks, which it beats by 1-2% after 600 steps). One of the
+round is a poor judge of it (a shallow network trails early in a schedule it wins at the end). One of the
 supernet's layouts that beats the guard in the last round is exported only if it also does on the mean over
 ``select.confirm_seeds`` further seeds, on which both retrain from scratch: one seed is a noisy judge. An
 entrant whose training diverges is out.
@@ -185,8 +184,7 @@ def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: P
     if metrics is None or metrics.get("steps") != target:  # else: trained, stopped before its round was noted
         if not last.is_file() and folder.exists():
             remove_own_runs(folder)  # stopped before its first checkpoint: start clean
-        # eager, whatever train.compile says: a compile costs more than these short runs (an H200 took 46 s to
-        # CUDA-graph wt2-par's Transformer-XL; a pick's round of 100 eager steps there, 3 s), and each resumed round
+        # eager, whatever train.compile says: a compile costs more than these short runs save, and each resumed round
         # would compile again
         train = replace(cfg.train, max_steps=steps[-1], stop_at=0 if round_index == len(steps) - 1 else target,
                         warmup_steps=min(cfg.train.warmup_steps, steps[0] // 2), eval_every=steps[-1] + 1,

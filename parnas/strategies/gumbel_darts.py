@@ -83,7 +83,7 @@ class PARDartsModule(DartsLightningModule):
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
-        if not self._choice_cache:  # found once, as the softmaxes: a walk of every module was 2% of a step
+        if not self._choice_cache:  # found once, as the softmaxes: not a walk of every module every step
             self._choice_cache = sorted((m for m in self.supernet_modules() if isinstance(m, DifferentiableMixedLayer)),
                                         key=lambda m: int(m.label.rsplit("_", 1)[1]))
         return self._choice_cache

@@ -12,9 +12,7 @@ estimator), which lowers the odds of the picks of a step that did worse than usu
 Why not a straight-through sample (GDAS: the pick's output times a weight that is 1 in value and has the relaxed
 sample's gradient)? That gradient is the loss's slope along the pick's own output, one candidate at a time: it
 cannot compare candidates, and here it never credits identity (whose change of the stream is zero) while the
-other kinds' slopes came out positive. On WikiText-2 (``wt2-cpu``, 1,800 steps) such searches ended
-all-identity, with or without a 600-step warm-up of the weights (with it, the argmax was all-identity 150 steps
-after the logits began to move).
+other kinds' slopes come out positive, so such a search drifts to all-identity, warm-up or not (docs/results.md).
 
 NNI's ``DifferentiableMixedLayer`` has no such mode; :class:`RoutedMixedLayer` is it, with a pick set from
 outside for one forward (:func:`draw_picks`): drawn for all blocks at once, so that the host, which must know

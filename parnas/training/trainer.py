@@ -174,11 +174,10 @@ class PlainProgress(pl.Callback):
 
 
 class CompileNotice(pl.Callback):
-    """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run
-    eager; a CUDA-graphed wt2-par Transformer-XL took 48 s on an H100 before its first timed step), and its
-    evaluation graphs by the first validation batch whose memory is full: minutes at a large shape, which no
-    progress line covers. One line says so before training starts, and one after each of those batches says how
-    long it took and what it compiled (:func:`compiled_since`), on rank 0."""
+    """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run eager),
+    and its evaluation graphs by the first validation batch whose memory is full: minutes at a large shape, which no
+    progress line covers. One line says so before training starts, and one after each of those batches says how long it
+    took and what it compiled (:func:`compiled_since`), on rank 0."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
