@@ -273,11 +273,11 @@ def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrai
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
     (["--set", "search.par-gumbel-darts.budget_hinge=expected"], "search.par-gumbel-darts.budget_hinge was removed"),
-    (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
-    (["--census", "200", "--set", "model.n_blocks=6"], "--census 200: 6 blocks over attention, dense, identity make "
-                                                        "only 127 networks"),
-    (["--census", "5", "--every-network"], "give one of them"), (["--census", "0"], "--census must be >= 1"),
-    (["--census", "5", "--candidates", "attention,dense", "--candidates", "attention,identity"], "one search space"),
+    (["--space", "all", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
+    (["--space", "200", "--set", "model.n_blocks=6"], "--space 200: 6 blocks over attention, dense, identity make "
+                                                       "only 127 networks"),
+    (["--space", "every"], "--space must be all or a number of networks"), (["--space", "0"], "--space must be >= 1"),
+    (["--space", "5", "--candidates", "attention,dense", "--candidates", "attention,identity"], "one search space"),
     (["--set", "model.eval_mem_len=-8"], "model.eval_mem_len must be >= 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):
