@@ -199,7 +199,8 @@ def main() -> int:
     from train_step import zipf_ids
 
     vocab, step = 1000, 3
-    cfg = load_config("tiny", ["train.accelerator=cpu", f"train.max_steps={step + 2}", "search.latency_budget=0.9"])
+    cfg = load_config("tiny", ["train.accelerator=cpu", f"train.max_steps={step + 2}",
+                               "search.par-gumbel-darts.latency_budget=0.9"])
     torch.manual_seed(0)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     model = build_fixed_model(cfg.model, vocab)
@@ -225,7 +226,7 @@ def main() -> int:
         record = RecordStep(step)
         search.trainer.callbacks.append(record)
         search.run()
-        _print(f"one step of a search (joint, latency budget {cfg.search.latency_budget})", record.recorder)
+        _print(f"one step of a search (joint, latency budget {cfg.search.settings.latency_budget})", record.recorder)
     return 0
 
 

@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         for M in (0, L):
             K = M + L
             buckets = args.buckets or max(2, 2 * K // args.chunk)
-            blocks = {"attention": AttentionBlock(D, H, 0.0, 0.0, False),
-                      "lsh": LSHAttentionBlock(D, H, 0.0, 0.0, False, buckets, args.hashes, args.chunk)}
+            blocks = {"attention": AttentionBlock(D, H, 0.0, 0.0),
+                      "lsh": LSHAttentionBlock(D, H, 0.0, 0.0, buckets, args.hashes, args.chunk)}
             h = torch.randn(B, L, D, device=device, requires_grad=True)
             mem, pos = torch.randn(B, M, D, device=device), torch.randn(K, D, device=device)
             scores_gib = 4 * B * H * L * K * 3 / 2**30  # scores, weights and their gradient, float32

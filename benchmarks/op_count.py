@@ -1,7 +1,7 @@
 """Non-view aten ops one training step dispatches: the fixed Transformer-XL, the supernet, Dai et al.'s model.
 
 On a GPU a small model's step is bound by the host: each aten op is a dispatch and a kernel launch whatever its
-size (at wt2-par an H100 ran 22 ms steps at 0.2% of its peak). The count of ops per step is what the host pays
+size (docs/benchmarks.md). The count of ops per step is what the host pays
 for, and it does not depend on the machine: it is counted here on the CPU with torch's dispatch mode, over one
 forward, loss and backward (the optimiser, one fused call, apart), after warm-up steps fill the memory. View ops
 (reshapes, transposes, slices) launch no kernel and are left out. The supernet is the search's (every candidate

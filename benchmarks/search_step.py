@@ -48,7 +48,7 @@ from parnas.nn.model import build_fixed_model, full_memory_steps
 from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.gumbel_darts import PARGumbelDARTS
-from parnas.strategies.sampled import SampledMixedLayer, draw_picks
+from parnas.strategies.sampled import RoutedMixedLayer, draw_picks
 from parnas.training.compiling import compile_model
 from parnas.training.task import adam, segment_nll
 
@@ -59,7 +59,7 @@ class Sampling(torch.nn.Module):
     def __init__(self, supernet: torch.nn.Module) -> None:
         super().__init__()
         self.supernet, self.draws = supernet, 0
-        self.layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
+        self.layers = [m for m in supernet.modules() if isinstance(m, RoutedMixedLayer)]
 
     def forward(self, x: Tensor, mems: Any = None) -> Any:
         draw_picks(self.layers, seed=self.draws)
@@ -108,7 +108,7 @@ def fair_step(supernet: torch.nn.Module, optimizers: Sequence[torch.optim.Optimi
     ``context()``, one backward, clipping of ``clipped``, every optimiser. ``stacked``: the sub-steps as one
     forward, as a compiled search runs them."""
     task = FairTask(supernet)
-    layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
+    layers = [m for m in supernet.modules() if isinstance(m, RoutedMixedLayer)]
 
     def step(tokens: Tensor, groups: Any = None) -> None:
         with context(), phase("forward and loss"):

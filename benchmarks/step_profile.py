@@ -28,7 +28,7 @@ PHASE = "step: "  # the prefix of a phase's range
 
 def phase(name: str) -> AbstractContextManager:
     """The range of a step's phase ``name`` (``forward``, ``loss`` ...), which :func:`summary` times; nothing
-    when no profiler runs (a range costs 5 us even then: a timed step is not charged for it)."""
+    when no profiler runs (a range costs time even then: a timed step is not charged for it)."""
     return record_function(PHASE + name) if torch.autograd._profiler_enabled() else nullcontext()
 
 

@@ -178,8 +178,6 @@ def _old_attention(self: AttentionBlock, h: Tensor, mem: Tensor, pos: Tensor) ->
     M, H, Dh = mem.size(1), self.n_heads, self.d_head
     K = M + L
     c = torch.cat([mem, h], dim=1)  # (B, K, D)
-    if self.pre_norm:
-        c = self.norm(c)
     q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
     k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, Dh)
     r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)  # (H, Dh, K)
@@ -190,7 +188,7 @@ def _old_attention(self: AttentionBlock, h: Tensor, mem: Tensor, pos: Tensor) ->
     a = F.scaled_dot_product_attention(q + self.u[:, None], k, v, attn_mask=bias,
                                        dropout_p=self.dropatt if self.training else 0.0, scale=scale)
     a = self.out(a.transpose(1, 2).reshape(B, L, D))  # (B, L, D)
-    return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
+    return self.norm(h + self.drop(a))
 
 
 def _old_dropout(self: nn.Dropout, x: Tensor) -> Tensor:
@@ -304,7 +302,7 @@ def reference_model(peer_dir: Path, cfg, vocab_size: int, n_layer: int) -> torch
     model = MemTransformerLM(vocab_size, n_layer, m.n_heads, m.d_model, m.d_model // m.n_heads, m.d_ff,
                              m.dropout, m.dropatt, tie_weight=m.tie_weights, d_embed=m.d_model,
                              div_val=int(m.div_value), tie_projs=[False] + [m.tie_weights] * len(m.cutoffs),
-                             pre_lnorm=m.pre_norm,
+                             pre_lnorm=False,
                              tgt_len=cfg.data.seg_len, ext_len=0, mem_len=m.mem_len, cutoffs=list(m.cutoffs),
                              same_length=False, attn_type=0, clamp_len=-1, sample_softmax=-1).train()
     for name, p in model.named_parameters():  # its train.py initialises; several are torch.Tensor(...) garbage

@@ -44,7 +44,7 @@ def set_verbosity(verbose: bool) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a fixed Transformer-XL (``model.blocks``, default the standard layout) and print perplexity."""
     from parnas.config import load_config
-    from parnas.run_folders import take_run_dir
+    from parnas.owned_folders import take_run_dir
 
     cfg = load_config(args.config, args.set)  # before torch is imported: a mistake fails at once
     if args.dry_run:

@@ -22,7 +22,6 @@ from parnas.errors import ConfigError
 from parnas.kinds.registry import KINDS
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 from parnas.registry import OwnsSettings
-from parnas.selection import SelectConfig  # search.select: the final pick after a supernet
 
 BLOCK_KINDS = ("attention", "dense", "identity")  # PAR's candidates: the default search space (any kind: kinds)
 # search.candidates by name: PAR's three, or PLANER's space (Latifi et al. 2022): PAR's three with fewer heads,
@@ -51,8 +50,7 @@ def cluster_widths(d_model: int, n_clusters: int, div_value: float) -> list[int]
 @dataclass(frozen=True)
 class ModelConfig(OwnsSettings):
     """Transformer-XL body: what every model has. ``blocks`` is the fixed layout; empty means the
-    standard Transformer-XL (attention, dense, attention, dense, ...). ``share_weights``: kinds whose
-    blocks share one module across depth (the ``shared`` kind always does).
+    standard Transformer-XL (attention, dense, attention, dense, ...).
 
     A kind's own settings are its own (:mod:`parnas.kinds`): a config gives them as
     ``model.<kind>.<setting>`` (``model.lsh.chunk_len: 8``); ``kind_settings`` holds those given, and
@@ -74,7 +72,6 @@ class ModelConfig(OwnsSettings):
     mem_len: int = 16
     dropout: float = 0.1
     dropatt: float = 0.0
-    pre_norm: bool = False
     cutoffs: tuple[int, ...] = (250, 2500)
     div_value: float = 4.0
     tie_weights: bool = False
@@ -82,7 +79,6 @@ class ModelConfig(OwnsSettings):
     tie_projs: tuple[bool, ...] = ()  # per cluster: share the output projection with the embedding's (Dai et al.)
     share_position_bias: bool = False  # one content and one position bias (u, v) for all attention blocks
     blocks: tuple[str, ...] = ()
-    share_weights: tuple[str, ...] = ()
     eval_mem_len: int | None = None  # the memory at evaluation and generation (None: the training one)
     clamp_len: int = 0  # relative distances beyond this read its position (0: none)
     reversible: bool = False  # reversible residual pairs (F, G): activations recomputed in backward
@@ -130,9 +126,6 @@ class ModelConfig(OwnsSettings):
         for kind in self.blocks:
             _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
         self.check_given("model.")
-        if self.share_weights:
-            kinds.check(self.share_weights, "model.share_weights")
-            _require("identity" not in self.share_weights, "model.share_weights: identity has no weights to share")
         _require(not self.blocks or len(self.blocks) == self.n_blocks,
                  f"model.blocks has {len(self.blocks)} entries but model.n_blocks is {self.n_blocks}")
         if self.reversible:  # parnas.nn.reversible
@@ -161,7 +154,7 @@ class ModelConfig(OwnsSettings):
 
     def shares_weights(self, kind: str) -> bool:
         """Whether all blocks of ``kind`` reuse one module (Universal Transformer-style depth recurrence)."""
-        return kind in self.share_weights or kinds.get(kind).shared
+        return kinds.get(kind).shared
 
     def check_vocab(self, vocab_size: int) -> None:
         """Cutoffs only make sense strictly inside the vocabulary."""
@@ -206,7 +199,6 @@ class TrainConfig:
     warmup_steps: int = 100
     min_lr: float = 0.0
     clip: float = 0.25
-    accumulate: int = 1
     eval_every: int = 500
     log_every: int = 50
     ckpt_every: int = 1000
@@ -220,7 +212,7 @@ class TrainConfig:
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "accumulate", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
+        for key in ("max_steps", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
             _require(getattr(self, key) > 0, f"train.{key} must be > 0")
         _require(self.threads >= 0, f"train.threads must be >= 0 (0: chosen per run), got {self.threads}")
         _require(0 <= self.seed < 2**32, f"train.seed must be in 0..{2**32 - 1} (2**32 - 1, the seeds Lightning's "
@@ -250,11 +242,10 @@ class SearchConfig(OwnsSettings):
     strategy's, its defaults where none were given, and :attr:`settings` the chosen strategy's.
 
     The cost of an architecture is its predicted step time relative to the standard Transformer-XL at the same
-    ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay).
-    ``latency_budget`` (e.g. 0.65) makes it a constraint the exported architecture must meet, with a multiplier
-    the strategy finds, or fixes at ``penalty_weight`` (PLANER's form); without a budget, ``penalty_weight`` is a
-    fixed weight on the expected cost itself. ``latency_table``: a table written by ``parnas latency`` (on the
-    target device) to price the blocks with instead of timing them here; its shapes must be the run's.
+    ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay): every
+    strategy prices what it exports; PAR's budget and penalty on it are PAR's settings.
+    ``latency_table``: a table written by ``parnas latency`` (on the target device) to price the blocks with
+    instead of timing them here; its shapes must be the run's.
     ``latency_target``: which latency the cost is: ``train`` (a training step), ``inference`` (a forward pass
     over a batch of segments) or ``generate`` (one token decoded at batch 1, as ``parnas generate`` does).
     ``arch_lr``: the learning rate of the architecture logits, for the strategies that learn them; ``trials``:
@@ -267,16 +258,13 @@ class SearchConfig(OwnsSettings):
     candidates: tuple[str, ...] = BLOCK_KINDS
     arch_lr: float = 3.0e-3
     weight_lr: float | None = None
-    penalty_weight: float = 0.0
     penalty_cost: str = "latency"
-    latency_budget: float | None = None
     latency_table: str | None = None
     latency_target: str = "train"
     strategy: str = strategy_registry.DEFAULT
     trials: int = 8
     log_every: int = 10
     out_dir: str = "runs/search"
-    select: SelectConfig = field(default_factory=SelectConfig)  # the final pick after a supernet (parnas.selection)
     strategy_settings: dict[str, Any] = field(default_factory=dict)  # strategy -> its settings, as given
     OWNERS, WHAT, GIVEN = strategy_registry.STRATEGIES, "strategy", "strategy_settings"
 
@@ -300,15 +288,8 @@ class SearchConfig(OwnsSettings):
         _require(self.arch_lr > 0, "search.arch_lr must be > 0")
         _require(self.weight_lr is None or self.weight_lr > 0,
                  f"search.weight_lr must be > 0 (or null: train.lr), got {self.weight_lr}")
-        _require(self.penalty_weight >= 0, f"search.penalty_weight must be >= 0, got {self.penalty_weight}")
         _require(self.penalty_cost in ("latency", "flops"),
                  f"search.penalty_cost must be latency or flops, not {self.penalty_cost!r}")
-        if self.latency_budget is not None:
-            _require(0.0 < self.latency_budget <= 1.0,
-                     f"search.latency_budget must be in (0, 1] (a fraction of Transformer-XL's step time), "
-                     f"got {self.latency_budget}")
-            _require(self.penalty_cost == "latency", "search.latency_budget is a fraction of measured latency: "
-                     "set search.penalty_cost=latency")
         _require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
         _require(strategy_registry.is_known(self.strategy),

@@ -6,7 +6,7 @@ with the permissions any new file of the user's gets (``0o666`` less the umask, 
 are checked before the work that fills them (:func:`check_writable_dir`), so a folder that cannot
 be created fails in one line at the start, not with a traceback at the end.
 
-A run's own folder (one run at a time, never another run's files) is :mod:`parnas.run_folders`.
+A run's own folder (one run at a time, never another run's files) is :mod:`parnas.owned_folders`.
 """
 
 from __future__ import annotations

@@ -30,10 +30,8 @@ from pathlib import Path
 
 from parnas.errors import ConfigError
 
-# Measured with benchmarks/threads.py on an idle 2-core CPU (docs/benchmarks.md): a second thread pays (1.2x
-# and more) from a step of tokens x d_model**2 = 2**24 (1,024 tokens at width 128) and loses or breaks even
-# at 2**22 and below (256 tokens at width 128, 1,024 at 64): smaller matrix products do not pay for the
-# threads meeting at every operation. One thread per this much of a step's work.
+# One thread per this much of a step's work (tokens x d_model**2): smaller matrix products do not pay for the
+# threads meeting at every operation (benchmarks/threads.py; its figures: docs/benchmarks.md).
 WORK_PER_THREAD = 2**23
 
 
@@ -206,8 +204,9 @@ def use_threads(d_model: int, tokens: int, setting: int = 0, processes: int = 1,
     return choice
 
 
-# Said when loading torch takes longer than this: on a fresh GPU machine (a cold file cache, CUDA's libraries
-# read from disk) the imports alone took 17 s, with nothing printed after the threads line.
+# Said when loading torch takes longer than this: on a fresh machine (a cold file cache, CUDA's libraries read
+# from disk) the imports alone can take long enough that a user, seeing nothing after the threads line, waits
+# without knowing why.
 SLOW_LOAD_S = 3.0
 
 

@@ -38,7 +38,6 @@ def test_parse_overrides_nests_and_parses_yaml_values():
     (["extra.x=1"], "extra"),
     (["model.d_model=big"], "model.d_model"),
     (["model.d_model=1.5"], "model.d_model"),
-    (["model.pre_norm=1"], "model.pre_norm"),
     (["model.n_heads=true"], "model.n_heads"),
     (["model.cutoffs=5"], "model.cutoffs"),
     (["model.d_model=100", "model.n_heads=3"], "divisible"),
@@ -93,7 +92,8 @@ def test_configs_are_frozen():
 def test_a_pick_that_trains_past_max_steps_says_so_in_one_line_before_the_search(capsys, tmp_path):
     """A 4-step search whose pick would retrain each finalist for 1,000 steps: said at the start, in one line."""
     code = main(["search", "--dry-run", "--config", "tiny", "--set", "train.max_steps=4",
-                 "--set", "search.select.steps=[1000]", "--set", f"search.out_dir={tmp_path}/run"])
+                 "--set", "search.par-gumbel-darts.select.steps=[1000]", "--set", f"search.out_dir={tmp_path}/run"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 0 and len(err) == 1 and "search.select.steps=[1000] go beyond train.max_steps=4" in err[0], err
+    assert code == 0 and len(err) == 1, err
+    assert "search.par-gumbel-darts.select.steps=[1000] go beyond train.max_steps=4" in err[0], err
     assert "for up to 1,000 steps" in err[0] and not (tmp_path / "run").exists()

@@ -16,8 +16,6 @@ THIRD_PARTY_PRIVATE = {
     "_arch_alpha": "NNI 3.0's mixed layers keep their logits there; NNI's own arch_parameters() returns them as a "
                    "set, whose order changes between processes, and there is no public accessor per layer",
     "_SubParsersAction": "argparse's subparsers action, the type add_subparsers returns, has no public name",
-    "_should_accumulate": "Lightning has no public way to tell whether the micro-batch just run is followed by an "
-                          "optimiser step (gradient accumulation), which the checkpoint and signal callbacks need",
     "_profiler_enabled": "torch's profiler has no public way to ask whether it records; the benchmarks' step phases "
                          "open a range only then (one costs 5 us even when nothing records it)",
 }

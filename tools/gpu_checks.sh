@@ -184,7 +184,7 @@ case $gpu in
 esac
 study_shape=(--config wt2-par --set data.batch_size=32 --set data.seg_len=128 --set model.mem_len=128
              --set train.precision=bf16-mixed)
-step study-search 120 python3 -m parnas.cli search "${study_shape[@]}" --set search.latency_budget=0.65 \
+step study-search 120 python3 -m parnas.cli search "${study_shape[@]}" --set search.par-gumbel-darts.latency_budget=0.65 \
     --set train.max_steps=300 ${wt2par_table:+--set "search.latency_table=$wt2par_table"} \
     --set search.out_dir="$work/study-search"
 step study-retrain 370 python3 benchmarks/gpu_study.py --search "$work/study-search" --seconds "$(scaled 355)" \

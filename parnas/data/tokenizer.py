@@ -262,7 +262,7 @@ class CharTokenizer(Tokenizer):
         return starts
 
 
-SAY_TRAINING_OVER = 1 << 20  # corpus bytes over which training takes seconds (WikiText-2's 11 MB: 11.6 s, 2 cores)
+SAY_TRAINING_OVER = 1 << 20  # corpus bytes over which training takes long enough to say so first
 
 
 def train_sentencepiece(train_file: Path, model_prefix: Path, vocab_size: int, model_type: str) -> None:

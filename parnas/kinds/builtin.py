@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from parnas.block_shares import SHARES, share_of
 from parnas.errors import ConfigError
 from parnas.kinds.registry import BlockKind, Check, register
 
@@ -79,45 +80,6 @@ class UTSettings:
 
 
 @dataclass(frozen=True)
-class HeadsSettings:
-    """Attention with ``fraction`` of ``model.n_heads`` heads, each as wide as the config's (d_model / n_heads):
-    fewer heads, not narrower ones, as PLANER's and HAT's head choices."""
-
-    fraction: float = 0.5
-
-    def __post_init__(self) -> None:
-        _require(0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}")
-
-    def heads(self, n_heads: int) -> int:
-        """The heads a fewer-heads block keeps of ``model.n_heads``."""
-        return round(n_heads * self.fraction)
-
-
-@dataclass(frozen=True)
-class QuarterHeadsSettings(HeadsSettings):
-    fraction: float = 0.25
-
-
-@dataclass(frozen=True)
-class WidthSettings:
-    """A feed-forward block ``ratio`` x ``model.d_ff`` wide."""
-
-    ratio: float = 0.5
-
-    def __post_init__(self) -> None:
-        _require(self.ratio > 0, f"ratio must be > 0, got {self.ratio}")
-
-    def width(self, d_ff: int) -> int:
-        """The inner width of a feed-forward block of another width than ``model.d_ff``."""
-        return round(d_ff * self.ratio)
-
-
-@dataclass(frozen=True)
-class DoubleWidthSettings(WidthSettings):
-    ratio: float = 2.0
-
-
-@dataclass(frozen=True)
 class MoESettings:
     """``moe``: ``n_experts`` feed-forward experts of ``model.d_ff``, each token routed to its ``top_k``
     (Switch: 1); an expert takes at most ``capacity_factor`` x its even share of a batch's routings (the
@@ -150,13 +112,15 @@ def _check_lsh(cfg: Any, s: LSHSettings) -> None:
     _require(s.n_buckets <= L, f"model.lsh.n_buckets ({s.n_buckets}) must not exceed data.seg_len ({L})")
 
 
-def _whole_share(name: str, setting: str, of: str, unit: str) -> Check:
-    """A check that ``model.<name>.<setting>`` times ``model.<of>`` is a whole number, at least one ``unit``."""
+def _whole_share(name: str, unit: str) -> Check:
+    """A check that kind ``name``'s share (:data:`SHARES`) of its config setting is a whole number, at least one
+    ``unit``."""
     def check(cfg: Any, s: Any) -> None:
-        share, whole = getattr(s, setting), getattr(cfg.model, of)
+        of, share = SHARES[name]
+        whole = getattr(cfg.model, of)
         n = whole * share
-        _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"model.{name}.{setting} {share:g} of model.{of} "
-                 f"({whole}) is {n:g} {unit}: choose a {setting} that gives whole {unit}")
+        _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"{name} keeps {share:g} of model.{of} ({whole}): "
+                 f"{n:g} {unit}; choose a model.{of} that gives it whole {unit}, or other candidates")
     return check
 
 
@@ -227,24 +191,22 @@ for _kind in (
     BlockKind("lsh", "parnas.nn.lsh:build_lsh", True, "L", settings=LSHSettings, check=_check_lsh,
               source="Kitaev et al. 2020, Reformer: LSH attention with shared QK, chunked",
               attends=True),
-    BlockKind("attention_half", "parnas.nn.blocks:build_attention_half", True, "F", settings=HeadsSettings,
-              check=_whole_share("attention_half", "fraction", "n_heads", "heads"),
-              flops=lambda cfg, L, B: attention_flops(cfg, L, B, cfg.settings_of("attention_half").heads(cfg.n_heads)),
+    BlockKind("attention_half", "parnas.nn.blocks:build_attention_half", True, "F",
+              check=_whole_share("attention_half", "heads"),
+              flops=lambda cfg, L, B: attention_flops(cfg, L, B, share_of("attention_half", cfg.n_heads)),
               source="Latifi et al. 2022 (PLANER), Wang et al. 2020 (HAT): attention with fewer heads, here 1/2",
               attends=True),
     BlockKind("attention_quarter", "parnas.nn.blocks:build_attention_quarter", True, "Q",
-              settings=QuarterHeadsSettings, check=_whole_share("attention_quarter", "fraction", "n_heads", "heads"),
-              flops=lambda cfg, L, B: attention_flops(cfg, L, B,
-                                                      cfg.settings_of("attention_quarter").heads(cfg.n_heads)),
+              check=_whole_share("attention_quarter", "heads"),
+              flops=lambda cfg, L, B: attention_flops(cfg, L, B, share_of("attention_quarter", cfg.n_heads)),
               source="Latifi et al. 2022 (PLANER), Wang et al. 2020 (HAT): attention with fewer heads, here 1/4",
               attends=True),
-    BlockKind("dense_half", "parnas.nn.blocks:build_dense_half", False, "N", settings=WidthSettings,
-              check=_whole_share("dense_half", "ratio", "d_ff", "units"),
-              flops=_feed_forward(lambda cfg: cfg.settings_of("dense_half").width(cfg.d_ff)),
+    BlockKind("dense_half", "parnas.nn.blocks:build_dense_half", False, "N", check=_whole_share("dense_half", "units"),
+              flops=_feed_forward(lambda cfg: share_of("dense_half", cfg.d_ff)),
               source="Tsai et al. 2020 (LTS), Wang et al. 2020 (HAT): a narrower feed-forward, here 1/2 d_ff"),
-    BlockKind("dense_double", "parnas.nn.blocks:build_dense_double", False, "W", settings=DoubleWidthSettings,
-              check=_whole_share("dense_double", "ratio", "d_ff", "units"),
-              flops=_feed_forward(lambda cfg: cfg.settings_of("dense_double").width(cfg.d_ff)),
+    BlockKind("dense_double", "parnas.nn.blocks:build_dense_double", False, "W",
+              check=_whole_share("dense_double", "units"),
+              flops=_feed_forward(lambda cfg: share_of("dense_double", cfg.d_ff)),
               source="Tsai et al. 2020 (LTS), Wang et al. 2020 (HAT): a wider feed-forward, here 2 d_ff"),
     BlockKind("moe", "parnas.nn.moe:MoEBlock", False, "E", settings=MoESettings, flops=_moe_flops, reversible=False,
               source="Fedus et al. 2021 (Switch Transformer), as in PLANER: a mixture of feed-forward experts"),

@@ -61,7 +61,7 @@ class BlockKind:
     earlier segments and passes them as ``mem``. ``letter``: its code in layout strings.
     ``flops(cfg, seg_len, batch_size)``: forward FLOPs per token (optional; without it the
     cost tables count 2 FLOPs per parameter). ``shared``: all blocks of this kind in one
-    model reuse one module (depth recurrence; ``model.share_weights`` adds kinds).
+    model reuse one module (depth recurrence).
     ``settings``: a frozen dataclass of the kind's own settings, every field defaulted
     (``model.<name>.<field>`` in a config; the factory reads ``cfg.settings_of(name)``).
     ``check(config, settings)``: raises ConfigError where the settings do not fit the run's

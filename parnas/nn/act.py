@@ -37,9 +37,9 @@ class ACTBlock(Keeper):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm,
+        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt,
                                         cfg.attention_kernel)
-        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.halt = nn.Linear(cfg.d_model, 1)
         nn.init.constant_(self.halt.bias, 1.0)  # Graves: a positive bias, so early on a position ponders little
         s = cfg.settings_of("ut")

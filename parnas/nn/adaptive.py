@@ -62,8 +62,7 @@ class TargetCapacity:
     multiples of 8, at most all of them), for each number of rows a batch has; it only grows, and by that quantum.
     Host state, kept with the model it pads for: a run's data module fits it to every segment of its splits
     before the first step (``parnas.training.data_module``), so that no batch grows it (which would compile the
-    loss again) and a resumed run pads as the first did. Fitted at wt2-par's training shape on WikiText-2
-    (4,096 rows): 1,024 and 768 rows, 14.5% and 30.8% more than the tail clusters' mean counts."""
+    loss again) and a resumed run pads as the first did."""
 
     def __init__(self) -> None:
         self.by_rows: dict[int, tuple[int, ...]] = {}

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from parnas.block_shares import share_of
 from parnas.nn.alignment import PAD_MULTIPLE, pad_multiple
 
 if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
@@ -225,7 +226,7 @@ class AttentionBlock(nn.Module):
     uses_memory = True
     pad_multiple: int | None = None  # heads, position table padded to this multiple (None: parnas.nn.alignment)
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool,
+    def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float,
                  kernel: str = "sdpa", d_head: int | None = None) -> None:
         super().__init__()
         if kernel == "flex" and dropatt:
@@ -241,7 +242,7 @@ class AttentionBlock(nn.Module):
         self.out = nn.Linear(inner, d_model, bias=False)
         self.norm = nn.LayerNorm(d_model)
         self.drop = Dropout(dropout)
-        self.dropatt, self.pre_norm = dropatt, pre_norm
+        self.dropatt = dropatt
         self.register_load_state_dict_pre_hook(merge_q_kv)
 
     @property
@@ -262,8 +263,6 @@ class AttentionBlock(nn.Module):
         M, H, Dh = mem.size(1), self.n_heads, self.d_head
         K = M + L
         c = torch.cat([mem, h], dim=1) if M else h  # (B, K, D)
-        if self.pre_norm:
-            c = self.norm(c)
         # one product: the memory's queries are made and dropped (what M more rows cost is less than a second
         # product, its backward and the gradients' sum where the host launches every op, as on a GPU)
         qkv = self.qkv(c).view(B, K, 3, H, Dh)
@@ -290,7 +289,7 @@ class AttentionBlock(nn.Module):
             else:  # evaluating, the CPU's fused SDPA kernel reads q, k and v in place: no copies
                 a = sdpa(q, k, v, bias, scale, self.dropatt if self.training else 0.0, m)
         a = self.out(a.permute(1, 2, 0, 3).reshape(B, L, H * Dh))  # (B, L, D)
-        return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
+        return self.norm(h + self.drop(a))  # post-norm, as Transformer-XL's
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
         """softmax(bias + scale q k^T) v over (H, B) batches, what SDPA computes. On the CPU SDPA takes
@@ -334,17 +333,16 @@ class DenseBlock(nn.Module):
     kind = "dense"
     uses_memory = False
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, pre_norm: bool) -> None:
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()
         # ReLU and its dropout are one module; the indices stay those of the unfused
         # (Linear, ReLU, Dropout, Linear, Dropout), so checkpoints keep their keys
         self.net = nn.Sequential(OrderedDict([("0", nn.Linear(d_model, d_ff)), ("1", ReLUDropout(dropout)),
                                               ("3", nn.Linear(d_ff, d_model)), ("4", Dropout(dropout))]))
         self.norm = nn.LayerNorm(d_model)
-        self.pre_norm = pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
-        return h + self.net(self.norm(h)) if self.pre_norm else self.norm(h + self.net(h))
+        return self.norm(h + self.net(h))
 
 
 class IdentityBlock(nn.Module):
@@ -360,17 +358,17 @@ class IdentityBlock(nn.Module):
 # --- the built-in kinds' factories (named in the kind registry, built from the model config alone) ---------
 
 def build_attention(cfg: ModelConfig) -> AttentionBlock:
-    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, cfg.attention_kernel)
+    return AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.attention_kernel)
 
 
 def build_dense(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout)
 
 
 def fewer_heads(cfg: ModelConfig, kind: str) -> AttentionBlock:
-    """Attention with the ``kind``'s fraction of the config's heads, each of the config's head width."""
-    return AttentionBlock(cfg.d_model, cfg.settings_of(kind).heads(cfg.n_heads), cfg.dropout, cfg.dropatt,
-                          cfg.pre_norm, cfg.attention_kernel, d_head=cfg.d_model // cfg.n_heads)
+    """Attention with the ``kind``'s share of the config's heads, each of the config's head width."""
+    return AttentionBlock(cfg.d_model, share_of(kind, cfg.n_heads), cfg.dropout, cfg.dropatt,
+                          cfg.attention_kernel, d_head=cfg.d_model // cfg.n_heads)
 
 
 def build_attention_half(cfg: ModelConfig) -> AttentionBlock:
@@ -382,11 +380,11 @@ def build_attention_quarter(cfg: ModelConfig) -> AttentionBlock:
 
 
 def build_dense_half(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, cfg.settings_of("dense_half").width(cfg.d_ff), cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, share_of("dense_half", cfg.d_ff), cfg.dropout)
 
 
 def build_dense_double(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, cfg.settings_of("dense_double").width(cfg.d_ff), cfg.dropout, cfg.pre_norm)
+    return DenseBlock(cfg.d_model, share_of("dense_double", cfg.d_ff), cfg.dropout)
 
 
 def build_identity(cfg: ModelConfig) -> IdentityBlock:

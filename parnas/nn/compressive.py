@@ -39,7 +39,7 @@ class CompressiveBlock(AttentionBlock, Keeper):
     n_memories = 2  # [compressed (B, Nc, D), pending (B, R < c, D)]
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, cfg.attention_kernel)
+        super().__init__(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.attention_kernel)
         s = cfg.settings_of("compressive")
         self.rate, self.compress_len, self.compress_fn = s.rate, s.length, s.fn
         self.compressor = nn.Conv1d(cfg.d_model, cfg.d_model, self.rate, stride=self.rate) \
@@ -93,11 +93,9 @@ class CompressiveBlock(AttentionBlock, Keeper):
         """
         B, L, _ = h.shape
         H, Dh = self.n_heads, self.d_head
-        weight, bias = self.norm.weight.detach(), self.norm.bias.detach()
 
         def attend(m: Tensor) -> Tensor:
-            x, m = (F.layer_norm(t, t.shape[-1:], weight, bias) for t in (h, m)) if self.pre_norm else (h, m)
-            q = F.linear(x, self.q.weight.detach()).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
+            q = F.linear(h, self.q.weight.detach()).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
             k, v = F.linear(m, self.kv.weight.detach()).view(B, m.size(1), 2, H, Dh).permute(2, 0, 3, 1, 4)
             return F.scaled_dot_product_attention(q + self.u.detach()[:, None], k, v)  # (B, H, L, Dh)
 

@@ -45,7 +45,7 @@ class LSHAttentionBlock(nn.Module):
     kind = "lsh"
     uses_memory = True
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float, pre_norm: bool,
+    def __init__(self, d_model: int, n_heads: int, dropout: float, dropatt: float,
                  n_buckets: int, n_hashes: int, chunk_len: int) -> None:
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_model // n_heads
@@ -55,14 +55,11 @@ class LSHAttentionBlock(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.norm = nn.LayerNorm(d_model)
         self.drop, self.att_drop = Dropout(dropout), Dropout(dropatt)
-        self.pre_norm = pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         B, L, D = h.shape
         M, H, Dh = mem.size(1), self.n_heads, self.d_head
         c = torch.cat([mem, h], dim=1) if M else h  # (B, K, D)
-        if self.pre_norm:
-            c = self.norm(c)
         K = c.size(1)
         qk = self.qk(c).view(B, K, H, Dh).transpose(1, 2)  # (B, H, K, Dh)
         v = self.v(c).view(B, K, H, Dh).transpose(1, 2)  # (B, H, K, Dh)
@@ -77,7 +74,7 @@ class LSHAttentionBlock(nn.Module):
             weights = torch.stack(lses).softmax(0)  # (R, B, H, K)
             a = (torch.stack(outs) * weights[..., None]).sum(0)
         a = self.out(a[:, :, M:].transpose(1, 2).reshape(B, L, D))  # (B, L, D): the segment's outputs
-        return h + self.drop(a) if self.pre_norm else self.norm(h + self.drop(a))
+        return self.norm(h + self.drop(a))
 
     def _hash(self, qk: Tensor) -> list[Tensor]:
         """Each round's bucket of every position: argmax of [xR; -xR] for a random rotation R. (B, H, K)"""
@@ -128,5 +125,5 @@ class LSHAttentionBlock(nn.Module):
 
 def build_lsh(cfg: ModelConfig) -> LSHAttentionBlock:
     s = cfg.settings_of("lsh")
-    return LSHAttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm, s.n_buckets,
+    return LSHAttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, s.n_buckets,
                              s.n_hashes, s.chunk_len)

@@ -163,7 +163,6 @@ class TransformerXL(nn.Module):
         self._skipped = [getattr(b, "kind", None) == SKIPPED_KIND for b in self.blocks]
         self.aux_loss: Tensor | float = 0.0
         self.block_metrics: dict[str, Tensor] = {}  # what keepers report of the last forward, e.g. act/steps
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.head = OutputHead(cfg, vocab_size, self.embed if cfg.tie_weights else None)
         self.apply(_init_weights)
         if cfg.share_position_bias:
@@ -175,7 +174,7 @@ class TransformerXL(nn.Module):
 
     def block_for(self, kind: str, index: int) -> nn.Module:
         """A block of ``kind`` for depth ``index``: a fresh one, or the shared module of a kind
-        that shares weights across depth (``model.share_weights``, the ``shared`` kind) behind its
+        that shares weights across depth (the ``shared`` kind) behind its
         depth's timestep signal."""
         if not self.cfg.shares_weights(kind):
             return make_block(kind, self.cfg)
@@ -245,14 +244,14 @@ class TransformerXL(nn.Module):
                     per_block[f"{name}/block_{index}"] = value
         self.aux_loss = torch.stack(aux).sum() if aux else 0.0
         self.block_metrics = {name: torch.stack(values).mean() for name, values in metrics.items()} | per_block
-        return self.final_norm(h), new_mems + new_kept
+        return h, new_mems + new_kept
 
     def _reversible(self, h: Tensor, mems: Memory, pos: Tensor) -> tuple[Tensor, Memory]:
         """The body as reversible pairs (parnas.nn.reversible): each block's memory holds what entered it."""
         given = [h[:, :0] if mem is None else mem for mem in mems]
         h, entered = reversible_stack(self.blocks, h, given, pos)
         self.aux_loss, self.block_metrics = 0.0, {}
-        return self.final_norm(h), [None if mem is None else self._update(mem, e) for mem, e in zip(mems, entered)]
+        return h, [None if mem is None else self._update(mem, e) for mem, e in zip(mems, entered)]
 
     def _update(self, mem: Tensor, h: Tensor) -> Tensor:
         """The last :attr:`memory_len` states of [mem; h], detached: the next segment's memory.

@@ -52,12 +52,12 @@ class MoEBlock(Keeper):
         self.w_out = nn.Parameter(torch.randn(E, Fw, D) * 0.02)
         self.b_out = nn.Parameter(torch.zeros(E, D))
         self.norm = nn.LayerNorm(D)
-        self.drop, self.p, self.pre_norm = Dropout(cfg.dropout), cfg.dropout, cfg.pre_norm
+        self.drop, self.p = Dropout(cfg.dropout), cfg.dropout
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
-        x = (self.norm(h) if self.pre_norm else h).transpose(0, 1)  # (L, B, D): position-major, for the queue
+        x = h.transpose(0, 1)  # (L, B, D): position-major, for the queue
         y = self.drop(self.experts(x).transpose(0, 1))  # (B, L, D)
-        return h + y if self.pre_norm else self.norm(h + y)
+        return self.norm(h + y)
 
     def experts(self, x: Tensor) -> Tensor:
         """Route, dispatch, run and combine. x (L, B, D) -> (L, B, D)"""

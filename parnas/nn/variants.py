@@ -1,8 +1,7 @@
 """Blocks from the Transformer variants PAR users compare against (registered in parnas.kinds).
 
 Each keeps the one block call ``block(h, mem, pos) -> h'`` (parnas.nn.blocks), its residual
-inside, and the existing blocks' norm placement: post-norm ``norm(h + f(h))`` by default,
-pre-norm ``h + f(norm(h))`` with ``model.pre_norm``.
+inside, and the existing blocks' norm placement: post-norm ``norm(h + f(h))``, as Transformer-XL's.
 
 - ``conv`` (:class:`ConvBlock`): the Evolved Transformer's cheap local mixer (So et al. 2019):
   a gated linear unit, then a causal depthwise-separable convolution.
@@ -28,8 +27,8 @@ if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, s
 
 
 def _residual(block: nn.Module, h: Tensor, f) -> Tensor:
-    """Post-norm ``norm(h + f(h))`` or pre-norm ``h + f(norm(h))``, as the other blocks do."""
-    return h + f(block.norm(h)) if block.pre_norm else block.norm(h + f(h))
+    """Post-norm ``norm(h + f(h))``, as the other blocks do."""
+    return block.norm(h + f(h))
 
 
 class ConvBlock(nn.Module):
@@ -55,7 +54,6 @@ class ConvBlock(nn.Module):
         self.pointwise = nn.Linear(D, D)
         self.norm = nn.LayerNorm(D)
         self.drop = nn.Dropout(cfg.dropout)
-        self.pre_norm = cfg.pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         return _residual(self, h, lambda x: self._mix(x, mem))
@@ -63,8 +61,6 @@ class ConvBlock(nn.Module):
     def _mix(self, x: Tensor, mem: Tensor) -> Tensor:
         C = min(self.k - 1, mem.size(1))
         past = mem[:, mem.size(1) - C:]  # (B, C, D): the last k-1 states that entered this block
-        if self.pre_norm:
-            past = self.norm(past)
         u = F.glu(self.gate(torch.cat([past, x], dim=1)), dim=-1)  # (B, C+L, D)
         u = F.pad(u.transpose(1, 2), (self.k - 1 - C, 0))  # (B, D, k-1+L): zeros where no past exists
         return self.drop(self.pointwise(self.depthwise(u).transpose(1, 2)))  # (B, L, D)
@@ -84,7 +80,6 @@ class GLUBlock(nn.Module):
         self.w2 = nn.Linear(hidden, cfg.d_model, bias=False)
         self.norm = nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.pre_norm = cfg.pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         return _residual(self, h, self._ffn)
@@ -105,7 +100,6 @@ class SquaredReLUBlock(nn.Module):
         self.w1, self.w2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
         self.norm = nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.pre_norm = cfg.pre_norm
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         return _residual(self, h, lambda x: self.drop(self.w2(self.drop(F.relu(self.w1(x)).square()))))
@@ -122,9 +116,9 @@ class UniversalBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, cfg.pre_norm,
+        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt,
                                         cfg.attention_kernel)
-        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.pre_norm)
+        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout)
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         return self.transition(self.attention(h, mem, pos), mem, pos)

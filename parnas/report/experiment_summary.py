@@ -126,7 +126,8 @@ def summary_block(experiment: str, trials: Mapping[str, Trial], preset: str | No
                      "Transformer-XL would compare a network with itself"
                      + (f"; the cheapest layout a pick confirmed instead: trial {found['number']}'s "
                         f"{found['architecture']} ({found['cost_ratio']:.2f} x)" if found else
-                        "; no trial exported a cheaper layout (give search.latency_budget a lower value)"))
+                        "; no trial exported a cheaper layout (give search.par-gumbel-darts.latency_budget a lower "
+                        "value)"))
     else:
         found = best
         lines.append(f"best: trial {best['number']}'s {best['architecture']} "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from parnas.report.experiments import FINISHED, STOPPED, default_root, experiment_stopped, experiment_trials
 
 if TYPE_CHECKING:
-    from parnas.selection import SelectConfig
+    from parnas.pick_config import SelectConfig
 
 ENDED = ("DONE", "STOPPED", "ERROR")  # NNI's experiment statuses after which no trial runs
 PRINT_EVERY_S = 15.0  # a progress line at most this often, besides a trial's start and end
@@ -211,7 +211,7 @@ def follow(follower: Follower, out: Callable[[str], None] = print, every_s: floa
 
 
 def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
-    """The retrain steps of a search's final pick (:mod:`parnas.strategies.select`) when the guard enters apart and
+    """The retrain steps of a search's final pick (:mod:`parnas.strategies.final_pick`) when the guard enters apart and
     goes on to the last round, and a layout of the supernet's beats it there (so the confirming seeds run): the most
     it trains, for the time left."""
     if not select.enabled:
@@ -253,6 +253,7 @@ def experiment_size(config: str | Path) -> tuple[int | None, int | None, str | N
     except Exception:  # noqa: BLE001 - the trials will say what is wrong with their config themselves
         return trials, None, preset, root, 0
     steps = None if "train.max_steps" in space else cfg.train.max_steps
-    pick = 0 if steps is None or any(k.startswith("search.select.") for k in space) else \
-        pick_retrain_steps(cfg.search.select, steps)
+    select = getattr(cfg.search.settings, "select", None)  # the final pick of a strategy that has one (PAR's)
+    drawn = any(k.startswith(f"search.{cfg.search.strategy}.select.") for k in space)
+    pick = 0 if steps is None or select is None or drawn else pick_retrain_steps(select, steps)
     return trials, steps, preset, root, pick

@@ -77,7 +77,7 @@ def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tup
     images, frame = [], None
     for i in indices:  # frames are palette images as they come: a fraction of the RGB memory
         frame = drawer.render(int(i))  # fast octree: a few flat colours and their anti-aliased edges, as median
-        # cut renders them, in a sixth of its time (2 ms a frame against 16 on a 2-core CPU)
+        # cut renders them, in a fraction of its time
         images.append(Image.fromarray(frame).quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE))
     each = int(min(250, max(40, 1000 * GIF_SECONDS / len(images))) // 10 * 10)
     durations = [each] * (len(images) - 1) + [2000]

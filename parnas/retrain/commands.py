@@ -20,7 +20,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     from parnas.architecture import NAMED_LAYOUTS
     from parnas.config import load_config
     from parnas.overrides import as_given
-    from parnas.run_folders import take_run_dir
+    from parnas.owned_folders import take_run_dir
 
     overrides = list(args.set)
     for key in ("accelerator", "devices", "precision", "out_dir"):  # as given: --out "exp #2" or --out yes is a path

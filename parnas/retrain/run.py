@@ -33,7 +33,7 @@ from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.overrides import parse_overrides
-from parnas.run_folders import take_run_dir
+from parnas.owned_folders import take_run_dir
 from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
 from parnas.training.fit import fit
@@ -112,7 +112,7 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
     the checkpoint ``resume`` names) and evaluate it.
 
     Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0). Takes
-    ``train.out_dir`` (:func:`parnas.run_folders.take_run_dir`) unless the command around it has.
+    ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the command around it has.
     """
     source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)

@@ -24,7 +24,7 @@ from parnas.nn.model import TransformerXL
 class PARTransformerXLSpace(TransformerXL, ModelSpace):
     """N blocks, each choosing among ``candidates`` (any registered kinds; PAR's three by default).
 
-    A kind that shares weights across depth (``shared``, ``model.share_weights``) is one
+    A kind that shares weights across depth (``shared``) is one
     module that the choices at every depth hold as their candidate of that name.
     """
 

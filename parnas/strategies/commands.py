@@ -16,7 +16,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from parnas.config import load_config
     from parnas.overrides import as_given
     from parnas.strategies.nni_trial import in_nni_trial, trial_parameters
-    from parnas.strategies.run_folder import run_dir_of, take_search_dir
+    from parnas.strategies.search_folder import run_dir_of, take_search_dir
 
     if args.strategy is not None:
         if not args.strategy.strip():  # never read as "no --strategy", the default search
@@ -30,14 +30,15 @@ def cmd_search(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, extra=params)  # once, for the whole command
     strategy = strategy_registry.get(cfg.search.strategy)
     strategy.check_config(cfg, args.resume)  # a dry run refuses what the search refuses
-    beyond = cfg.search.select.beyond(cfg.train.max_steps)
-    if beyond is not None:
+    select = getattr(cfg.search.settings, "select", None)  # the final pick, where the strategy has one
+    beyond = select and select.beyond(cfg.train.max_steps, f"search.{cfg.search.strategy}.select.steps")
+    if beyond:
         print(f"parnas search: note: {beyond}", file=sys.stderr, flush=True)
     if cfg.search.latency_table is not None:  # a FIFO would block its open while the run's folder is held
         reading.check_regular(cfg.search.latency_table, f"search.latency_table: {cfg.search.latency_table}")
     if args.dry_run:
         from parnas.strategies.pricing import dry_run_budget
-        from parnas.strategies.run_folder import check_search_dir
+        from parnas.strategies.search_folder import check_search_dir
         from parnas.training.dry_run import dry_run
 
         check_search_dir(run_dir_of(cfg), args.resume)  # the folder the search would take, as it checks it

@@ -1,6 +1,6 @@
 """``parnas launch``'s check of the latency budgets an experiment's trials can draw, before nnictl starts anything.
 
-A trial whose ``search.latency_budget`` is below the cheapest layout of its space refuses to search, but only once
+A trial whose PAR ``latency_budget`` is below the cheapest layout of its space refuses to search, but only once
 it has started, minutes into the experiment, and the tuner then goes on drawing it. The launch reads the budgets
 the trials can draw (the search space's choices, the lower end of a range, a budget the trial command sets) and
 prices the cheapest layout as the trials will: with the latency table of the trials' preset (this machine's
@@ -18,10 +18,10 @@ from typing import Any
 from parnas import reading
 from parnas.config import Config, load_config
 from parnas.errors import ParnasError
+from parnas.strategies.par_settings import BUDGET, latency_budget  # BUDGET: the trial parameter a budget is drawn as
 from parnas.training.latency_cache import experiment_table
 from parnas.training.latency_table import LatencyTable
 
-BUDGET = "search.latency_budget"  # the trial parameter a budget is drawn as
 RANGES = ("uniform", "quniform", "loguniform", "qloguniform")  # NNI's ranges with a lower end first
 
 
@@ -54,8 +54,8 @@ def drawn_budgets(experiment: dict[str, Any], cfg: Config) -> list[float]:
         budgets = [values[0]]
     else:
         budgets = []
-    if cfg.search.latency_budget is not None and BUDGET not in space:
-        budgets.append(cfg.search.latency_budget)
+    if latency_budget(cfg.search) is not None and BUDGET not in space:
+        budgets.append(latency_budget(cfg.search))
     return [float(b) for b in budgets]
 
 

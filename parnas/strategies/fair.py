@@ -6,7 +6,7 @@ Why: a supernet is worth its cost only if the weights it leaves rank layouts as 
 softmax(alpha)),
 the candidates the logits favour early get more and larger updates, their inherited perplexity improves because
 they were trained more, the logits favour them further: the ranking measures training received, not quality. In
-PLANER's space such a supernet ranked layouts at chance (Kendall tau about 0 against retraining). Strict fairness
+PLANER's space such a supernet ranked layouts at chance (docs/results.md). Strict fairness
 removes that bias: a step runs ``K`` sub-steps (``K`` the number of candidates), each picking one candidate per
 block, the picks of each block a random permutation of its candidates (:func:`fair_picks`), so that each
 candidate runs exactly once; the sub-steps see the same batch and the same starting memory, their losses are
@@ -28,7 +28,7 @@ search draws the same.
 
 Stacked (``train.compile``): the ``K`` sub-steps run as one forward of ``K`` copies of the batch stacked on its
 axis, from the same memory, each block's candidate ``k`` on the copy its permutation gives it
-(:class:`SampledMixedLayer`'s ``routes``, set in place every step): the same sub-steps, losses and gradients, but
+(:class:`RoutedMixedLayer`'s ``routes``, set in place every step): the same sub-steps, losses and gradients, but
 one static graph that ``torch.compile`` captures, where ``K`` forwards of other candidates each step would need a
 graph per permutation. The copies' dropout (and any draw of a block's own, LSH's rotations) comes from one seed,
 so the draws are not the sub-steps' (the compiled graphs draw their own numbers anyway); without them the two
@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from parnas.nn.adaptive import TargetGroups
-from parnas.strategies.sampled import SampledMixedLayer, clear_picks
+from parnas.strategies.sampled import RoutedMixedLayer, clear_picks
 from parnas.training.devices import pinned
 from parnas.training.task import segment_nll
 
@@ -65,7 +65,7 @@ def fair_picks(n_blocks: int, n_candidates: int, seed: int) -> list[list[int]]:
     return [[column[j] for column in columns] for j in range(n_candidates)]
 
 
-def fair_surrogate(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], losses: Tensor) -> Tensor:
+def fair_surrogate(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]], losses: Tensor) -> Tensor:
     """``sum_b sum_j softmax(alpha_b)[picks[j][b]] x (losses[j] - mean)``, the losses' values only: its gradient in
     block b's logits is that of the block's expected measured loss (see module docstring). The advantages are
     laid out by candidate from the device's own values, so no index is uploaded: on a GPU an upload from the
@@ -80,7 +80,7 @@ def fair_surrogate(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence
     return (probs.to(measured) * measured).sum()
 
 
-def _set_picks(layers: Sequence[SampledMixedLayer], row: Sequence[int]) -> None:
+def _set_picks(layers: Sequence[RoutedMixedLayer], row: Sequence[int]) -> None:
     for layer, pick in zip(layers, row, strict=True):
         layer.pick = pick
 
@@ -122,7 +122,7 @@ def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:
     return forward
 
 
-def copies_aux_loss(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor
+def copies_aux_loss(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor
                     ) -> Tensor | float:
     """Each copy's auxiliary loss after a stacked forward: what the blocks it ran left (a compressive memory's
     reconstruction, a mixture's balance, pondering), as its sub-step's own would be, so the logits see each
@@ -135,7 +135,7 @@ def copies_aux_loss(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequenc
     return torch.stack([sum((a for b, k in enumerate(row) for a in left[b][k]), start=zero) for row in picks])
 
 
-def set_routes(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int]]) -> None:
+def set_routes(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]]) -> None:
     """Each layer's ``routes`` for a stacked step whose copy j runs ``picks[j]``, copied in place from pinned
     memory: on a GPU the copies queue behind its work, and the host does not wait."""
     by_copy = torch.tensor(picks).T  # (n_blocks, K): the candidate each copy runs
@@ -144,7 +144,7 @@ def set_routes(layers: Sequence[SampledMixedLayer], picks: Sequence[Sequence[int
         layer.routes.copy_(route, non_blocking=True)
 
 
-def fair_loss(layers: Sequence[SampledMixedLayer], task: Any, batch: Sequence[Any], learns: bool,
+def fair_loss(layers: Sequence[RoutedMixedLayer], task: Any, batch: Sequence[Any], learns: bool,
               stacked: bool = False) -> tuple[Tensor, Tensor | float]:
     """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses (each candidate of
     each block run once, same batch, same starting memory), whose one backward accumulates every sub-step's

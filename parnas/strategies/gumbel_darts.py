@@ -1,7 +1,7 @@
 """PAR's Gumbel-DARTS: an NNI one-shot strategy with per-step tau annealing.
 
 Layering follows NNI's one-shot code: :class:`PARGumbelDARTS` (the strategy)
-mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`SampledMixedLayer`) with a
+mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`RoutedMixedLayer`) with a
 :class:`GumbelSoftmax`, and wraps the task in :class:`PARDartsModule` (the
 Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
 and why:
@@ -53,7 +53,7 @@ from parnas.config import SearchConfig
 from parnas.strategies.costs import CostModel
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.par_settings import PARSettings
-from parnas.strategies.sampled import PICK_SEED_OFFSET, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.sampled import PICK_SEED_OFFSET, RoutedMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from parnas.strategies.temperature import GumbelSoftmax, tau_at
 from parnas.training.evaluation import perplexity
@@ -83,7 +83,7 @@ class PARDartsModule(DartsLightningModule):
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
-        if not self._choice_cache:  # found once, as the softmaxes: a walk of every module was 2% of a step
+        if not self._choice_cache:  # found once, as the softmaxes: not a walk of every module every step
             self._choice_cache = sorted((m for m in self.supernet_modules() if isinstance(m, DifferentiableMixedLayer)),
                                         key=lambda m: int(m.label.rsplit("_", 1)[1]))
         return self._choice_cache
@@ -128,12 +128,12 @@ class PARDartsModule(DartsLightningModule):
     @property
     def fixed_lambda(self) -> bool:
         """Is the budget's multiplier ``penalty_weight`` (PLANER's form) rather than found by dual ascent?"""
-        return self.search.latency_budget is not None and self.search.penalty_weight > 0
+        return self.par.latency_budget is not None and self.par.penalty_weight > 0
 
     def exported_kinds(self) -> tuple[list[str], bool]:
         """What is exported: the argmax, or, when a budget is set and the argmax is over it, the most probable
         layout within it; and whether that fitting was needed (it is recorded, never silent)."""
-        kinds, budget = self.argmax(), self.search.latency_budget
+        kinds, budget = self.argmax(), self.par.latency_budget
         if budget is None or self.costs is None or self.costs.ratio(kinds) <= budget:
             return kinds, False
         fitted = fit_budget(list(self.probabilities().values()), self.costs, budget)
@@ -180,23 +180,23 @@ class PARDartsModule(DartsLightningModule):
         excess and its gradient that of the expected cost under softmax(alpha), so it pushes exactly while what
         would be exported is over budget. lambda is ``penalty_weight`` when set, else it grows by dual
         ascent while the hinged cost is over the budget and decays when under."""
-        if self.costs is None or (not self.search.penalty_weight and self.search.latency_budget is None):
+        if self.costs is None or (not self.par.penalty_weight and self.par.latency_budget is None):
             return 0.0
         expected = self.expected_ratio()
         if self._logging:
             self.log("search/expected_cost_ratio", expected.detach())
-        if self.search.latency_budget is None:
-            return self.search.penalty_weight * expected
+        if self.par.latency_budget is None:
+            return self.par.penalty_weight * expected
         cost = self.exported_ratio().to(expected.dtype) + expected - expected.detach()  # straight-through
-        multiplier = self.search.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
+        multiplier = self.par.penalty_weight if self.fixed_lambda else self._dual.to(expected.dtype)
         if self._logging:
             self.log("search/lambda", on_host(multiplier) if self.fixed_lambda else self._dual.float())
-        return multiplier * F.relu(cost - self.search.latency_budget)
+        return multiplier * F.relu(cost - self.par.latency_budget)
 
     def _dual_step(self) -> None:
         """lambda <- max(0, lambda + DUAL_LR x (exported cost - budget)): identical on every rank (same logits)."""
-        if self.costs is not None and self.search.latency_budget is not None and not self.fixed_lambda:
-            excess = self.exported_ratio() - self.search.latency_budget
+        if self.costs is not None and self.par.latency_budget is not None and not self.fixed_lambda:
+            excess = self.exported_ratio() - self.par.latency_budget
             self._dual = (self._dual.to(excess.device) + DUAL_LR * excess).clamp_min(0.0)
 
     def _sync_arch_gradients(self) -> None:
@@ -244,8 +244,8 @@ class PARDartsModule(DartsLightningModule):
             if self.costs is not None:
                 record["expected_cost_ratio"] = round(float(self.expected_ratio().detach()), 5)
                 record["exported_cost_ratio"] = round(self.costs.ratio(self.argmax()), 5)
-            if self.search.latency_budget is not None:
-                record["lambda"] = self.search.penalty_weight if self.fixed_lambda else round(self.dual, 6)
+            if self.par.latency_budget is not None:
+                record["lambda"] = self.par.penalty_weight if self.fixed_lambda else round(self.dual, 6)
             act = {name.rsplit("/", 1)[1]: round(float(v), 3) for name, v in metrics.items()
                    if name.startswith("act/steps/")}
             if act:  # each ut candidate's mean pondering steps per position, for the architecture figure
@@ -324,8 +324,8 @@ class PARGumbelDARTS(GumbelDARTS):
                  on_evaluation: Callable[[Evaluated], None] | None = None) -> None:
         super().__init__(temperature=par.tau_start, arc_learning_rate=search.arch_lr,
                          gradient_clip_val=gradient_clip_val, log_prob_every_n_step=search.log_every,
-                         mutation_hooks=[SampledMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
-        if (search.penalty_weight or search.latency_budget is not None) and costs is None:
+                         mutation_hooks=[RoutedMixedLayer.mutate])  # NNI's mixed layer, able to run one pick
+        if (par.penalty_weight or par.latency_budget is not None) and costs is None:
             raise ValueError("a cost penalty or a latency budget needs a CostModel")
         self.search, self.par, self.max_steps, self.costs = search, par, max_steps, costs
         self.history_path, self.on_evaluation = history_path, on_evaluation

@@ -216,7 +216,7 @@ def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = N
     from parnas.search_spaces import PARTransformerXLSpace
     from parnas.strategies.nni_strategies import nni_strategy_object
     from parnas.strategies.pricing import cost_model, latency_summary, table_line
-    from parnas.strategies.run_folder import check_search_dir
+    from parnas.strategies.search_folder import check_search_dir
     from parnas.training.devices import check_devices, training_device
 
     trials = cfg.search.trials if trials is None else trials

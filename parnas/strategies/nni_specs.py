@@ -61,16 +61,11 @@ def nni_strategy(name: str) -> NNIStrategy:
 def check_nni_strategy(cfg: Config, resume: bool) -> None:
     """Refuse, in one line, what NNI's strategy ``search.strategy`` cannot do (before anything is read or written):
     the registry's check for NNI's one-shot and multi-trial strategies."""
-    name, search, spec = cfg.search.strategy, cfg.search, nni_strategy(cfg.search.strategy)
+    name, spec = cfg.search.strategy, nni_strategy(cfg.search.strategy)
     multi_trial = spec.family == MULTI_TRIAL
     if multi_trial and (in_nni_trial() or resume):
         raise ConfigError(f"search.strategy={name} starts an NNI experiment of its own: run it outside nnictl, "
                           "without --resume")
-    unpriced = "does not price latency: drop it, or compare the exported costs with parnas study"
-    for setting, value, why in (("search.latency_budget", search.latency_budget, unpriced),
-                                ("search.penalty_weight", search.penalty_weight or None, unpriced)):
-        if value is not None:
-            raise ConfigError(f"{setting} is honoured by search.strategy={DEFAULT} only; NNI's {name} {why}")
     if resume:
         raise ConfigError(f"--resume continues a {DEFAULT} search; NNI's {name} cannot resume: start it again")
     if cfg.train.devices * cfg.train.num_nodes != 1:

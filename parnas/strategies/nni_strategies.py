@@ -105,7 +105,7 @@ def run_nni_search(cfg: Config, *, resume: bool = False) -> dict[str, Any]:
     from parnas.search_spaces import PARTransformerXLSpace, fixed_model
     from parnas.strategies.arch_stream import NNIDartsTask
     from parnas.strategies.pricing import cost_model, latency_summary, table_line
-    from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
+    from parnas.strategies.search_folder import check_search_dir, prepare_run_dir, run_dir_of
     from parnas.training.data_module import check_segments
     from parnas.training.devices import check_devices
     from parnas.training.evaluation import evaluate

@@ -8,11 +8,12 @@ so a config is checked without loading it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from parnas import kinds
 from parnas.errors import ConfigError
+from parnas.pick_config import SelectConfig
 
 # what a step runs in each block: every candidate weighted by a Gumbel-softmax sample (Gumbel-DARTS, the default),
 # every candidate once on its own path (strict-fair, strategies.fair), or one sampled candidate (strategies.sampled)
@@ -20,6 +21,8 @@ SEARCH_FORWARDS = ("gumbel", "fair", "sampled")
 GUMBEL = "gumbel"
 SAMPLE_SETTINGS = ("tau_start", "tau_end")  # what shapes the Gumbel sample
 ONE_PROCESS = ("fair", "sampled")  # forwards whose steps run a subset of candidates: DDP would wait on the rest
+BUDGET = "search.par-gumbel-darts.latency_budget"  # the budget's key, as --set, --budgets and NNI draw it
+PIPELINE = ("latency_budget", "penalty_weight", "select")  # the pipeline's settings, recorded apart from the forward's
 
 
 def _require(ok: bool, message: str) -> None:
@@ -37,12 +40,21 @@ class PARSettings:
     with them the probabilities, sharpen. ``fair`` (strict-fair training, :mod:`parnas.strategies.fair`) and
     ``sampled`` (one candidate drawn a block, the logits learning by REINFORCE, :mod:`parnas.strategies.sampled`)
     draw no Gumbel sample and read no tau; each runs in one process. The logits stay still for
-    ``arch_warmup_steps`` while the weights train."""
+    ``arch_warmup_steps`` while the weights train.
+
+    The pipeline's own settings, read by no other strategy: ``latency_budget`` (e.g. 0.65, a fraction of
+    Transformer-XL's cost ``search.penalty_cost``) makes the cost a constraint the exported architecture must meet,
+    with a multiplier the search finds, or fixes at ``penalty_weight`` (PLANER's form); without a budget,
+    ``penalty_weight`` is a fixed weight on the expected cost itself. ``select``: the final pick after the supernet
+    (:class:`parnas.pick_config.SelectConfig`)."""
 
     forward: str = GUMBEL
     tau_start: float = 1.0
     tau_end: float = 0.1
     arch_warmup_steps: int = 0
+    latency_budget: float | None = None
+    penalty_weight: float = 0.0
+    select: SelectConfig = field(default_factory=SelectConfig)  # the final pick after the supernet
 
     def __post_init__(self) -> None:
         _require(self.forward in SEARCH_FORWARDS, f"forward must be one of {', '.join(SEARCH_FORWARDS)}, not "
@@ -51,6 +63,9 @@ class PARSettings:
         _require(self.tau_end <= self.tau_start,
                  f"tau_end ({self.tau_end}) must not exceed tau_start ({self.tau_start})")
         _require(self.arch_warmup_steps >= 0, f"arch_warmup_steps must be >= 0, got {self.arch_warmup_steps}")
+        _require(self.penalty_weight >= 0, f"penalty_weight must be >= 0, got {self.penalty_weight}")
+        _require(self.latency_budget is None or 0.0 < self.latency_budget <= 1.0, "latency_budget must be in (0, 1] "
+                 f"(a fraction of Transformer-XL's step time), got {self.latency_budget}")
         unread = [key for key in SAMPLE_SETTINGS if getattr(self, key) != getattr(PARSettings, key)]
         _require(self.samples or not unread, f"{', '.join(unread)} set, but forward={self.forward} draws no Gumbel "
                  "sample and reads no tau: drop them, or use forward=gumbel")
@@ -61,10 +76,10 @@ class PARSettings:
         return self.forward == GUMBEL
 
     def read(self) -> dict[str, Any]:
-        """The settings this search reads, by name, as a record and the pictures show them: no tau where the
-        forward draws no sample."""
+        """The supernet's training settings, by name, as a record and the pictures show them: no tau where the
+        forward draws no sample, and none of the pipeline's (the record gives the budget and the pick apart)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if self.samples or f.name not in SAMPLE_SETTINGS}
+                if f.name not in PIPELINE and (self.samples or f.name not in SAMPLE_SETTINGS)}
 
     def check(self, cfg: Any) -> None:
         """What the settings need of the rest of the config ``cfg`` (a :class:`parnas.config.Config` whose
@@ -74,6 +89,9 @@ class PARSettings:
                  f"search.{cfg.search.strategy}.forward={self.forward} runs in one process, not {processes} "
                  "(train.devices x train.num_nodes): DDP would wait for the gradients of candidates a rank did not "
                  "run; use forward=gumbel")
+        _require(self.latency_budget is None or cfg.search.penalty_cost == "latency",
+                 f"search.{cfg.search.strategy}.latency_budget is a fraction of measured latency: set "
+                 "search.penalty_cost=latency")
 
 
 def par_settings(search: Any) -> PARSettings:
@@ -84,6 +102,13 @@ def par_settings(search: Any) -> PARSettings:
         raise ConfigError(f"PAR's Gumbel-DARTS search runs with its own settings; search.strategy={search.strategy} "
                           "is another strategy (parnas search runs each with its own code)")
     return settings
+
+
+def latency_budget(search: Any) -> float | None:
+    """The latency budget a search of ``search`` (a :class:`parnas.config.SearchConfig`) runs under: PAR's
+    pipeline's setting, None for a strategy that has none."""
+    settings = search.settings
+    return settings.latency_budget if isinstance(settings, PARSettings) else None
 
 
 def check_par_search(cfg: Any, resume: bool) -> None:
@@ -100,5 +125,3 @@ def check_par_search(cfg: Any, resume: bool) -> None:
         _require(cfg.train.compile != "reduce-overhead" or not syncing, "train.compile=reduce-overhead replays the "
                  f"supernet's step as CUDA graphs, and {', '.join(syncing)} blocks read values back to the host in "
                  "their forward, which a graph cannot hold: use train.compile=default (or none) for these candidates")
-    _require(cfg.train.accumulate == 1, "search does not support train.accumulate > 1 (one-shot search optimises "
-             "manually)")

@@ -15,6 +15,7 @@ from parnas.data.corpora import load_splits
 from parnas.errors import ParnasError
 from parnas.strategies.costs import CostModel, flops_model, latency_costs
 from parnas.strategies.nni_trial import experiment_folder
+from parnas.strategies.par_settings import latency_budget
 from parnas.training.devices import check_devices, training_device
 from parnas.training.latency import check_targets, target_memories
 from parnas.training.latency_cache import (
@@ -124,25 +125,25 @@ def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: lis
 
 def check_budget(cfg: Config, costs: CostModel) -> None:
     """A budget below the cheapest layout of the candidates cannot be met: say so before training."""
-    budget = cfg.search.latency_budget
+    budget = latency_budget(cfg.search)
     if budget is None:
         return
     cheapest = min(cfg.search.candidates, key=costs.per_kind.__getitem__)
     floor = costs.ratio([cheapest] * cfg.model.n_blocks)
     if floor > budget:
-        raise ParnasError(f"search.latency_budget {budget} is out of reach: the cheapest architecture "
-                          f"(all {cheapest}) is predicted at {floor:.3f} of Transformer-XL's step time here "
-                          "(embedding, head and optimiser cost the same in every layout); raise the budget")
+        raise ParnasError(f"search.{cfg.search.strategy}.latency_budget {budget} is out of reach: the cheapest "
+                          f"architecture (all {cheapest}) is predicted at {floor:.3f} of Transformer-XL's step time "
+                          "here (embedding, head and optimiser cost the same in every layout); raise the budget")
 
 
 def dry_run_budget(cfg: Config) -> str | None:
-    """``--dry-run``'s check of ``search.latency_budget``, timing nothing: against the table the search would
+    """``--dry-run``'s check of PAR's ``latency_budget``, timing nothing: against the table the search would
     price with (the one given as ``search.latency_table``, else this machine's cached one for these shapes), a
     budget out of reach is refused as the search refuses it (:func:`check_budget`). Without such a table, one line
     says the budget is checked once the search times it. None without a budget."""
     from parnas.training.dry_run import planned_vocabulary
 
-    budget, given, target = cfg.search.latency_budget, cfg.search.latency_table, cfg.search.latency_target
+    budget, given, target = latency_budget(cfg.search), cfg.search.latency_table, cfg.search.latency_target
     if budget is None or cfg.search.penalty_cost == "flops":
         return None
     key = table_key(cfg, planned_vocabulary(cfg.data), sorted({*cost_kinds(cfg), "identity"}),

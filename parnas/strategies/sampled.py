@@ -12,11 +12,9 @@ estimator), which lowers the odds of the picks of a step that did worse than usu
 Why not a straight-through sample (GDAS: the pick's output times a weight that is 1 in value and has the relaxed
 sample's gradient)? That gradient is the loss's slope along the pick's own output, one candidate at a time: it
 cannot compare candidates, and here it never credits identity (whose change of the stream is zero) while the
-other kinds' slopes came out positive. On WikiText-2 (``wt2-cpu``, 1,800 steps) such searches ended
-all-identity, with or without a 600-step warm-up of the weights (with it, the argmax was all-identity 150 steps
-after the logits began to move).
+other kinds' slopes come out positive, so such a search drifts to all-identity, warm-up or not (docs/results.md).
 
-NNI's ``DifferentiableMixedLayer`` has no such mode; :class:`SampledMixedLayer` is it, with a pick set from
+NNI's ``DifferentiableMixedLayer`` has no such mode; :class:`RoutedMixedLayer` is it, with a pick set from
 outside for one forward (:func:`draw_picks`): drawn for all blocks at once, so that the host, which must know
 which candidate to run, reads the picks back in one copy a step. With no pick set, and in evaluation, it is
 NNI's layer: every candidate, mixed.
@@ -42,9 +40,10 @@ picks of a step draw other numbers than its dropout. Like the search's other off
 above the seeds people pick; it is a prime only to be easy to tell apart."""
 
 
-class SampledMixedLayer(DifferentiableMixedLayer):
-    """NNI's mixed layer that, given a pick, runs only that candidate (see module docstring); or, ``stacked``, each
-    candidate on its own copy of the batch (a fair step's sub-steps in one forward: :mod:`parnas.strategies.fair`)."""
+class RoutedMixedLayer(DifferentiableMixedLayer):
+    """NNI's mixed layer whose candidates a step routes: every candidate weighted (no pick set: Gumbel-DARTS and
+    evaluation), only a picked one (a sampled step, see module docstring), or, ``stacked``, each candidate on its own
+    copy of the batch (a fair step's sub-steps in one forward: :mod:`parnas.strategies.fair`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,7 +75,7 @@ class SampledMixedLayer(DifferentiableMixedLayer):
         return outputs.index_select(0, self.routes[1]).flatten(0, 1)  # (K*B, L, D), by copy
 
 
-def draw_picks(layers: Sequence[SampledMixedLayer], seed: int) -> list[int]:
+def draw_picks(layers: Sequence[RoutedMixedLayer], seed: int) -> list[int]:
     """Draw each layer's candidate from softmax(alpha) (Gumbel-max) for its next forward and return the picks,
     read back in one copy (the host must know what to run: the one read-back this costs). From a generator
     seeded with ``seed`` (a function of the step, so that a resumed search draws the same), not torch's. The
@@ -92,13 +91,13 @@ def draw_picks(layers: Sequence[SampledMixedLayer], seed: int) -> list[int]:
     return picks
 
 
-def clear_picks(layers: Sequence[SampledMixedLayer]) -> None:
+def clear_picks(layers: Sequence[RoutedMixedLayer]) -> None:
     """Back to mixing every candidate."""
     for layer in layers:
         layer.pick = None
 
 
-def reinforce(layers: Sequence[SampledMixedLayer], picks: Sequence[int], loss: Tensor,
+def reinforce(layers: Sequence[RoutedMixedLayer], picks: Sequence[int], loss: Tensor,
               baseline: Tensor | None) -> tuple[Tensor, Tensor]:
     """The score-function surrogate whose gradient in the logits is (L - b) d log p(picks) / d alpha, and the
     next baseline b (the loss's moving average, kept on the loss's device: nothing is read back). ``loss``: the

@@ -11,7 +11,7 @@ gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomica
 evaluations), ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
 (:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder
 left as training left it, a run that ``--resume`` takes up (and says the same of). Beside this module: the folder's
-rules (:mod:`parnas.strategies.run_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
+rules (:mod:`parnas.strategies.search_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
 (:mod:`parnas.strategies.nni_trial`) and the record (:mod:`parnas.strategies.search_record`).
 """
 
@@ -35,16 +35,17 @@ from parnas.data.corpora import load_splits
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ParnasError
 from parnas.files import check_writable_dir, write_json_atomic
+from parnas.owned_folders import hold_run_dir
 from parnas.report.plots import plot_run
-from parnas.run_folders import hold_run_dir
 from parnas.search_spaces import PARTransformerXLSpace
 from parnas.strategies.costs import CostModel
+from parnas.strategies.final_pick import check_selection, final_pick
 from parnas.strategies.gumbel_darts import PARDartsModule, PARGumbelDARTS
 from parnas.strategies.nni_trial import in_nni_trial, nni_metric, report_to_nni
+from parnas.strategies.par_settings import par_settings
 from parnas.strategies.pricing import PINNED_TABLE, check_budget, cost_kinds, cost_model, latency_summary, table_line
-from parnas.strategies.run_folder import check_search_dir, prepare_run_dir, run_dir_of
+from parnas.strategies.search_folder import check_search_dir, prepare_run_dir, run_dir_of
 from parnas.strategies.search_record import search_record
-from parnas.strategies.select import check_selection, final_pick
 from parnas.strategies.supernet_export import Evaluated, exported_nll
 from parnas.training import checkpoint
 from parnas.training.compiling import compile_model
@@ -96,8 +97,6 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
     against it), for studying the search itself under known costs. PAR's settings are read here, once, and
     passed down as they are (``forward`` included: a concrete value, never resolved again).
     """
-    if cfg.train.accumulate != 1:
-        raise ParnasError("search does not support train.accumulate > 1 (one-shot search optimises manually)")
     supernet_of = strategy_registry.get(cfg.search.strategy).supernet_factory()  # the registry's flag
     if supernet_of is None:
         raise ParnasError(f"search.strategy={cfg.search.strategy} has no supernet for parnas's one-shot search: "
@@ -142,7 +141,7 @@ def final_evaluation(search: SupernetSearch) -> Evaluated:
 def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
     """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
 
-    The search holds its run directory (:func:`parnas.run_folders.hold_run_dir`), and everything is checked (run
+    The search holds its run directory (:func:`parnas.owned_folders.hold_run_dir`), and everything is checked (run
     directory, checkpoint, corpus, tokenizer) before a file is touched; what the strategy refuses
     (:func:`parnas.strategies.par_settings.check_par_search`, the registry's check) its callers refuse first,
     at their top: ``parnas search`` and both studies. ``resume``: from ``last.ckpt``, or from the checkpoint it
@@ -170,7 +169,7 @@ def _run_search(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
 
     def report(result: Evaluated) -> None:
         if trial:  # evaluations happen inside search.run(), so `search` (bound below) exists by then
-            latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
+            latency = latency_summary(search.costs, search.latency, result.kinds, search.module.par.latency_budget)
             report_to_nni(nni_metric(result, latency))
 
     meta = {"config": cfg.to_dict(), "tokenizer": tokenizer_meta(tokenizer),
@@ -200,7 +199,7 @@ def export(search: SupernetSearch, cfg: Config, tokenizer: Tokenizer, seconds: f
     if failure is not None:
         raise failure
     result, selection = final_pick(search, cfg, tokenizer, result, run_dir)  # short retrains, the guard
-    latency = latency_summary(search.costs, search.latency, result.kinds, cfg.search.latency_budget)
+    latency = latency_summary(search.costs, search.latency, result.kinds, search.module.par.latency_budget)
     record = search_record(cfg, tokenizer, search.module, result, steps=search.trainer.global_step, seconds=seconds,
                            latency=latency, selection=selection)
     architecture.write(run_dir / "architecture.json", record)
@@ -234,7 +233,8 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
-    unpriced = replace(cfg.search, latency_budget=None, penalty_weight=0.0)  # no budget
+    free_par = replace(par_settings(cfg.search), latency_budget=None, penalty_weight=0.0)  # no budget
+    unpriced = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: free_par})
     search = build_search(replace(cfg, search=unpriced),
                           splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)

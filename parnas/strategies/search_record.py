@@ -23,12 +23,13 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                   selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """The architecture record of a finished ``par-gumbel-darts`` search: the exported layout, softmax(alpha) per
     block, and the search's figures (perplexities, the budget and lambda, costs, time), validated. ``selection``:
-    the final pick's record (:func:`parnas.strategies.select.final_pick`: every entrant's short-retrain
+    the final pick's record (:func:`parnas.strategies.final_pick.final_pick`: every entrant's short-retrain
     perplexities, the guard's, the verdict), kept under ``search.selection`` (None: no final pick ran)."""
     search, costs, kinds = cfg.search, module.costs, result.kinds
     chosen = {architecture.label(i): kind for i, kind in enumerate(kinds)}
     probabilities = {label: {k: round(p, 4) for k, p in dist.items()} for label, dist in result.probabilities.items()}
-    budget = search.latency_budget
+    par = module.par
+    budget = par.latency_budget
     trial = os.environ.get("NNI_TRIAL_JOB_ID") if in_nni_trial() else None
     return architecture.make_record(
         chosen, cfg.model, tokenizer.vocab_size, probabilities=probabilities, tokenizer=tokenizer.identity(),
@@ -40,9 +41,9 @@ def search_record(cfg: Config, tokenizer: Tokenizer, module: PARDartsModule, res
                 "val_ppl_is": "the exported architecture with the supernet's weights, not retrained",
                 "val_mem_len": cfg.model.evaluation_memory, "seed": cfg.train.seed,
                 "candidates": list(search.candidates),
-                "penalty_weight": search.penalty_weight, "latency_budget": budget,
+                "penalty_weight": par.penalty_weight, "latency_budget": budget,
                 "lambda_final": None if budget is None else
-                search.penalty_weight if module.fixed_lambda else round(module.dual, 6),
+                par.penalty_weight if module.fixed_lambda else round(module.dual, 6),
                 "fitted_to_budget": result.fitted_to_budget,
                 "argmax": layout_string(module.argmax()),
                 "latency": latency,

@@ -21,7 +21,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
                      retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
                      candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths,
-                     every_network=args.every_network, census=args.census)
+                     space=args.space)
     # the study's searches and retrains inherit the choice
     use_threads(plan.base.model.d_model, plan.base.data.step_tokens, plan.base.train.threads)
     study = run_study(plan, log=lambda line: print(line, flush=True))
@@ -122,14 +122,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
                         "found models are judged against, beside the shallower ones (each must divide by the "
                         "heads; default: none)")
-    p.add_argument("--every-network", action="store_true",
-                   help="also retrain every distinct network the searched space holds (at most 1,000): where the "
-                        "found models rank among the networks no costlier, and the network furthest below the "
-                        "Transformer-XL front, i.e. the most any search of this space could find")
-    p.add_argument("--census", type=int, default=None, metavar="N",
-                   help="for a space too large for --every-network: also retrain N distinct networks of it drawn at "
-                        "random (train.seed), stratified by predicted cost; the same verdicts, on the sample (default: "
-                        "none)")
+    p.add_argument("--space", default=None, metavar="all|N",
+                   help="also retrain networks of the searched space: all (every distinct one, at most 1,000), or N "
+                        "drawn at random (train.seed), stratified by predicted cost, for a larger space: where the "
+                        "found models rank among the networks no costlier, and the most any search of this space "
+                        "could find (default: none)")
     p.add_argument("--candidates", action="append", metavar="K,K,...",
                    help="a candidate set to search (repeatable: each set gets its own searches, compared at equal "
                         "steps against one Transformer-XL and one timing); default: the config's search.candidates")
@@ -158,7 +155,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(tables, "build", cmd_table_build,
                     "parnas table build runs/study/study.json --table space.json")
     p.set_defaults(command="table build")
-    p.add_argument("study", metavar="STUDY_JSON", help="the study.json of a finished --every-network or --census study")
+    p.add_argument("study", metavar="STUDY_JSON", help="the study.json of a finished study with --space")
     p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to write (a new file)")
     p.add_argument("--latency-table", default=None, metavar="FILE",
                    help="the latency table that prices the layouts (default: the study's own)")

@@ -8,7 +8,7 @@ study needs is then retrained from scratch at equal steps and settings, with the
 ``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
 at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
 dense, then identity; Press et al. 2020) and R random orderings of the same kinds; with
-``--every-network``, every distinct network of the searched space, with ``--census N`` a sample of N of them
+``--space all``, every distinct network of the searched space, with ``--space N`` a sample of N of them
 stratified by predicted cost (:mod:`parnas.study.space`). A layout is
 trained once however many roles it plays.
 
@@ -21,7 +21,6 @@ This module imports only light modules at the top: the CLI checks every argument
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -30,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from parnas import architecture, reading, strategy_registry
-from parnas.config import Config, SearchConfig, load_config, transformer_xl_layout
+from parnas.config import Config, load_config, transformer_xl_layout
 from parnas.errors import ConfigError, ParnasError
 from parnas.overrides import as_given, from_dict, merge, parse_overrides, unflatten
+from parnas.strategies.par_settings import BUDGET, par_settings
 from parnas.study.front import parse_widths
 from parnas.study.orderings import random_orderings, sandwich
 from parnas.study.report import budget_label
@@ -144,11 +144,15 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
               rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None, every_network: bool = False, census: int | None = None) -> Plan:
-    """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing."""
+              widths: str | None = None, every_network: bool = False, census: int | None = None,
+              space: str | None = None) -> Plan:
+    """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing. ``space``:
+    ``--space`` as given (``all``: ``every_network``; a count: ``census``)."""
+    if space is not None:
+        every_network, census = parse_space(space)
     for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
                                ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
-                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1), ("--census", census, 1)):
+                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1), ("--space", census, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
@@ -187,20 +191,29 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
         settings["train.max_steps"] = plan.search_steps
-    if plan.base.search.select.steps is None:  # the final pick judges its finalists as the study's retrains train
-        settings["search.select.steps"] = list(plan.base.search.select.rounds(plan.retrain_steps
-                                                                              or plan.base.train.max_steps))
-    if search.budget is not None or "latency_budget" in {f.name for f in dataclasses.fields(SearchConfig)}:
-        settings["search.latency_budget"] = search.budget  # "none" overrides a budget the config may set
+    own, select = f"search.{plan.base.search.strategy}", par_settings(plan.base.search).select
+    if select.steps is None:  # the final pick judges its finalists as the study's retrains train
+        settings[f"{own}.select.steps"] = list(select.rounds(plan.retrain_steps or plan.base.train.max_steps))
+    settings[f"{own}.latency_budget"] = search.budget  # "none" overrides a budget the config may set
     if search.candidates is not None:
         settings["search.candidates"] = list(search.candidates)
     return config_with_settings(plan.base, settings)
 
 
+def parse_space(text: str) -> tuple[bool, int | None]:
+    """``--space``: ``all`` (every network of the space) or N (a census of N networks), as (every_network, census)."""
+    if text.strip().lower() == "all":
+        return True, None
+    try:
+        return False, int(text)
+    except ValueError:
+        raise ConfigError(f"--space must be all or a number of networks, not {text!r}") from None
+
+
 def first_budget_setting(budgets: Sequence[float | None]) -> list[str]:
     """``--set`` of the first latency budget --budgets gives, if any. The base and retrain configs are checked with it,
     as each search's config is with its own: a budget's hinge on the expected cost is only valid with a budget."""
-    return [f"search.latency_budget={budget}" for budget in budgets if budget is not None][:1]
+    return [f"{BUDGET}={budget}" for budget in budgets if budget is not None][:1]
 
 
 def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:
@@ -261,7 +274,7 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def plan_entries(plan: Plan, found: Mapping[PlannedSearch, Mapping[str, Any]]) -> list[Entry]:
-    """Every row of the study: Transformer-XL and its shallower front once, with ``--every-network`` every network
+    """Every row of the study: Transformer-XL and its shallower front once, with ``--space all`` every network
     of the space, then per search its found, sandwich and random layouts."""
     from parnas.study.front import front_layouts
     from parnas.study.space import space_layouts

@@ -21,7 +21,7 @@ from typing import Any
 
 from parnas import architecture, strategy_registry
 from parnas.files import write_json_atomic
-from parnas.run_folders import hold_run_dir
+from parnas.owned_folders import hold_run_dir
 from parnas.study.front import width_model
 from parnas.study.measure import over_seeds
 from parnas.study.plan import (
@@ -121,10 +121,10 @@ def _ppl(metrics: Mapping[str, Any]) -> str:
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
     """Search, retrain, time and report; returns what ``<out>/study.json`` holds. The study holds its folder
-    (:func:`parnas.run_folders.hold_run_dir`), and each search and retrain the sub-folder it writes.
+    (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes.
 
     A study runs, resumes, clears or reads only the sub-folders of ``search/`` and ``retrain/`` it made: each gets
-    a mark when the study makes it (:func:`parnas.run_folders.own_sub_dir`). One it did not make (a run started
+    a mark when the study makes it (:func:`parnas.owned_folders.own_sub_dir`). One it did not make (a run started
     there by hand, live or finished) is refused in one line naming it, before any work, and kept."""
     with hold_run_dir(plan.out):
         check_sub_dirs(plan.out, ("search", "retrain"), "study")

@@ -3,7 +3,7 @@
 The front says whether a found model beats making Transformer-XL shallower. It cannot say whether the search
 found the best its space offers, nor whether the space holds anything far enough below the front at all: a
 search that misses a goal may be failing, or the goal may lie outside its space. ``parnas study
---every-network`` settles it by brute force where the space is small: every distinct network of the space is
+--space all`` settles it by brute force where the space is small: every distinct network of the space is
 retrained like the other layouts (layouts that differ only in where their identity blocks stand are one
 network, :func:`parnas.nn.model.blocks_run`, and are trained once), priced like them, and read off each
 search's supernet for the ranking's Kendall tau. The study then says, per group of searches, where the found
@@ -11,7 +11,7 @@ models rank among the networks no costlier than they are, and once, which networ
 Transformer-XL front.
 
 The space grows as k^n (k kinds that run, n blocks), so this is for small spaces: more than
-:data:`MAX_NETWORKS` are refused before anything runs. A larger space is judged by a census, ``--census N``
+:data:`MAX_NETWORKS` are refused before anything runs. A larger space is judged by a census, ``--space N``
 (:func:`census_networks`): N distinct networks drawn at random, stratified by predicted cost so that the
 sample spans the cheap and the costly ends of the space alike, retrained and judged by the same verdicts,
 which then say it is a sample of N of the space's networks. The best of many retrained perplexities is
@@ -68,7 +68,7 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
     :data:`MAX_NETWORKS`, before enumerating."""
     count = count_networks(candidates, n_blocks, reversible)
     if count > MAX_NETWORKS:
-        raise ConfigError(f"--every-network: {n_blocks} blocks over {', '.join(candidates)} make {count:,} "
+        raise ConfigError(f"--space all: {n_blocks} blocks over {', '.join(candidates)} make {count:,} "
                           f"networks; at most {MAX_NETWORKS} are retrained (fewer blocks or candidates)")
     if reversible or SKIPPED_KIND not in candidates:
         return list(itertools.product(candidates, repeat=n_blocks))
@@ -78,11 +78,11 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
 
 
 def check_space(plan: SpacePlan) -> None:
-    """Refuses a space too large to retrain whole (``--every-network``) or a census it cannot give."""
+    """Refuses a space too large to retrain whole (``--space all``) or a census it cannot give."""
     if plan.every_network and plan.census:
-        raise ConfigError("--census samples the space that --every-network retrains whole: give one of them")
+        raise ConfigError("--space is all or a number of networks, not both")
     if plan.census and len(plan.candidate_sets) > 1:
-        raise ConfigError("--census samples one search space: give at most one --candidates set")
+        raise ConfigError("--space N samples one search space: give at most one --candidates set")
     if plan.census:
         check_census(plan.census, _searched(plan)[0], plan.base.model.n_blocks, plan.base.model.reversible)
     else:
@@ -90,7 +90,7 @@ def check_space(plan: SpacePlan) -> None:
 
 
 def space_layouts(plan: SpacePlan, costs: Mapping[str, float] | None = None) -> list[tuple[str, ...]]:
-    """With ``--every-network``, each distinct network of the searched candidate sets once; with ``--census N``,
+    """With ``--space all``, each distinct network of the searched candidate sets once; with ``--space N``,
     N of them drawn with ``train.seed``, stratified by ``costs`` (the searches' block costs, needed then); else
     none."""
     model = plan.base.model
@@ -129,14 +129,14 @@ def check_census(census: int, candidates: Sequence[str], n_blocks: int, reversib
     network's kinds than :data:`MAX_COUNTS` (each is priced to stratify the sample)."""
     total = count_networks(candidates, n_blocks, reversible)
     if census > total:
-        raise ConfigError(f"--census {census:,}: {n_blocks} blocks over {', '.join(candidates)} make only {total:,} "
-                          f"networks; give at most {total:,}, or --every-network")
+        raise ConfigError(f"--space {census:,}: {n_blocks} blocks over {', '.join(candidates)} make only {total:,} "
+                          f"networks; give at most {total:,}, or --space all")
     kinds, depths = _orders(candidates, n_blocks, reversible)
     counts = sum(math.comb(depth + len(kinds) - 1, depth) for depth in depths)
     if counts > MAX_COUNTS:
-        raise ConfigError(f"--census: {n_blocks} blocks over {', '.join(candidates)} are too many to stratify by "
-                          f"cost ({counts:,} ways to count a network's kinds, at most {MAX_COUNTS:,}); use fewer "
-                          "blocks or candidates")
+        raise ConfigError(f"--space {census:,}: {n_blocks} blocks over {', '.join(candidates)} are too many to "
+                          f"stratify by cost ({counts:,} ways to count a network's kinds, at most {MAX_COUNTS:,}); "
+                          "use fewer blocks or candidates")
 
 
 def census_networks(candidates: Sequence[str], n_blocks: int, size: int, costs: Mapping[str, float], seed: int,

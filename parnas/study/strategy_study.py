@@ -10,7 +10,7 @@ their cost ratio, the retrained validation perplexity (mean ± spread over searc
 time, with a verdict: does PAR's strategy find a better model than NNI's built-ins at that budget?
 Searches go to ``<out>/search/<strategy>-s<seed>``, retrains to ``<out>/retrain/<LAYOUT>[-s<k>]``; a rerun
 skips finished ones. A sub-folder there the study did not make is refused, and kept
-(:func:`parnas.run_folders.own_sub_dir`).
+(:func:`parnas.owned_folders.own_sub_dir`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from parnas.config import Config, load_config
 from parnas.errors import ConfigError, ParnasError
 from parnas.files import write_json_atomic, write_text_atomic
 from parnas.overrides import as_given
-from parnas.run_folders import hold_run_dir
+from parnas.owned_folders import hold_run_dir
 from parnas.strategy_registry import PAR_GUMBEL_DARTS
 from parnas.study.sub_folders import check_sub_dirs, own_sub_dir
 
@@ -47,8 +47,9 @@ def parse_strategies(text: str) -> tuple[str, ...]:
 def search_settings(strategy: str, seed: int, search_steps: int, trials: int, out: Path) -> list[str]:
     multi_trial = strategy_registry.get(strategy).family == strategy_registry.MULTI_TRIAL
     steps = max(1, search_steps // trials) if multi_trial else search_steps
+    unpriced = [f"search.{PAR_GUMBEL_DARTS}.latency_budget=null"] if strategy == PAR_GUMBEL_DARTS else []
     return [f"search.strategy={strategy}", f"train.seed={seed}", f"train.max_steps={steps}",
-            f"train.eval_every={steps}", f"search.trials={trials}", "search.latency_budget=null",
+            f"train.eval_every={steps}", f"search.trials={trials}", *unpriced,
             as_given("search.out_dir", str(out / "search" / f"{strategy}-s{seed}"))]
 
 
@@ -69,7 +70,7 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
                        out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int = 1,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Search with every strategy and seed, retrain what they found, and write the comparison. The study holds
-    ``out`` (:func:`parnas.run_folders.hold_run_dir`), and each search and retrain the sub-folder it writes."""
+    ``out`` (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes."""
     for name, value in (("--seeds", seeds), ("--search-steps", search_steps), ("--retrain-steps", retrain_steps),
                         ("--trials", trials), ("--retrain-seeds", retrain_seeds)):
         if value < 1:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from parnas.errors import ParnasError
 from parnas.files import check_not_link, check_writable_dir
-from parnas.run_folders import LOCK_FILE, check_no_other_run, check_not_held, runs_within
+from parnas.owned_folders import LOCK_FILE, check_no_other_run, check_not_held, runs_within
 
 OWNER_FILE = ".parnas-owner"  # written by a parent command (a study) into each sub-folder it makes
 

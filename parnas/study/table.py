@@ -369,8 +369,8 @@ def rebuild_command(study: Mapping[str, Any], path: Path, latency_table: str | P
              *([f"--retrain-steps {study['retrain_steps']}"] if study.get("retrain_steps") else []),
              f"--retrain-seeds {study.get('retrain_seeds') or 1}",
              f"--random-orderings {study.get('random_orderings', 3)}",
-             *([f"--census {census['networks']}"] if census else
-               ["--every-network"] if any(r.get("role") == "space" for r in study.get("rows") or []) else []),
+             *([f"--space {census['networks']}"] if census else
+               ["--space all"] if any(r.get("role") == "space" for r in study.get("rows") or []) else []),
              f"--out {path.parent}"]
     convert = f"parnas table build {path} --table TABLE.json" + (
         f" --latency-table {shlex.quote(str(latency_table))}" if latency_table is not None else "")

@@ -11,7 +11,7 @@ depends on the corpus, which a dry run does not read). Memory is :func:`parnas.t
 lower bound. The vocabulary is ``data.vocab_size``: the tokenizer is not built.
 
 It also says how long the run is: its optimiser steps (``train.stop_at``, else ``train.max_steps``) and the tokens
-they train on (batch x segment x ``train.accumulate``: the batch is split across processes, not multiplied), and,
+they train on (batch x segment: the batch is split across processes, not multiplied), and,
 where a latency table prices the run's shapes, the time those steps take (:func:`expected_time`): a search's
 ``search.latency_table`` (timed on the device it names, so a plan for a GPU can be priced on a laptop), else the
 newest table ``parnas latency`` cached for this machine's device at these shapes. The table prices eager steps
@@ -110,10 +110,9 @@ def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) ->
 
 def run_length(cfg: Config) -> tuple[int, int]:
     """(optimiser steps, tokens trained on) of a run: ``train.stop_at`` else ``train.max_steps`` steps, each of
-    ``data.batch_size`` x ``data.seg_len`` x ``train.accumulate`` tokens (the batch is the whole step's, split
-    across processes)."""
+    ``data.batch_size`` x ``data.seg_len`` tokens (the batch is the whole step's, split across processes)."""
     steps = cfg.train.stop_at or cfg.train.max_steps
-    return steps, steps * cfg.data.step_tokens * cfg.train.accumulate
+    return steps, steps * cfg.data.step_tokens
 
 
 def cached_table(key: dict, folder: Path) -> LatencyTable | None:
@@ -200,7 +199,7 @@ def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
         per_kind = {kind: _params(make_block(kind, m)) for kind in dict.fromkeys(k for b in blocks for k in b)}
     embedding = _params(body.embed)
     shared = {id(p) for p in body.embed.parameters()}
-    head = sum(p.numel() for p in body.head.parameters() if id(p) not in shared) + _params(body.final_norm)
+    head = sum(p.numel() for p in body.head.parameters() if id(p) not in shared)
     counts = {kind: sum(kind in b for b in blocks) for kind in per_kind}
     shared_kinds = {k for k in per_kind if m.shares_weights(k)}
     block_params = sum(per_kind[k] * (1 if k in shared_kinds else counts[k]) for k in per_kind)
@@ -227,8 +226,7 @@ def dry_run(cfg: Config, blocks: Sequence[Sequence[str]], what: str) -> str:
         f"{size(estimate.parameter_bytes)}, activations {size(estimate.activation_bytes)} "
         f"({cfg.train.precision})",
         f"  steps {steps:,}{' (train.stop_at)' if cfg.train.stop_at else ''}, tokens {tokens:,} "
-        f"({cfg.data.batch_size} x {cfg.data.seg_len}{f' x {cfg.train.accumulate}' if cfg.train.accumulate > 1 else ''}"
-        " a step)",
+        f"({cfg.data.batch_size} x {cfg.data.seg_len} a step)",
         expected_time(cfg, blocks, steps),
         "  dry run: nothing read, allocated or written",
     ])

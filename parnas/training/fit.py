@@ -38,7 +38,7 @@ from parnas.data.tokenizer import Tokenizer
 from parnas.files import resume_source, write_json_atomic
 from parnas.kinds import attending
 from parnas.nn.model import TransformerXL, build_fixed_model
-from parnas.run_folders import take_run_dir
+from parnas.owned_folders import take_run_dir
 from parnas.training.compiling import compile_model
 from parnas.training.data_module import check_segments
 from parnas.training.devices import check_devices
@@ -66,7 +66,7 @@ def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
 
 def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics.
-    Takes ``train.out_dir`` (:func:`parnas.run_folders.take_run_dir`) unless the command around it has."""
+    Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the command around it has."""
     with take_run_dir(cfg.train.out_dir, resume):
         return _train(cfg, resume)
 
@@ -95,7 +95,7 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
     continues from ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must
     exist and match ``cfg``; without it ``out_dir`` must hold no run. ``test`` and ``valid_fraction``: what the
     final evaluation reads (:func:`parnas.training.evaluation.final_metrics`). The run takes ``out_dir``
-    (:func:`parnas.run_folders.take_run_dir`: held, and checked once for the whole command, so inside ``train``,
+    (:func:`parnas.owned_folders.take_run_dir`: held, and checked once for the whole command, so inside ``train``,
     ``retrain`` or a command that took it already this neither checks nor locks again), and everything is
     checked before a file is written. Returns the metrics on rank 0, ``{}`` on other ranks.
     """

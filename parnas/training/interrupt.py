@@ -88,8 +88,6 @@ class StopOnSignal(pl.Callback):
         stop_at_once_from_now()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.fit_loop._should_accumulate():  # inside an accumulation window: no step has ended
-            return
         signum = self._agreed(trainer)
         if signum and not self.checkpoint.validates(trainer):
             self._stop(trainer, signum)

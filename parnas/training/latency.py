@@ -234,9 +234,9 @@ def target_memories(cfg: Config) -> dict[str, int]:
 
 def tokens_per_round(cfg: Config, steps: int) -> int:
     """Tokens a generation round decodes per model: a short decode of ``DECODE_TOKENS`` (fewer only where
-    ``steps`` segments hold fewer). Each token is a forward of batch 1 read back to the host: a segment's worth
-    per step made a table of a few models decode thousands of tokens (over 90 s on a GPU); a few dozen tokens
-    last long enough to time steadily, on CUDA by its events."""
+    ``steps`` segments hold fewer). Each token is a forward of batch 1 read back to the host, so a segment's worth
+    per step would make a table of a few models decode thousands of tokens; a few dozen tokens last long enough
+    to time steadily, on CUDA by its events."""
     return max(1, min(DECODE_TOKENS, steps * cfg.data.seg_len))
 
 

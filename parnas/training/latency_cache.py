@@ -1,17 +1,16 @@
 """The cache of latency tables: a table is kept only if it was timed on a machine that left the timing its cores.
 
-A table timed while other processes take the cores prices the kinds as that moment did: on a busy 2-core
-machine one such table had a constant part 8x and attention's price over dense's 2.8x instead of 1.9x, and
-every later search reused it. So a table is cached (under ``<cache>/latency/``, keyed by device name, torch
-version, thread count and every shape that changes the cost) only when the other processes' runnable threads,
-sampled between rounds, left the timing its threads: at most ``cores - threads`` of them on average. Otherwise
-it is timed again (up to ``TRIES`` times, each try said in one line) and the steadiest used uncached, with one
-warning that names its spread and load.
+A table timed while other processes take the cores prices the kinds as that moment did, not as the device does, and
+every later search would reuse it. So a table is cached (under ``<cache>/latency/``, keyed by device name, torch
+version, thread count and every shape that changes the cost) only when the other processes' runnable threads, sampled
+between rounds, left the timing its threads: at most ``cores - threads`` of them on average. Otherwise it is timed again
+(up to ``TRIES`` times, each try said in one line) and the steadiest used uncached, with one warning that names its
+spread and load.
 
 A table timed with the machine to itself whose costs still spread by more than ``SPREAD_LIMIT`` of the step
 they were read from (:func:`parnas.training.latency.relative_spread`) spreads by the device's own jitter, which
-another try repeats: on an H100 at load 0 three tries spread 29%, 17% and 29%, and timing each search's table
-again kept a GPU search silent for 35 s and priced every run of the same search differently. It is cached with
+another try repeats; timing each search's table again would keep every search waiting and price every run of
+the same search differently. It is cached with
 one warning naming its spread; ``parnas latency --refresh`` times it again. A cached table written before
 tables recorded their timing is timed again too. :func:`check_cache` says how far the cache is from a timing
 taken now (``parnas latency --check``).
@@ -34,7 +33,7 @@ from parnas import reading
 from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
-from parnas.run_folders import hold_run_dir
+from parnas.owned_folders import hold_run_dir
 from parnas.training import latency
 from parnas.training.latency_table import MODES, LatencyTable, cost_problem, table_key
 from parnas.training.timing import stderr_line
@@ -242,7 +241,7 @@ def experiment_table(folder: Path, key: dict[str, Any], obtain: Callable[[], Lat
                      progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, Path, bool]:
     """The one table every trial of an experiment prices with, kept in ``folder`` (the experiment's): returns (table,
     its file, whether another trial had made it). The first trial to need it holds ``folder``
-    (:func:`parnas.run_folders.hold_run_dir`: an ``O_NOFOLLOW`` lock) while ``obtain`` gives it (this machine's
+    (:func:`parnas.owned_folders.hold_run_dir`: an ``O_NOFOLLOW`` lock) while ``obtain`` gives it (this machine's
     cache, or a timing) and writes it; the others wait for the lock and read it. Trials that each timed their own
     table at whatever load they met optimised against different prices; a table that never steadied is not cached
     on the machine, and is shared here all the same. A file that does not read back as a table of ``key`` is

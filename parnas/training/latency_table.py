@@ -2,10 +2,10 @@
 
 A table (:class:`LatencyTable`) prices a whole step as ``constant + sum of its blocks' costs`` for each latency
 target it was timed for (:mod:`parnas.training.latency` times it). It is JSON, format ``FORMAT``: version 2
-prices every target, ``PARTIAL_VERSION`` some of them, version 1 (train and inference) stays readable. A table
-read from a file is checked whole before a run uses it (:func:`load_table_for`): well-typed, finite positive
-costs (:func:`cost_problem`), the run's target and kinds, and the run's shapes (:func:`table_key`); the device
-it was timed on may differ.
+prices every target (``WHOLE_VERSION``), version 3 some of them (``PARTIAL_VERSION``), version 1 (train and
+inference) stays readable. A table read from a file is checked whole before a run uses it
+(:func:`load_table_for`): well-typed, finite positive costs (:func:`cost_problem`), the run's target and kinds,
+and the run's shapes (:func:`table_key`); the device it was timed on may differ.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from typing import Any
 
 import torch
 
-from parnas import reading
+from parnas import kinds, reading
 from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError
 
 MODES = LATENCY_TARGETS  # the latency targets a table prices (both names stay importable from here)
-FORMAT, VERSION = "parnas.latency", 2
-PARTIAL_VERSION = 3  # a table of some of the targets (version 2 holds all of them; parnas before 3 reads no 3)
-VERSION_MODES = {1: ("train", "inference"), 2: MODES}  # what each format version holds (version 1 stays readable)
+FORMAT = "parnas.latency"
+# The format's versions, oldest first: 1 prices train and inference (still readable), 2 every target, 3 some of
+# them. A table is written as 2 when it is whole, so that parnas before version 3 still reads it, else as 3.
+WHOLE_VERSION, PARTIAL_VERSION = 2, 3
+VERSION_MODES = {1: ("train", "inference"), WHOLE_VERSION: MODES}  # the targets a whole table of each version holds
 READABLE_VERSIONS = (*VERSION_MODES, PARTIAL_VERSION)
 
 
@@ -78,8 +80,8 @@ class LatencyTable:
                             self.timing)
 
     def to_dict(self) -> dict[str, Any]:
-        """As a table file holds it: version 2 when it prices every target, else ``PARTIAL_VERSION``."""
-        version = VERSION if set(self.modes) == set(MODES) else PARTIAL_VERSION
+        """As a table file holds it: ``WHOLE_VERSION`` when it prices every target, else ``PARTIAL_VERSION``."""
+        version = WHOLE_VERSION if set(self.modes) == set(MODES) else PARTIAL_VERSION
         return {"format": FORMAT, "version": version, **asdict(self)}
 
     @classmethod
@@ -117,17 +119,24 @@ MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))  # the
 DEVICE_FIELDS = ("device", "device_type", "torch", "threads", "precision")
 
 
+def _kind_fields(kind: str) -> set[str]:
+    """The settings this version's ``kind`` has."""
+    settings = kinds.get(kind).settings_class()
+    return {f.name for f in dataclasses.fields(settings)} if settings is not None else set()
+
+
 def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> list[str]:
     """``name table-value vs run-value`` for each shape (``model.<setting>`` for the model's) that differs.
     A model setting newer than the table counts as its default there (what the code that timed it built); one this
-    version's model has no field for (a key of an earlier version: a kind's setting then kept flat) is no shape of
-    any run it builds, and is left out."""
+    version's model has no field for (a key of an earlier version: a kind's setting then kept flat, or one a kind
+    has no more) is no shape of any run it builds, and is left out."""
     def flat(key: dict[str, Any], model_defaults: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in key.items() if k not in (*DEVICE_FIELDS, "kinds", "model")}
         model = {**model_defaults, **(key.get("model") or {})}
         for name, value in model.items():
-            if isinstance(value, dict):  # a kind's settings: only the run's kinds' count
-                out.update({f"model.{name}.{k}": v for k, v in value.items()} if name in run_key["kinds"] else {})
+            if isinstance(value, dict):  # a kind's settings: only the run's kinds' count, as the model's do
+                own = _kind_fields(name) if name in run_key["kinds"] else set()
+                out.update({f"model.{name}.{k}": v for k, v in value.items() if k in own})
             elif name in MODEL_FIELDS:
                 out[f"model.{name}"] = value
         return out

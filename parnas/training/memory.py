@@ -184,7 +184,7 @@ def _status_bytes(field: str) -> float:
 
 
 # Address space a training process maps beyond what it had when checked, over the estimate: allocator arenas,
-# optimiser temporaries, thread stacks (a 282 MiB estimate mapped 533 MiB more by its second step). Only a
+# optimiser temporaries, thread stacks, which map about as much again as the estimate by the second step. Only a
 # limit on the process's own address space (ulimit -v, -d) is held to it; RAM is touched, not mapped.
 MAPPED = 2
 _checked: tuple[MemoryEstimate, str, int] | None = None  # the last check's estimate, advice and processes

@@ -20,7 +20,7 @@ from parnas.config import Config
 from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.files import write_atomic
-from parnas.selection import SelectConfig
+from parnas.pick_config import SelectConfig
 from parnas.training import checkpoint as ckpt
 
 # Settings a resumed run may change: they move no weight (search.* plays no part in training a fixed model).
@@ -32,7 +32,7 @@ RESUMABLE_CHANGES = {"train.stop_at", "train.devices", "train.num_nodes", "train
 # A search may also move its run directory and log at another interval; its other search.* settings must match.
 # The final pick runs after the supernet and replans when any of its settings changes.
 SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_every"} | {
-                                                 f"search.select.{f.name}" for f in fields(SelectConfig)}
+    f"search.par-gumbel-darts.select.{f.name}" for f in fields(SelectConfig)}
 
 
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,

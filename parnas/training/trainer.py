@@ -43,8 +43,7 @@ class StepCheckpoint(pl.Callback):
 
     def validates(self, trainer: pl.Trainer) -> bool:
         """Whether the optimiser step that just ended is followed by a validation."""
-        return bool(self.eval_every) and trainer.global_step % self.eval_every == 0 \
-            and not trainer.fit_loop._should_accumulate()
+        return bool(self.eval_every) and trainer.global_step % self.eval_every == 0
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
@@ -151,7 +150,7 @@ class PlainProgress(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
         if not prints_progress(step, self.every) or step == self._printed or not trainer.is_global_zero:
-            return  # (a step repeats while gradients accumulate)
+            return
         self._printed = step
         metrics = trainer.callback_metrics
         parts = [f"step {step:,}/{trainer.max_steps:,}"]
@@ -175,11 +174,10 @@ class PlainProgress(pl.Callback):
 
 
 class CompileNotice(pl.Callback):
-    """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run
-    eager; a CUDA-graphed wt2-par Transformer-XL took 48 s on an H100 before its first timed step), and its
-    evaluation graphs by the first validation batch whose memory is full: minutes at a large shape, which no
-    progress line covers. One line says so before training starts, and one after each of those batches says how
-    long it took and what it compiled (:func:`compiled_since`), on rank 0."""
+    """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run eager),
+    and its evaluation graphs by the first validation batch whose memory is full: minutes at a large shape, which no
+    progress line covers. One line says so before training starts, and one after each of those batches says how long it
+    took and what it compiled (:func:`compiled_since`), on rank 0."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -248,8 +246,8 @@ def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer]
     checkpoint = StepCheckpoint(out_dir / "checkpoints" / "last.ckpt", cfg.ckpt_every, cfg.eval_every)
     kwargs: dict[str, Any] = dict(
         max_steps=cfg.stop_at or cfg.max_steps, max_epochs=-1,
-        val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
-        accumulate_grad_batches=cfg.accumulate, gradient_clip_val=cfg.clip or None,
+        val_check_interval=cfg.eval_every, check_val_every_n_epoch=None,
+        gradient_clip_val=cfg.clip or None,
         accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, precision=cfg.precision,
         # adaptive softmax leaves a tail cluster unused when no target of a batch falls in it
         strategy="ddp_find_unused_parameters_true" if cfg.devices * cfg.num_nodes > 1 else "auto",

@@ -52,7 +52,7 @@ def test_the_campaign_tries_every_family_of_trust():
     names = [c.name for c in all_cases()]
     for prefix, least in (("removal: ", 1), ("links: ", 12), ("cache: token ids", 2), ("cache: a vocabulary", 1),
                           ("special: ", 12), ("ids: ", 4), ("json: an architecture whose", 5), ("numbers: ", 4),
-                          ("weights: ", 2), ("settings: search.select.steps", 2)):
+                          ("weights: ", 2), ("settings: search.par-gumbel-darts.select.steps", 2)):
         assert sum(n.startswith(prefix) for n in names) >= least, prefix
     for sub in ("checkpoints/", "tensorboard/", "select/", "search/", "retrain/", "t1.json", "summary.json"):
         assert any(n.startswith("links: ") and sub in n for n in names), sub

@@ -44,7 +44,7 @@ def test_every_paper_preset_dry_runs_under_every_command(capsys, monkeypatch, tm
     ([], None), (["model.adaptive_input=true", "model.tie_weights=true", "model.tie_projs=[false,true,true]",
                   "model.share_position_bias=true"], None),
     (["model.cutoffs=[]", "model.tie_weights=true"], ["attention", "glu", "identity", "conv"]),
-    (["model.share_weights=[dense]"], ["attention", "dense", "dense", "identity"]),
+    ([], ["attention", "shared", "shared", "identity"]),
 ])
 def test_the_parameters_printed_are_those_of_the_model_built(settings, layout):
     cfg = load_config("tiny", [*settings, "data.vocab_size=1000"])

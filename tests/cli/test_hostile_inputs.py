@@ -252,7 +252,7 @@ def test_an_output_path_under_a_file_or_too_long_is_one_line(capsys, tmp_path, o
 
 @pytest.mark.parametrize("setting, said", [
     ("model.reversible=true", "a search's supernet runs each block alone"),
-    ("train.accumulate=2", "search does not support train.accumulate > 1"),
+    ("train.accumulate=2", "train.accumulate was removed"),
 ])
 def test_a_study_whose_searches_would_be_refused_is_refused_before_it_writes(capsys, tmp_path, setting, said):
     """What its first search would refuse, a study refuses at the top: not after its folder and settings exist."""

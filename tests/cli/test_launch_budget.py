@@ -24,19 +24,20 @@ def test_a_budget_below_the_cheapest_layout_is_refused_in_one_line_and_nothing_s
     monkeypatch.setattr(experiment_budget, "cheapest_ratio", lambda cfg: (0.31, "identity", "a table", None))
     monkeypatch.setenv("NNI_EXPERIMENTS_DIR", str(tmp_path / "experiments"))
     experiment = yaml.safe_load((REPO / "search.yaml").read_text())
-    experiment["searchSpace"]["search.latency_budget"] = {"_type": "choice", "_value": [0.2, 0.65]}
+    experiment["searchSpace"]["search.par-gumbel-darts.latency_budget"] = {"_type": "choice", "_value": [0.2, 0.65]}
     experiment["experimentWorkingDirectory"] = str(tmp_path / "experiments")
     config = tmp_path / "search.yaml"
     config.write_text(yaml.safe_dump(experiment))
     assert main(["launch", "--config", str(config), "--port", "8743"]) == 2
     out, err = capsys.readouterr()
-    assert len(err.strip().splitlines()) == 1 and "search.latency_budget=0.2" in err and "0.31" in err, err
+    assert len(err.strip().splitlines()) == 1 and "search.par-gumbel-darts.latency_budget=0.2" in err, err
+    assert "0.31" in err, err
     assert out == "" and not (tmp_path / "experiments").exists()
 
 
 def test_a_range_is_checked_at_its_lower_end_and_a_fixed_budget_too():
-    cfg = load_config("wt2-cpu", ["search.latency_budget=0.9"])
-    ranged = {"searchSpace": {"search.latency_budget": {"_type": "uniform", "_value": [0.4, 0.9]}}}
+    cfg = load_config("wt2-cpu", ["search.par-gumbel-darts.latency_budget=0.9"])
+    ranged = {"searchSpace": {"search.par-gumbel-darts.latency_budget": {"_type": "uniform", "_value": [0.4, 0.9]}}}
     assert experiment_budget.drawn_budgets(ranged, cfg) == [0.4]
     assert experiment_budget.drawn_budgets({"searchSpace": {}}, cfg) == [0.9]
 

@@ -40,7 +40,7 @@ def trial_jobs(port: int) -> list[dict]:
 @pytest.mark.slow
 def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path, wt2_slice, capsys):
     config = yaml.safe_load((REPO / "search.yaml").read_text())
-    config["searchSpace"].pop("search.latency_budget")  # a fraction of measured latency: these trials price FLOPs
+    config["searchSpace"].pop("search.par-gumbel-darts.latency_budget")  # measured latency: these trials price FLOPs
     config.update(
         trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
                       "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "
@@ -162,7 +162,7 @@ def test_launch_wait_shows_the_trials_progress_and_ends_with_the_export_table(tm
     """What `make search` runs: trial k of n with its step while the trials run, then the end, the export table
     and the next command, without the web UI."""
     config = yaml.safe_load((REPO / "search.yaml").read_text())
-    config["searchSpace"].pop("search.latency_budget")  # a fraction of measured latency: these trials price FLOPs
+    config["searchSpace"].pop("search.par-gumbel-darts.latency_budget")  # measured latency: these trials price FLOPs
     config.update(
         trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
                       "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "

@@ -13,7 +13,7 @@ from test_bad_input import assert_refused, cli, micro_settings
 from test_run_lock import holder
 
 from parnas.errors import ParnasError
-from parnas.run_folders import LOCK_FILE
+from parnas.owned_folders import LOCK_FILE
 from parnas.study.sub_folders import OWNER_FILE, clear_own_dir, own_sub_dir
 
 HEAD = {"train": ["train"], "retrain": ["retrain", "--arch", "transformer-xl"], "search": ["search"]}
@@ -73,7 +73,7 @@ def test_a_live_run_nested_where_a_command_writes_is_refused_naming_its_process(
 
 
 def test_a_fresh_search_clears_its_own_stale_logs_but_not_a_run_that_arrived_there(tmp_path):
-    from parnas.strategies.run_folder import prepare_run_dir
+    from parnas.strategies.search_folder import prepare_run_dir
 
     run = tmp_path / "search"
     (run / "tensorboard").mkdir(parents=True)
@@ -169,7 +169,7 @@ def test_a_command_checks_and_locks_its_folder_once(micro, tmp_path, name):
     folder taken (counted in a child process, whose imports are its own)."""
     out = tmp_path / "run"
     args = [*HEAD[name], *micro_settings(micro, out, f"search.out_dir={out}", "search.log_every=1")]
-    code = ("import sys, parnas.run_folders as r\n"
+    code = ("import sys, parnas.owned_folders as r\n"
             "calls = {'check': 0, 'lock': 0}\n"
             "def count(name, real):\n"
             "    def f(*a, **k):\n"

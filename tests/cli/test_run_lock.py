@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from parnas.errors import ParnasError
-from parnas.run_folders import LOCK_FILE, check_not_held, hold_run_dir
+from parnas.owned_folders import LOCK_FILE, check_not_held, hold_run_dir
 
 ROOT = Path(__file__).parents[2]
 HOLD = ("import sys, time\n"
-        "from parnas.run_folders import hold_run_dir\n"
+        "from parnas.owned_folders import hold_run_dir\n"
         "with hold_run_dir(sys.argv[1]):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(600)\n")

@@ -182,8 +182,8 @@ def copy_stream(n_chunks: int, seed: int) -> np.ndarray:
 
 def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, deterministic):
     from parnas.strategies.costs import CostModel
-    from parnas.strategies.run_folder import prepare_run_dir
     from parnas.strategies.search import build_search
+    from parnas.strategies.search_folder import prepare_run_dir
 
     splits = {"train": copy_stream(3000, 0), "valid": copy_stream(100, 1), "test": copy_stream(100, 2)}
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", 2)
@@ -194,7 +194,7 @@ def test_a_killed_cuda_search_resumes_to_the_same_logits_and_history(tmp_path, d
                                    "data.seg_len=16", "data.eval_batch_size=4", "train.warmup_steps=10",
                                    "train.lr=1e-2", "search.arch_lr=0.03", "train.max_steps=20",
                                    "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
-                                   "model.dropout=0.1", "search.latency_budget=0.5",
+                                   "model.dropout=0.1", "search.par-gumbel-darts.latency_budget=0.5",
                                    "train.accelerator=gpu", *extra])
         meta = {"config": cfg.to_dict(), "architecture": {}, "tokenizer": {}}
         s = build_search(cfg, splits, 32, run_dir, ckpt=resume_from, meta=meta, costs=costs)
@@ -336,7 +336,7 @@ def test_heads_of_41_run_a_fused_attention_kernel_on_cuda(precision):
     from parnas.nn.blocks import AttentionBlock, sinusoid
 
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, pre_norm=False).cuda()
+    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0).cuda()
     h = torch.randn(4, 32, 410, device="cuda", requires_grad=True)
     mem, pos = torch.randn(4, 32, 410, device="cuda"), sinusoid(64, 410, torch.device("cuda"))
     fused = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]

@@ -81,7 +81,8 @@ def test_a_search_step_on_cuda_waits_for_the_gpu_nowhere(benchmark_script, tmp_p
 
     host_syncs, vocab = benchmark_script("host_syncs"), 1000
     cfg = load_config("tiny", ["train.accelerator=gpu", "train.max_steps=5", "train.log_every=5",
-                               "search.latency_budget=0.9", f"search.par-gumbel-darts.forward={forward}"])
+                               "search.par-gumbel-darts.latency_budget=0.9",
+                               f"search.par-gumbel-darts.forward={forward}"])
     B, L = cfg.data.batch_size, cfg.data.seg_len
     ids = zipf_ids(B * L * 20, vocab).numpy().astype(np.int64)
     splits = {"train": ids, "valid": ids[:B * L * 4], "test": ids[:B * L * 4]}

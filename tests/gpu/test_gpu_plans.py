@@ -106,7 +106,7 @@ def test_the_study_calls_commands_are_accepted_and_priced_by_this_gpus_table(cap
     calls = calls_of(tmp_path, "study", gpu)
     assert set(calls) == {"search", "gpu_study"}
     search = dict(s.split("=", 1) for s in sets(calls["search"]))
-    assert search.get("search.latency_table") == table and search["search.latency_budget"] == "0.65"
+    assert search.get("search.latency_table") == table and search["search.par-gumbel-darts.latency_budget"] == "0.65"
     out = dry_run(capsys, monkeypatch, tmp_path, calls["search"])
     assert "steps 300, tokens 1,228,800 (32 x 128 a step)" in out
     assert ("latency budget 0.65: within reach by the given table" in out) == bool(table)

@@ -30,7 +30,7 @@ class Products(TorchFunctionMode):
 
 
 def test_operands_are_padded_off_the_cpu_unless_a_module_says_otherwise():
-    block = AttentionBlock(d_model=82, n_heads=2, dropout=0.0, dropatt=0.0, pre_norm=False)
+    block = AttentionBlock(d_model=82, n_heads=2, dropout=0.0, dropatt=0.0)
     assert pad_multiple(block, torch.device("cpu")) == 1
     assert pad_multiple(block, torch.device("cuda")) == pad_multiple(block, torch.device("meta")) == PAD_MULTIPLE == 8
     block.pad_multiple = 1
@@ -45,7 +45,7 @@ def test_operands_are_padded_off_the_cpu_unless_a_module_says_otherwise():
 def test_an_attention_block_padded_for_the_gpu_computes_what_it_does_unpadded(d_model, n_heads, M, training):
     """Output and every gradient the same; padded, the position product's operands are multiples of 8 wide."""
     torch.manual_seed(0)
-    block = AttentionBlock(d_model, n_heads, dropout=0.0, dropatt=0.0, pre_norm=False).train(training)
+    block = AttentionBlock(d_model, n_heads, dropout=0.0, dropatt=0.0).train(training)
     with torch.no_grad():
         block.u.normal_()
         block.v.normal_()

@@ -34,7 +34,7 @@ def cpu_path(q, k, v, position, scale):
     """What the block computes on the CPU: the shifted, masked position bias, then softmax(bias + scale q k^T) v."""
     H, B, L, Dh = q.shape
     K = k.size(2)
-    block = AttentionBlock(d_model=H * Dh, n_heads=H, dropout=0.0, dropatt=0.0, pre_norm=False)
+    block = AttentionBlock(d_model=H * Dh, n_heads=H, dropout=0.0, dropatt=0.0)
     bias = torch.add(causal_bias(L, K - L, q.device, q.dtype), rel_shift(position), alpha=scale)
     return block._attend(q, k, v, bias, scale)
 
@@ -103,7 +103,7 @@ def test_the_blocks_flex_path_places_everything_on_the_models_device(monkeypatch
     monkeypatch.setattr(blocks, "flex", recorded)
     torch._dynamo.reset()  # eager FlexAttention traces itself; a trace made for other shapes would go dynamic here
     meta = torch.device("meta")
-    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, pre_norm=False, kernel="flex").to(meta)
+    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, kernel="flex").to(meta)
     h = torch.randn(2, 6, 410, device=meta, requires_grad=True)
     out = block(h, torch.randn(2, 4, 410, device=meta), sinusoid(10, 410, meta))
     out.sum().backward()
@@ -117,7 +117,7 @@ def test_flex_is_refused_with_attention_dropout_and_unknown_kernels_are_named():
     with pytest.raises(ConfigError, match=r"^model.attention_kernel must be one of sdpa, flex, not 'triton'$"):
         ModelConfig(attention_kernel="triton")
     with pytest.raises(ValueError, match="no attention dropout"):
-        AttentionBlock(d_model=32, n_heads=2, dropout=0.0, dropatt=0.1, pre_norm=False, kernel="flex")
+        AttentionBlock(d_model=32, n_heads=2, dropout=0.0, dropatt=0.1, kernel="flex")
 
 
 def test_the_kernel_is_a_speed_switch_every_attention_block_takes_and_a_resume_may_change():
@@ -143,7 +143,7 @@ def test_flex_trains_like_sdpa_on_cuda(precision, compiled):
     """One block, the same weights and inputs, forward and backward with either kernel: the same output and
     gradients, at Dai et al.'s heads of 41 and a memory longer than the segment; and in a compiled forward."""
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0, pre_norm=False).cuda()
+    block = AttentionBlock(d_model=410, n_heads=10, dropout=0.0, dropatt=0.0).cuda()
     h = torch.randn(4, 48, 410, device="cuda", requires_grad=True)
     mem, pos = torch.randn(4, 80, 410, device="cuda"), sinusoid(128, 410, torch.device("cuda"))
     call = torch.compile(block, dynamic=False) if compiled else block

@@ -29,7 +29,7 @@ def full_shared_qk_attention(block: LSHAttentionBlock, h, mem):
 @pytest.mark.parametrize("memory", [0, L])
 def test_one_bucket_and_one_round_is_full_shared_qk_attention(memory):
     torch.manual_seed(0)
-    block = LSHAttentionBlock(D, H, 0.0, 0.0, False, n_buckets=1, n_hashes=1, chunk_len=L).double().eval()
+    block = LSHAttentionBlock(D, H, 0.0, 0.0, n_buckets=1, n_hashes=1, chunk_len=L).double().eval()
     h, mem = torch.randn(B, L, D, dtype=torch.float64), torch.randn(B, memory, D, dtype=torch.float64)
     torch.testing.assert_close(block(h, mem, None), full_shared_qk_attention(block, h, mem), atol=1e-5, rtol=1e-5)
 
@@ -39,7 +39,7 @@ def test_no_output_depends_on_a_later_position(n_buckets, n_hashes, chunk_len):
     """Hashing may move keys between chunks, but a query's output never draws on a later position: its gradient
     with respect to every later input is zero."""
     torch.manual_seed(0)
-    block = LSHAttentionBlock(D, H, 0.0, 0.0, False, n_buckets, n_hashes, chunk_len).eval()
+    block = LSHAttentionBlock(D, H, 0.0, 0.0, n_buckets, n_hashes, chunk_len).eval()
     h, mem = torch.randn(B, L, D, requires_grad=True), torch.randn(B, L, D, requires_grad=True)
     out = block(h, mem, None)
     probe = torch.randn(D)  # a LayerNorm's outputs sum to a constant: read a random direction instead
@@ -51,7 +51,7 @@ def test_no_output_depends_on_a_later_position(n_buckets, n_hashes, chunk_len):
 
 def test_evaluation_is_deterministic_and_training_draws_new_rotations():
     torch.manual_seed(0)
-    block = LSHAttentionBlock(D, H, 0.0, 0.0, False, 4, 2, 4)
+    block = LSHAttentionBlock(D, H, 0.0, 0.0, 4, 2, 4)
     h, mem = torch.randn(B, L, D), torch.randn(B, L, D)
     block.eval()
     assert torch.equal(block(h, mem, None), block(h, mem, None))

@@ -13,9 +13,9 @@ VOCAB = 97
 LAYOUTS = [("attention", "dense", "attention", "dense"), ("attention", "identity", "dense", "attention")]
 
 
-def tiny(mem_len: int = 8, pre_norm: bool = False, cutoffs=(20, 60), **kw) -> ModelConfig:
+def tiny(mem_len: int = 8, cutoffs=(20, 60), **kw) -> ModelConfig:
     return ModelConfig(n_blocks=4, d_model=32, n_heads=4, d_ff=48, mem_len=mem_len, dropout=0.0,
-                       pre_norm=pre_norm, cutoffs=cutoffs, **kw)
+                       cutoffs=cutoffs, **kw)
 
 
 def make(layout, **kw) -> TransformerXL:
@@ -34,9 +34,8 @@ def log_probs(model, x, mems=None):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_causality_changing_token_t_never_changes_earlier_outputs(layout, pre_norm):
-    model = make(layout, pre_norm=pre_norm)
+def test_causality_changing_token_t_never_changes_earlier_outputs(layout):
+    model = make(layout)
     x = torch.randint(0, VOCAB, (2, 12))
     _, mems = log_probs(model, torch.randint(0, VOCAB, (2, 12)))  # a non-empty memory too
     base, _ = log_probs(model, x, mems)
@@ -49,10 +48,9 @@ def test_causality_changing_token_t_never_changes_earlier_outputs(layout, pre_no
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_memory_equivalence_segment_pair_equals_one_long_pass(layout, pre_norm):
+def test_memory_equivalence_segment_pair_equals_one_long_pass(layout):
     L = 10
-    model = make(layout, mem_len=L, pre_norm=pre_norm)
+    model = make(layout, mem_len=L)
     x = torch.randint(0, VOCAB, (3, 2 * L))
     whole, _ = log_probs(model, x)
     first, mems = log_probs(model, x[:, :L])
@@ -99,7 +97,7 @@ def reference_attention(block: AttentionBlock, h, mem):
 @pytest.mark.parametrize("M", [0, 7])
 def test_sdpa_attention_equals_einsum_reference(M):
     torch.manual_seed(1)
-    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0, pre_norm=False).eval()
+    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0).eval()
     with torch.no_grad():
         block.u.normal_()
         block.v.normal_()
@@ -145,14 +143,13 @@ def test_decided_identity_blocks_are_never_called_and_change_nothing(monkeypatch
     log_probs(make(layout), x)
 
 
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_evaluating_on_the_cpu_computes_what_training_computes(pre_norm):
+def test_evaluating_on_the_cpu_computes_what_training_computes():
     """On the CPU an attention block in eval mode attends with SDPA's fused kernel (it reads q, k and v in place),
     in training mode with its own product (SDPA's path for a bias that needs gradients is slower): both give the
     same hidden states and memory, segment after segment, so a validation perplexity measures the network that
     trained."""
     torch.manual_seed(0)
-    model = build_fixed_model(tiny(pre_norm=pre_norm), VOCAB, LAYOUTS[1])
+    model = build_fixed_model(tiny(), VOCAB, LAYOUTS[1])
     x = torch.randint(0, VOCAB, (3, 6))
     mems = None
     for _ in range(3):  # the memory fills, then slides

@@ -48,7 +48,7 @@ def test_attention_compiles_to_one_graph_and_its_causal_bias_is_made_in_it():
     from parnas.nn.blocks import AttentionBlock, causal_bias
 
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=16, n_heads=2, dropout=0.0, dropatt=0.0, pre_norm=False)
+    block = AttentionBlock(d_model=16, n_heads=2, dropout=0.0, dropatt=0.0)
     h, mem, pos = torch.randn(2, 6, 16), torch.randn(2, 4, 16), torch.randn(10, 16)
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
@@ -68,22 +68,18 @@ def test_attention_compiles_to_one_graph_and_its_causal_bias_is_made_in_it():
 
 # a tiny model's losses, hidden states and gradients over three segments (memory carried), recorded before
 # queries, keys and values became one projection: fusing them cut ops and changed no number
-BEFORE = {("false", "0.0"): ([4.656296730041504, 4.611413955688477, 4.611897945404053], 128.16710141319464,
-                             418.8201842997223),
-          ("true", "0.0"): ([4.655465126037598, 4.602977275848389, 4.607029914855957], 189.8921993180775,
-                            415.7916496664402),
-          ("false", "0.1"): ([4.657513618469238, 4.615818023681641, 4.597348213195801], 124.34515843977906,
-                             401.79461943916976)}
+BEFORE = {"0.0": ([4.656296730041504, 4.611413955688477, 4.611897945404053], 128.16710141319464, 418.8201842997223),
+          "0.1": ([4.657513618469238, 4.615818023681641, 4.597348213195801], 124.34515843977906, 401.79461943916976)}
 
 
-def three_segments(pre_norm, dropout):
+def three_segments(dropout):
     """(losses, sum of |gradients|, sum of |last hidden states|) of a tiny model at a fixed seed."""
     import torch
 
     from parnas.nn.model import build_fixed_model
 
     cfg = load_config("tiny", ["model.cutoffs=[20, 40]", "data.batch_size=2", "data.seg_len=8", "model.mem_len=8",
-                               f"model.pre_norm={pre_norm}", f"model.dropout={dropout}", "model.n_blocks=4"])
+                               f"model.dropout={dropout}", "model.n_blocks=4"])
     torch.manual_seed(0)
     model = build_fixed_model(cfg.model, 64).train()
     x = torch.randint(64, (2, 17), generator=torch.Generator().manual_seed(1))
@@ -103,11 +99,11 @@ def test_the_fused_projection_changes_no_number_and_old_checkpoints_load():
 
     from parnas.nn.blocks import rel_shift
 
-    for (pre_norm, dropout), (losses, grads, hidden) in BEFORE.items():
-        now = three_segments(pre_norm, dropout)
+    for dropout, (losses, grads, hidden) in BEFORE.items():
+        now = three_segments(dropout)
         assert now[0] == pytest.approx(losses, rel=1e-6, abs=0) and now[2] == pytest.approx(hidden, rel=1e-6)
         assert now[1] == pytest.approx(grads, rel=1e-6)
-    model = three_segments("false", "0.0")[3].eval()
+    model = three_segments("0.0")[3].eval()
     state = model.state_dict()
     assert "blocks.0.qkv.weight" in state and "blocks.0.q.weight" not in state
     inner = model.blocks[0].n_heads * model.blocks[0].d_head

@@ -46,8 +46,6 @@ def old_attention(self, h, mem, pos):
     M, H, Dh = mem.size(1), self.n_heads, self.d_head
     K = M + L
     c = torch.cat([mem, h], dim=1)
-    if self.pre_norm:
-        c = self.norm(c)
     q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)
     k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)
     r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)
@@ -57,8 +55,7 @@ def old_attention(self, h, mem, pos):
     bias = (position * scale).masked_fill_(future, float("-inf"))
     a = F.scaled_dot_product_attention(q + self.u[:, None], k, v, attn_mask=bias, scale=scale)
     a = self.out(a.transpose(1, 2).reshape(B, L, D))
-    return h + F.dropout(a, self.drop.p, self.training) if self.pre_norm \
-        else self.norm(h + F.dropout(a, self.drop.p, self.training))
+    return self.norm(h + F.dropout(a, self.drop.p, self.training))
 
 
 def old_dropout(self, x):
@@ -93,10 +90,10 @@ def previous(model):
     return model
 
 
-def pair(layout, pre_norm=False, dropout=0.0, cutoffs=(20, 60), mem_len=8):
+def pair(layout, dropout=0.0, cutoffs=(20, 60), mem_len=8):
     """The same model twice: on the current paths and on the previous ones."""
     cfg = ModelConfig(n_blocks=len(layout), d_model=32, n_heads=4, d_ff=48, mem_len=mem_len, dropout=dropout,
-                      pre_norm=pre_norm, cutoffs=cutoffs, blocks=tuple(layout))
+                      cutoffs=cutoffs, blocks=tuple(layout))
     models = []
     for _ in range(2):
         torch.manual_seed(0)
@@ -111,10 +108,9 @@ def pair(layout, pre_norm=False, dropout=0.0, cutoffs=(20, 60), mem_len=8):
 
 # --- with dropout off: the same numbers ---------------------------------------------------------
 
-@pytest.mark.parametrize("pre_norm", [False, True])
 @pytest.mark.parametrize("layout", [("attention", "dense") * 2, ("attention", "identity", "dense", "attention")])
-def test_training_step_matches_the_previous_path_with_dropout_off(layout, pre_norm):
-    new, old = pair(layout, pre_norm=pre_norm)
+def test_training_step_matches_the_previous_path_with_dropout_off(layout):
+    new, old = pair(layout)
     torch.manual_seed(1)
     segments = torch.randint(0, VOCAB, (3, 4, 13))  # 3 segments of 12 tokens (+1 target), memory 8
     mems_new = mems_old = None
@@ -140,10 +136,9 @@ def test_training_step_matches_the_previous_path_with_dropout_off(layout, pre_no
 
 
 @pytest.mark.parametrize("M", [0, 7])
-@pytest.mark.parametrize("pre_norm", [False, True])
-def test_cpu_attention_equals_sdpa_the_path_off_the_cpu(M, pre_norm):
+def test_cpu_attention_equals_sdpa_the_path_off_the_cpu(M):
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0, pre_norm=pre_norm)
+    block = AttentionBlock(d_model=24, n_heads=3, dropout=0.0, dropatt=0.0)
     with torch.no_grad():
         block.u.normal_()
         block.v.normal_()
@@ -174,7 +169,7 @@ def test_sdpa_pads_odd_heads_for_the_fused_kernels_and_computes_the_same(n_heads
     """Heads of 41 (Dai et al.'s WikiText-103 base) would keep SDPA on its unfused math path on a GPU: they reach
     it padded to a multiple of 8 (1: as they are), with the output and every gradient unchanged."""
     torch.manual_seed(0)
-    block = AttentionBlock(d_model=41 * n_heads, n_heads=n_heads, dropout=0.0, dropatt=0.0, pre_norm=False)
+    block = AttentionBlock(d_model=41 * n_heads, n_heads=n_heads, dropout=0.0, dropatt=0.0)
     block.pad_multiple = multiple
     with torch.no_grad():
         block.u.normal_()
@@ -204,7 +199,7 @@ def test_the_gpu_attention_path_places_and_shapes_its_padded_heads_on_any_device
     base widths SDPA gets heads of 48 on the model's device, and output and gradient come back shaped and placed
     like the input."""
     with torch.device("meta"):
-        block = AttentionBlock(d_model=410, n_heads=10, dropout=0.1, dropatt=0.1, pre_norm=False)
+        block = AttentionBlock(d_model=410, n_heads=10, dropout=0.1, dropatt=0.1)
         h, mem, pos = torch.randn(2, 6, 410, requires_grad=True), torch.randn(2, 4, 410), torch.randn(10, 410)
     seen = SdpaCalls()
     with seen:
@@ -229,7 +224,7 @@ def test_causal_bias_made_in_inference_mode_serves_training():
     assert not made.is_inference()
     expected = torch.zeros(6, 8).masked_fill_(torch.ones(6, 8, dtype=torch.bool).triu_(3), float("-inf"))
     torch.testing.assert_close(made, expected)
-    block = AttentionBlock(d_model=8, n_heads=2, dropout=0.0, dropatt=0.0, pre_norm=False)
+    block = AttentionBlock(d_model=8, n_heads=2, dropout=0.0, dropatt=0.0)
     h = torch.randn(1, 6, 8, requires_grad=True)
     block(h, torch.randn(1, 2, 8), torch.randn(8, 8)).sum().backward()  # the cached bias in a training graph
     assert h.grad is not None and causal_bias(6, 2, torch.device("cpu"), torch.float32) is made
@@ -327,7 +322,7 @@ def test_relu_dropout_is_dropout_of_relu_with_the_same_draws():
 
 def test_dense_block_with_dropout_has_the_previous_mean_output():
     torch.manual_seed(0)
-    block = DenseBlock(d_model=16, d_ff=64, dropout=0.3, pre_norm=False).train()
+    block = DenseBlock(d_model=16, d_ff=64, dropout=0.3).train()
     h = torch.randn(4, 8, 16)
     draws = 400
     with torch.no_grad():
@@ -344,16 +339,16 @@ def test_dense_block_with_dropout_has_the_previous_mean_output():
 
 def test_blocks_keep_their_checkpoint_keys():
     """Checkpoints written before the ReLU and its dropout became one module still load."""
-    dense = DenseBlock(d_model=8, d_ff=16, dropout=0.1, pre_norm=False)
+    dense = DenseBlock(d_model=8, d_ff=16, dropout=0.1)
     assert set(dense.state_dict()) == {"net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias",
                                        "norm.weight", "norm.bias"}
-    attention = AttentionBlock(d_model=8, n_heads=2, dropout=0.1, dropatt=0.0, pre_norm=False)
+    attention = AttentionBlock(d_model=8, n_heads=2, dropout=0.1, dropatt=0.0)
     assert set(attention.state_dict()) == {"qkv.weight", "r.weight", "u", "v", "out.weight",
                                            "norm.weight", "norm.bias"}
     # written before queries, keys and values were one projection: q.weight and kv.weight load into qkv.weight
     old = {k: v for k, v in attention.state_dict().items() if k != "qkv.weight"}
     old["q.weight"], old["kv.weight"] = attention.qkv.weight[:8].clone(), attention.qkv.weight[8:].clone()
-    again = AttentionBlock(d_model=8, n_heads=2, dropout=0.1, dropatt=0.0, pre_norm=False)
+    again = AttentionBlock(d_model=8, n_heads=2, dropout=0.1, dropatt=0.0)
     again.load_state_dict(old, strict=True)
     assert torch.equal(again.qkv.weight, attention.qkv.weight)
 

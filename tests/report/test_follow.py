@@ -80,7 +80,8 @@ def test_search_yaml_is_read_for_its_size():
 
     trials, steps, preset, root, pick = experiment_size(REPO / "search.yaml")
     assert (trials, steps, preset, root) == (4, 600, "wt2-cpu", None)
-    assert pick == pick_retrain_steps(load_config("wt2-cpu").search.select, steps) > 0  # the time left counts it
+    assert pick == pick_retrain_steps(load_config("wt2-cpu").search.settings.select,
+                                      steps) > 0  # the time left counts it
 
 
 def test_a_config_it_cannot_read_leaves_the_size_unknown(tmp_path):

@@ -228,7 +228,8 @@ def test_a_compiled_gumbel_search_says_it_compiles_and_exports(capsys, tmp_path,
     step says it compiles, one after says how long it took, and the search evaluates, picks and exports as an eager
     one, its checkpoint holding the same keys. The final pick's short retrains run eager: no line of theirs says
     they compile."""
-    base = compiled_search(micro, "gumbel", "search.select.steps=[4]", "search.latency_budget=0.8")
+    base = compiled_search(micro, "gumbel", "search.par-gumbel-darts.select.steps=[4]",
+                           "search.par-gumbel-darts.latency_budget=0.8")
     for mode in ("none", "default"):
         assert main([*base, "--set", f"train.compile={mode}", "--set", f"search.out_dir={tmp_path / mode}"]) == 0
     out = capsys.readouterr().out
@@ -262,7 +263,7 @@ def test_a_stacked_fair_step_runs_where_the_model_is(benchmark_script):
     routes, the copies' groups and auxiliary losses and the memory carried on all land on the model's device,
     B rows of memory a block, step after step."""
     from parnas.strategies.fair import fair_loss
-    from parnas.strategies.sampled import SampledMixedLayer
+    from parnas.strategies.sampled import RoutedMixedLayer
 
     cfg = load_config("tiny", ["model.dropout=0.1", "search.candidates=[attention,moe,identity]"])
     space = PARTransformerXLSpace(cfg.model, VOCAB, cfg.search.candidates)
@@ -270,7 +271,7 @@ def test_a_stacked_fair_step_runs_where_the_model_is(benchmark_script):
     tokens = torch.randint(0, VOCAB, (8, 17))
     groups = supernet.group_targets(tokens[:, 1:]).to(torch.device("meta"))
     task = benchmark_script("search_step").FairTask(supernet)
-    layers = [m for m in supernet.modules() if isinstance(m, SampledMixedLayer)]
+    layers = [m for m in supernet.modules() if isinstance(m, RoutedMixedLayer)]
     meta = tokens.to("meta")
     for _ in range(3):
         loss, surrogate = fair_loss(layers, task, (meta[:, :-1], meta[:, 1:], groups), True, stacked=True)

@@ -89,7 +89,7 @@ def test_a_fair_supernets_weights_do_not_depend_on_what_the_logits_learn(tmp_pat
     for run, penalty in enumerate(("0", "5")):
         torch.manual_seed(0)  # as parnas search seeds before it builds the supernet
         search = build_search(search_config("train.max_steps=6", "train.warmup_steps=0", "search.penalty_cost=flops",
-                                            f"search.penalty_weight={penalty}", FAIR), SPLITS, VOCAB,
+                                            f"search.par-gumbel-darts.penalty_weight={penalty}", FAIR), SPLITS, VOCAB,
                               tmp_path / str(run))
         search.run()
         assert search.module.par.forward == "fair"

@@ -12,7 +12,7 @@ from torch import nn
 from parnas.config import load_config
 from parnas.errors import ConfigError
 from parnas.strategies.gumbel_darts import PARGumbelDARTS
-from parnas.strategies.sampled import BASELINE_DECAY, SampledMixedLayer, clear_picks, draw_picks, reinforce
+from parnas.strategies.sampled import BASELINE_DECAY, RoutedMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.search import build_search
 
 
@@ -30,7 +30,7 @@ class OneChoice(ModelSpace):
         self.block = LayerChoice([Counted(width, width) for _ in range(n)], label="block_0")
 
 
-def mixed_layer(n=3, width=4) -> SampledMixedLayer:
+def mixed_layer(n=3, width=4) -> RoutedMixedLayer:
     """One block of n candidates, mutated by the search's strategy."""
     torch.manual_seed(0)
     search = load_config("tiny").search
@@ -97,7 +97,7 @@ def test_a_sampled_search_steps_weights_and_logits_running_one_candidate_per_blo
         if module.training:
             training[key] = training.get(key, 0) + 1
 
-    layers = [m for m in search.supernet.modules() if isinstance(m, SampledMixedLayer)]
+    layers = [m for m in search.supernet.modules() if isinstance(m, RoutedMixedLayer)]
     for layer in layers:
         for name in layer.names:
             layer[name].register_forward_hook(lambda *a, key=(layer.label, name): count(*a, key=key))
@@ -136,7 +136,7 @@ def test_a_sampled_search_step_reads_back_its_picks_and_nothing_else(tmp_path, b
     from parnas.strategies.costs import CostModel
 
     cfg = load_config("tiny", ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
-                               "search.latency_budget=0.9", "search.par-gumbel-darts.forward=sampled"])
+                               "search.par-gumbel-darts.latency_budget=0.9", "search.par-gumbel-darts.forward=sampled"])
     B, L = cfg.data.batch_size, cfg.data.seg_len
     ids = np.random.default_rng(0).integers(0, 1000, B * L * 20).astype(np.int64)
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)

@@ -95,7 +95,8 @@ FIXED_COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, 
 
 @pytest.mark.slow
 def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
-    search = build_search(search_config("train.max_steps=300", "search.penalty_weight=5"), SPLITS, VOCAB, tmp_path,
+    search = build_search(search_config("train.max_steps=300", "search.par-gumbel-darts.penalty_weight=5"), SPLITS,
+                          VOCAB, tmp_path,
                           costs=FIXED_COSTS)
     search.module.set_model(search.supernet)
     search.module.expected_ratio().backward()
@@ -112,8 +113,9 @@ def test_compute_penalty_has_a_gradient_and_makes_identity_win(tmp_path):
 def test_latency_budget_is_met_by_the_exported_architecture(tmp_path, fixed_lambda):
     """The task needs attention (a copy task); a budget of 0.45 allows at most one dense block, whether lambda
     is found or fixed."""
-    weight = [f"search.penalty_weight={fixed_lambda}"] if fixed_lambda else []
-    search = build_search(search_config("train.max_steps=300", "search.latency_budget=0.45", "train.eval_every=300",
+    weight = [f"search.par-gumbel-darts.penalty_weight={fixed_lambda}"] if fixed_lambda else []
+    search = build_search(search_config("train.max_steps=300", "search.par-gumbel-darts.latency_budget=0.45",
+                                        "train.eval_every=300",
                                         *weight),
                           SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
     search.run()
@@ -139,13 +141,14 @@ def test_a_budget_derived_from_the_measured_table_is_met_and_one_below_its_floor
     floor = costs.ratio(["identity"] * cfg.model.n_blocks)
     budget = round(floor + (1.0 - floor) / 2, 4) if floor < 1.0 else 1.0
     search = build_search(search_config("train.max_steps=20", "train.eval_every=20", "train.accelerator=cpu",
-                                        f"search.latency_budget={budget}"), SPLITS, VOCAB, tmp_path)
+                                        f"search.par-gumbel-darts.latency_budget={budget}"), SPLITS, VOCAB, tmp_path)
     assert search.costs == costs
     search.run()
     kinds, _ = search.module.exported_kinds()
     assert costs.ratio(kinds) <= budget + 1e-9, (kinds, costs)
     with pytest.raises(ParnasError, match="out of reach"):
-        build_search(search_config(f"search.latency_budget={round(floor * 0.9, 4)}", "train.accelerator=cpu"),
+        build_search(search_config(f"search.par-gumbel-darts.latency_budget={round(floor * 0.9, 4)}",
+                                   "train.accelerator=cpu"),
                      SPLITS, VOCAB, tmp_path / "low")
 
 
@@ -154,7 +157,8 @@ def test_the_budget_prices_the_argmax_on_the_device_as_the_exported_layout_is_pr
     that is exported, whichever kind leads each block."""
     import itertools
 
-    search = build_search(search_config("search.latency_budget=0.5"), SPLITS, VOCAB, tmp_path, costs=FIXED_COSTS)
+    search = build_search(search_config("search.par-gumbel-darts.latency_budget=0.5"), SPLITS, VOCAB, tmp_path,
+                          costs=FIXED_COSTS)
     search.module.set_model(search.supernet)
     choices = search.module.choices()
     for leaders in itertools.product(range(len(choices[0].names)), repeat=len(choices)):
@@ -170,7 +174,8 @@ def test_the_budget_prices_the_argmax_on_the_device_as_the_exported_layout_is_pr
 def test_the_budget_hinge_pushes_only_while_the_exported_cost_is_over_the_budget(tmp_path):
     """With a fixed lambda the penalty is lambda x max(0, cost - budget) of the argmax's cost: zero, and no
     gradient to the logits, under the budget; over it, the excess, with the expected cost's gradient."""
-    search = build_search(search_config("search.latency_budget=0.5", "search.penalty_weight=2"), SPLITS, VOCAB,
+    search = build_search(search_config("search.par-gumbel-darts.latency_budget=0.5",
+                                        "search.par-gumbel-darts.penalty_weight=2"), SPLITS, VOCAB,
                           tmp_path, costs=FIXED_COSTS)
     module = search.module
     module.set_model(search.supernet)
@@ -281,17 +286,17 @@ def test_history_logs_softmax_probabilities_tau_and_both_perplexities(tmp_path):
     ("search.arch_lr=fast", "search.arch_lr must be float"),
     ("search.par-gumbel-darts.tau_end=2.0", "search.par-gumbel-darts.tau_end (2.0) must not exceed tau_start"),
     ("search.candidates=[attention, convolution]", "unknown block kind 'convolution'"),
-    ("search.penalty_weight=-0.1", "search.penalty_weight must be >= 0"),
-    ("search.latency_budget=0", "search.latency_budget must be in (0, 1]"),
-    ("search.latency_budget=1.5", "search.latency_budget must be in (0, 1]"),
-    ("search.latency_budget=.nan", "search.latency_budget must be a finite number"),
-    ("search.latency_budget=fast", "search.latency_budget must be float"),
+    ("search.par-gumbel-darts.penalty_weight=-0.1", "search.par-gumbel-darts.penalty_weight must be >= 0"),
+    ("search.par-gumbel-darts.latency_budget=0", "search.par-gumbel-darts.latency_budget must be in (0, 1]"),
+    ("search.par-gumbel-darts.latency_budget=1.5", "search.par-gumbel-darts.latency_budget must be in (0, 1]"),
+    ("search.par-gumbel-darts.latency_budget=.nan", "search.par-gumbel-darts.latency_budget must be a finite number"),
+    ("search.par-gumbel-darts.latency_budget=fast", "search.par-gumbel-darts.latency_budget must be float"),
     ("search.par-gumbel-darts.forward=fair --set search.par-gumbel-darts.tau_end=0.2",
      "search.par-gumbel-darts.tau_end set, but forward=fair draws no Gumbel sample and reads no tau"),
     ("search.par-gumbel-darts.forward=mixed", "forward must be one of gumbel, fair, sampled, not 'mixed' (mixed is "
      "now called gumbel)"),
     ("search.par-gumbel-darts.budget_hinge=expected", "search.par-gumbel-darts.budget_hinge was removed"),
-    ("search.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
+    ("search.par-gumbel-darts.latency_budget=0.65 --set search.penalty_cost=flops", "set search.penalty_cost=latency"),
 ])
 def test_search_refuses_bad_settings_with_one_line(tmp_path, capsys, setting, needle):
     from parnas.cli import main
@@ -367,11 +372,11 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     also when each step runs only the candidates sampled (the same draws after the resume), and strictly fair
     (the same permutations, the same dropout of every sub-step, the training memory restored where the step
     starts: the sub-steps share it)."""
-    from parnas.strategies.run_folder import prepare_run_dir
+    from parnas.strategies.search_folder import prepare_run_dir
     from parnas.training import checkpoint
 
     common = ("train.max_steps=20", "train.eval_every=10", "train.ckpt_every=10", "search.log_every=5",
-              "model.dropout=0.1", "search.latency_budget=0.5",
+              "model.dropout=0.1", "search.par-gumbel-darts.latency_budget=0.5",
               f"search.par-gumbel-darts.forward={forward}")
 
     def search(run_dir, *extra, ckpt=None):

@@ -43,7 +43,7 @@ def stream(n, seed):
 cfg = load_config("tiny", ["model.n_blocks=3", "model.cutoffs=[]", "model.mem_len=8", "model.dropout=0.1",
                            "data.batch_size=8", "data.seg_len=16", "data.eval_batch_size=4", "train.max_steps=12",
                            "train.eval_every=6", "train.lr=1e-2", "search.arch_lr=0.05", "train.accelerator=cpu",
-                           "train.devices=2", "search.latency_budget=0.5",
+                           "train.devices=2", "search.par-gumbel-darts.latency_budget=0.5",
                            f"train.compile={compile_mode}"])
 splits = {"train": stream(400, 0), "valid": stream(40, 1), "test": stream(40, 2)}
 # known costs: a budget of 0.5 means the same on every machine (a timed table's ratios are the device's)

@@ -34,8 +34,9 @@ def toy():
 
 def test_a_strategy_declaring_a_supernet_gets_the_final_pick_and_the_export(toy, micro, tmp_path):
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=3",
-            "search.penalty_cost=flops", "search.select.k=1", "search.select.steps=[2]", "search.select.budget=0.8",
-            "search.select.confirm_seeds=0", f"search.out_dir={tmp_path}"]
+            "search.penalty_cost=flops", "search.toy-supernet.select.k=1", "search.toy-supernet.select.steps=[2]",
+            "search.toy-supernet.select.budget=0.8",
+            "search.toy-supernet.select.confirm_seeds=0", f"search.out_dir={tmp_path}"]
     assert main(["search", "--config", "tiny", "--strategy", "toy-supernet",
                  *[a for s in sets for a in ("--set", s)]]) == 0
     assert BUILT == ["ToySupernet"]

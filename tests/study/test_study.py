@@ -246,15 +246,16 @@ def test_a_study_with_a_budget_runs_to_its_ranking(small_corpus, tmp_path):
 def test_the_budgets_of_a_study_are_its_searches_budgets(tmp_path):
     plan = make_plan("tiny", [], 1, "0.6,0.8", tmp_path / "study")
     assert plan.budgets == (0.6, 0.8)
-    assert [search_config(plan, s).search.latency_budget for s in plan.searches] == [0.6, 0.8]
+    assert [search_config(plan, s).search.settings.latency_budget for s in plan.searches] == [0.6, 0.8]
     assert not (tmp_path / "study").exists()
 
 
 def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrains_them(tmp_path):
     plan = make_plan("wt2-cpu", [], 1, "0.6", tmp_path / "study", search_steps=900, retrain_steps=400)
-    assert search_config(plan, plan.searches[0]).search.select.steps == (200, 400)  # not the search's 900
-    given = make_plan("wt2-cpu", ["search.select.steps=[50, 100]"], 1, "0.6", tmp_path / "s", search_steps=900)
-    assert search_config(given, given.searches[0]).search.select.steps == (50, 100)  # as given
+    assert search_config(plan, plan.searches[0]).search.settings.select.steps == (200, 400)  # not the search's 900
+    given = make_plan("wt2-cpu", ["search.par-gumbel-darts.select.steps=[50, 100]"], 1, "0.6", tmp_path / "s",
+                      search_steps=900)
+    assert search_config(given, given.searches[0]).search.settings.select.steps == (50, 100)  # as given
 
 
 # --- bad arguments: exit 2, one line, nothing written --------------------------------------------------
@@ -272,11 +273,11 @@ def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrai
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
     (["--set", "search.par-gumbel-darts.budget_hinge=expected"], "search.par-gumbel-darts.budget_hinge was removed"),
-    (["--every-network", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
-    (["--census", "200", "--set", "model.n_blocks=6"], "--census 200: 6 blocks over attention, dense, identity make "
-                                                        "only 127 networks"),
-    (["--census", "5", "--every-network"], "give one of them"), (["--census", "0"], "--census must be >= 1"),
-    (["--census", "5", "--candidates", "attention,dense", "--candidates", "attention,identity"], "one search space"),
+    (["--space", "all", "--set", "model.n_blocks=12"], "make 8,191 networks; at most 1000"),
+    (["--space", "200", "--set", "model.n_blocks=6"], "--space 200: 6 blocks over attention, dense, identity make "
+                                                       "only 127 networks"),
+    (["--space", "every"], "--space must be all or a number of networks"), (["--space", "0"], "--space must be >= 1"),
+    (["--space", "5", "--candidates", "attention,dense", "--candidates", "attention,identity"], "one search space"),
     (["--set", "model.eval_mem_len=-8"], "model.eval_mem_len must be >= 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, message):

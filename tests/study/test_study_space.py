@@ -74,7 +74,7 @@ def test_the_space_verdicts_rank_the_found_models_and_name_the_network_furthest_
 def test_a_study_of_every_network_retrains_each_once_and_ranks_them_on_each_supernet(small_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     args = [a if a != str(SEEDS) else "1" for a in study_args(small_corpus, out)]  # one search
-    assert main([*args, "--set", "model.n_blocks=2", "--every-network"]) == 0
+    assert main([*args, "--set", "model.n_blocks=2", "--space", "all"]) == 0
     capsys.readouterr()
     study = json.loads((out / "study.json").read_text())
     space = [r["layout"] for r in study["rows"] if r["role"] == "space"]
@@ -155,7 +155,7 @@ def test_the_space_verdicts_say_they_judge_a_sample():
 def test_a_study_with_a_census_retrains_a_sample_and_says_so(small_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     args = [a if a != str(SEEDS) else "1" for a in study_args(small_corpus, out)]  # one search
-    assert main([*args, "--set", "model.n_blocks=2", "--census", "3"]) == 0
+    assert main([*args, "--set", "model.n_blocks=2", "--space", "3"]) == 0
     capsys.readouterr()
     study = json.loads((out / "study.json").read_text())
     space = [r["layout"] for r in study["rows"] if r["role"] == "space"]

@@ -14,7 +14,7 @@ import torch
 from parnas.cli import main
 from parnas.errors import ParnasError
 from parnas.files import out_of_space, write_atomic, write_text_atomic
-from parnas.run_folders import LOCK_FILE, hold_run_dir
+from parnas.owned_folders import LOCK_FILE, hold_run_dir
 from parnas.training import checkpoint as ckpt
 
 ROOT = Path(__file__).parents[2]

@@ -74,7 +74,8 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     from parnas.training.task import LanguageModelTask
     from parnas.training.trainer import build_trainer
 
-    cfg_overrides = ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5", "search.latency_budget=0.9"]
+    cfg_overrides = ["train.accelerator=cpu", "train.max_steps=5", "train.log_every=5",
+                     "search.par-gumbel-darts.latency_budget=0.9"]
     cfg = load_config("tiny", cfg_overrides)
     B, L = cfg.data.batch_size, cfg.data.seg_len
     ids = zipf_ids(B * L * 20, VOCAB).numpy().astype(np.int64)
@@ -88,7 +89,8 @@ def test_a_lightning_training_and_search_step_read_nothing_back(host_syncs, tmp_
     assert record.recorder.total == 0, record.recorder.sites  # nothing in parnas, Lightning or NNI
 
     costs = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 1.0, "ms/step", cfg.model.n_blocks)
-    for run, hinge in enumerate(([], ["search.penalty_weight=2"],  # the default (gumbel): every candidate mixed
+    for run, hinge in enumerate(([], ["search.par-gumbel-darts.penalty_weight=2"],
+                                  # the default (gumbel): every candidate mixed
                                  ["search.par-gumbel-darts.forward=fair"])):
         search = build_search(load_config("tiny", [*cfg_overrides, *hinge]), splits, VOCAB,
                               tmp_path / "search" / str(run), costs=costs)

@@ -106,7 +106,8 @@ def test_a_search_for_the_generation_latency_is_priced_by_the_tables_generation_
     are the generated token's, not the train step's."""
     run = tmp_path / "run"
     code, out, err = cli(capsys, "search", *micro_sets(micro, f"search.latency_table={timed}", f"search.out_dir={run}",
-                                                       "search.latency_target=generate", "search.latency_budget=0.9"))
+                                                       "search.latency_target=generate",
+                                                       "search.par-gumbel-darts.latency_budget=0.9"))
     assert code == 0, err
     assert "predicted generated token" in out and f"on {OTHER}" in out
     record = json.loads((run / "architecture.json").read_text())

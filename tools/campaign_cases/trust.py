@@ -276,7 +276,8 @@ def non_finite(command: str) -> Case:
 
 def pick_past_steps(steps: str) -> Case:
     def check(bench: Bench, folder: Path) -> str:
-        done = bench.cli(["search", "--dry-run", *TINY, *sets("train.max_steps=4", f"search.select.steps={steps}",
+        done = bench.cli(["search", "--dry-run", *TINY, *sets("train.max_steps=4",
+                                                             f"search.par-gumbel-darts.select.steps={steps}",
                                                              f"search.out_dir={folder / 'out'}")], folder)
         succeeded(done, "the dry run")
         said = [line for line in done.stderr.splitlines() if "go beyond train.max_steps" in line]
@@ -284,7 +285,7 @@ def pick_past_steps(steps: str) -> Case:
             raise Bad(f"a pick to {steps} steps after a 4-step search, not said: "
                       f"{last_words(done.stderr) or 'nothing'}")
         return f"said: {last_words(said[0], 100)}"
-    return Case(f"settings: search.select.steps={steps} past train.max_steps=4", check)
+    return Case(f"settings: search.par-gumbel-darts.select.steps={steps} past train.max_steps=4", check)
 
 
 def cases() -> list[Case]:

@@ -1,10 +1,10 @@
-"""The settings of a search's final pick (``search.select.*``), checked when the config is read (no torch).
+"""The settings of a search's final pick (``select.*``), checked when the config is read (no torch).
 
 A supernet ranks layouts poorly in a large space, so the layout it prefers may train worse than simply taking
 blocks off Transformer-XL. The final pick retrains briefly, from scratch, the ``k`` layouts the supernet prefers
 within the budget and, as a guard, the deepest shallower Transformer-XL (attention and dense pairs) within it,
 by successive halving, and exports the best: a user is never handed a network that lost to that one-line
-alternative. The stage itself is :mod:`parnas.strategies.select`.
+alternative. The stage itself is :mod:`parnas.strategies.final_pick`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ EARLY_VALID_FRACTION = 0.25  # the part of the validation split the rounds befor
 
 @dataclass(frozen=True)
 class SelectConfig:
-    """``search.select``: the final pick after the supernet (why each setting is what it is: docs/results.md).
+    """``select`` (PAR's settings): the final pick after the supernet (why each setting is what it is: docs/results.md).
 
     ``steps``: the training steps each surviving candidate has reached at the end of each round (strictly
     increasing; training continues from the previous round's checkpoint, one learning-rate schedule spanning
@@ -29,7 +29,7 @@ class SelectConfig:
     no final pick (the supernet's layout is exported).
     ``k``: how many of the supernet's layouts enter, at least 1: its most probable networks within the budget, the
     exported one first. ``budget``: the cost ratio (to Transformer-XL's) the entrants must be within; None:
-    ``search.latency_budget``, or without one the cost of the layout the supernet exports. The shallower
+    ``latency_budget``, or without one the cost of the layout the supernet exports. The shallower
     Transformer-XL within the budget (the guard) always enters too, and goes on to the last round whatever its
     rank: a user is never handed a network that lost to it. The rounds before the last judge by
     :data:`EARLY_VALID_FRACTION` of the validation split (the first part of every evaluation stream, so from all
@@ -48,17 +48,17 @@ class SelectConfig:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ConfigError(f"search.select.k must be >= 1 (the supernet's layouts the final pick retrains), got "
-                              f"{self.k}; set search.select.steps=[] to turn the final pick off")
+            raise ConfigError(f"select.k must be >= 1 (the supernet's layouts the final pick retrains), got "
+                              f"{self.k}; set select.steps=[] to turn the final pick off")
         steps = self.steps or ()
         if any(s <= 0 for s in steps) or any(a >= b for a, b in zip(steps, steps[1:])):
-            raise ConfigError(f"search.select.steps must be positive and strictly increasing (the steps each round "
+            raise ConfigError(f"select.steps must be positive and strictly increasing (the steps each round "
                               f"ends at), got {list(steps)}")
         if self.budget is not None and not 0.0 < self.budget <= 1.0:
-            raise ConfigError(f"search.select.budget must be in (0, 1] (a fraction of Transformer-XL's cost), got "
+            raise ConfigError(f"select.budget must be in (0, 1] (a fraction of Transformer-XL's cost), got "
                               f"{self.budget}")
         if self.confirm_seeds < 0:
-            raise ConfigError(f"search.select.confirm_seeds must be >= 0 (further seeds that confirm a win over the "
+            raise ConfigError(f"select.confirm_seeds must be >= 0 (further seeds that confirm a win over the "
                               f"guard), got {self.confirm_seeds}")
 
     @property
@@ -72,16 +72,17 @@ class SelectConfig:
             return self.steps
         return (max_steps,) if max_steps < 2 else (max_steps // 2, max_steps)
 
-    def beyond(self, max_steps: int) -> str | None:
+    def beyond(self, max_steps: int, key: str) -> str | None:
         """The line that says so when the pick's rounds train past ``train.max_steps`` (what ``parnas retrain``
-        trains the exported layout for, and a search of that length costs), else None: a 4-step search whose
+        trains the exported layout for, and a search of that length costs), else None; ``key`` names the steps' setting
+        (``search.<strategy>.select.steps``). A 4-step search whose
         pick retrains each finalist for 1,000 steps is the user's to know before it starts, not after."""
         rounds = self.rounds(max_steps)
         if not rounds or rounds[-1] <= max_steps:
             return None
-        return (f"search.select.steps={list(rounds)} go beyond train.max_steps={max_steps}: the final pick trains "
+        return (f"{key}={list(rounds)} go beyond train.max_steps={max_steps}: the final pick trains "
                 f"each of its finalists for up to {rounds[-1]:,} steps, longer than parnas retrain trains the "
-                "exported layout; lower them, or set search.select.steps=[] to export without a pick")
+                f"exported layout; lower them, or set {key}=[] to export without a pick")
 
     @staticmethod
     def kept(entrants: int, round_index: int, n_rounds: int) -> int:

@@ -2,8 +2,8 @@
 clears first.
 
 The folder (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial) holds ``architecture.json``,
-``history.jsonl``, ``tensorboard/``, ``checkpoints/`` and the final pick's ``select/``. It is checked by the
-check every run folder gets (:func:`parnas.run_folders.check_run_dir`), with the file a finished search leaves,
+``history.jsonl``, ``tensorboard/``, ``checkpoints/`` and the final pick's ``select/``. It is checked by the check
+every run folder gets (:func:`parnas.owned_folders.check_run_dir`), with the file a finished search leaves,
 ``architecture.json``, as its result; a resumed search drops the history written after its checkpoint. This module
 loads no torch: the command takes the folder (:func:`take_search_dir`) before the heavy modules load.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from parnas.config import Config
 from parnas.files import ensure_writable_dir, resume_source, write_text_atomic
-from parnas.run_folders import check_run_dir, is_taken, remove_own_tree, take_run_dir
+from parnas.owned_folders import check_run_dir, is_taken, remove_own_tree, take_run_dir
 from parnas.strategies.nni_trial import in_nni_trial
 
 SEARCH_RESULTS = ("architecture.json",)  # what a finished search leaves: a fresh search refuses its folder
@@ -33,7 +33,7 @@ def run_dir_of(cfg: Config) -> Path:
 
 @contextmanager
 def take_search_dir(run_dir: str | Path, resume: bool | str | Path) -> Iterator[Path]:
-    """``run_dir`` held and checked once for the search's life (:func:`parnas.run_folders.take_run_dir`)."""
+    """``run_dir`` held and checked once for the search's life (:func:`parnas.owned_folders.take_run_dir`)."""
     with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING,
                       folders=(SELECT_DIR,)) as folder:
         yield folder
@@ -41,7 +41,7 @@ def take_search_dir(run_dir: str | Path, resume: bool | str | Path) -> Iterator[
 
 def check_search_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
     """The checkpoint to resume from (``last.ckpt``, or the one ``--resume=PATH`` names), if any; touches nothing.
-    The folder is checked here (:func:`parnas.run_folders.check_run_dir`) unless the command took it already."""
+    The folder is checked here (:func:`parnas.owned_folders.check_run_dir`) unless the command took it already."""
     if not is_taken(run_dir):
         check_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING, folders=(SELECT_DIR,))
     return resume_source(run_dir, resume)
@@ -49,7 +49,7 @@ def check_search_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
 
 def prepare_run_dir(run_dir: Path, resumed_step: int | None, source: Path | None = None) -> None:
     """Once every check has passed: a fresh search (``resumed_step`` None) clears its stale logs (never another
-    run's folder: :func:`parnas.run_folders.remove_own_tree`); a resumed one drops the history written after its
+    run's folder: :func:`parnas.owned_folders.remove_own_tree`); a resumed one drops the history written after its
     checkpoint's step (about to be redone), and continues from a copy of its checkpoint in ``last.ckpt`` if it was
     another (``source``). Lines at that step were written before the checkpoint."""
     from parnas.training.resume import take_over

@@ -1,7 +1,7 @@
 """The final pick of a supernet search: short retrains that check the supernet's choice against the one-line
-alternative, taking blocks off Transformer-XL (settings: :class:`parnas.selection.SelectConfig`).
+alternative, taking blocks off Transformer-XL (settings: :class:`parnas.pick_config.SelectConfig`).
 
-Entrants: the ``search.select.k`` layouts the supernet prefers within the selection budget (the layout it exports
+Entrants: the ``select.k`` layouts the supernet prefers within the selection budget (the layout it exports
 when that fits, then the most probable networks under softmax(alpha) that fit), and the guard: the deepest
 depth-scaled Transformer-XL (attention and dense pairs, the blocks taken off left as identity blocks, which a fixed
 model skips, so it is exactly the shallower network) whose cost, priced as the budget is, is within it. Layouts
@@ -9,10 +9,9 @@ that are one network (identity blocks elsewhere) enter once. Each is trained fro
 same class, seed and data as ``parnas retrain``) by successive halving: every round trains the survivors to the
 round's steps, continuing from their checkpoints, and the better half goes on; the last round's best is exported.
 The guard goes on to the last round whatever its rank: it is the alternative a user already has, and an early
-round is a poor judge of it (in PLANER's space, 150 steps into a 300-step schedule the 2-block guard scored
-86.5-87.2 against 82-86 for the supernet's 5-block picks, which it beats by 1-2% after 600 steps). One of the
+round is a poor judge of it (a shallow network trails early in a schedule it wins at the end). One of the
 supernet's layouts that beats the guard in the last round is exported only if it also does on the mean over
-``search.select.confirm_seeds`` further seeds, on which both retrain from scratch: one seed is a noisy judge. An
+``select.confirm_seeds`` further seeds, on which both retrain from scratch: one seed is a noisy judge. An
 entrant whose training diverges is out.
 
 Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one folder per entrant, a training run
@@ -40,10 +39,11 @@ from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import ensure_writable_dir, write_json_atomic
 from parnas.nn.model import SKIPPED_KIND, blocks_run
-from parnas.run_folders import remove_own_runs
-from parnas.selection import EARLY_VALID_FRACTION
+from parnas.owned_folders import remove_own_runs
+from parnas.pick_config import EARLY_VALID_FRACTION
 from parnas.strategies.costs import CostModel
-from parnas.strategies.run_folder import SELECT_DIR
+from parnas.strategies.par_settings import par_settings
+from parnas.strategies.search_folder import SELECT_DIR
 from parnas.strategies.supernet_export import Evaluated, exported_nll
 
 if TYPE_CHECKING:
@@ -69,25 +69,25 @@ def layout_ratio(costs: CostModel, kinds: Sequence[str]) -> float:
 
 
 def check_selection(cfg: Config, costs: CostModel) -> None:
-    """Before anything is written: a ``search.select.budget`` below the cheapest layout of the candidates could
+    """Before anything is written: a ``select.budget`` below the cheapest layout of the candidates could
     enter nothing."""
-    select = cfg.search.select
+    select = par_settings(cfg.search).select
     if not select.enabled or select.budget is None:
         return
     cheapest = min(cfg.search.candidates, key=costs.per_kind.__getitem__)
     floor = costs.ratio([cheapest] * cfg.model.n_blocks)
     if floor > select.budget + 1e-9:
-        raise ParnasError(f"search.select.budget {select.budget} is out of reach: the cheapest layout (all "
-                          f"{cheapest}) costs {floor:.3f} of Transformer-XL's here; raise it, or leave it unset (the "
-                          "search's budget)")
+        raise ParnasError(f"search.{cfg.search.strategy}.select.budget {select.budget} is out of reach: the "
+                          f"cheapest layout (all {cheapest}) costs {floor:.3f} of Transformer-XL's here; raise it, "
+                          "or leave it unset (the search's budget)")
 
 
 def selection_budget(cfg: Config, costs: CostModel, exported: Sequence[str]) -> tuple[float, str]:
     """The cost ratio entrants must be within, and where it comes from."""
-    if cfg.search.select.budget is not None:
-        return cfg.search.select.budget, "search.select.budget"
-    if cfg.search.latency_budget is not None:
-        return cfg.search.latency_budget, "search.latency_budget"
+    if par_settings(cfg.search).select.budget is not None:
+        return par_settings(cfg.search).select.budget, f"search.{cfg.search.strategy}.select.budget"
+    if par_settings(cfg.search).latency_budget is not None:
+        return par_settings(cfg.search).latency_budget, f"search.{cfg.search.strategy}.latency_budget"
     return layout_ratio(costs, exported), "the cost of the layout the supernet exports"
 
 
@@ -135,7 +135,7 @@ def entrants(cfg: Config, costs: CostModel, result: Evaluated, budget: float) ->
     """The supernet's ``k`` most probable networks within ``budget`` (the layout it exports first, when that
     fits: scoring each by perplexity would cost a validation pass, and the retrains judge them anyway), and the
     guard."""
-    select, probabilities = cfg.search.select, list(result.probabilities.values())
+    select, probabilities = par_settings(cfg.search).select, list(result.probabilities.values())
     fits = layout_ratio(costs, result.kinds) <= budget + 1e-9
     pool = most_probable(probabilities, costs, budget, select.k)
     if fits:
@@ -182,8 +182,7 @@ def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: P
     if metrics is None or metrics.get("steps") != target:  # else: trained, stopped before its round was noted
         if not last.is_file() and folder.exists():
             remove_own_runs(folder)  # stopped before its first checkpoint: start clean
-        # eager, whatever train.compile says: a compile costs more than these short runs (an H200 took 46 s to
-        # CUDA-graph wt2-par's Transformer-XL; a pick's round of 100 eager steps there, 3 s), and each resumed round
+        # eager, whatever train.compile says: a compile costs more than these short runs save, and each resumed round
         # would compile again
         train = replace(cfg.train, max_steps=steps[-1], stop_at=0 if round_index == len(steps) - 1 else target,
                         warmup_steps=min(cfg.train.warmup_steps, steps[0] // 2), eval_every=steps[-1] + 1,
@@ -208,23 +207,23 @@ def short_retrain(cfg: Config, kinds: Sequence[str], round_index: int, folder: P
 
 
 def pick_rounds(cfg: Config) -> tuple[int, ...]:
-    """The steps each round of the pick ends at (``search.select.steps``, by default half of ``train.max_steps``
+    """The steps each round of the pick ends at (``select.steps``, by default half of ``train.max_steps``
     and then all of it)."""
-    return cfg.search.select.rounds(cfg.train.max_steps)
+    return par_settings(cfg.search).select.rounds(cfg.train.max_steps)
 
 
 def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
     return {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
             "supernet_steps": step, "early_valid_fraction": EARLY_VALID_FRACTION,
-            "confirm_seeds": cfg.search.select.confirm_seeds}
+            "confirm_seeds": par_settings(cfg.search).select.confirm_seeds}
 
 
 def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result: Evaluated,
                run_dir: Path) -> tuple[Evaluated, dict[str, Any] | None]:
-    """The layout to export, and the record of the pick (None when ``search.select.steps`` is empty, or a
+    """The layout to export, and the record of the pick (None when ``select.steps`` is empty, or a
     multi-process search: the short retrains run in one process). Prints what it does, and one line saying
     the guard won when it did."""
-    select = cfg.search.select
+    select = par_settings(cfg.search).select
     if not select.enabled:
         return result, None
     if cfg.train.devices * cfg.train.num_nodes > 1:
@@ -284,11 +283,11 @@ def _finite(ppl: float | None) -> float:
 def _confirmed(cfg: Config, winner: dict[str, Any], guard: dict[str, Any], folder: Path, tokenizer: Tokenizer,
                splits: Mapping[str, Any]) -> dict[str, Any]:
     """``winner`` (a supernet's layout that beat the guard in the last round) or the guard, whichever has the lower
-    mean perplexity over the last round and ``search.select.confirm_seeds`` further seeds, each a retrain from
+    mean perplexity over the last round and ``select.confirm_seeds`` further seeds, each a retrain from
     scratch to the last round's steps in ``<layout>-seed<N>``; the guard on a tie. Both keep their further seeds'
     perplexities under ``confirm_val_ppl``."""
     last = len(pick_rounds(cfg)) - 1
-    for j in range(1, cfg.search.select.confirm_seeds + 1):
+    for j in range(1, par_settings(cfg.search).select.confirm_seeds + 1):
         seeded = replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + j))
         for entrant in (winner, guard):
             print(f"final pick, confirming: {entrant['architecture']} ({entrant['role']}) on seed {seeded.train.seed}",
@@ -347,11 +346,11 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
         line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); "
                 f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
                                                                                             else ""))
-    return {"k": cfg.search.select.k, "steps": list(steps), "budget": round(budget, 4),
+    return {"k": par_settings(cfg.search).select.k, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
             "val_ppl_is": "trained from scratch (train.seed) to each round's steps; the last round on the whole "
                           f"validation split, earlier ones on {fraction:g} of it",
-            "confirm_seeds": cfg.search.select.confirm_seeds,
+            "confirm_seeds": par_settings(cfg.search).select.confirm_seeds,
             "entrants": [{**{k: v for k, v in e.items() if k != "kinds"}, "val_ppl": _rounded(e["val_ppl"]),
                           **({"confirm_val_ppl": _rounded(e["confirm_val_ppl"])} if "confirm_val_ppl" in e else {})}
                          for e in entered],

@@ -12,8 +12,8 @@ import torch
 from parnas.cli import main
 from parnas.errors import Interrupted, ParnasError
 from parnas.nn.model import blocks_run
-from parnas.selection import EARLY_VALID_FRACTION
-from parnas.strategies import select
+from parnas.pick_config import EARLY_VALID_FRACTION
+from parnas.strategies import final_pick as pick
 from parnas.strategies.costs import CostModel
 
 COSTS = CostModel({"attention": 3.0, "dense": 1.0, "identity": 0.0}, 0.0, "ms", 4)  # Transformer-XL: 8
@@ -33,7 +33,7 @@ def test_the_entrants_are_the_most_probable_networks_within_the_budget_each_once
     def logp(kinds):
         return sum(math.log(p[k]) for p, k in zip(blocks, kinds))
 
-    found = select.most_probable(blocks, COSTS, 0.5, 4)
+    found = pick.most_probable(blocks, COSTS, 0.5, 4)
     assert len(found) == 4 and all(COSTS.ratio(kinds) <= 0.5 for kinds in found)
     networks = [tuple(k for k in kinds if k != "identity") for kinds in found]
     assert len(set(networks)) == len(networks)  # identity blocks elsewhere: the same network, entered once
@@ -46,10 +46,11 @@ def test_the_entrants_are_the_most_probable_networks_within_the_budget_each_once
 
 
 @pytest.mark.parametrize("setting, needle", [
-    ("search.select.k=0", "search.select.k must be >= 1"),
-    ("search.select.steps=[4, 2]", "search.select.steps must be positive and strictly increasing"),
-    ("search.select.rank=inherited", "search.select.rank was removed"),
-    ("search.select.budget=1.5", "search.select.budget must be in (0, 1]"),
+    ("search.par-gumbel-darts.select.k=0", "search.par-gumbel-darts.select.k must be >= 1"),
+    ("search.par-gumbel-darts.select.steps=[4, 2]",
+     "search.par-gumbel-darts.select.steps must be positive and strictly increasing"),
+    ("search.par-gumbel-darts.select.rank=inherited", "search.par-gumbel-darts.select.rank was removed"),
+    ("search.par-gumbel-darts.select.budget=1.5", "search.par-gumbel-darts.select.budget must be in (0, 1]"),
 ])
 def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(capsys, tmp_path, setting, needle):
     code = main(["search", "--config", "tiny", "--set", setting, "--set", f"search.out_dir={tmp_path}/run"])
@@ -59,11 +60,13 @@ def test_bad_selection_settings_are_refused_in_one_line_with_nothing_written(cap
 
 
 def test_a_selection_budget_below_the_cheapest_layout_is_refused_before_anything_is_written(capsys, tmp_path, micro):
-    code = main(micro_search(micro, "search.candidates=[attention, dense]", "search.select.steps=[1, 3]",
-                             "search.select.budget=0.05",
+    code = main(micro_search(micro, "search.candidates=[attention, dense]",
+                             "search.par-gumbel-darts.select.steps=[1, 3]",
+                             "search.par-gumbel-darts.select.budget=0.05",
                              f"search.out_dir={tmp_path}/run"))
     err = capsys.readouterr().err
-    assert code == 2 and "search.select.budget 0.05 is out of reach" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "search.par-gumbel-darts.select.budget 0.05 is out of reach" in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
 
 
@@ -80,7 +83,8 @@ def test_the_early_rounds_judge_by_part_of_the_validation_split_and_the_last_by_
         return {"val_ppl": 100.0 + len(read), "steps": cfg.train.stop_at or cfg.train.max_steps}
 
     monkeypatch.setattr(parnas.training.fit, "fit", fit)
-    assert main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+    assert main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}")) == 0
     assert {r for r in read if r[0] == 2} == {(2, False, EARLY_VALID_FRACTION)}
     assert {r for r in read if r[0] == 4} == {(4, False, 1.0)}
@@ -90,9 +94,9 @@ def test_the_early_rounds_judge_by_part_of_the_validation_split_and_the_last_by_
 
 
 def picks_without(guard):
-    """``select.most_probable`` with the networks ``guard`` runs left out (whatever blocks it idles): the
+    """``pick.most_probable`` with the networks ``guard`` runs left out (whatever blocks it idles): the
     supernet's picks, for the guard to beat or lose to."""
-    most_probable = select.most_probable
+    most_probable = pick.most_probable
     return lambda probabilities, costs, budget, count: [
         k for k in most_probable(probabilities, costs, budget, count + 1) if blocks_run(k) != blocks_run(guard)][:count]
 
@@ -106,9 +110,10 @@ def test_a_better_shallower_transformer_xl_is_exported_and_said(capsys, tmp_path
         return 100.0 if blocks_run(kinds) == blocks_run(guard) else 200.0 + len(trained)
 
     guard = ["attention", "dense", "identity", "identity"]  # at 0.5 of Transformer-XL's FLOPs
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
+    code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}"))
     out = capsys.readouterr().out
     assert code == 0, out
@@ -140,9 +145,11 @@ def test_the_guard_goes_on_to_the_last_round_however_its_first_went(capsys, tmp_
         return 200.0 + len(trained)
 
     guard = ["attention", "dense", "identity", "identity"]
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    assert main(micro_search(micro, "search.select.k=3", "search.select.steps=[2, 4, 6]", "search.select.budget=0.6",
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
+    assert main(micro_search(micro, "search.par-gumbel-darts.select.k=3",
+                             "search.par-gumbel-darts.select.steps=[2, 4, 6]",
+                             "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}")) == 0
     selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
     assert [r for name, r in trained if name == "ADII"] == [0, 1, 2]  # never cut, though last in the first round
@@ -163,7 +170,7 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
     monkeypatch.setattr(nni, "get_next_parameter", lambda: {})
     monkeypatch.setattr(nni, "report_intermediate_result", lambda metric: None)
     monkeypatch.setattr(nni, "report_final_result", final.append)
-    real, calls = select.short_retrain, []
+    real, calls = pick.short_retrain, []
 
     def stopped_at_the_second(*args):
         calls.append(args[3].name)
@@ -171,15 +178,16 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
             raise Interrupted(signal.SIGTERM)
         return real(*args)
 
-    command = micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6")
-    monkeypatch.setattr(select, "short_retrain", stopped_at_the_second)
+    command = micro_search(micro, "search.par-gumbel-darts.select.k=2", "search.par-gumbel-darts.select.steps=[2, 4]",
+                           "search.par-gumbel-darts.select.budget=0.6")
+    monkeypatch.setattr(pick, "short_retrain", stopped_at_the_second)
     assert main(command) == 128 + signal.SIGTERM
     run = tmp_path / "trial"
     assert not (run / "architecture.json").exists()
     first = calls[0]
     done = json.loads((run / "select" / first / "rounds.json").read_text())
 
-    monkeypatch.setattr(select, "short_retrain", real)
+    monkeypatch.setattr(pick, "short_retrain", real)
     trained = []
     real_fit = fitting.fit
     monkeypatch.setattr(fitting, "fit", lambda cfg, *a, **k: trained.append(
@@ -199,7 +207,8 @@ def test_an_interrupted_pick_resumes_skipping_finished_retrains_in_an_nnictl_tri
 def test_a_search_resumed_with_the_pick_turned_on_runs_it(tmp_path, micro):
     command = micro_search(micro, "train.max_steps=6", f"search.out_dir={tmp_path}")
     assert main([*command, "--set", "train.stop_at=3"]) == 0  # the pick off (the tiny preset's)
-    assert main([*command, "--set", "search.select.k=1", "--set", "search.select.steps=[2]", "--resume"]) == 0
+    assert main([*command, "--set", "search.par-gumbel-darts.select.k=1", "--set",
+                 "search.par-gumbel-darts.select.steps=[2]", "--resume"]) == 0
     record = json.loads((tmp_path / "architecture.json").read_text())
     assert record["search"]["steps"] == 6 and record["search"]["selection"]["steps"] == [2]
 
@@ -217,7 +226,8 @@ def test_an_entrant_whose_training_diverges_is_out_and_the_pick_goes_on(capsys, 
         return real_fit(cfg, *args, **kwargs)
 
     monkeypatch.setattr(fitting, "fit", first_diverges)
-    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2]", "search.select.budget=0.6",
+    code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2", "search.par-gumbel-darts.select.steps=[2]",
+                             "search.par-gumbel-darts.select.budget=0.6",
                              f"search.out_dir={tmp_path}"))
     out = capsys.readouterr().out
     assert code == 0, out
@@ -232,14 +242,15 @@ def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follow
     """The supernet is trained once; the pick may be rerun with another ``k``. Its old pick is
     discarded, but a ``select`` folder that is a link is unlinked: what it points to is kept."""
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
-    command = micro_search(micro, "train.max_steps=4", "search.select.k=1", "search.select.steps=[2]",
+    command = micro_search(micro, "train.max_steps=4", "search.par-gumbel-darts.select.k=1",
+                           "search.par-gumbel-darts.select.steps=[2]",
                            f"search.out_dir={run}")
     assert main(command) == 0
     (run / "select").rename(elsewhere)
     (run / "select").symlink_to(elsewhere, target_is_directory=True)
     kept = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
     (run / "architecture.json").unlink()
-    assert main([*command, "--set", "search.select.k=2", "--resume"]) == 0
+    assert main([*command, "--set", "search.par-gumbel-darts.select.k=2", "--resume"]) == 0
     assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == kept
     assert (run / "select").is_dir() and not (run / "select").is_symlink()
     selection = json.loads((run / "architecture.json").read_text())["search"]["selection"]
@@ -251,11 +262,11 @@ def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follow
 def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
     from parnas.config import load_config
 
-    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.steps=[2, 4]"])
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.par-gumbel-darts.select.steps=[2, 4]"])
     guard = ["attention", "dense", "identity", "identity"]
-    both = {**select._entrant(guard, "supernet #1, guard", COSTS, []), "val_ppl": [60.0, 50.0]}
-    other = {**select._entrant(["dense"] * 4, "supernet #2", COSTS, []), "val_ppl": [70.0, 55.0]}
-    record = select._record(cfg, [both, other], both, 0.6, "search.latency_budget", 1.0)
+    both = {**pick._entrant(guard, "supernet #1, guard", COSTS, []), "val_ppl": [60.0, 50.0]}
+    other = {**pick._entrant(["dense"] * 4, "supernet #2", COSTS, []), "val_ppl": [70.0, 55.0]}
+    record = pick._record(cfg, [both, other], both, 0.6, "search.par-gumbel-darts.latency_budget", 1.0)
     assert record["winner"] == "ADII" and record["verdict"] == "search"
     assert record["verdict_line"] == ("final pick: ADII (val ppl 50.00 after 4 steps of retraining), the shallower "
                                       "Transformer-XL, which the supernet picked too")
@@ -265,8 +276,8 @@ def test_a_guard_the_supernet_picked_too_is_said_to_be_both_when_it_wins():
 def test_the_supernet_trains_at_search_weight_lr_and_the_pick_at_train_lr(tmp_path, micro):
     """``search.weight_lr`` is the supernet's; the pick's retrains train as ``parnas retrain`` will, at
     ``train.lr``. Read from the checkpoints' own optimisers."""
-    assert main(micro_search(micro, "search.weight_lr=0.02", "train.lr=0.003", "search.select.k=1",
-                             "search.select.steps=[2]", f"search.out_dir={tmp_path}")) == 0
+    assert main(micro_search(micro, "search.weight_lr=0.02", "train.lr=0.003", "search.par-gumbel-darts.select.k=1",
+                             "search.par-gumbel-darts.select.steps=[2]", f"search.out_dir={tmp_path}")) == 0
 
     def peak_lr(path):
         states = torch.load(path, map_location="cpu", weights_only=False)["optimizer_states"]
@@ -293,9 +304,10 @@ def test_a_win_over_the_guard_is_confirmed_on_a_further_seed(capsys, tmp_path, m
         return 90.0 + len(trained) if cfg.train.seed == 0 else (105.0 if confirmed else 120.0)
 
     guard = ["attention", "dense", "identity", "identity"]
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    code = main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
+    code = main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
                              "train.seed=0", f"search.out_dir={tmp_path}"))
     out = capsys.readouterr().out
     assert code == 0, out
@@ -321,10 +333,11 @@ def test_no_further_seed_runs_when_the_guard_wins_or_confirm_seeds_is_0(tmp_path
         return 90.0 if blocks_run(kinds) != blocks_run(guard) else 100.0
 
     guard = ["attention", "dense", "identity", "identity"]
-    monkeypatch.setattr(select, "short_retrain", retrain)
-    monkeypatch.setattr(select, "most_probable", picks_without(guard))
-    assert main(micro_search(micro, "search.select.k=2", "search.select.steps=[2, 4]", "search.select.budget=0.6",
-                             "search.select.confirm_seeds=0", f"search.out_dir={tmp_path}")) == 0
+    monkeypatch.setattr(pick, "short_retrain", retrain)
+    monkeypatch.setattr(pick, "most_probable", picks_without(guard))
+    assert main(micro_search(micro, "search.par-gumbel-darts.select.k=2",
+                             "search.par-gumbel-darts.select.steps=[2, 4]", "search.par-gumbel-darts.select.budget=0.6",
+                             "search.par-gumbel-darts.select.confirm_seeds=0", f"search.out_dir={tmp_path}")) == 0
     assert set(trained) == {0}
     selection = json.loads((tmp_path / "architecture.json").read_text())["search"]["selection"]
     assert selection["verdict"] == "search" and selection["confirm_seeds"] == 0
@@ -334,12 +347,12 @@ def test_the_guard_is_named_transformer_xl_when_it_keeps_every_block():
     """The full network is Transformer-XL, not "the shallower" one; the record's verdict names it so."""
     from parnas.config import load_config
 
-    assert select.guard_name(["attention", "dense", "attention", "dense"]) == "Transformer-XL"
-    assert select.guard_name(["attention", "dense", "identity", "identity"]) == "the shallower Transformer-XL ADII"
-    cfg = load_config("tiny", ["model.n_blocks=4", "search.select.steps=[2, 4]"])
-    full = {**select._entrant(["attention", "dense"] * 2, "guard", COSTS, []), "val_ppl": [60.0, 50.0]}
-    other = {**select._entrant(["dense"] * 4, "supernet #1", COSTS, []), "val_ppl": [70.0, 55.0]}
-    record = select._record(cfg, [other, full], full, 1.0, "search.latency_budget", 1.0)
+    assert pick.guard_name(["attention", "dense", "attention", "dense"]) == "Transformer-XL"
+    assert pick.guard_name(["attention", "dense", "identity", "identity"]) == "the shallower Transformer-XL ADII"
+    cfg = load_config("tiny", ["model.n_blocks=4", "search.par-gumbel-darts.select.steps=[2, 4]"])
+    full = {**pick._entrant(["attention", "dense"] * 2, "guard", COSTS, []), "val_ppl": [60.0, 50.0]}
+    other = {**pick._entrant(["dense"] * 4, "supernet #1", COSTS, []), "val_ppl": [70.0, 55.0]}
+    record = pick._record(cfg, [other, full], full, 1.0, "search.par-gumbel-darts.latency_budget", 1.0)
     assert record["verdict"] == "guard" and record["guard"]["name"] == "Transformer-XL"
     assert record["verdict_line"].startswith("Transformer-XL beat the search's picks")
     assert "shallower" not in record["verdict_line"]
