@@ -427,3 +427,18 @@ def test_mid_search_evaluations_read_a_fixed_part_of_the_validation_split_and_th
     history = [line for line in map(json.loads, (tmp_path / "history.jsonl").read_text().splitlines())
                if "val_ppl" in line]
     assert [(h["step"], h.get("valid_fraction", 1.0)) for h in history] == [(2, EARLY_VALID_FRACTION), (4, 1.0)]
+
+
+def test_a_search_stopped_at_a_mid_search_evaluation_ends_with_one_on_the_whole_split(tmp_path):
+    """The evaluation the export reads is always of the whole validation split: a search stopped early
+    (``train.stop_at``) right after an evaluation of a part of it evaluates again."""
+    from parnas.selection import EARLY_VALID_FRACTION
+    from parnas.strategies.search import final_evaluation
+
+    search = run(tmp_path, "train.max_steps=6", "train.eval_every=2", "train.stop_at=2")
+    assert search.module.last_evaluation.step == 2
+    assert search.module.last_evaluation.valid_fraction == EARLY_VALID_FRACTION
+    result = final_evaluation(search)
+    assert (result.step, result.valid_fraction) == (2, 1.0)
+    whole = evaluate(search.supernet, search.data.batches("valid")).ppl
+    assert result.supernet_val_ppl == pytest.approx(whole)
