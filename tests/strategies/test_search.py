@@ -396,7 +396,7 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     assert history(tmp_path / "killed") == history(tmp_path / "straight")  # each step once, evaluations kept
 
 
-def test_mid_search_evaluations_read_a_fixed_part_of_the_validation_split_and_the_last_all_of_it(tmp_path,
+def test_mid_search_evaluations_read_a_fixed_part_of_the_validation_split_and_the_last_all_of_it(tmp_path, capsys,
                                                                                                   monkeypatch):
     """The evaluations before the last step only show progress: they read EARLY_VALID_FRACTION of the split (its
     first segments, supernet and exported architecture alike); the last, which the pick and the export read, all."""
@@ -427,6 +427,8 @@ def test_mid_search_evaluations_read_a_fixed_part_of_the_validation_split_and_th
     history = [line for line in map(json.loads, (tmp_path / "history.jsonl").read_text().splitlines())
                if "val_ppl" in line]
     assert [(h["step"], h.get("valid_fraction", 1.0)) for h in history] == [(2, EARLY_VALID_FRACTION), (4, 1.0)]
+    lines = [line for line in capsys.readouterr().out.splitlines() if ": validation perplexity" in line]
+    assert [line.endswith(f"supernet ({EARLY_VALID_FRACTION:g} of the split)") for line in lines] == [True, False]
 
 
 def test_a_search_stopped_at_a_mid_search_evaluation_ends_with_one_on_the_whole_split(tmp_path):
