@@ -80,8 +80,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     from parnas.config import TARGET_LABELS, load_config
     from parnas.errors import ParnasError
     from parnas.files import check_file_folder, write_json_atomic
-    from parnas.training.latency import check_targets
-    from parnas.training.latency_table import MODES
+    from parnas.training.latency_table import MODES, check_targets
 
     asked = [t.strip() for given in args.target or [] for t in given.split(",")]
     targets = check_targets(asked) if args.target else MODES  # before any model is built

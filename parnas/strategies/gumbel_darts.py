@@ -21,7 +21,10 @@ and why:
   it has no gradient to the logits);
 - evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop and forwards no
   ``validation_step``) twice: the supernet with the Gumbel noise off (softmax of the logits), and the exported
-  argmax architecture with the supernet's weights; the gap between the two is the discretisation gap.
+  argmax architecture with the supernet's weights; the gap between the two is the discretisation gap. Before the
+  last step both read :data:`~parnas.pick_config.EARLY_VALID_FRACTION` of the validation split (the first part of
+  every evaluation stream, as the final pick's early rounds read it): those evaluations only show progress. The
+  one at the last step, which the final pick, the divergence check and the export read, reads all of it.
   Probabilities logged are softmax(alpha) (NNI's ``export_probs()`` under GumbelDARTS passes the logits through
   the Gumbel softmax, so its values change from call to call);
 - the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``, whose order changes between
@@ -50,13 +53,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from parnas.config import SearchConfig
+from parnas.pick_config import EARLY_VALID_FRACTION
 from parnas.strategies.costs import CostModel
 from parnas.strategies.fair import fair_loss
 from parnas.strategies.par_settings import PARSettings
 from parnas.strategies.sampled import PICK_SEED_OFFSET, RoutedMixedLayer, clear_picks, draw_picks, reinforce
 from parnas.strategies.supernet_export import Evaluated, exported_nll, fit_budget
 from parnas.strategies.temperature import GumbelSoftmax, tau_at
-from parnas.training.evaluation import perplexity
+from parnas.training.evaluation import perplexity, segments_read
 from parnas.training.task import LanguageModelTask, on_host, scalars_read, showing_progress_bar
 
 DUAL_LR = 0.05  # the rate of the dual ascent on a latency budget's multiplier
@@ -80,6 +84,7 @@ class PARDartsModule(DartsLightningModule):
         self._choice_cache: list[DifferentiableMixedLayer] = []
         self._cost_table: Tensor | None = None  # (n_blocks, n_kinds) block costs, on the logits' device
         self._baseline: Tensor | None = None  # forward=sampled: the loss's moving average (REINFORCE's)
+        self._valid_segments: int | None = None  # this evaluation's validation segments (valid_fraction's part)
 
     # --- architecture parameters -------------------------------------------
     def choices(self) -> list[DifferentiableMixedLayer]:
@@ -254,7 +259,19 @@ class PARDartsModule(DartsLightningModule):
         return loss.detach()
 
     # --- evaluation: the supernet through Lightning's validation loop, then the exported architecture
+    def valid_fraction(self) -> float:
+        """The part of the validation split this evaluation reads: all of it at the last step, else
+        EARLY_VALID_FRACTION (module docstring)."""
+        return 1.0 if self.trainer.global_step >= self.max_steps else EARLY_VALID_FRACTION
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        n = len(self.trainer.datamodule.batches("valid", self.trainer.global_rank, self.trainer.world_size))
+        self._valid_segments = segments_read(n, self.valid_fraction())
+
     def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self._valid_segments is not None and batch_idx >= self._valid_segments:
+            return None  # past this evaluation's part of the split: the segment is fetched, never run
         return self.training_module.validation_step(batch, batch_idx)
 
     def on_validation_epoch_end(self) -> None:
@@ -269,18 +286,21 @@ class PARDartsModule(DartsLightningModule):
             self.on_evaluation(result)
 
     def evaluate_exported(self, supernet_val_ppl: float) -> Evaluated:
-        """Whole-split perplexity of the argmax architecture with the supernet's weights, summed over ranks."""
-        trainer = self.trainer
+        """Perplexity of the argmax architecture with the supernet's weights, summed over ranks, on the part of the
+        validation split the supernet's was read on (:meth:`valid_fraction`)."""
+        trainer, fraction = self.trainer, self.valid_fraction()
         batches = trainer.datamodule.batches("valid", trainer.global_rank, trainer.world_size)
         kinds, fitted = self.exported_kinds()
-        sums = exported_nll(self.training_module.model, self.choices(), kinds, batches)
+        part = (batches[t] for t in range(segments_read(len(batches), fraction)))
+        sums = exported_nll(self.training_module.model, self.choices(), kinds, part)
         sums = trainer.strategy.reduce(sums, reduce_op="sum")
-        return self.evaluated(kinds, fitted, perplexity(float(sums[0] / sums[1])), supernet_val_ppl)
+        return self.evaluated(kinds, fitted, perplexity(float(sums[0] / sums[1])), supernet_val_ppl, fraction)
 
-    def evaluated(self, kinds: list[str], fitted: bool, val_ppl: float, supernet_val_ppl: float) -> Evaluated:
+    def evaluated(self, kinds: list[str], fitted: bool, val_ppl: float, supernet_val_ppl: float,
+                  valid_fraction: float = 1.0) -> Evaluated:
         tau = self.tau if self.par.samples else None  # a forward without a Gumbel sample reads no tau
         return Evaluated(self.trainer.global_step, tau, self.probabilities(), kinds, val_ppl, supernet_val_ppl,
-                         self.costs.ratio(kinds) if self.costs is not None else None, fitted)
+                         self.costs.ratio(kinds) if self.costs is not None else None, fitted, valid_fraction)
 
     # --- checkpoints: the task adds its section (memory, metadata); the search adds lambda and the arch memory
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

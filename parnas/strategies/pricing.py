@@ -17,7 +17,6 @@ from parnas.strategies.costs import CostModel, flops_model, latency_costs
 from parnas.strategies.nni_trial import experiment_folder
 from parnas.strategies.par_settings import latency_budget
 from parnas.training.devices import check_devices, training_device
-from parnas.training.latency import check_targets, target_memories
 from parnas.training.latency_cache import (
     cache_path,
     check_cache,
@@ -27,7 +26,15 @@ from parnas.training.latency_cache import (
     newest_covering,
     unsteady,
 )
-from parnas.training.latency_table import MODES, LatencyTable, load_table_for, read_table, table_key
+from parnas.training.latency_table import (
+    MODES,
+    LatencyTable,
+    check_targets,
+    load_table_for,
+    read_table,
+    table_key,
+    target_memories,
+)
 
 PINNED_TABLE = "latency_table.json"  # in the run directory: the table a search started with
 

@@ -124,11 +124,13 @@ def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, ru
 
 
 def final_evaluation(search: SupernetSearch) -> Evaluated:
-    """The last evaluation if it was taken at the final step, else one now (rank 0, whole validation split),
-    whose line ends history.jsonl: a search shorter than its log and evaluation intervals has a history too."""
+    """The last evaluation if it was taken at the final step on the whole validation split, else one now (rank 0,
+    whole validation split), whose line ends history.jsonl: a search shorter than its log and evaluation intervals,
+    or stopped (``train.stop_at``) at a mid-search evaluation, which read a part of the split, has one too."""
     module, step = search.module, search.trainer.global_step
-    if module.last_evaluation is not None and module.last_evaluation.step == step:
-        return module.last_evaluation
+    last = module.last_evaluation
+    if last is not None and last.step == step and last.valid_fraction >= 1:  # a mid-search one read a part
+        return last
     search.supernet.to(search.trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU
     supernet = evaluate(search.supernet, search.data.batches("valid")).ppl
     kinds, fitted = module.exported_kinds()

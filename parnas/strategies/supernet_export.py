@@ -85,6 +85,7 @@ class Evaluated:
     supernet_val_ppl: float  # candidates mixed by softmax(alpha)
     cost_ratio: float | None  # predicted cost relative to Transformer-XL's
     fitted_to_budget: bool = False  # the argmax was over budget; kinds is the most probable layout within it
+    valid_fraction: float = 1.0  # the part of the validation split both perplexities read (< 1: mid-search)
 
     @property
     def architecture(self) -> str:
@@ -95,4 +96,5 @@ class Evaluated:
         return {"step": self.step, **tau, "probabilities": self.probabilities,
                 "val_ppl": self.val_ppl, "supernet_val_ppl": self.supernet_val_ppl,
                 "architecture": self.architecture, "exported_cost_ratio": self.cost_ratio,
-                "fitted_to_budget": self.fitted_to_budget}
+                "fitted_to_budget": self.fitted_to_budget,
+                **({"valid_fraction": self.valid_fraction} if self.valid_fraction < 1 else {})}

@@ -174,6 +174,12 @@ def tokens_per_s(tokens: int, seconds: float) -> float | None:
     return round(tokens / seconds, 1) if seconds >= MIN_TIMED_SECONDS else None
 
 
+def segments_read(n_segments: int, fraction: float) -> int:
+    """How many of a split's ``n_segments`` an evaluation of ``fraction`` of it reads: the first ones, at least one
+    (every stream's first part, so the tokens read come from all of the split)."""
+    return n_segments if fraction >= 1 else max(1, math.ceil(n_segments * fraction))
+
+
 def split_metrics(model: TransformerXL, data: SplitData, split: str,
                   precision: str = "32-true", fraction: float = 1.0) -> dict[str, Any]:
     """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
@@ -182,7 +188,7 @@ def split_metrics(model: TransformerXL, data: SplitData, split: str,
     segments only, i.e. the first part of every evaluation stream (the streams tile the split, so the
     tokens read still come from all of it); recorded as ``<split>_fraction``, the rest counted as untargeted."""
     batches = data.batches(split)
-    n_segments = len(batches) if fraction >= 1 else max(1, math.ceil(len(batches) * fraction))
+    n_segments = segments_read(len(batches), fraction)
     with autocast(model_device(model), precision):
         warmup = max(WARMUP_SEGMENTS, full_memory_steps(model.cfg, batches.seg_len, model.eval_mem_len))
         evaluate(model, (batches[t] for t in range(min(warmup, n_segments))))

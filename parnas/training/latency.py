@@ -45,10 +45,9 @@ import numpy as np
 import torch
 
 from parnas.config import TARGET_LABELS, Config, ModelConfig, generation_memory
-from parnas.errors import ConfigError
 from parnas.nn.model import build_fixed_model, full_memory_steps
 from parnas.threads import machine_load, runnable_elsewhere, usable_cores
-from parnas.training.latency_table import MODES, LatencyTable, device_name, table_key
+from parnas.training.latency_table import MODES, LatencyTable, check_targets, device_name, table_key
 from parnas.training.task import adam
 from parnas.training.timing import Phase, device_failures_said, stderr_line, time_ms
 
@@ -59,15 +58,6 @@ CUDA_MAX_STEPS = 20  # ... but no more steps than this
 STEADY_SPREAD = 0.02  # on CUDA the rounds stop once every timing spreads by at most this (of its step)
 MIN_ROUNDS = 5  # ... after at least this many rounds
 
-
-def check_targets(targets: Sequence[str]) -> tuple[str, ...]:
-    """The latency targets asked for, in table order; :class:`ConfigError` (one line) for none or an unknown one,
-    before any model is built."""
-    unknown = [t for t in targets if t not in MODES]
-    if unknown or not targets:
-        raise ConfigError(f"unknown latency target {', '.join(map(repr, unknown)) or '(none given)'}: the targets "
-                          f"are {', '.join(MODES)}")
-    return tuple(m for m in MODES if m in targets)
 
 
 def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
@@ -224,12 +214,6 @@ def _each_steady(times: list[list[float]]) -> bool:
     """Every model's rounds spread by at most ``STEADY_SPREAD`` of its median step."""
     return all((relative_spread(t, t) or 0.0) <= STEADY_SPREAD for t in times)
 
-
-def target_memories(cfg: Config) -> dict[str, int]:
-    """States the memory keeps while each target is timed: ``mem_len`` in a train step, the evaluation memory
-    (``model.eval_mem_len``) in an inference segment, :func:`parnas.config.generation_memory` generating."""
-    return {"train": cfg.model.mem_len, "inference": cfg.model.evaluation_memory,
-            "generate": generation_memory(cfg.model, cfg.data.seg_len)}
 
 
 def tokens_per_round(cfg: Config, steps: int) -> int:

@@ -34,8 +34,7 @@ from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.owned_folders import hold_run_dir
-from parnas.training import latency
-from parnas.training.latency_table import MODES, LatencyTable, cost_problem, table_key
+from parnas.training.latency_table import MODES, LatencyTable, check_targets, cost_problem, table_key
 from parnas.training.timing import stderr_line
 
 SPREAD_LIMIT = 0.10  # the most a cost's rounds may spread, as a fraction of the step it was read from
@@ -117,7 +116,7 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
     device = torch.device(device)
     kinds = sorted(set(kinds) | {"identity"})
     key = table_key(cfg, vocab_size, kinds, device)
-    targets = latency.check_targets(targets)
+    targets = check_targets(targets)
     path = cache_path(key, cache_dir)
     if targets != MODES:  # a partial table beside the whole one, not over it
         path = path.with_name(f"{path.stem}-{'-'.join(targets)}.json")
@@ -125,9 +124,11 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
         table = newest_covering(key, path.parent, targets, warn)
         if table is not None:
             return table, True
+    from parnas.training.latency import measure_table  # timing trains models: Lightning and NNI load only then
+
     timed: list[LatencyTable] = []
     while len(timed) < TRIES:
-        table = latency.measure_table(cfg, vocab_size, kinds, device, targets=targets, progress=progress)
+        table = measure_table(cfg, vocab_size, kinds, device, targets=targets, progress=progress)
         why = unsteady(table)
         if why is None:  # the machine left it its cores: as steady as this device times
             write_json_atomic(path, table.to_dict())
@@ -208,7 +209,9 @@ def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torc
     if cached is None:
         return [f"no steady table for these shapes in this machine's cache ({key['device']}, {key['threads']} "
                 "thread(s)): a search would time one; `parnas latency --out FILE` times and caches one now"]
-    now = latency.measure_table(cfg, vocab_size, kinds, device)
+    from parnas.training.latency import measure_table  # as in latency_table: loaded only to time
+
+    now = measure_table(cfg, vocab_size, kinds, device)
     problem = unsteady(now)
     return [f"cached: {describe(cached)}", f"now:    {describe(now)}", *drift(cached, now, cfg.model.n_blocks),
             f"(the timing now is not steady either: {problem})" if problem else

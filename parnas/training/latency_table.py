@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from parnas import kinds, reading
-from parnas.config import LATENCY_TARGETS, Config, ModelConfig, transformer_xl_layout
+from parnas.config import LATENCY_TARGETS, Config, ModelConfig, generation_memory, transformer_xl_layout
 from parnas.errors import ConfigError
 
 MODES = LATENCY_TARGETS  # the latency targets a table prices (both names stay importable from here)
@@ -220,3 +220,19 @@ def _valid_table(data: Any) -> LatencyTable | None:
           and all(isinstance(v, dict) and all(number(v.get(mode)) for mode in modes)
                   for v in table.kinds_ms.values()))
     return table if ok else None
+
+def check_targets(targets: Sequence[str]) -> tuple[str, ...]:
+    """The latency targets asked for, in table order; :class:`ConfigError` (one line) for none or an unknown one,
+    before any model is built."""
+    unknown = [t for t in targets if t not in MODES]
+    if unknown or not targets:
+        raise ConfigError(f"unknown latency target {', '.join(map(repr, unknown)) or '(none given)'}: the targets "
+                          f"are {', '.join(MODES)}")
+    return tuple(m for m in MODES if m in targets)
+
+
+def target_memories(cfg: Config) -> dict[str, int]:
+    """States the memory keeps while each target is timed: ``mem_len`` in a train step, the evaluation memory
+    (``model.eval_mem_len``) in an inference segment, :func:`parnas.config.generation_memory` generating."""
+    return {"train": cfg.model.mem_len, "inference": cfg.model.evaluation_memory,
+            "generate": generation_memory(cfg.model, cfg.data.seg_len)}

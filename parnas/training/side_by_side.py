@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from parnas.config import TARGET_LABELS, Config, ModelConfig
-from parnas.training.latency import relative_spread, target_memories, time_layout_rounds
-from parnas.training.latency_table import MODES, device_name
+from parnas.training.latency import relative_spread, time_layout_rounds
+from parnas.training.latency_table import MODES, device_name, target_memories
 
 
 def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], ModelConfig | None]],

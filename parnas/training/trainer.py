@@ -166,9 +166,10 @@ class PlainProgress(pl.Callback):
             return
         if "val/ppl_exported" in metrics:  # a search: the exported architecture's own, and the supernet's
             found = getattr(pl_module, "last_evaluation", None)  # the search's: what it would export now
+            part = getattr(found, "valid_fraction", 1.0)  # a mid-search evaluation reads a part of the split
             print(f"step {trainer.global_step:,}: validation perplexity {float(metrics['val/ppl_exported']):.2f} "
-                  f"exported architecture{f' {found.architecture}' if found else ''}, {float(ppl):.2f} supernet",
-                  flush=True)
+                  f"exported architecture{f' {found.architecture}' if found else ''}, {float(ppl):.2f} supernet"
+                  + (f" ({part:g} of the split)" if part < 1 else ""), flush=True)
         else:
             print(f"step {trainer.global_step:,}: validation perplexity {float(ppl):.2f}", flush=True)
 

@@ -3,6 +3,9 @@ latency table prices its shapes (one cached for this device, or a search's ``sea
 another). No corpus is read: the data folder it is given does not exist."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +79,18 @@ def test_a_search_planned_for_a_gpu_is_priced_by_its_table_on_the_cpu(capsys, mo
     assert f"400 steps x {ms:.2f} ms on {device} (search.latency_table" in out, out
     assert "steps 400, tokens 1,638,400 (32 x 128 a step)" in out
 
+
+
+def test_a_search_dry_run_priced_by_a_latency_table_loads_neither_lightning_nor_nni(tmp_path):
+    """A dry run is a quick look before a run: pricing a search by its latency table and checking its budget reads
+    the table, and never loads the training stack (Lightning and NNI take most of a dry run's time to import)."""
+    file = TABLES / "h100-wt2-par-v2.json"
+    sets = [*GPU_SHAPE, "train.max_steps=400", f"search.latency_table={file}", "search.par-gumbel-darts.latency_budget=0.65"]
+    code = ("import sys; from parnas.cli import main; "
+            f"code = main(['search', '--config', 'wt2-par', '--dry-run', *{[a for s in sets for a in ('--set', s)]}]); "
+            "print(code, sorted(m for m in ('nni', 'pytorch_lightning', 'lightning_fabric') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PARNAS_DATA_DIR": str(tmp_path / "no-data"),
+                              "PARNAS_CACHE_DIR": str(tmp_path / "cache")})
+    assert "400 steps x" in out.stdout and "latency budget 0.65: within reach" in out.stdout, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout

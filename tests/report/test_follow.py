@@ -79,7 +79,7 @@ def test_search_yaml_is_read_for_its_size():
     from parnas.report.follow import pick_retrain_steps
 
     trials, steps, preset, root, pick = experiment_size(REPO / "search.yaml")
-    assert (trials, steps, preset, root) == (4, 600, "wt2-cpu", None)
+    assert (trials, steps, preset, root) == (3, 600, "wt2-cpu", None)
     assert pick == pick_retrain_steps(load_config("wt2-cpu").search.settings.select,
                                       steps) > 0  # the time left counts it
 

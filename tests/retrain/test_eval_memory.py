@@ -59,7 +59,7 @@ def test_unset_the_evaluation_memory_is_each_readers_old_default_and_changes_no_
     assert torch.equal(ha, hb) and all(torch.equal(p, q) for p, q in zip(ma, mb) if p is not None)
     assert memories_kept(a, 4) == 8
     # the latency targets keep the memories they kept before: mem_len, mem_len, mem_len + seg_len
-    assert latency.target_memories(tiny()) == {"train": 8, "inference": 8, "generate": 16}
+    assert latency_table.target_memories(tiny()) == {"train": 8, "inference": 8, "generate": 16}
 
 
 def test_clamp_len_reads_the_clamped_distance_beyond_it_and_changes_nothing_within():
@@ -79,8 +79,8 @@ def test_clamp_len_reads_the_clamped_distance_beyond_it_and_changes_nothing_with
 
 def test_the_latency_targets_are_timed_at_the_evaluation_memory_and_cached_per_memory():
     cfg = tiny("model.eval_mem_len=24")
-    assert latency.target_memories(cfg) == {"train": 8, "inference": 24, "generate": 24}
-    for mode, kept in latency.target_memories(cfg).items():
+    assert latency_table.target_memories(cfg) == {"train": 8, "inference": 24, "generate": 24}
+    for mode, kept in latency_table.target_memories(cfg).items():
         stepper = latency._Stepper(["attention", "dense"], cfg, VOCAB, mode, torch.device("cpu"))
         stepper.steps(full_memory_steps(cfg.model, cfg.data.seg_len, stepper.memory) if mode != "generate" else 1)
         assert stepper.memory == kept and next(m.size(1) for m in stepper.mems if m is not None) == kept, mode

@@ -1,6 +1,7 @@
 """The PAR space and the Gumbel-DARTS strategy: what a user relies on when searching."""
 
 import atexit
+import json
 import logging
 import math
 from pathlib import Path
@@ -398,3 +399,53 @@ def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp
     assert straight.module.argmax() == resumed.module.argmax() and straight.module.dual == resumed.module.dual
     assert resumed.module.last_evaluation.val_ppl == straight.module.last_evaluation.val_ppl
     assert history(tmp_path / "killed") == history(tmp_path / "straight")  # each step once, evaluations kept
+
+
+def test_mid_search_evaluations_read_a_fixed_part_of_the_validation_split_and_the_last_all_of_it(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    """The evaluations before the last step only show progress: they read EARLY_VALID_FRACTION of the split (its
+    first segments, supernet and exported architecture alike); the last, which the pick and the export read, all."""
+    from parnas.pick_config import EARLY_VALID_FRACTION
+    from parnas.strategies import gumbel_darts
+    from parnas.training.evaluation import segments_read
+
+    read: list[tuple[str, int]] = []
+    original = gumbel_darts.exported_nll
+    monkeypatch.setattr(gumbel_darts, "exported_nll",
+                        lambda model, choices, kinds, batches: original(model, choices, kinds, counted(batches)))
+
+    def counted(batches):
+        batches = list(batches)
+        read.append(("exported", len(batches)))
+        yield from batches
+
+    search = build_search(search_config("train.max_steps=4", "train.eval_every=2"), SPLITS, VOCAB, tmp_path)
+    task, supernet_batches = search.module.training_module, []
+    step_of = task.validation_step
+    monkeypatch.setattr(task, "validation_step", lambda batch, i: (supernet_batches.append(i), step_of(batch, i))[1])
+    search.run()
+    n = len(search.data.batches("valid"))
+    part = segments_read(n, EARLY_VALID_FRACTION)
+    assert 1 <= part < n
+    assert read == [("exported", part), ("exported", n)]
+    assert supernet_batches == [*range(part), *range(n)]
+    history = [line for line in map(json.loads, (tmp_path / "history.jsonl").read_text().splitlines())
+               if "val_ppl" in line]
+    assert [(h["step"], h.get("valid_fraction", 1.0)) for h in history] == [(2, EARLY_VALID_FRACTION), (4, 1.0)]
+    lines = [line for line in capsys.readouterr().out.splitlines() if ": validation perplexity" in line]
+    assert [line.endswith(f"supernet ({EARLY_VALID_FRACTION:g} of the split)") for line in lines] == [True, False]
+
+
+def test_a_search_stopped_at_a_mid_search_evaluation_ends_with_one_on_the_whole_split(tmp_path):
+    """The evaluation the export reads is always of the whole validation split: a search stopped early
+    (``train.stop_at``) right after an evaluation of a part of it evaluates again."""
+    from parnas.pick_config import EARLY_VALID_FRACTION
+    from parnas.strategies.search import final_evaluation
+
+    search = run(tmp_path, "train.max_steps=6", "train.eval_every=2", "train.stop_at=2")
+    assert search.module.last_evaluation.step == 2
+    assert search.module.last_evaluation.valid_fraction == EARLY_VALID_FRACTION
+    result = final_evaluation(search)
+    assert (result.step, result.valid_fraction) == (2, 1.0)
+    whole = evaluate(search.supernet, search.data.batches("valid")).ppl
+    assert result.supernet_val_ppl == pytest.approx(whole)
