@@ -277,7 +277,8 @@ def test_the_supernet_trains_at_search_weight_lr_and_the_pick_at_train_lr(tmp_pa
     """``search.weight_lr`` is the supernet's; the pick's retrains train as ``parnas retrain`` will, at
     ``train.lr``. Read from the checkpoints' own optimisers."""
     assert main(micro_search(micro, "search.weight_lr=0.02", "train.lr=0.003", "search.par-gumbel-darts.select.k=1",
-                             "search.par-gumbel-darts.select.steps=[2]", f"search.out_dir={tmp_path}")) == 0
+                             "search.par-gumbel-darts.select.steps=[2]", "search.par-gumbel-darts.select.budget=1.0",
+                             f"search.out_dir={tmp_path}")) == 0  # a budget the guard fits: something is retrained
 
     def peak_lr(path):
         states = torch.load(path, map_location="cpu", weights_only=False)["optimizer_states"]
