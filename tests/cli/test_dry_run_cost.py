@@ -85,7 +85,8 @@ def test_a_search_dry_run_priced_by_a_latency_table_loads_neither_lightning_nor_
     """A dry run is a quick look before a run: pricing a search by its latency table and checking its budget reads
     the table, and never loads the training stack (Lightning and NNI take most of a dry run's time to import)."""
     file = TABLES / "h100-wt2-par-v2.json"
-    sets = [*GPU_SHAPE, "train.max_steps=400", f"search.latency_table={file}", "search.par-gumbel-darts.latency_budget=0.65"]
+    sets = [*GPU_SHAPE, "train.max_steps=400", f"search.latency_table={file}",
+            "search.par-gumbel-darts.latency_budget=0.65"]
     code = ("import sys; from parnas.cli import main; "
             f"code = main(['search', '--config', 'wt2-par', '--dry-run', *{[a for s in sets for a in ('--set', s)]}]); "
             "print(code, sorted(m for m in ('nni', 'pytorch_lightning', 'lightning_fabric') if m in sys.modules))")
