@@ -238,9 +238,9 @@ def test_an_entrant_whose_training_diverges_is_out_and_the_pick_goes_on(capsys, 
 
 
 @pytest.mark.slow
-def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follows_a_link(tmp_path, micro):
-    """The supernet is trained once; the pick may be rerun with another ``k``. Its old pick is
-    discarded, but a ``select`` folder that is a link is unlinked: what it points to is kept."""
+def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follows_a_link(tmp_path, micro, capsys):
+    """The supernet is trained once; the pick may be rerun with another ``k``, its old pick discarded. A ``select``
+    folder that is a link is refused in one line before any work, and what it points to is kept."""
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     command = micro_search(micro, "train.max_steps=4", "search.par-gumbel-darts.select.k=1",
                            "search.par-gumbel-darts.select.steps=[2]",
@@ -250,9 +250,13 @@ def test_a_finished_search_resumed_with_another_pick_replans_it_and_never_follow
     (run / "select").symlink_to(elsewhere, target_is_directory=True)
     kept = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
     (run / "architecture.json").unlink()
-    assert main([*command, "--set", "search.par-gumbel-darts.select.k=2", "--resume"]) == 0
+    capsys.readouterr()
+    assert main([*command, "--set", "search.par-gumbel-darts.select.k=2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "select: it is a symbolic link" in err[0], err
     assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == kept
-    assert (run / "select").is_dir() and not (run / "select").is_symlink()
+    (run / "select").unlink()
+    assert main([*command, "--set", "search.par-gumbel-darts.select.k=2", "--resume"]) == 0
     selection = json.loads((run / "architecture.json").read_text())["search"]["selection"]
     assert selection["k"] == 2 and json.loads((run / "select" / "plan.json").read_text())["entrants"]
     ranked = [e for e in selection["entrants"] if e["role"].startswith("supernet")]
