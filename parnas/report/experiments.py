@@ -274,18 +274,36 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
         raise ParnasError("nnictl not found: install parnas's dependencies (make install)")
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
     root = working_root(config)
-    done = subprocess.run([nnictl, "create", "--config", str(config), "--port", str(port)],
+    experiment_id = new_experiment_id()  # named before nnictl starts: a failed start removes its folder, none other
+    done = subprocess.run([sys.executable, "-c", CREATE_WITH_ID, experiment_id, "create", "--config", str(config),
+                           "--port", str(port)],
                           capture_output=True, text=True, env=env if listen_all else loopback_env(env))
     output = re.sub(r"\x1b\[\d+m", "", done.stdout + done.stderr)
-    match = re.search(r"Experiment ID: (\w+)", output)
-    if done.returncode != 0 or match is None or not serves(port, match.group(1)):
-        discard_failed_launch(root, match.group(1) if match else None)
+    printed = re.search(r"Experiment ID: (\w+)", output)
+    if done.returncode != 0 or printed is None or not serves(port, experiment_id):
+        discard_failed_launch(root, experiment_id)
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
-        if done.returncode == 0 and match is not None or "EADDRINUSE" in output or "not idle" in output:
+        if done.returncode == 0 and printed is not None or "EADDRINUSE" in output or "not idle" in output:
             raise ParnasError(f"port {port} was taken by another process while the experiment started (a second "
                               "launch?): pass --port with a free one; nothing was left behind")
         raise ParnasError(f"nnictl create failed: {last[0].strip()}")
-    return match.group(1)
+    return experiment_id
+
+
+# `nnictl create` with the experiment id given as the first argument. nnictl takes no id, and it makes the
+# experiment's folder before it may fail (a port taken meanwhile) without printing the id it drew: a launch that
+# names the id first knows which folder is its own, whatever else appears beside it.
+CREATE_WITH_ID = ("import sys; from nni.experiment import management; experiment_id = sys.argv.pop(1); "
+                  "management.generate_experiment_id = lambda: experiment_id; "
+                  "from nni.tools.nnictl.nnictl import parse_args; sys.argv[0] = 'nnictl'; parse_args()")
+
+
+def new_experiment_id() -> str:
+    """An id as NNI draws them (8 lowercase letters and digits)."""
+    import secrets
+    import string
+
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def serves(port: int, experiment_id: str, wait_s: float = 10.0) -> bool:

@@ -240,7 +240,8 @@ def test_nnictl_says_what_it_does_without_a_deprecation_warning_first():
 
 def test_a_failed_launch_removes_only_its_own_experiment_folder(tmp_path, capsys, monkeypatch):
     """Folders that appear beside the launch (another experiment, a user's files) are kept; the launch's own
-    folder, named by the id nnictl printed, goes, and so does the ``_latest`` link to it."""
+    folder, named by the id the launch gave nnictl (nnictl may fail before printing it), goes, and so does the
+    ``_latest`` link to it."""
     from parnas.report import experiments
 
     root = tmp_path / "experiments"
@@ -248,11 +249,12 @@ def test_a_failed_launch_removes_only_its_own_experiment_folder(tmp_path, capsys
     config.write_text(yaml.safe_dump({**PROBE, "trialCodeDirectory": str(tmp_path),
                                       "experimentWorkingDirectory": str(root)}))
 
-    def failed_create(*args, **kwargs):  # nnictl create that names its experiment, then fails
-        for name in ("other_run", "own1234/log", "shared/new_run_1"):
+    def failed_create(args, **kwargs):  # nnictl create that makes its experiment's folder, then fails unnamed
+        own = args[args.index(experiments.CREATE_WITH_ID) + 1]
+        for name in ("other_run", f"{own}/log", "shared/new_run_1"):
             (root / name).mkdir(parents=True)
-        (root / "_latest").symlink_to("own1234")
-        return subprocess.CompletedProcess(args, 1, "Experiment ID: own1234\n", "ERROR: the manager died\n")
+        (root / "_latest").symlink_to(own)
+        return subprocess.CompletedProcess(args, 1, "", "ERROR: the manager died\n")
 
     monkeypatch.setattr(experiments.subprocess, "run", failed_create)
     monkeypatch.setattr(experiments, "port_in_use", lambda port: False)
