@@ -227,11 +227,12 @@ def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float,
 
 
 def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequence[str]],
-                           progress: Callable[[int], None] | None = None) -> dict[str, float]:
+                           progress: Callable[[int], None] | None = None, fraction: float = 1.0) -> dict[str, float]:
     """Validation perplexity of each layout with the weights a finished search's supernet left (each block fixed
     to the layout's kind, no retraining), keyed by layout string: what the search believed of each layout,
     which a study ranks against the retrained perplexities. Layouts must have the supernet's ``n_blocks``.
-    ``progress(k)`` is called after the k-th layout (one validation pass each)."""
+    ``progress(k)`` is called after the k-th layout (one validation pass each). ``fraction``: the share of the
+    validation split read, its first segments (at least one), memory carried as over the whole split."""
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
@@ -243,9 +244,12 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     search.module.load_state_dict(saved["state_dict"])
     device = training_device(cfg.train)
     search.supernet.to(device)
+    valid = search.data.batches("valid")
+    segments = max(1, math.ceil(len(valid) * fraction))
     out = {}
     for kinds in layouts:
-        sums = exported_nll(search.supernet, search.module.choices(), list(kinds), search.data.batches("valid"))
+        sums = exported_nll(search.supernet, search.module.choices(), list(kinds),
+                            (valid[t] for t in range(segments)))
         out[layout_string(kinds)] = perplexity(float(sums[0] / sums[1]))
         if progress is not None:
             progress(len(out))

@@ -2,26 +2,31 @@
 (:mod:`parnas.study.table`) without retraining anything.
 
 Each of the table's layouts is evaluated with the weights the run's supernet left (each block fixed to the
-layout's kind, the whole validation split: :func:`parnas.strategies.search.inherited_perplexities`, as the
-study's ranking fidelity reads it). Against the table's retrained perplexities (each layout's mean over its
-seeds) the score reports:
+layout's kind: :func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the
+validation split's segments, a constant, so that every run is scored on the same tokens in minutes. The figures
+are kept in the run's folder per checkpoint and evaluation (:mod:`parnas.study.inherited_cache`): a second score
+of the same checkpoint evaluates only layouts it has not seen. Against the table's retrained perplexities (each
+layout's mean over its seeds) the score reports:
 
-- Kendall's tau and Spearman's rho over every layout of the table, beside the table's noise ceiling;
+- Kendall's tau and Spearman's rho over every layout of the table, beside the table's noise ceiling (the tau
+  between its two halves of retrain seeds: how far any ranking of these layouts can agree with the table);
 - the overlap of the 5 best layouts by either;
 - the **regret** at latency budgets 0.5, 0.65 and 0.8 (cost ratios to Transformer-XL, the run's
-  ``search.latency_target``, priced by the table's latency table): the table perplexity of the layout a search
-  would pick, minus the best table perplexity at no higher cost, in perplexity, in % of that best, and in units
-  of the two layouts' seed spreads combined. Two picks per budget: *ranked*, the layout of the table within the
-  budget whose inherited perplexity is lowest (the supernet used as a ranker, FairNAS/SPOS style), and, for a
-  run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports at that budget (its
-  argmax, or the most probable layout within the budget: the search's own rule, :func:`fit_budget`). A layout
-  the table lacks has no regret. For a run that ended with the final pick, the layout it exported, against every
-  layout no costlier.
+  ``search.latency_target``, priced by the table's latency table), two figures per pick: **within the budget**,
+  the table perplexity of the pick minus the best table perplexity of any layout within the budget (what a
+  search at that budget is for: the goal's figure), and **at its own cost**, minus the best no costlier than the
+  pick (a cheap pick scores 0 on it however much better the budget allowed). Each in perplexity, in % of that
+  best, and in units of the two layouts' seed spreads combined. Two picks per budget: *ranked*, the layout of the
+  table within the budget whose inherited perplexity is lowest (the supernet used as a ranker, FairNAS/SPOS
+  style), and, for a run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports
+  at that budget (its argmax, or the most probable layout within the budget: the search's own rule,
+  :func:`fit_budget`). A layout the table lacks has no regret. For a run that ended with the final pick, the
+  layout it exported, within the run's own ``latency_budget`` (``search.<strategy>.latency_budget``) (none: the whole table) and at its cost.
 
 :func:`pick_regret` scores an exported layout alone, evaluating nothing.
 
 Refused in one line before anything is evaluated: a run without a supernet checkpoint, a table of another space,
-model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written.
+model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written but the cache.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from parnas.study.front import combined_spread
 from parnas.study.table import RankingTable, check_matches, load_table
 
 BUDGETS = (0.5, 0.65, 0.8)
+# the share of the validation split each layout is evaluated on: its first segments, the same for every run, so
+# that a table of 128 layouts is scored in minutes (docs/results.md: its Kendall tau against the whole split's)
+VALID_FRACTION = 1 / 8
 TOP = 5
 SUPERNET_SPACE = "PARTransformerXLSpace"  # what a search's checkpoint records as its architecture
 
@@ -61,21 +69,31 @@ def top_overlap(inherited: Mapping[str, float], retrained: Mapping[str, float], 
     return len(best & set(sorted(common, key=inherited.__getitem__)[:top]))
 
 
-def regret(layout: str | None, retrained: Mapping[str, float], costs: Mapping[str, float],
-           spreads: Mapping[str, float | None]) -> dict[str, Any] | None:
-    """The table perplexity of ``layout`` minus the best table perplexity among the layouts no costlier: in
-    perplexity, in % of that best, and in seed spreads (the two layouts' combined; None where neither has one,
-    or both are the same layout with none). None for no layout, or one the table lacks."""
-    if layout is None or layout not in retrained:
-        return None
-    cheaper = [k for k in retrained if costs[k] <= costs[layout] + 1e-9]
-    best = min(cheaper, key=retrained.__getitem__)
+def _gap(layout: str, best: str, retrained: Mapping[str, float], costs: Mapping[str, float],
+         spreads: Mapping[str, float | None]) -> dict[str, Any]:
     gap = retrained[layout] - retrained[best]
     spread = combined_spread(spreads.get(layout), *([] if best == layout else [spreads.get(best)]))
-    return {"layout": layout, "val_ppl": retrained[layout], "cost_ratio": costs[layout], "best": best,
-            "best_val_ppl": retrained[best], "best_cost_ratio": costs[best], "regret": gap,
+    return {"best": best, "best_val_ppl": retrained[best], "best_cost_ratio": costs[best], "regret": gap,
             "regret_percent": gap / retrained[best] * 100,
             "regret_spreads": gap / spread if spread else (0.0 if gap == 0 else None)}
+
+
+def regret(layout: str | None, retrained: Mapping[str, float], costs: Mapping[str, float],
+           spreads: Mapping[str, float | None], budget: float | None = None) -> dict[str, Any] | None:
+    """The table perplexity of ``layout`` minus the best table perplexity of two reference sets: the layouts no
+    costlier than ``layout`` (the top-level figures: a cheap layout is judged only against cheaper ones) and,
+    under ``within_budget``, the layouts within ``budget`` (what a search at that budget should have found; None
+    without a budget; negative for a layout over it that beats them). Each in perplexity, in % of that best and
+    in seed spreads (the two layouts' combined; None where neither has one, or both are the same layout with
+    none). None for no layout, or one the table lacks."""
+    if layout is None or layout not in retrained:
+        return None
+    best = min((k for k in retrained if costs[k] <= costs[layout] + 1e-9), key=retrained.__getitem__)
+    within = [k for k in retrained if budget is not None and costs[k] <= budget + 1e-9]
+    return {"layout": layout, "val_ppl": retrained[layout], "cost_ratio": costs[layout],
+            **_gap(layout, best, retrained, costs, spreads),
+            "within_budget": {"budget": budget, **_gap(layout, min(within, key=retrained.__getitem__), retrained,
+                                                       costs, spreads)} if within else None}
 
 
 def table_layout(layout: str, layouts: Sequence[str]) -> str:
@@ -139,27 +157,15 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
     """Score a finished search against a table (see the module docstring); returns the figures and ``lines``,
     what is printed. ``before`` is handed the run's config once it is checked, before any model runs (the
     command sets the threads there, as ``train.threads`` says). A line says how many layouts are scored at
-    most every ``progress_every_s`` seconds (a table of 128 takes minutes on a CPU)."""
+    most every ``progress_every_s`` seconds."""
     from parnas.architecture import layout_string
-    from parnas.strategies.search import inherited_perplexities
 
     table = load_table(table_path)
     cfg, record = check_run(run_dir, table, overrides)
     if before is not None:
         before(cfg)
     target = cfg.search.latency_target
-    log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts ...")
-    start = shown = time.monotonic()
-
-    def progress(done: int) -> None:
-        nonlocal shown
-        now = time.monotonic()
-        if now - shown >= progress_every_s and done < len(table.layouts):
-            shown = now
-            log(f"  {done}/{len(table.layouts)} layouts scored ({now - start:.0f} s)")
-
-    read = inherited_perplexities(Path(run_dir), cfg, [table.kinds(k) for k in table.layouts], progress)
-    inherited = {k: read[k] for k in table.layouts}
+    inherited = inherited_of(Path(run_dir), cfg, table, log, progress_every_s)
     retrained, costs, spreads = table_figures(table, target)
     tau, rho = correlations(inherited, retrained)
     probabilities = [record["probabilities"][b] for b in sorted(record.get("probabilities") or {},
@@ -168,64 +174,128 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
     for budget in BUDGETS:
         exported = exported_pick(probabilities, table, target, budget) if probabilities else None
         budgets[f"{budget:g}"] = {
-            "ranked": regret(ranked_pick(inherited, costs, budget), retrained, costs, spreads),
+            "ranked": regret(ranked_pick(inherited, costs, budget), retrained, costs, spreads, budget),
             "exported": None if not probabilities else
-            regret(table_layout(layout_string(exported), table.layouts), retrained, costs, spreads)
+            regret(table_layout(layout_string(exported), table.layouts), retrained, costs, spreads, budget)
             if exported else None,
             "exported_layout": layout_string(exported) if exported else None}
     picked = (record.get("search") or {}).get("selection")
     final = layout_string(list(record["architecture"].values())) if picked else None
+    run_budget = getattr(cfg.search.settings, "latency_budget", None)  # the strategy's budget, where it has one
     result = {"run": str(run_dir), "table": table.name, "layouts": len(table.layouts), "target": target,
-              "noise_ceiling": table.noise_ceiling, "kendall_tau": tau, "spearman_rho": rho,
-              "top_overlap": top_overlap(inherited, retrained), "top": TOP, "budgets": budgets,
-              "exports": bool(probabilities), "inherited": inherited, "final_layout": final,
-              "final": regret(table_layout(final, table.layouts), retrained, costs, spreads) if final else None}
+              "noise_ceiling": table.noise_ceiling, "seeds": table_seed_count(table), "kendall_tau": tau,
+              "spearman_rho": rho, "top_overlap": top_overlap(inherited, retrained), "top": TOP,
+              "budgets": budgets, "exports": bool(probabilities), "inherited": inherited, "final_layout": final,
+              "valid_fraction": VALID_FRACTION, "run_budget": run_budget,
+              "final": regret(table_layout(final, table.layouts), retrained, costs, spreads,
+                              run_budget if run_budget is not None else max(costs.values())) if final else None}
     result["lines"] = score_lines(result)
     for line in result["lines"]:
         log(line)
     return result
 
 
+def inherited_of(run_dir: Path, cfg: Config, table: RankingTable, log: Callable[[str], None],
+                 progress_every_s: float) -> dict[str, float]:
+    """Every table layout's inherited-weight val ppl on the first :data:`VALID_FRACTION` of the validation
+    split: read from the run's cache (:mod:`parnas.study.inherited_cache`) where it has them, the rest
+    evaluated and added to it."""
+    from parnas.study import inherited_cache as cache
+
+    key = cache.evaluation_key(run_dir / "checkpoints" / "last.ckpt", cfg, VALID_FRACTION)
+    known, problem = cache.read_cache(run_dir, key)
+    if problem:
+        log(f"warning: {problem}")
+    missing = [k for k in table.layouts if k not in known]
+    log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts on the "
+        f"first 1/{round(1 / VALID_FRACTION)} of the validation split: {len(table.layouts) - len(missing)} from "
+        f"{cache.cache_path(run_dir, key).name}, {len(missing)} to evaluate ...")
+    if missing:
+        from parnas.strategies.search import inherited_perplexities
+
+        start = shown = time.monotonic()
+
+        def progress(done: int) -> None:
+            nonlocal shown
+            now = time.monotonic()
+            if now - shown >= progress_every_s and done < len(missing):
+                shown = now
+                log(f"  {done}/{len(missing)} layouts evaluated ({now - start:.0f} s)")
+
+        read = inherited_perplexities(run_dir, cfg, [table.kinds(k) for k in missing], progress, VALID_FRACTION)
+        known = {**known, **{k: read[k] for k in missing}}
+        failed = cache.write_cache(run_dir, key, known)
+        if failed:
+            log(f"warning: {failed}")
+    return {k: known[k] for k in table.layouts}
+
+
+def table_seed_count(table: RankingTable) -> int:
+    """The most retrain seeds any layout of the table has (the noise ceiling splits them into two halves)."""
+    return max((len(v) for v in table.seeds.values()), default=0)
+
+
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
 
+def _against(g: Mapping[str, Any]) -> str:
+    return (f"{g['regret']:+.2f} ({g['regret_percent']:+.1f}%, {_f(g['regret_spreads'], '{:.1f}')} seed spreads) "
+            f"against {g['best']} ({g['best_cost_ratio']:.2f}x, val ppl {g['best_val_ppl']:.2f})")
+
+
+def regret_text(r: Mapping[str, Any]) -> str:
+    """``LAYOUT (cost, ppl): regret within the budget ...; at its own cost ...``: the goal's figure first."""
+    w = r.get("within_budget")
+    within = f"regret within budget {w['budget']:g} {_against(w)}; " if w else ""
+    return (f"{r['layout']} ({r['cost_ratio']:.2f}x, val ppl {r['val_ppl']:.2f}): {within}"
+            f"regret at its own cost {_against(r)}")
+
+
+def ceiling_text(result: Mapping[str, Any]) -> str:
+    ceiling, tau = result["noise_ceiling"], result["kendall_tau"]
+    if ceiling is None:
+        return "no noise ceiling: the table has too few layouts with two or more retrain seeds"
+    share = f", {tau / ceiling:.2f} of it" if tau is not None and ceiling > 0 else ""
+    return (f"noise ceiling {ceiling:.2f}, the Kendall tau between the means of the table's even- and odd-numbered "
+            f"retrain seeds (up to {result['seeds']} a layout){share}")
+
+
 def score_lines(result: Mapping[str, Any]) -> list[str]:
-    """What ``parnas table score`` prints: the correlations against the noise ceiling, the top overlap, the regrets."""
-    n, top = result["layouts"], min(result["top"], result["layouts"])
-    lines = [f"{result['table']}: Kendall tau {_f(result['kendall_tau'])}, Spearman rho {_f(result['spearman_rho'])} "
-             f"between inherited-weight and retrained val ppl over {n} layouts (noise ceiling: Kendall tau "
-             f"{_f(result['noise_ceiling'])} between halves of the seeds)",
-             f"{result['table']}: top {top}: {result['top_overlap']} of the table's {top} best layouts are among the "
+    """What ``parnas table score`` prints: the correlations beside the noise ceiling, the top overlap, the regrets
+    within each budget and at each pick's own cost."""
+    n, top, t = result["layouts"], min(result["top"], result["layouts"]), result["table"]
+    lines = [f"{t}: Kendall tau {_f(result['kendall_tau'])}, Spearman rho {_f(result['spearman_rho'])} between "
+             f"inherited-weight val ppl (first 1/{round(1 / result['valid_fraction'])} of the validation split) and "
+             f"retrained val ppl over {n} layouts; {ceiling_text(result)}",
+             f"{t}: top {top}: {result['top_overlap']} of the table's {top} best layouts are among the "
              f"supernet's {top} best"]
     what = TARGET_LABELS[result["target"]]
     if not result["exports"]:
-        lines.append(f"{result['table']}: the run wrote no architecture.json: no softmax(alpha) to export, only the "
+        lines.append(f"{t}: the run wrote no architecture.json: no softmax(alpha) to export, only the "
                      "supernet's ranking is scored")
     for budget, picks in result["budgets"].items():
         for how in ("ranked", "exported") if result["exports"] else ("ranked",):
-            r, head = picks[how], f"{result['table']}: budget {budget} ({what}), {how}"
+            r, head = picks[how], f"{t}: budget {budget} ({what}), {how}"
             if r is None:
                 name = picks["exported_layout"] if how == "exported" else None
                 lines.append(f"{head}: no regret ({name + ' is not in the table' if name else 'no layout within it'})")
-                continue
-            lines.append(f"{head} {r['layout']} ({r['cost_ratio']:.2f}x, val ppl {r['val_ppl']:.2f}): regret "
-                         f"{r['regret']:+.2f} ({r['regret_percent']:+.1f}%, {_f(r['regret_spreads'], '{:.1f}')} seed "
-                         f"spreads) against {r['best']} ({r['best_cost_ratio']:.2f}x, val ppl "
-                         f"{r['best_val_ppl']:.2f})")
-    r, head = result.get("final"), f"{result['table']}: exported after the final pick {result.get('final_layout')}"
-    if result.get("final_layout"):
-        lines.append(f"{head}: not in the table" if r is None else
-                     f"{head}: {r['cost_ratio']:.2f}x, val ppl {r['val_ppl']:.2f}: regret {r['regret']:+.2f} "
-                     f"({r['regret_percent']:+.1f}%, {_f(r['regret_spreads'], '{:.1f}')} seed spreads) against "
-                     f"{r['best']} ({r['best_cost_ratio']:.2f}x, val ppl {r['best_val_ppl']:.2f})")
+            else:
+                lines.append(f"{head} {regret_text(r)}")
+    r, final = result.get("final"), result.get("final_layout")
+    if final:
+        lines.append(f"{t}: exported after the final pick {final}: not in the table" if r is None else
+                     f"{t}: exported after the final pick (the run's budget "
+                     f"{_f(result.get('run_budget'), '{:g}')}) {regret_text(r)}")
     return lines
 
 
-def pick_regret(layout: str, table: RankingTable, target: str = "train") -> dict[str, Any] | None:
+def pick_regret(layout: str, table: RankingTable, target: str = "train",
+                budget: float | None = None) -> dict[str, Any] | None:
     """The regret of an exported ``layout`` (e.g. a final pick's) against the table: its retrained perplexity minus
-    the best of the layouts no costlier (:func:`regret`); None for a layout the table lacks."""
-    return regret(table_layout(layout, table.layouts), *table_figures(table, target))
+    the best of the layouts no costlier and, given its search's ``budget``, of those within it (:func:`regret`);
+    None for a layout the table lacks."""
+    return regret(table_layout(layout, table.layouts), *table_figures(table, target), budget)
 
 
 def table_figures(table: RankingTable, target: str) -> tuple[dict[str, float], dict[str, float],

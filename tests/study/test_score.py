@@ -10,6 +10,7 @@ from parnas import architecture
 from parnas.cli import main
 from parnas.study.score import (
     BUDGETS,
+    VALID_FRACTION,
     correlations,
     exported_pick,
     pick_regret,
@@ -42,15 +43,51 @@ def test_regret_is_the_gap_to_the_best_layout_no_costlier_in_perplexity_percent_
     assert r["regret_percent"] == pytest.approx(20.0) and r["regret_spreads"] == pytest.approx(2.0 / 0.5)
     assert regret("c", ppl, costs, spreads)["regret"] == 0.0 == regret("c", ppl, costs, spreads)["regret_spreads"]
     assert regret("zz", ppl, costs, spreads) is None and regret(None, ppl, costs, spreads) is None
+    assert r["within_budget"] is None  # no budget given: only the figure at its own cost
+
+
+def test_a_cheap_export_beaten_by_a_network_within_the_budget_has_regret_within_it_though_none_at_its_cost():
+    """The issue's case: at budget 0.65 the export ADD (cheaper) lies above AAD, the best within the budget."""
+    ppl = {"ADD": 50.5, "AAD": 50.0, "ADA": 52.0, "AAA": 48.0}
+    costs = {"ADD": 0.5, "AAD": 0.62, "ADA": 0.62, "AAA": 1.0}
+    spreads = {"ADD": 0.3, "AAD": 0.4, "ADA": 0.2, "AAA": 0.1}
+    r = regret("ADD", ppl, costs, spreads, budget=0.65)
+    assert (r["best"], r["regret"]) == ("ADD", 0.0)  # nothing cheaper beats it: today's figure says 0
+    w = r["within_budget"]
+    assert (w["budget"], w["best"], w["regret"]) == (0.65, "AAD", 0.5)  # AAA is better but over the budget
+    assert w["regret_percent"] == pytest.approx(1.0) and w["regret_spreads"] == pytest.approx(0.5 / 0.5)
+    assert regret("AAD", ppl, costs, spreads, budget=0.65)["within_budget"]["regret"] == 0.0
+    line = score_lines({**BASE, "budgets": {"0.65": {"ranked": regret("AAD", ppl, costs, spreads, 0.65),
+                                                     "exported": r, "exported_layout": "ADD"}}})[-1]
+    assert line == ("t: budget 0.65 (train step), exported ADD (0.50x, val ppl 50.50): regret within budget 0.65 "
+                    "+0.50 (+1.0%, 1.0 seed spreads) against AAD (0.62x, val ppl 50.00); regret at its own cost "
+                    "+0.00 (+0.0%, 0.0 seed spreads) against ADD (0.50x, val ppl 50.50)")
+    assert regret("AAA", ppl, costs, spreads, budget=0.65)["within_budget"]["regret"] == -2.0  # over it, better
+
+
+BASE = {"table": "t", "layouts": 3, "top": 5, "top_overlap": 1, "kendall_tau": 0.35, "spearman_rho": 0.6,
+        "noise_ceiling": 0.7, "seeds": 5, "valid_fraction": 0.125, "target": "train", "exports": True,
+        "budgets": {}, "run_budget": 0.65}
+
+
+def test_kendall_tau_is_printed_beside_the_tables_noise_ceiling_and_its_share_of_it():
+    (line, _) = score_lines(BASE)
+    assert line == ("t: Kendall tau 0.35, Spearman rho 0.60 between inherited-weight val ppl (first 1/8 of the "
+                    "validation split) and retrained val ppl over 3 layouts; noise ceiling 0.70, the Kendall tau "
+                    "between the means of the table's even- and odd-numbered retrain seeds (up to 5 a layout), "
+                    "0.50 of it")
+    assert score_lines({**BASE, "noise_ceiling": None})[0].endswith(
+        "no noise ceiling: the table has too few layouts with two or more retrain seeds")
 
 
 def test_the_layout_a_final_pick_exported_is_scored_in_one_line_and_one_the_table_lacks_said():
-    base = {"table": "t", "layouts": 3, "top": 5, "top_overlap": 1, "kendall_tau": 0.5, "spearman_rho": 0.6,
-            "noise_ceiling": 0.7, "target": "train", "exports": True, "budgets": {}}
-    final = regret("b", {"a": 10.0, "b": 12.0}, {"a": 0.5, "b": 0.6}, {"a": 0.3, "b": 0.4})
+    base = BASE
+    final = regret("b", {"a": 10.0, "b": 12.0, "c": 9.0}, {"a": 0.5, "b": 0.6, "c": 0.65}, {"a": 0.3, "b": 0.4,
+                                                                                         "c": None}, 0.65)
     (line,) = score_lines({**base, "final_layout": "IB", "final": final})[2:]
-    assert line == ("t: exported after the final pick IB: 0.60x, val ppl 12.00: regret +2.00 (+20.0%, 4.0 seed "
-                    "spreads) against a (0.50x, val ppl 10.00)")
+    assert line == ("t: exported after the final pick (the run's budget 0.65) b (0.60x, val ppl 12.00): regret "
+                    "within budget 0.65 +3.00 (+33.3%, 7.5 seed spreads) against c (0.65x, val ppl 9.00); regret "
+                    "at its own cost +2.00 (+20.0%, 4.0 seed spreads) against a (0.50x, val ppl 10.00)")
     assert score_lines({**base, "final_layout": "ZZ", "final": None})[2:] == [
         "t: exported after the final pick ZZ: not in the table"]
     assert len(score_lines({**base, "final_layout": None, "final": None})) == 2  # no pick: no line
@@ -112,7 +149,7 @@ def searched(micro, tmp_path_factory):
     meta = checkpoint.load(run / "checkpoints" / "last.ckpt")["parnas"]
     cfg = from_dict(Config, meta["config"])
     kinds = {"A": "attention", "D": "dense", "I": "identity"}
-    inherited = inherited_perplexities(run, cfg, [[kinds[c] for c in k] for k in LAYOUTS])
+    inherited = inherited_perplexities(run, cfg, [[kinds[c] for c in k] for k in LAYOUTS], fraction=VALID_FRACTION)
     vocab = {k: meta["tokenizer"][k] for k in ("kind", "vocab_size", "sha256")}  # the tokenizer's identity
     return run, cfg, vocab, inherited
 
@@ -138,10 +175,10 @@ def make_table(tmp_path, searched, ppl, name="table.json", **changes):
 def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_regret(searched, tmp_path, capsys):
     run, _, _, inherited = searched
     agreeing = make_table(tmp_path, searched, {k: 2 * inherited[k] for k in LAYOUTS})
-    before = sorted(p.name for p in run.rglob("*"))
+    before = set(run.rglob("*"))
     said = []
     result = score(run, agreeing, log=said.append, progress_every_s=0)  # a progress line after every layout
-    assert [line.split(" layouts")[0].strip() for line in said if "layouts scored" in line] == [
+    assert [line.split(" layouts")[0].strip() for line in said if "layouts evaluated" in line] == [
         f"{k}/{len(LAYOUTS)}" for k in range(1, len(LAYOUTS))]  # none after the last: the figures follow
     assert result["kendall_tau"] == pytest.approx(1.0) and result["spearman_rho"] == pytest.approx(1.0)
     assert result["top_overlap"] == 5 and result["noise_ceiling"] == pytest.approx(1.0)
@@ -149,10 +186,20 @@ def test_a_table_ranked_as_the_supernet_ranks_scores_a_perfect_ranking_and_no_re
     table = load_table(agreeing)
     for budget, picks in result["budgets"].items():
         ranked = picks["ranked"]
+        assert ranked["within_budget"]["regret"] == pytest.approx(0.0)  # the best within it, as the table says
         assert ranked["regret"] == pytest.approx(0.0) and table.cost_ratio(ranked["layout"], "train") <= float(budget)
         exported = picks["exported"]  # the run wrote architecture.json: its softmax(alpha) exports a layout
         assert exported is None or exported["regret"] >= 0
-    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
+    (cache,) = set(run.rglob("*")) - before  # nothing written but the perplexities' cache
+    assert cache.parent == run and cache.name.startswith("inherited-ppl-")
+    said.clear()
+    again = score(run, agreeing, log=said.append, progress_every_s=0)  # the same checkpoint: nothing evaluated
+    assert f"{len(LAYOUTS)} from {cache.name}, 0 to evaluate" in said[0] and not any("evaluated (" in x for x in said)
+    assert again["inherited"] == result["inherited"]
+    cache.write_text(cache.read_text().replace(str(result["inherited"]["AD"]), "1.5"))  # an edited figure
+    said.clear()
+    assert score(run, agreeing, log=said.append)["inherited"] == result["inherited"]  # not read: evaluated again
+    assert said[0] == f"warning: {cache} failed its checks: not read, written anew" and "0 from" in said[1]
     best = min(LAYOUTS, key=table.val_ppl)
     assert pick_regret(best, table)["regret"] == 0.0 and pick_regret("Z" * table.n_blocks, table) is None
 
