@@ -21,7 +21,8 @@ layout's mean over its seeds) the score reports:
   style), and, for a run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports
   at that budget (its argmax, or the most probable layout within the budget: the search's own rule,
   :func:`fit_budget`). A layout the table lacks has no regret. For a run that ended with the final pick, the
-  layout it exported, within the run's own ``latency_budget`` (``search.<strategy>.latency_budget``) (none: the whole table) and at its cost.
+  layout it exported, within the run's own budget (``search.<strategy>.latency_budget``; none: the whole
+  table) and at its cost.
 
 :func:`pick_regret` scores an exported layout alone, evaluating nothing.
 
