@@ -147,7 +147,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
-    from dataclasses import replace
 
     import pytorch_lightning as pl
 
@@ -156,22 +155,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from parnas.data.corpora import load_splits
     from parnas.nn.model import build_fixed_model
     from parnas.threads import use_threads
-    from parnas.training.fit import fit
+    from parnas.training.fit import fit, fixed_layout
 
     out = Path(args.out)
     cfg = load_config(args.config, [*SETTINGS, f"train.out_dir={out / 'run'}", *args.set])
     out.mkdir(parents=True, exist_ok=True)
     use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)
     tokenizer, splits = load_splits(cfg.data)
-    layout = cfg.model.layout
-    cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(layout)))
-    record = architecture.make_record({architecture.label(i): k for i, k in enumerate(layout)},
-                                      replace(cfg.model, blocks=()), tokenizer.vocab_size,
-                                      tokenizer=tokenizer.identity(), search={"layout": "model.blocks"})
+    cfg, record = fixed_layout(cfg, tokenizer)
     pl.seed_everything(cfg.train.seed, verbose=False)
     model = build_fixed_model(cfg.model, tokenizer.vocab_size)
     epoch = cfg.train.eval_every
-    print(f"seed table: {args.config} {architecture.layout_string(layout)}, {cfg.train.max_steps:,} steps scheduled, "
+    print(f"seed table: {args.config} {architecture.layout_string(cfg.model.blocks)}, "
+          f"{cfg.train.max_steps:,} steps scheduled, "
           f"validating every {epoch:,} (the seed's counts at {', '.join(f'{t:,}' for t in targets(epoch))}), "
           f"train.compile={cfg.train.compile}, {cfg.train.precision}, at most {args.seconds:.0f} s", flush=True)
     plan = callback(out, epoch, args.seconds)

@@ -71,14 +71,21 @@ def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
         return _train(cfg, resume)
 
 
-def _train(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
-    check_devices(cfg.train)
-    tokenizer, splits = load_splits(cfg.data)
+def fixed_layout(cfg: Config, tokenizer: Tokenizer) -> tuple[Config, dict[str, Any]]:
+    """``cfg`` with its layout made explicit (``model.blocks``, the standard Transformer-XL's when empty), and the
+    architecture record a fixed run keeps beside its checkpoint, as a search's export would describe it."""
     layout = cfg.model.layout
-    cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(layout)))
     record = architecture.make_record({architecture.label(i): k for i, k in enumerate(layout)},
                                       replace(cfg.model, blocks=()), tokenizer.vocab_size,
                                       tokenizer=tokenizer.identity(), search={"layout": "model.blocks"})
+    return replace(cfg, model=replace(cfg.model, blocks=tuple(layout))), record
+
+
+def _train(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
+    check_devices(cfg.train)
+    tokenizer, splits = load_splits(cfg.data)
+    cfg, record = fixed_layout(cfg, tokenizer)
+    layout = cfg.model.blocks
     check_segments(cfg, splits)
     check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in layout])  # before the model is allocated
     pl.seed_everything(cfg.train.seed, verbose=False)
