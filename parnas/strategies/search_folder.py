@@ -51,8 +51,9 @@ def prepare_run_dir(run_dir: Path, resumed_step: int | None, source: Path | None
     """Once every check has passed: a fresh search (``resumed_step`` None) clears its stale logs (never another
     run's folder: :func:`parnas.owned_folders.remove_own_tree`); a resumed one drops the history written after its
     checkpoint's step (about to be redone), and continues from a copy of its checkpoint in ``last.ckpt`` if it was
-    another (``source``). The first line at that step was written before the checkpoint; a second one is the
-    whole-split evaluation a search stopped there ends with, which the resumed search does not need."""
+    another (``source``). The lines at that step were written before the checkpoint, but for a second evaluation:
+    the whole-split one a search stopped at a mid-search evaluation ends with, which the resumed search does not
+    need."""
     from parnas.training.resume import take_over
 
     ensure_writable_dir(run_dir)
@@ -64,11 +65,14 @@ def prepare_run_dir(run_dir: Path, resumed_step: int | None, source: Path | None
         history.unlink(missing_ok=True)
         return
     if history.is_file():
-        kept, at_resumed = [], False
+        kept, evaluated = [], False
         for line in history.read_text().splitlines():
-            step = json.loads(line)["step"] if line else None
-            if step is None or step > resumed_step or (step == resumed_step and at_resumed):
-                continue  # a second line at the checkpoint's step: a stopped search's whole-split evaluation
-            at_resumed |= step == resumed_step
+            entry = json.loads(line) if line else None
+            if entry is None or entry["step"] > resumed_step:
+                continue
+            if entry["step"] == resumed_step and "val_ppl" in entry:
+                if evaluated:  # a second evaluation at the checkpoint's step: a stopped search's whole-split one
+                    continue
+                evaluated = True
             kept.append(line)
         write_text_atomic(history, "".join(line + "\n" for line in kept))
