@@ -42,13 +42,13 @@ def evaluation_key(checkpoint: Path, cfg: Config, fraction: float) -> str:
                  "precision": cfg.train.precision, "valid_fraction": fraction})
 
 
-def cache_path(run_dir: Path, key: str) -> Path:
+def inherited_path(run_dir: Path, key: str) -> Path:
     return run_dir / f"inherited-ppl-{key[:16]}.json"
 
 
 def read_cache(run_dir: Path, key: str) -> tuple[dict[str, float], str | None]:
     """The cached perplexities by layout ({} without a file) and, for a file that fails its checks, why."""
-    path = cache_path(run_dir, key)
+    path = inherited_path(run_dir, key)
     if not path.is_file():
         return {}, None
     try:
@@ -68,7 +68,7 @@ def write_cache(run_dir: Path, key: str, perplexities: Mapping[str, float]) -> s
 
     ppl = {k: float(v) for k, v in perplexities.items()}
     try:
-        write_json_atomic(cache_path(run_dir, key), {"format": FORMAT, "version": VERSION, "key": key,
+        write_json_atomic(inherited_path(run_dir, key), {"format": FORMAT, "version": VERSION, "key": key,
                                                       "sha256": _sha(ppl), "perplexities": ppl})
     except (OSError, ParnasError) as e:
         return f"cache not written ({e}); the next score evaluates again"

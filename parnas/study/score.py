@@ -210,7 +210,7 @@ def inherited_of(run_dir: Path, cfg: Config, table: RankingTable, log: Callable[
     missing = [k for k in table.layouts if k not in known]
     log(f"scoring {run_dir} against {table.name}: inherited-weight val ppl of {len(table.layouts)} layouts on the "
         f"first 1/{round(1 / VALID_FRACTION)} of the validation split: {len(table.layouts) - len(missing)} from "
-        f"{cache.cache_path(run_dir, key).name}, {len(missing)} to evaluate ...")
+        f"{cache.inherited_path(run_dir, key).name}, {len(missing)} to evaluate ...")
     if missing:
         from parnas.strategies.search import inherited_perplexities
 
