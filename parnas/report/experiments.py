@@ -126,15 +126,21 @@ def _made(path: Path) -> float:
 def nni_trial_order(folder: Path) -> dict[str, int]:
     """Trial id -> the place of its first event in ``<experiment>/db/nni.sqlite`` (the order NNI started the trials;
     {} without a readable record)."""
+    rows = trial_events(folder, "select trialJobId, min(rowid) from TrialJobEvent group by trialJobId")
+    return {trial: first for trial, first in rows if isinstance(first, int)}
+
+
+def trial_events(folder: Path, query: str) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` over ``<experiment>/db/nni.sqlite``, read-only; none without a readable record (being
+    written, or another NNI version's schema)."""
     db = folder / "db" / "nni.sqlite"
     if not db.is_file():
-        return {}
+        return []
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as con:
-            rows = con.execute("select trialJobId, min(rowid) from TrialJobEvent group by trialJobId").fetchall()
-    except sqlite3.Error:  # being written, or another NNI version's schema: the folders' order
-        return {}
-    return {trial: first for trial, first in rows if isinstance(first, int)}
+            return con.execute(query).fetchall()
+    except sqlite3.Error:
+        return []
 
 
 def status_counts(trials: Mapping[str, Trial]) -> str:
@@ -145,14 +151,7 @@ def status_counts(trials: Mapping[str, Trial]) -> str:
 
 def nni_trial_statuses(folder: Path) -> dict[str, str]:
     """Trial id -> the last status NNI recorded for it in ``<experiment>/db/nni.sqlite`` ({} without one)."""
-    db = folder / "db" / "nni.sqlite"
-    if not db.is_file():
-        return {}
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as con:
-            rows = con.execute("select trialJobId, event from TrialJobEvent order by rowid").fetchall()
-    except sqlite3.Error:  # being written, or another NNI version's schema: statuses unknown
-        return {}
+    rows = trial_events(folder, "select trialJobId, event from TrialJobEvent order by rowid")
     return {trial: event for trial, event in rows if event in _NNI_STATUSES}
 
 
