@@ -3,7 +3,9 @@
 One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> kind ->
 softmax(alpha)); evaluation lines add ``val_ppl`` (the exported architecture's, supernet weights,
 not retrained), ``supernet_val_ppl`` and ``architecture`` (the exported architecture's letter
-code); a space with ``ut`` blocks logs ``act_steps`` (block label -> the mean pondering steps per
+code), and ``valid_fraction`` where the evaluation read only the first part of the validation split
+(a mid-search one; the final one reads it whole and logs none); a space with ``ut`` blocks logs
+``act_steps`` (block label -> the mean pondering steps per
 position of its ``ut`` candidate). Lines of searches from before ``supernet_val_ppl`` hold the
 supernet's under ``val_ppl`` (see :func:`parnas.report.experiments.perplexities`).
 """
@@ -42,6 +44,7 @@ class History:
     val_ppl: np.ndarray  # (E,) the exported architecture's (NaN where not recorded: old histories)
     supernet_val_ppl: np.ndarray  # (E,) the supernet's (NaN where not recorded)
     architectures: tuple[str, ...]  # (E,) the exported architecture's letter code ("" where not recorded)
+    val_fraction: np.ndarray  # (E,) the part of the validation split both perplexities read (1.0: the whole split)
     source: Path
     act_steps: dict[str, float] = field(default_factory=dict)  # block -> a ut candidate's mean steps, last logged
 
@@ -109,7 +112,10 @@ def load_history(run_dir: str | Path) -> History:
                                f"({len(blocks)} blocks x {', '.join(kinds)})")
         exported, supernet = perplexities(rec)
         code = rec.get("architecture") if isinstance(rec.get("architecture"), str) else ""
-        evaluation = {"ppl": exported, "supernet": supernet, "code": code} if exported or supernet else None
+        fraction = rec.get("valid_fraction", 1.0)
+        fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 < fraction <= 1 else 1.0
+        evaluation = ({"ppl": exported, "supernet": supernet, "code": code, "fraction": fraction}
+                      if exported or supernet else None)
         # a repeated step: the last line wins, keeping an earlier line's evaluation if it has none
         act = rec.get("act_steps")
         if isinstance(act, dict):
@@ -126,6 +132,8 @@ def load_history(run_dir: str | Path) -> History:
                    val_steps=np.array([s for s, _ in evals], dtype=np.int64),
                    val_ppl=np.array([e["ppl"] or nan for _, e in evals], dtype=np.float64),
                    supernet_val_ppl=np.array([e["supernet"] or nan for _, e in evals], dtype=np.float64),
-                   architectures=tuple(e["code"] for _, e in evals), source=path, act_steps=act_steps)
+                   architectures=tuple(e["code"] for _, e in evals),
+                   val_fraction=np.array([e["fraction"] for _, e in evals], dtype=np.float64),
+                   source=path, act_steps=act_steps)
 
 

@@ -3,7 +3,8 @@
 A search run directory holds ``history.jsonl`` (read by :mod:`parnas.report.history`) and, once the
 search has finished, ``architecture.json`` (:mod:`parnas.architecture`). :func:`plot_run` turns them into
 ``probabilities.gif`` (one :mod:`parnas.report.heatmap` frame per selected step), ``probabilities.png``
-(lines over steps, one panel per block, with both validation perplexities above) and
+(lines over steps, one panel per block, with both validation perplexities above, each labelled with
+the part of the validation split it read) and
 ``architecture.png`` (the found column of blocks), and logs the final heat map to TensorBoard.
 :mod:`parnas.report.pareto` does that for every trial of an nnictl experiment, running ones included,
 and adds ``pareto.png``. Each kind keeps one colour everywhere. Perplexities are labelled with
@@ -170,12 +171,34 @@ def figure(width: float, height: float, **kwargs: Any) -> Any:
     return fig
 
 
+def split_part(fraction: float) -> str:
+    """What part of the validation split a perplexity read, as its legend says it."""
+    return "whole validation split" if fraction >= 1 else f"first 1/{round(1 / fraction)} of the validation split"
+
+
+def perplexity_series(history: History) -> list[tuple[np.ndarray, np.ndarray, str, str, str, float]]:
+    """The validation perplexities as plotted: (steps, values, label, style, colour, marker size) per whose (the
+    exported architecture's, the supernet's) and per part of the split read. The mid-search evaluations read the
+    first part of the split and the final one all of it, so their perplexities are not on one scale: each part is
+    its own series, its legend saying which part, never one line through both."""
+    out = []
+    for values, whose, line, marker, colour in ((history.val_ppl, EXPORTED_PPL_LABEL, "-", "o", "#2ca02c"),
+                                                (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "--", "s", "#9467bd")):
+        for fraction in sorted(set(history.val_fraction.tolist())):
+            part = history.val_fraction == fraction
+            whole = fraction >= 1
+            out.append((history.val_steps[part], values[part], f"{whose}, {split_part(fraction)}",
+                        marker if whole else marker + line, colour, 7.0 if whole else 3.0))
+    return out
+
+
 def lines_figure(history: History) -> Any:
     """Each block's probabilities over steps (one panel per block), tau and validation perplexity on top."""
     n = len(history.blocks)
     cols = 1 if n <= 3 else 2 if n <= 8 else 3
     rows = math.ceil(n / cols)
-    fig = figure(4.2 * cols + 1.0, 2.0 * rows + 2.2, layout="constrained")
+    # never narrower than the title and the perplexities' legend, whose lines say whose and which part of the split
+    fig = figure(max(4.2 * cols + 1.0, 6.8), 2.0 * rows + 2.2, layout="constrained")
     grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.1] + [1.0] * rows)
     top = fig.add_subplot(grid[0, :])
     if np.isfinite(history.tau).any():  # NaN: the search read no temperature (its forward drew no sample)
@@ -183,14 +206,12 @@ def lines_figure(history: History) -> Any:
         top.set_ylabel("\u03c4")
     else:
         top.set_yticks([])
-    series = [(history.val_ppl, EXPORTED_PPL_LABEL, "o-", "#2ca02c"),
-              (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "s--", "#9467bd")]
-    series = [s for s in series if np.isfinite(s[0]).any()]
+    series = [s for s in perplexity_series(history) if np.isfinite(s[1]).any()]
     if series:
         twin = top.twinx()
-        for values, label, style, colour in series:
+        for steps, values, label, style, colour, size in series:
             known = np.isfinite(values)
-            twin.plot(history.val_steps[known], values[known], style, color=colour, markersize=3, label=label)
+            twin.plot(steps[known], values[known], style, color=colour, markersize=size, label=label)
         twin.set_ylabel("validation perplexity")
         # above the panel, not in it: wherever the lines start or end inside, a legend there would hide them
         handles = [*top.get_legend_handles_labels()[0], *twin.get_legend_handles_labels()[0]]

@@ -86,11 +86,12 @@ def evaluated_late(run):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     return {"four": write_run(root / "four", seed=1), "late": evaluated_late(write_run(root / "late", seed=4)),
+            "two": write_run(root / "two", n_blocks=2, seed=5),  # one column: the narrowest figure
             "twelve": write_run(root / "twelve", n_blocks=12, seed=2, steps=200, arch=False),
             "seven": write_run(root / "seven", n_blocks=7, seed=3, kinds=SEVEN, winners=list(SEVEN), latency=False)}
 
 
-@pytest.mark.parametrize("name", ["late", *(pytest.param(n, marks=SLOW) for n in ("four", "seven", "twelve"))])
+@pytest.mark.parametrize("name", ["late", "two", *(pytest.param(n, marks=SLOW) for n in ("four", "seven", "twelve"))])
 def test_the_probabilities_figure_fits_and_its_legends_cover_no_line(runs, name):
     check_fits(plots.lines_figure(load_history(runs[name])))
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from parnas.cli import main
 from parnas.report import heatmap, pareto, plots
-from parnas.report.experiments import experiment_trials
+from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, experiment_trials
 from parnas.report.history import KIND_COLOURS, History, load_history
 
 KINDS = ("attention", "dense", "identity")
@@ -48,6 +48,8 @@ def write_run(run, *, steps=60, every=2, n_blocks=4, kinds=KINDS, seed=0, val_pp
             if not legacy:
                 record |= {"val_ppl": supernet * 1.5, "supernet_val_ppl": supernet,
                            "architecture": "".join(max(p, key=p.get)[0].upper() for p in probs.values())}
+                if step < steps:  # a mid-search evaluation reads the first quarter of the split, the last all of it
+                    record["valid_fraction"] = 0.25
         lines.append(json.dumps(record))
     (run / "history.jsonl").write_text("\n".join(lines) + "\n")
     if arch:
@@ -94,6 +96,27 @@ def test_history_arrays_come_from_the_file(tmp_path):
 def test_old_history_val_ppl_is_the_supernets(tmp_path):
     history = load_history(write_run(tmp_path / "run", legacy=True))
     assert np.isnan(history.val_ppl).all() and history.supernet_val_ppl[0] == pytest.approx(340.0)
+
+
+def test_the_probabilities_figure_says_which_part_of_the_split_each_perplexity_read(tmp_path):
+    """The mid-search evaluations read the first quarter of the validation split, the final one all of it: each
+    plotted perplexity is in a series whose legend says which, and no line joins the two."""
+    history = load_history(write_run(tmp_path / "run"))
+    assert list(history.val_fraction) == [0.25, 0.25, 0.25, 1.0]
+    twin = plots.lines_figure(history).axes[1]  # the perplexities' axis, over the temperature's
+    plotted = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in twin.get_lines()}
+    quarter, whole = "first 1/4 of the validation split", "whole validation split"
+    for whose, values in ((EXPORTED_PPL_LABEL, history.val_ppl), (SUPERNET_PPL_LABEL, history.supernet_val_ppl)):
+        assert plotted[f"{whose}, {quarter}"] == ([0, 20, 40], list(values[:3]))
+        assert plotted[f"{whose}, {whole}"] == ([60], [values[3]])
+    assert len(plotted) == 4 and [t.get_text() for t in twin.get_legend().get_texts()][1:] == list(plotted)
+    old = tmp_path / "old"  # a history without valid_fraction (every evaluation read the whole split): one series
+    old.mkdir()
+    (old / "history.jsonl").write_text("".join(json.dumps({k: v for k, v in json.loads(line).items()
+                                                           if k != "valid_fraction"}) + "\n"
+                                               for line in (tmp_path / "run" / "history.jsonl").open()))
+    labels = [line.get_label() for line in plots.lines_figure(load_history(old)).axes[1].get_lines()]
+    assert labels == [f"{EXPORTED_PPL_LABEL}, {whole}", f"{SUPERNET_PPL_LABEL}, {whole}"]
 
 
 def test_heatmap_cells_take_their_kind_colour_by_probability():
