@@ -361,3 +361,22 @@ def test_the_guard_is_named_transformer_xl_when_it_keeps_every_block():
     assert record["verdict"] == "guard" and record["guard"]["name"] == "Transformer-XL"
     assert record["verdict_line"].startswith("Transformer-XL beat the search's picks")
     assert "shallower" not in record["verdict_line"]
+
+
+def test_without_a_budget_or_a_penalty_the_prices_still_choose_the_pick_so_the_table_is_timed():
+    """A search with no latency budget and no penalty still times its latency table (pricing.cost_model): the final
+    pick admits entrants within the exported layout's cost and guards with the deepest Transformer-XL within it, so
+    the prices change what is exported (all-equal prices would guard with the full Transformer-XL)."""
+    from parnas.config import load_config
+    from parnas.strategies.par_settings import par_settings
+
+    cfg = load_config("tiny", ["search.par-gumbel-darts.select.steps=[2, 4]"])
+    assert par_settings(cfg.search).latency_budget is None and par_settings(cfg.search).penalty_weight == 0
+    exported = ["attention", "dense", "dense", "identity"]  # (3 + 1 + 1) / 8 of Transformer-XL's cost
+    budget, source = pick.selection_budget(cfg, COSTS, exported)
+    assert budget == pytest.approx(5 / 8) and source == "the cost of the layout the supernet exports"
+    candidates = ["attention", "dense", "identity"]
+    assert pick.guard_layout(COSTS, 4, candidates, budget) == ["attention", "dense", "identity", "identity"]
+    unpriced = CostModel(dict.fromkeys(candidates, 1.0), 0.0, "unit", 4)
+    free_budget, _ = pick.selection_budget(cfg, unpriced, exported)
+    assert pick.guard_layout(unpriced, 4, candidates, free_budget) == ["attention", "dense"] * 2
