@@ -17,9 +17,12 @@ at a time, carrying the memory throughout; without ``model.eval_mem_len`` the me
 A prompt that ends with a whole word keeps it: the first token drawn is one that
 starts a new word (or punctuation, or a line's end), never one that would extend
 the prompt's last word ("The album was" + "th" would print "The album wasth").
-Prompt and continuation are decoded together, so the tokenizer's own word
-boundaries hold between them. A :class:`TextStream` hands the text out as it is
-generated (``parnas generate`` prints it token by token).
+The continuation is decoded together with the prompt, so the tokenizer's own word
+boundaries hold between them, but the prompt shows as the user wrote it (:func:`shown_prompt`), not as its ids
+decode: a character the vocabulary lacks would decode as ``<unk>``. The continuation never draws the unknown
+token: its probability is set to zero before sampling, so every token drawn is one the text shows (dropping it at
+decoding instead would print text the model did not condition on, and fewer tokens than asked). A
+:class:`TextStream` hands the text out as it is generated (``parnas generate`` prints it token by token).
 """
 
 from __future__ import annotations
@@ -160,24 +163,51 @@ def ends_a_word(trained: TrainedModel, prompt: str) -> bool:
     return text[-1:].isalnum()
 
 
+def shown_prompt(prompt: str, decoded: str) -> str:
+    """The prompt as printed: the user's own text, less the trailing spaces its decoded ids lack (SentencePiece
+    drops them, and the continuation's first word brings its own)."""
+    trailing = len(prompt) - len(prompt.rstrip(" \t"))
+    kept = min(trailing, len(decoded) - len(decoded.rstrip(" \t")))
+    return prompt[:len(prompt) - trailing + kept]
+
+
 class TextStream:
     """The text of ids as they come, handed to ``write`` piece by piece: the concatenated pieces are the text
-    ``tokenizer.decode`` gives for all the ids. Only the current line (the ids since the last eos, which
-    decodes as a line break) is decoded again as it grows, so a token costs a decode of its line. A token
-    whose text would change what was already written (pieces that join into one character) waits until
-    the line's text extends what was written again. ``generated`` counts the ids added with ``generated=True``."""
+    ``tokenizer.decode`` gives for all the ids, the prompt's excepted (:meth:`add_prompt`). Only the current line
+    (the ids since the last eos, which decodes as a line break) is decoded again as it grows, so a token costs a
+    decode of its line. A token whose text would change what was already written (pieces that join into one
+    character) waits until the line's text extends what was written again. ``generated`` counts the ids added
+    with ``generated=True``; ``text`` is what was written."""
 
     def __init__(self, tokenizer: Tokenizer, write: Callable[[str], None]) -> None:
         self.tokenizer, self.write = tokenizer, write
         self.line: list[int] = []
-        self.shown = ""  # of the current line
+        self.shown = ""  # of the current line, as its ids decode
         self.generated = 0
+        self.pieces: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def _write(self, piece: str) -> None:
+        self.pieces.append(piece)
+        self.write(piece)
+
+    def add_prompt(self, prompt: str, ids: Sequence[int]) -> None:
+        """The prompt, written as the user wrote it (:func:`shown_prompt`); its ``ids`` are taken in unwritten, so
+        the continuation is still decoded with the prompt's last line."""
+        ids = [int(i) for i in ids]
+        self._write(shown_prompt(prompt, self.tokenizer.decode(ids)))
+        breaks = [k for k, i in enumerate(ids) if i == self.tokenizer.eos_id]
+        self.line = ids[breaks[-1] + 1:] if breaks else ids
+        self.shown = self.tokenizer.decode(self.line)
 
     def add(self, ids: Sequence[int], generated: bool = False) -> None:
         for i in ids:
             if i == self.tokenizer.eos_id:
                 self._show()
-                self.write("\n")
+                self._write("\n")
                 self.line, self.shown = [], ""
             else:
                 self.line.append(int(i))
@@ -187,15 +217,15 @@ class TextStream:
     def _show(self) -> None:
         text = self.tokenizer.decode(self.line)
         if text.startswith(self.shown) and len(text) > len(self.shown):
-            self.write(text[len(self.shown):])
+            self._write(text[len(self.shown):])
             self.shown = text
 
 
 @torch.no_grad()
 def generate(trained: TrainedModel, prompt: str, opts: Sampling,
              stream: TextStream | None = None) -> tuple[str, list[int]]:
-    """Sample ``opts.tokens`` tokens after ``prompt``; returns the decoded prompt + continuation and the new ids,
-    and hands ``stream`` the prompt, then each token as it is drawn.
+    """Sample ``opts.tokens`` tokens after ``prompt``; returns the prompt (as the user wrote it) + the decoded
+    continuation, as ``stream`` was handed them, the prompt first, then each token as it is drawn, and the new ids.
     Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
     diverged = weights_divergence(trained)
     if diverged is not None:
@@ -206,8 +236,8 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
                         opts.clamp_len)
     generator = torch.Generator(device=device).manual_seed(opts.seed) if opts.temperature else None  # greedy: none
     context = torch.tensor([prompt_ids(trained, prompt)], device=device)  # (1, P)
-    if stream is not None:
-        stream.add(context[0, 1:].tolist())  # the prompt, without the line start before it
+    stream = stream if stream is not None else TextStream(trained.tokenizer, lambda piece: None)
+    stream.add_prompt(prompt, context[0, 1:].tolist())  # without the line start before it
     mems, L = None, cfg.data.seg_len
     for t in range(0, context.size(1), L):  # the prompt in training-length segments
         h, mems = model(context[:, t:t + L], mems)  # (1, <=L, D)
@@ -227,11 +257,9 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             token = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # (1, 1)
         new.append(int(token))
-        if stream is not None:
-            stream.add(new[-1:], generated=True)
+        stream.add(new[-1:], generated=True)
         h, mems = model(token, mems)  # (1, 1, D)
-    text = trained.tokenizer.decode(context[0, 1:].tolist() + new)
-    return text, new
+    return stream.text, new
 
 
 def default_output(checkpoint: str | Path, split: str, mem_len: int) -> Path:

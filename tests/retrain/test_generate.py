@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from parnas.cli import main
-from parnas.retrain.evaluate import Sampling, generate
+from parnas.retrain.evaluate import Sampling, generate, prompt_ids
 from parnas.retrain.load import load_trained
 from parnas.retrain.run import retrain
 
@@ -46,7 +46,6 @@ def test_memory_is_carried_between_tokens(checkpoint, tmp_path):
     trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
     _, new = generate(trained, PROMPT, Sampling(tokens=12, temperature=0, mem_len=200))
     model = trained.model
-    from parnas.retrain.evaluate import prompt_ids
     ids = torch.tensor([prompt_ids(trained, PROMPT) + new])  # (1, P+12)
     with torch.no_grad():
         h, _ = model(ids[:, :-1])
@@ -99,6 +98,22 @@ def test_the_printed_text_is_the_generated_text(checkpoint, capsys, tmp_path):
         assert main(["generate", str(checkpoint), "--prompt", prompt, "--tokens", "60",
                      "--seed", "2"]) == 0
         assert capsys.readouterr().out == text + "\n"
+
+
+def test_a_prompt_the_vocabulary_cannot_spell_is_echoed_as_written_and_no_marker_is_printed(checkpoint, capsys,
+                                                                                             tmp_path):
+    """Issue #66: characters the vocabulary lacks encode as the unknown token, which decodes as "<unk>"; the
+    printed prompt is the user's own text all the same, and the continuation never prints the marker."""
+    trained = load_trained(checkpoint, torch.device("cpu"), tmp_path)
+    prompt = "Caf\u00e9 \u4f60\u597d \u2603 was released in"  # CJK and a snowman: not in a WikiText vocabulary
+    assert trained.tokenizer.unk_id in prompt_ids(trained, prompt)  # the ids do hold the unknown token
+    for seed in range(3):
+        assert main(["generate", str(checkpoint), "--prompt", prompt, "--tokens", "40", "--temperature", "5",
+                     "--seed", str(seed)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(prompt + " ") and "<unk>" not in out and len(out) > len(prompt) + 20, out
+    text, _ = generate(trained, prompt + "  ", Sampling(tokens=5, seed=0))  # trailing spaces the ids drop
+    assert text.startswith(prompt + " ") and not text.startswith(prompt + "  "), text
 
 
 def test_a_token_count_above_the_maximum_is_one_line(checkpoint, capsys):
