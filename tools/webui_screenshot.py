@@ -9,7 +9,9 @@ every trial to end, printing each one's status as it changes. Headless Chromium 
 "Trials detail" page twice: ``trials-running.png`` once the first intermediate result has
 arrived (the "Default metric" column reads "(LATEST)") and ``trials-done.png`` at the end with
 the columns the README tells a user to choose (the trial, its status and default metric, the architecture and
-its latency ratio), at 1,280 x 800 pixels unless ``--window`` says otherwise. The experiment is stopped
+its latency ratio), at 1,280 x 800 pixels unless ``--window`` says otherwise; beside it ``trials-done.json``
+holds what that picture shows of the table, one mapping per trial's row from each column to its text, of the cells
+wholly in the window (:data:`ROWS`). The experiment is stopped
 (``nnictl stop``) in every case, and the wall time from ``nnictl create`` to the last trial's end is printed.
 
 The web UI keeps its chosen columns in the browser's localStorage (``<experiment id>_columns``);
@@ -46,6 +48,14 @@ from parnas.report.experiments import launch  # noqa: E402  (the checkout's own,
 # so the trial's ID and duration make way for what the trial found.
 COLUMNS = ["sequenceId", "status", "latestAccuracy", "metric/architecture", "metric/latency_ratio"]
 ENDED = ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED")
+# The trials table's rows as the page shows them (the web UI's table is Fluent UI's DetailsList, whose rows and cells
+# carry these automation ids and each cell its column's key): per row, column key -> text, of the cells wholly inside
+# the window, so a column scrolled off the right edge or a row below the bottom is not in it.
+ROWS = """JSON.stringify(Array.from(document.querySelectorAll('[data-automationid="DetailsRow"]')).map(row =>
+  Object.fromEntries(Array.from(row.querySelectorAll('[data-automationid="DetailsRowCell"]')).filter(cell => {
+    const r = cell.getBoundingClientRect();
+    return r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth && r.bottom <= window.innerHeight;
+  }).map(cell => [cell.getAttribute('data-automation-key'), cell.innerText.trim()]))))"""
 
 
 def free_port() -> int:
@@ -81,10 +91,12 @@ class Browser:
             self.ws_url = next(t["webSocketDebuggerUrl"] for t in json.load(r) if t["type"] == "page")
         self.width, self.height = width, height
 
-    def shoot(self, url: str, out: Path, local_storage: dict[str, str] | None = None, settle: float = 8.0) -> None:
-        asyncio.run(self._shoot(url, out, local_storage or {}, settle))
+    def shoot(self, url: str, out: Path, local_storage: dict[str, str] | None = None,
+              settle: float = 8.0) -> list[dict[str, str]]:
+        """Photograph ``url`` into ``out``; returns the trials table's rows as the picture shows them (:data:`ROWS`)."""
+        return asyncio.run(self._shoot(url, out, local_storage or {}, settle))
 
-    async def _shoot(self, url: str, out: Path, local_storage: dict[str, str], settle: float) -> None:
+    async def _shoot(self, url: str, out: Path, local_storage: dict[str, str], settle: float) -> list[dict[str, str]]:
         import websockets
 
         async with websockets.connect(self.ws_url, max_size=None) as ws:
@@ -110,8 +122,10 @@ class Browser:
                 await call("Page.reload")
                 await asyncio.sleep(settle)
             shot = await call("Page.captureScreenshot", format="png")
+            rows = await call("Runtime.evaluate", expression=ROWS, returnByValue=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(base64.b64decode(shot["data"]))
+        return json.loads(rows.get("result", {}).get("value") or "[]")
 
     def close(self) -> None:
         self.proc.terminate()
@@ -174,8 +188,9 @@ def main() -> int:
             print(f"{len(jobs)} trials ({', '.join(sorted({j['status'] for j in jobs}))}) in "
                   f"{(max(ends) - created) / 1000:.0f} s from nnictl create to the last trial's end "
                   f"({time.time() - start:.0f} s with this script's start)", flush=True)
-        browser.shoot(url, out / "trials-done.png", columns_entry(experiment))
-        print(f"wrote {out / 'trials-done.png'}")
+        rows = browser.shoot(url, out / "trials-done.png", columns_entry(experiment))
+        (out / "trials-done.json").write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {out / 'trials-done.png'} and {out / 'trials-done.json'} ({len(rows)} rows)")
     finally:
         subprocess.run([str(Path(sys.executable).parent / "nnictl"), "stop", experiment], capture_output=True,
                        env=dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"))
