@@ -235,9 +235,10 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
     model.evaluate_with(opts.mem_len if opts.mem_len is not None else generation_memory(cfg.model, cfg.data.seg_len),
                         opts.clamp_len)
     generator = torch.Generator(device=device).manual_seed(opts.seed) if opts.temperature else None  # greedy: none
-    context = torch.tensor([prompt_ids(trained, prompt)], device=device)  # (1, P)
+    ids = prompt_ids(trained, prompt)
+    context = torch.tensor([ids], device=device)  # (1, P)
     stream = stream if stream is not None else TextStream(trained.tokenizer, lambda piece: None)
-    stream.add_prompt(prompt, context[0, 1:].tolist())  # without the line start before it
+    stream.add_prompt(prompt, ids[1:])  # without the line start before it
     mems, L = None, cfg.data.seg_len
     for t in range(0, context.size(1), L):  # the prompt in training-length segments
         h, mems = model(context[:, t:t + L], mems)  # (1, <=L, D)
