@@ -17,7 +17,7 @@ from typing import Any
 
 from parnas import kinds, strategy_registry
 from parnas.arguments import presets as presets  # the preset names, as --help lists them (read here too)
-from parnas.config_files import read_yaml
+from parnas.config_files import is_preset, read_yaml
 from parnas.errors import ConfigError
 from parnas.kinds.registry import KINDS
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
@@ -364,8 +364,19 @@ def _require(ok: bool, message: str) -> None:
 
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),
                 extra: Mapping[str, Any] | None = None) -> Config:
-    """File or preset, then ``extra`` (e.g. NNI trial parameters), then ``--set`` pairs."""
+    """File or preset, then ``extra`` (e.g. NNI trial parameters), then ``--set`` pairs.
+
+    A strategy's settings given here (in the user's own file, ``extra`` or ``--set``) for a strategy other than the
+    one that runs are refused: nothing would read them, and the user would believe them in force. A preset's
+    sections are its defaults for whichever strategy runs, and stay silent."""
     values = read_yaml(source) if source is not None else {}
-    values = merge(values, unflatten(extra or {}))
-    values = merge(values, parse_overrides(overrides))
-    return from_dict(Config, values)
+    given = merge(unflatten(extra or {}), parse_overrides(overrides))
+    cfg = from_dict(Config, merge(values, given))
+    user = given if source is None or is_preset(source) else merge(values, given)
+    search = user.get("search") if isinstance(user.get("search"), Mapping) else {}
+    own = {f.name for f in dataclasses.fields(SearchConfig)}
+    for name in search:
+        _require(name in own or name == cfg.search.strategy or not strategy_registry.is_known(name),
+                 f"search.{name} holds the {name} strategy's settings, but this search runs "
+                 f"{cfg.search.strategy}: drop them, or set search.strategy={name}")
+    return cfg
