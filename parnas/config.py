@@ -135,13 +135,6 @@ class ModelConfig(OwnsSettings):
             require(not bad, f"model.reversible cannot recompute {', '.join(bad)} blocks in the backward pass "
                      "(they keep their own memory or loss): use other kinds or model.reversible=false")
 
-    @classmethod
-    def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """For :func:`parnas.overrides.from_dict`: ``model.<kind>`` sections built into that kind's settings
-        (``kind_settings``)."""
-        values = dict(values)
-        return values, cls.take_sections(values, prefix)
-
     @property
     def evaluation_memory(self) -> int:
         """States the memory keeps in evaluation: ``eval_mem_len``, else the training ``mem_len``."""
@@ -272,14 +265,13 @@ class SearchConfig(OwnsSettings):
     def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """For :func:`parnas.overrides.from_dict`: ``candidates`` may name a preset (CANDIDATE_PRESETS), and
         ``search.<strategy>`` sections are built into that strategy's settings (``strategy_settings``)."""
-        values = dict(values)
         named = values.get("candidates")
         if isinstance(named, str):
             if named not in CANDIDATE_PRESETS:
                 raise ConfigError(f"{prefix}candidates: no preset named {named!r}; presets: "
                                   f"{', '.join(CANDIDATE_PRESETS)}, or give a list of kinds")
-            values["candidates"] = list(CANDIDATE_PRESETS[named])
-        return values, cls.take_sections(values, prefix)
+            values = {**values, "candidates": list(CANDIDATE_PRESETS[named])}
+        return super().regroup(values, prefix)
 
     def __post_init__(self) -> None:
         kinds.check(self.candidates, "search.candidates")
