@@ -259,7 +259,7 @@ def test_fused_adam_steps_like_torchs_default_adam():
     torch.manual_seed(0)
     params = [torch.randn(40, 30, requires_grad=True), torch.randn(30, requires_grad=True)]
     twins = [p.detach().clone().requires_grad_() for p in params]
-    fused, plain = adam(params, lr=1e-2, weight_decay=0.01), torch.optim.Adam(twins, lr=1e-2, weight_decay=0.01)
+    fused, plain = adam(params, lr=1e-2), torch.optim.Adam(twins, lr=1e-2)
     assert fused.defaults["fused"]
     for _ in range(5):
         grads = [torch.randn_like(p) for p in params]
