@@ -17,8 +17,8 @@ from typing import Any
 
 from parnas import kinds, strategy_registry
 from parnas.arguments import presets as presets  # the preset names, as --help lists them (read here too)
-from parnas.config_files import read_yaml
-from parnas.errors import ConfigError
+from parnas.config_files import is_preset, read_yaml
+from parnas.errors import ConfigError, require
 from parnas.kinds.registry import KINDS
 from parnas.overrides import from_dict, merge, parse_overrides, unflatten
 from parnas.registry import OwnsSettings
@@ -88,59 +88,52 @@ class ModelConfig(OwnsSettings):
 
     def __post_init__(self) -> None:
         for key in ("n_blocks", "d_model", "n_heads", "d_ff"):
-            _require(getattr(self, key) > 0, f"model.{key} must be > 0")
-        _require(self.mem_len >= 0, "model.mem_len must be >= 0")
-        _require(self.eval_mem_len is None or self.eval_mem_len >= 0,
+            require(getattr(self, key) > 0, f"model.{key} must be > 0")
+        require(self.mem_len >= 0, "model.mem_len must be >= 0")
+        require(self.eval_mem_len is None or self.eval_mem_len >= 0,
                  f"model.eval_mem_len must be >= 0 (or null: the training memory), got {self.eval_mem_len}")
-        _require(self.clamp_len >= 0, f"model.clamp_len must be >= 0 (0: no clamp), got {self.clamp_len}")
-        _require(self.d_model % self.n_heads == 0,
+        require(self.clamp_len >= 0, f"model.clamp_len must be >= 0 (0: no clamp), got {self.clamp_len}")
+        require(self.d_model % self.n_heads == 0,
                  f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
-        _require(self.d_model % 2 == 0, f"model.d_model ({self.d_model}) must be even (sinusoid positions)")
+        require(self.d_model % 2 == 0, f"model.d_model ({self.d_model}) must be even (sinusoid positions)")
         for key in ("dropout", "dropatt"):
-            _require(0.0 <= getattr(self, key) < 1.0, f"model.{key} must be in [0, 1)")
-        _require(self.attention_kernel in ATTENTION_KERNELS, f"model.attention_kernel must be one of "
+            require(0.0 <= getattr(self, key) < 1.0, f"model.{key} must be in [0, 1)")
+        require(self.attention_kernel in ATTENTION_KERNELS, f"model.attention_kernel must be one of "
                  f"{', '.join(ATTENTION_KERNELS)}, not {self.attention_kernel!r}")
-        _require(self.attention_kernel != "flex" or self.dropatt == 0.0,
+        require(self.attention_kernel != "flex" or self.dropatt == 0.0,
                  f"model.attention_kernel=flex has no attention dropout: set model.dropatt=0 (not {self.dropatt:g}) "
                  "or use model.attention_kernel=sdpa")
-        _require(all(a < b for a, b in zip(self.cutoffs, self.cutoffs[1:])) and all(c > 0 for c in self.cutoffs),
+        require(all(a < b for a, b in zip(self.cutoffs, self.cutoffs[1:])) and all(c > 0 for c in self.cutoffs),
                  f"model.cutoffs {list(self.cutoffs)} must be positive and strictly increasing")
-        _require(self.div_value >= 1.0, "model.div_value must be >= 1")
-        _require(not self.adaptive_input or bool(self.cutoffs),
+        require(self.div_value >= 1.0, "model.div_value must be >= 1")
+        require(not self.adaptive_input or bool(self.cutoffs),
                  "model.adaptive_input needs model.cutoffs (its clusters are the softmax's)")
-        _require(not (self.tie_weights and self.cutoffs and not self.adaptive_input and self.div_value != 1),
+        require(not (self.tie_weights and self.cutoffs and not self.adaptive_input and self.div_value != 1),
                  f"model.tie_weights with an adaptive softmax of div_value {self.div_value:g} needs "
                  "model.adaptive_input=true (each cluster's output weight is its embedding's), or div_value=1")
-        _require(not self.tie_projs or len(self.tie_projs) == len(self.cutoffs) + 1,
+        require(not self.tie_projs or len(self.tie_projs) == len(self.cutoffs) + 1,
                  f"model.tie_projs has {len(self.tie_projs)} entries: give one per cluster "
                  f"({len(self.cutoffs) + 1} with cutoffs {list(self.cutoffs)}), or none")
-        _require(not any(self.tie_projs) or self.adaptive_input,
+        require(not any(self.tie_projs) or self.adaptive_input,
                  "model.tie_projs ties the softmax's projections to the adaptive input's: set model.adaptive_input")
         if self.cutoffs and (self.adaptive_input or self.tie_weights):
-            _require(self.div_value == math.floor(self.div_value),
+            require(self.div_value == math.floor(self.div_value),
                      f"model.div_value {self.div_value:g} must be a whole number for model.adaptive_input or tied "
                      "weights")
             narrowest = cluster_widths(self.d_model, len(self.cutoffs) + 1, self.div_value)[-1]
-            _require(narrowest >= 1, f"model.div_value {self.div_value:g} leaves the last of {len(self.cutoffs) + 1} "
+            require(narrowest >= 1, f"model.div_value {self.div_value:g} leaves the last of {len(self.cutoffs) + 1} "
                      f"clusters {narrowest} wide at d_model {self.d_model}: lower it or use fewer cutoffs")
         for kind in self.blocks:
-            _require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
+            require(kinds.is_known(kind), f"model.blocks: {kinds.unknown_message(kind)}")
         self.check_given("model.")
-        _require(not self.blocks or len(self.blocks) == self.n_blocks,
+        require(not self.blocks or len(self.blocks) == self.n_blocks,
                  f"model.blocks has {len(self.blocks)} entries but model.n_blocks is {self.n_blocks}")
         if self.reversible:  # parnas.nn.reversible
-            _require(self.n_blocks % 2 == 0,
+            require(self.n_blocks % 2 == 0,
                      f"model.reversible pairs the blocks (F, G): model.n_blocks must be even, not {self.n_blocks}")
             bad = sorted(kind for kind in set(self.layout) if not kinds.get(kind).reversible)
-            _require(not bad, f"model.reversible cannot recompute {', '.join(bad)} blocks in the backward pass "
+            require(not bad, f"model.reversible cannot recompute {', '.join(bad)} blocks in the backward pass "
                      "(they keep their own memory or loss): use other kinds or model.reversible=false")
-
-    @classmethod
-    def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """For :func:`parnas.overrides.from_dict`: ``model.<kind>`` sections built into that kind's settings
-        (``kind_settings``)."""
-        values = dict(values)
-        return values, cls.take_sections(values, prefix)
 
     @property
     def evaluation_memory(self) -> int:
@@ -180,11 +173,11 @@ class DataConfig:
         return self.batch_size * self.seg_len
 
     def __post_init__(self) -> None:
-        _require(self.tokenizer in ("sentencepiece", "word", "char"),
+        require(self.tokenizer in ("sentencepiece", "word", "char"),
                  f"data.tokenizer must be sentencepiece, word or char, not {self.tokenizer!r}")
         for key in ("vocab_size", "batch_size", "seg_len", "eval_batch_size"):
-            _require(getattr(self, key) > 0, f"data.{key} must be > 0")
-        _require(self.tokenizer != "sentencepiece" or self.vocab_size > SPECIAL_PIECES,
+            require(getattr(self, key) > 0, f"data.{key} must be > 0")
+        require(self.tokenizer != "sentencepiece" or self.vocab_size > SPECIAL_PIECES,
                  f"data.vocab_size={self.vocab_size} leaves a SentencePiece vocabulary no room for the corpus's "
                  f"pieces (its first {SPECIAL_PIECES} are <unk> and the end of a line): set a larger data.vocab_size")
 
@@ -213,21 +206,21 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "eval_every", "log_every", "ckpt_every", "devices", "num_nodes"):
-            _require(getattr(self, key) > 0, f"train.{key} must be > 0")
-        _require(self.threads >= 0, f"train.threads must be >= 0 (0: chosen per run), got {self.threads}")
-        _require(0 <= self.seed < 2**32, f"train.seed must be in 0..{2**32 - 1} (2**32 - 1, the seeds Lightning's "
+            require(getattr(self, key) > 0, f"train.{key} must be > 0")
+        require(self.threads >= 0, f"train.threads must be >= 0 (0: chosen per run), got {self.threads}")
+        require(0 <= self.seed < 2**32, f"train.seed must be in 0..{2**32 - 1} (2**32 - 1, the seeds Lightning's "
                  f"seed_everything and NumPy take), got {self.seed}")
-        _require(0 <= self.stop_at <= self.max_steps,
+        require(0 <= self.stop_at <= self.max_steps,
                  "train.stop_at must be in [0, train.max_steps] (0: run to the end)")
-        _require(self.lr > 0, "train.lr must be > 0")
-        _require(0 <= self.min_lr <= self.lr, "train.min_lr must be in [0, train.lr]")
-        _require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
-        _require(self.clip >= 0, "train.clip must be >= 0 (0 turns clipping off)")
-        _require(self.accelerator in ACCELERATORS,
+        require(self.lr > 0, "train.lr must be > 0")
+        require(0 <= self.min_lr <= self.lr, "train.min_lr must be in [0, train.lr]")
+        require(self.warmup_steps >= 0, "train.warmup_steps must be >= 0")
+        require(self.clip >= 0, "train.clip must be >= 0 (0 turns clipping off)")
+        require(self.accelerator in ACCELERATORS,
                  f"train.accelerator must be one of {', '.join(ACCELERATORS)}, not {self.accelerator!r}")
-        _require(self.precision in PRECISIONS,
+        require(self.precision in PRECISIONS,
                  f"train.precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
-        _require(self.compile in COMPILE_MODES,
+        require(self.compile in COMPILE_MODES,
                  f"train.compile must be one of {', '.join(COMPILE_MODES)}, not {self.compile!r}")
 
 
@@ -272,35 +265,34 @@ class SearchConfig(OwnsSettings):
     def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """For :func:`parnas.overrides.from_dict`: ``candidates`` may name a preset (CANDIDATE_PRESETS), and
         ``search.<strategy>`` sections are built into that strategy's settings (``strategy_settings``)."""
-        values = dict(values)
         named = values.get("candidates")
         if isinstance(named, str):
             if named not in CANDIDATE_PRESETS:
                 raise ConfigError(f"{prefix}candidates: no preset named {named!r}; presets: "
                                   f"{', '.join(CANDIDATE_PRESETS)}, or give a list of kinds")
-            values["candidates"] = list(CANDIDATE_PRESETS[named])
-        return values, cls.take_sections(values, prefix)
+            values = {**values, "candidates": list(CANDIDATE_PRESETS[named])}
+        return super().regroup(values, prefix)
 
     def __post_init__(self) -> None:
         kinds.check(self.candidates, "search.candidates")
-        _require(len(self.candidates) >= 2,
+        require(len(self.candidates) >= 2,
                  f"search.candidates must name at least two kinds, got {list(self.candidates)}")
-        _require(self.arch_lr > 0, "search.arch_lr must be > 0")
-        _require(self.weight_lr is None or self.weight_lr > 0,
+        require(self.arch_lr > 0, "search.arch_lr must be > 0")
+        require(self.weight_lr is None or self.weight_lr > 0,
                  f"search.weight_lr must be > 0 (or null: train.lr), got {self.weight_lr}")
-        _require(self.penalty_cost in ("latency", "flops"),
+        require(self.penalty_cost in ("latency", "flops"),
                  f"search.penalty_cost must be latency or flops, not {self.penalty_cost!r}")
-        _require(self.latency_table is None or self.penalty_cost == "latency",
+        require(self.latency_table is None or self.penalty_cost == "latency",
                  "search.latency_table prices blocks by measured latency: set search.penalty_cost=latency")
-        _require(strategy_registry.is_known(self.strategy),
+        require(strategy_registry.is_known(self.strategy),
                  f"search.strategy: {strategy_registry.unknown_message(self.strategy)}")
         self.check_given("search.")
-        _require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
-        _require(self.latency_target in LATENCY_TARGETS,
+        require(self.trials >= 1, f"search.trials must be >= 1, got {self.trials}")
+        require(self.latency_target in LATENCY_TARGETS,
                  f"search.latency_target must be one of {', '.join(LATENCY_TARGETS)}, not {self.latency_target!r}")
-        _require(self.latency_target == "train" or self.penalty_cost == "latency",
+        require(self.latency_target == "train" or self.penalty_cost == "latency",
                  f"search.latency_target={self.latency_target} is a measured latency: set search.penalty_cost=latency")
-        _require(self.log_every > 0, "search.log_every must be > 0")
+        require(self.log_every > 0, "search.log_every must be > 0")
 
     @property
     def settings(self) -> Any:
@@ -324,7 +316,7 @@ class Config:
         processes = self.train.devices * self.train.num_nodes
         for key in ("batch_size", "eval_batch_size"):
             size = getattr(self.data, key)
-            _require(size % processes == 0,
+            require(size % processes == 0,
                      f"data.{key} ({size}) must be divisible by the {processes} processes "
                      "(train.devices x train.num_nodes): each process reads whole streams")
         strategy = strategy_registry.loaded(self.search.strategy)  # a plugin is checked once loaded, as a kind is
@@ -333,7 +325,7 @@ class Config:
             settings.check(self)
         if self.train.compile == "reduce-overhead":
             syncing = kinds.syncing(self.model.layout)
-            _require(not syncing, f"train.compile=reduce-overhead replays the step as CUDA graphs, and "
+            require(not syncing, f"train.compile=reduce-overhead replays the step as CUDA graphs, and "
                      f"{', '.join(syncing)} blocks read values back to the host in their forward, which a graph "
                      "cannot hold: use train.compile=default (or none) for this layout")
         offered = [*self.model.layout, *self.search.candidates, *self.model.kind_settings]
@@ -357,15 +349,21 @@ def transformer_xl_layout(n_blocks: int) -> tuple[str, ...]:
     return tuple(("attention", "dense")[i % 2] for i in range(n_blocks))
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),
                 extra: Mapping[str, Any] | None = None) -> Config:
-    """File or preset, then ``extra`` (e.g. NNI trial parameters), then ``--set`` pairs."""
+    """File or preset, then ``extra`` (e.g. NNI trial parameters), then ``--set`` pairs.
+
+    A strategy's settings given here (in the user's own file, ``extra`` or ``--set``) for a strategy other than the
+    one that runs are refused: nothing would read them, and the user would believe them in force. A preset's
+    sections are its defaults for whichever strategy runs, and stay silent."""
     values = read_yaml(source) if source is not None else {}
-    values = merge(values, unflatten(extra or {}))
-    values = merge(values, parse_overrides(overrides))
-    return from_dict(Config, values)
+    given = merge(unflatten(extra or {}), parse_overrides(overrides))
+    cfg = from_dict(Config, merge(values, given))
+    user = given if source is None or is_preset(source) else merge(values, given)
+    search = user.get("search") if isinstance(user.get("search"), Mapping) else {}
+    own = {f.name for f in dataclasses.fields(SearchConfig)}
+    for name in search:
+        require(name in own or name == cfg.search.strategy or not strategy_registry.is_known(name),
+                 f"search.{name} holds the {name} strategy's settings, but this search runs "
+                 f"{cfg.search.strategy}: drop them, or set search.strategy={name}")
+    return cfg

@@ -14,10 +14,16 @@ from parnas.arguments import presets
 from parnas.errors import ConfigError
 
 
+def is_preset(source: str | Path) -> bool:
+    """Whether ``source`` names a preset shipped with parnas rather than a file (a file of that name wins)."""
+    path = Path(source)
+    return not path.suffix and not path.exists()
+
+
 def read_yaml(source: str | Path) -> dict[str, Any]:
     """Read a config file, or a preset by name (``tiny``, ``wt2-seed``)."""
     path = Path(source)
-    if not path.suffix and not path.exists():
+    if is_preset(source):
         preset = resources.files("parnas") / "presets" / f"{source}.yaml"
         if not preset.is_file():
             raise ConfigError(f"no config file or preset named {str(source)!r}; presets: {', '.join(presets())}")

@@ -24,6 +24,12 @@ class ConfigError(ParnasError):
     """A configuration key, type or value that cannot be honoured."""
 
 
+def require(ok: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``ok``: the one shape of every setting's check."""
+    if not ok:
+        raise ConfigError(message)
+
+
 class DataError(ParnasError):
     """A corpus that is missing, corrupt, empty or too small."""
 

@@ -177,9 +177,10 @@ class OwnsSettings:
     GIVEN: str
 
     @classmethod
-    def take_sections(cls, values: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """For a ``regroup``: the ``<name>`` sections of ``values`` (taken out of it) built into their records'
-        settings, as keyword arguments of the section's class."""
+    def regroup(cls, values: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """For :func:`parnas.overrides.from_dict`: ``values`` less its ``<name>`` sections, and those sections built
+        into their records' settings, as keyword arguments of the section's class."""
+        values = dict(values)
         if cls.GIVEN in values:
             raise ConfigError(f"unknown config key {prefix}{cls.GIVEN}; give a {cls.WHAT}'s settings as "
                               f"{prefix}<{cls.WHAT}>.<setting>")
@@ -188,7 +189,7 @@ class OwnsSettings:
         built = {name: build_settings(cls.OWNERS.get(name).settings_class(), values.pop(name), prefix, name, cls.WHAT)
                  for name in named}
         built = {name: made for name, made in built.items() if made is not None}
-        return {cls.GIVEN: built} if built else {}
+        return values, {cls.GIVEN: built} if built else {}
 
     def settings_of(self, name: str) -> Any:
         """The settings of record ``name``: those given, else its defaults (None for a record without settings)."""

@@ -135,11 +135,6 @@ def register(strategy: SearchStrategy) -> SearchStrategy:
     return STRATEGIES.register(strategy)
 
 
-def of_family(family: str) -> tuple[str, ...]:
-    """The registered strategies of one family (plugins once loaded), in registry order."""
-    return tuple(strategy.name for strategy in STRATEGIES.records() if strategy.family == family)
-
-
 # --- the built-in strategies' names (their records: parnas.strategies.builtin) -----------------------
 
 PAR_GUMBEL_DARTS = "par-gumbel-darts"  # parnas's own search (parnas.strategies.search)

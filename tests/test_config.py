@@ -97,3 +97,18 @@ def test_a_pick_that_trains_past_max_steps_says_so_in_one_line_before_the_search
     assert code == 0 and len(err) == 1, err
     assert "search.par-gumbel-darts.select.steps=[1000] go beyond train.max_steps=4" in err[0], err
     assert "for up to 1,000 steps" in err[0] and not (tmp_path / "run").exists()
+
+
+def test_a_section_the_user_gives_for_a_strategy_that_does_not_run_is_refused(tmp_path, capsys):
+    """A preset's PAR section is its default and stays silent under another strategy; the same section given by
+    the user (--set, their own file) would be read by nothing, and is refused in one line naming the strategy."""
+    assert load_config("tiny", ["search.strategy=darts"]).search.strategy == "darts"
+    own = tmp_path / "own.yaml"
+    own.write_text("search:\n  strategy: darts\n  par-gumbel-darts:\n    tau_end: 0.2\n")
+    with pytest.raises(ConfigError, match="search.par-gumbel-darts .*this search runs darts"):
+        load_config(own)
+    assert main(["search", "--dry-run", "--config", "tiny", "--strategy", "darts",
+                 "--set", "search.par-gumbel-darts.latency_budget=0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "this search runs darts" in err[0], err
+    assert load_config("tiny", ["search.par-gumbel-darts.tau_end=0.2"]).search.settings.tau_end == 0.2

@@ -326,16 +326,6 @@ def _token_ids(tokenizer: Tokenizer, text_file: Path) -> np.ndarray:
     return np.load(cached, mmap_mode="r")
 
 
-def unigram_perplexity(ids: np.ndarray, vocab_size: int) -> float:
-    """exp(entropy) of the empirical unigram distribution of ``ids``: the perplexity of the
-    best context-free model of this very split, a ceiling any trained model should beat."""
-    counts = np.bincount(np.asarray(ids).ravel(), minlength=vocab_size)
-    if len(counts) > vocab_size:
-        raise DataError(f"token id {len(counts) - 1} is outside the vocabulary of {vocab_size}")
-    p = counts[counts > 0] / counts.sum()
-    return float(np.exp(-(p * np.log(p)).sum()))
-
-
 # --- context batching -----------------------------------------------------------------------------
 
 class ContextBatches(torch.utils.data.Dataset):

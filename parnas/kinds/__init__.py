@@ -3,16 +3,11 @@
 
 from parnas.kinds import builtin
 from parnas.kinds.registry import (
-    GROUP,
     HOW_TO_REGISTER,
     BlockKind,
-    Check,
-    Factory,
-    Flops,
     KindError,
     attending,
     check,
-    default_settings,
     get,
     is_known,
     letter,
@@ -23,9 +18,7 @@ from parnas.kinds.registry import (
     syncing,
     unknown_message,
     unregister,
-    with_settings,
 )
 
-__all__ = ["GROUP", "HOW_TO_REGISTER", "BlockKind", "Check", "Factory", "Flops", "KindError", "attending", "builtin",
-           "check", "default_settings", "get", "is_known", "letter", "loaded", "make_block", "names", "register",
-           "syncing", "unknown_message", "unregister", "with_settings"]
+__all__ = ["HOW_TO_REGISTER", "BlockKind", "KindError", "attending", "builtin", "check", "get", "is_known", "letter",
+           "loaded", "make_block", "names", "register", "syncing", "unknown_message", "unregister"]

@@ -14,14 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from parnas.block_shares import SHARES, share_of
-from parnas.errors import ConfigError
+from parnas.errors import require
 from parnas.kinds.registry import BlockKind, Check, register
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
 
 # --- settings ------------------------------------------------------------------------------------
 
@@ -32,7 +26,7 @@ class ConvSettings:
     kernel: int = 7
 
     def __post_init__(self) -> None:
-        _require(self.kernel > 0, f"kernel must be > 0, got {self.kernel}")
+        require(self.kernel > 0, f"kernel must be > 0, got {self.kernel}")
 
 
 COMPRESS_FNS = ("mean", "max", "conv")
@@ -47,9 +41,9 @@ class CompressiveSettings:
     fn: str = "conv"
 
     def __post_init__(self) -> None:
-        _require(self.rate > 0, f"rate must be > 0, got {self.rate}")
-        _require(self.length > 0, f"length must be > 0, got {self.length}")
-        _require(self.fn in COMPRESS_FNS, f"fn must be {', '.join(COMPRESS_FNS)}, not {self.fn!r}")
+        require(self.rate > 0, f"rate must be > 0, got {self.rate}")
+        require(self.length > 0, f"length must be > 0, got {self.length}")
+        require(self.fn in COMPRESS_FNS, f"fn must be {', '.join(COMPRESS_FNS)}, not {self.fn!r}")
 
 
 @dataclass(frozen=True)
@@ -61,10 +55,10 @@ class LSHSettings:
     chunk_len: int = 16
 
     def __post_init__(self) -> None:
-        _require(self.n_buckets >= 2 and self.n_buckets % 2 == 0,
+        require(self.n_buckets >= 2 and self.n_buckets % 2 == 0,
                  f"n_buckets must be even and >= 2 (random rotations hash into [xR; -xR]), got {self.n_buckets}")
-        _require(self.n_hashes >= 1, f"n_hashes must be >= 1, got {self.n_hashes}")
-        _require(self.chunk_len > 0, f"chunk_len must be > 0, got {self.chunk_len}")
+        require(self.n_hashes >= 1, f"n_hashes must be >= 1, got {self.n_hashes}")
+        require(self.chunk_len > 0, f"chunk_len must be > 0, got {self.chunk_len}")
 
 
 @dataclass(frozen=True)
@@ -75,8 +69,8 @@ class UTSettings:
     tau: float = 0.01
 
     def __post_init__(self) -> None:
-        _require(self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
-        _require(self.tau >= 0, f"tau must be >= 0, got {self.tau}")
+        require(self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
+        require(self.tau >= 0, f"tau must be >= 0, got {self.tau}")
 
 
 @dataclass(frozen=True)
@@ -91,11 +85,11 @@ class MoESettings:
     aux_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        _require(self.n_experts >= 1, f"n_experts must be >= 1, got {self.n_experts}")
-        _require(1 <= self.top_k <= self.n_experts,
+        require(self.n_experts >= 1, f"n_experts must be >= 1, got {self.n_experts}")
+        require(1 <= self.top_k <= self.n_experts,
                  f"top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}")
-        _require(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor}")
-        _require(self.aux_weight >= 0, f"aux_weight must be >= 0, got {self.aux_weight}")
+        require(self.capacity_factor > 0, f"capacity_factor must be > 0, got {self.capacity_factor}")
+        require(self.aux_weight >= 0, f"aux_weight must be >= 0, got {self.aux_weight}")
 
     def capacity(self, tokens: int) -> int:
         """Routings one expert takes from ``tokens`` tokens: ``capacity_factor`` x its even share, at least one."""
@@ -107,9 +101,9 @@ class MoESettings:
 def _check_lsh(cfg: Any, s: LSHSettings) -> None:
     """The chunks must tile [memory; segment], and a segment must hold a bucket's worth of positions."""
     L, M = cfg.data.seg_len, cfg.model.mem_len
-    _require(L % s.chunk_len == 0 and M % s.chunk_len == 0, f"model.lsh.chunk_len ({s.chunk_len}) must divide "
+    require(L % s.chunk_len == 0 and M % s.chunk_len == 0, f"model.lsh.chunk_len ({s.chunk_len}) must divide "
              f"data.seg_len ({L}) and model.mem_len ({M}) for lsh blocks")
-    _require(s.n_buckets <= L, f"model.lsh.n_buckets ({s.n_buckets}) must not exceed data.seg_len ({L})")
+    require(s.n_buckets <= L, f"model.lsh.n_buckets ({s.n_buckets}) must not exceed data.seg_len ({L})")
 
 
 def _whole_share(name: str, unit: str) -> Check:
@@ -119,7 +113,7 @@ def _whole_share(name: str, unit: str) -> Check:
         of, share = SHARES[name]
         whole = getattr(cfg.model, of)
         n = whole * share
-        _require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"{name} keeps {share:g} of model.{of} ({whole}): "
+        require(abs(n - round(n)) < 1e-9 and round(n) >= 1, f"{name} keeps {share:g} of model.{of} ({whole}): "
                  f"{n:g} {unit}; choose a model.{of} that gives it whole {unit}, or other candidates")
     return check
 

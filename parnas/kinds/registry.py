@@ -166,17 +166,6 @@ def letter(name: str) -> str:
         return "?"
 
 
-def default_settings(name: str) -> Any:
-    """The settings of kind ``name`` at their defaults (None for a kind without settings)."""
-    settings = get(name).settings
-    return None if settings is None else settings()
-
-
-def with_settings() -> tuple[str, ...]:
-    """The registered kinds that declare settings (plugins not loaded yet left out)."""
-    return tuple(kind.name for kind in KINDS.records() if kind.settings is not None)
-
-
 def make_block(name: str, cfg: ModelConfig) -> nn.Module:
     """A fresh block of kind ``name`` built from ``cfg`` alone (what the cost tables time)."""
     return get(name).build(cfg)

@@ -243,7 +243,6 @@ class AttentionBlock(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.drop = Dropout(dropout)
         self.dropatt = dropatt
-        self.register_load_state_dict_pre_hook(merge_q_kv)
 
     @property
     def q(self) -> Projection:
@@ -317,14 +316,6 @@ class Projection:
 
     def __call__(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight)
-
-
-def merge_q_kv(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
-    """Loads a checkpoint written before queries, keys and values were one projection: its ``q.weight`` and
-    ``kv.weight`` become ``qkv.weight`` (the same rows in the same order, so the same model)."""
-    q, kv, qkv = f"{prefix}q.weight", f"{prefix}kv.weight", f"{prefix}qkv.weight"
-    if q in state_dict and kv in state_dict and qkv not in state_dict:
-        state_dict[qkv] = torch.cat([state_dict.pop(q), state_dict.pop(kv)])
 
 
 class DenseBlock(nn.Module):

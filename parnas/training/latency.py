@@ -177,43 +177,34 @@ def _round_times(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int,
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     # the caller's random state is left as it was: a search seeds its logits after timing (or not, when cached)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        return _timed_rounds(layouts, cfg, vocab_size, mode, rounds, steps, warmup, device, models, after_round,
-                             progress, steady)
-
-
-def _timed_rounds(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int, mode: str, rounds: int,
-                  steps: int, warmup: int, device: torch.device, models: Sequence[ModelConfig | None] | None = None,
-                  after_round: Callable[[], None] | None = None, progress: Callable[[str], None] | None = None,
-                  steady: Callable[[list[list[float]]], bool] | None = None) -> list[list[float]]:
-    what = f"{TARGET_LABELS[mode]}s of {len(layouts)} model{'s' * (len(layouts) != 1)}"
-    warming = Phase(f"{what}, warm-up", len(layouts), "models", progress)
-    steppers = []
-    for layout, model in zip(layouts, models or [None] * len(layouts)):
-        stepper = _Stepper(layout, cfg, vocab_size, mode, device, model)
-        stepper.steps(max(warmup, full_memory_steps(cfg.model, cfg.data.seg_len, stepper.memory)))
-        steppers.append(stepper)
-        warming.done(len(steppers))
-    n = tokens_per_round(cfg, steps) if mode == "generate" else steps
-    if device.type == "cuda" and mode != "generate":  # enough steps that the fastest model's round lasts a while
-        fastest = min(time_ms(lambda s=s: s.steps(n), device) for s in steppers) / n
-        n = min(max(n, CUDA_MAX_STEPS if fastest <= 0 else math.ceil(CUDA_ROUND_MS / fastest)), max(n, CUDA_MAX_STEPS))
-    times: list[list[float]] = [[] for _ in steppers]
-    timing = Phase(what, rounds, "rounds", progress)
-    for r in range(rounds):
-        for i in _rotated(len(steppers), r):
-            times[i].append(time_ms(lambda i=i: steppers[i].steps(n), device) / n)
-        if after_round is not None:
-            after_round()
-        timing.done(r + 1)
-        if steady is not None and r + 1 >= min(MIN_ROUNDS, rounds) and steady(times):
-            break
-    return times
+        what = f"{TARGET_LABELS[mode]}s of {len(layouts)} model{'s' * (len(layouts) != 1)}"
+        warming = Phase(f"{what}, warm-up", len(layouts), "models", progress)
+        steppers = []
+        for layout, model in zip(layouts, models or [None] * len(layouts)):
+            stepper = _Stepper(layout, cfg, vocab_size, mode, device, model)
+            stepper.steps(max(warmup, full_memory_steps(cfg.model, cfg.data.seg_len, stepper.memory)))
+            steppers.append(stepper)
+            warming.done(len(steppers))
+        n = tokens_per_round(cfg, steps) if mode == "generate" else steps
+        if device.type == "cuda" and mode != "generate":  # enough steps that the fastest model's round lasts a while
+            fastest = min(time_ms(lambda s=s: s.steps(n), device) for s in steppers) / n
+            n = max(n, CUDA_MAX_STEPS if fastest <= 0 else min(CUDA_MAX_STEPS, math.ceil(CUDA_ROUND_MS / fastest)))
+        times: list[list[float]] = [[] for _ in steppers]
+        timing = Phase(what, rounds, "rounds", progress)
+        for r in range(rounds):
+            for i in _rotated(len(steppers), r):
+                times[i].append(time_ms(lambda i=i: steppers[i].steps(n), device) / n)
+            if after_round is not None:
+                after_round()
+            timing.done(r + 1)
+            if steady is not None and r + 1 >= min(MIN_ROUNDS, rounds) and steady(times):
+                break
+        return times
 
 
 def _each_steady(times: list[list[float]]) -> bool:
     """Every model's rounds spread by at most ``STEADY_SPREAD`` of its median step."""
     return all((relative_spread(t, t) or 0.0) <= STEADY_SPREAD for t in times)
-
 
 
 def tokens_per_round(cfg: Config, steps: int) -> int:

@@ -106,8 +106,7 @@ def on_device(model: nn.Module, batch: Any, device: torch.device) -> tuple[Tenso
 SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's precisions with a gradient scaler
 
 
-def adam(params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0,
-         precision: str = "32-true") -> torch.optim.Adam:
+def adam(params: Iterable[nn.Parameter], lr: float, precision: str = "32-true") -> torch.optim.Adam:
     """Adam, with torch's fused kernel (one pass over each parameter) where it may run.
 
     Not under fp16 mixed precision: its gradient scaler must unscale the gradients before they are clipped,
@@ -116,7 +115,7 @@ def adam(params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0,
     params = list(params)
     fused = str(precision) not in SCALED_PRECISIONS and all(
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+    return torch.optim.Adam(params, lr=lr, fused=fused or None)
 
 
 def showing_progress_bar(trainer: Any) -> bool:

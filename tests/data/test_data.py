@@ -16,7 +16,7 @@ from conftest import WT2, needs_wt2
 
 import parnas.data.tokenizer
 from parnas.config import DataConfig
-from parnas.data.corpora import DATASETS, ContextBatches, DatasetSpec, load_splits, resolve_corpus, unigram_perplexity
+from parnas.data.corpora import DATASETS, ContextBatches, DatasetSpec, load_splits, resolve_corpus
 from parnas.data.tokenizer import file_digest
 from parnas.errors import DataError, ParnasError
 
@@ -121,13 +121,6 @@ def test_batching_rejects_impossible_settings(kwargs, match):
 def test_evaluation_accepts_a_split_shorter_than_one_segment():
     ds = ContextBatches(np.arange(100, dtype=np.int32), batch_size=4, seg_len=30, drop_last=False)
     assert len(ds) == 1 and ds[0][0].shape == (4, 24) and ds.tail_tokens == 4
-
-
-def test_unigram_perplexity():
-    assert unigram_perplexity(np.array([0, 1, 2, 3] * 5), 10) == pytest.approx(4.0)
-    assert unigram_perplexity(np.zeros(7, dtype=np.int32), 3) == pytest.approx(1.0)
-    with pytest.raises(DataError):
-        unigram_perplexity(np.array([5]), 3)
 
 
 # --- corpus resolution ----------------------------------------------------------------------------

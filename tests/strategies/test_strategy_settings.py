@@ -80,11 +80,11 @@ def test_a_strategy_registered_in_code_declares_its_own_settings(budgeted):
     cfg = load_config("tiny", ["search.strategy=budgeted", "search.budgeted.draws=5"])
     assert cfg.search.settings == Budgeted(5) and from_dict(Config, cfg.to_dict()) == cfg
     assert load_config("tiny", ["search.strategy=budgeted"]).search.settings == Budgeted()
-    assert load_config("tiny", ["search.budgeted.draws=900"]).search.settings_of("budgeted").draws == 900  # unused
     for sets, needle in ((["search.budgeted.draws=0"], "search.budgeted.draws must be >= 1, got 0"),
                          (["search.budgeted.drawz=1"], "unknown config key search.budgeted.drawz"),
                          (["search.strategy=budgeted", "search.budgeted.draws=900"],
-                          "search.budgeted.draws (900) exceeds train.max_steps")):
+                          "search.budgeted.draws (900) exceeds train.max_steps"),
+                         (["search.budgeted.draws=9"], "but this search runs par-gumbel-darts")):
         with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
             load_config("tiny", sets)
 
