@@ -150,9 +150,9 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     ``--space`` as given (``all``: ``every_network``; a count: ``census``)."""
     if space is not None:
         every_network, census = parse_space(space)
-    for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
-                               ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
-                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1), ("--space", census, 1)):
+    for name, value, least in (("--seeds", seeds, 1), ("--steps", search_steps, 1), ("--steps", retrain_steps, 1),
+                               ("--random-orderings", random_orderings, 0), ("--rounds", rounds, 1),
+                               ("--seeds", retrain_seeds, 1), ("--space", census, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
@@ -255,7 +255,7 @@ def check_same_settings(plan: Plan) -> None:
     new = settings_record(plan)
     for key in ("search_steps", "retrain_steps"):
         if old.get(key) != new[key]:
-            raise ParnasError(f"{plan.out} was studied with --{key.replace('_', '-')} {old.get(key)}, now "
+            raise ParnasError(f"{plan.out} was studied with {key.replace('_', ' ')} {old.get(key)} (--steps), now "
                               f"{new[key]}; use another --out")
     # a setting newer than the first run counts as its default (what the code that ran it did)
     was, now = _flatten(Config().to_dict()) | old.get("settings", {}), new["settings"]

@@ -16,7 +16,7 @@ The space grows as k^n (k kinds that run, n blocks), so this is for small spaces
 sample spans the cheap and the costly ends of the space alike, retrained and judged by the same verdicts,
 which then say it is a sample of N of the space's networks. The best of many retrained perplexities is
 biased low by seed noise (the minimum of noisy values), so its margin is judged against its own seed
-spread: use ``--retrain-seeds`` 2 or more.
+spread: use ``--seeds S,K`` with K 2 or more.
 """
 
 from __future__ import annotations

@@ -268,7 +268,7 @@ def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrai
     (["--candidates", "attention,dense", "--candidates", "attention, dense"], "a set twice"),
     (["--candidates", "attention,warp_drive"], "warp_drive"),
     (["--candidates", "attention,dense", "--set", "search.candidates=[attention,identity]"], "--candidates alone"),
-    (["--retrain-seeds", "0"], "--retrain-seeds must be >= 1"),
+    (["--seeds", "2,0"], "--seeds takes whole numbers >= 1"), (["--steps", "5,x"], "--steps takes whole numbers"),
     (["--widths", "33"], "divisible by model.n_heads"), (["--widths", "16,33"], "divisible by model.n_heads"),
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
@@ -369,8 +369,8 @@ def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(mi
     out = tmp_path / "strategies"
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2"]
     code = main(["strategies", "par-gumbel-darts,random-oneshot,random", "--config", "tiny",
-                 *(a for s in sets for a in ("--set", s)), "--seeds", "1", "--search-steps", "4", "--trials", "2",
-                 "--retrain-steps", "2", "--out", str(out)])
+                 *(a for s in sets for a in ("--set", s)), "--seeds", "1", "--steps", "4,2", "--trials", "2",
+                 "--out", str(out)])
     printed = "".join(capfd.readouterr())  # the searches run in processes of their own
     if "search stops there" in printed or "was stopped" in printed:
         pytest.fail(STALLED + printed[-3000:])
