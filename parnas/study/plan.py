@@ -144,12 +144,10 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
               rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None, every_network: bool = False, census: int | None = None,
-              space: str | None = None) -> Plan:
+              widths: str | None = None, space: str | None = None) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing. ``space``:
     ``--space`` as given (``all``: ``every_network``; a count: ``census``)."""
-    if space is not None:
-        every_network, census = parse_space(space)
+    every_network, census = parse_space(space)
     for name, value, least in (("--seeds", seeds, 1), ("--steps", search_steps, 1), ("--steps", retrain_steps, 1),
                                ("--random-orderings", random_orderings, 0), ("--rounds", rounds, 1),
                                ("--seeds", retrain_seeds, 1), ("--space", census, 1)):
@@ -200,8 +198,11 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     return config_with_settings(plan.base, settings)
 
 
-def parse_space(text: str) -> tuple[bool, int | None]:
-    """``--space``: ``all`` (every network of the space) or N (a census of N networks), as (every_network, census)."""
+def parse_space(text: str | None) -> tuple[bool, int | None]:
+    """``--space``: ``all`` (every network of the space) or N (a census of N networks), as (every_network, census);
+    None: neither."""
+    if text is None:
+        return False, None
     if text.strip().lower() == "all":
         return True, None
     try:
