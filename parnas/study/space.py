@@ -38,7 +38,6 @@ EVERY = "every network of the space"  # how the verdicts name the networks retra
 Row = Mapping[str, Any]
 
 
-
 class SpacePlan(Protocol):
     """What the space reads of a study's plan (:class:`parnas.study.plan.Plan`, which imports this module)."""
 
@@ -79,8 +78,6 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
 
 def check_space(plan: SpacePlan) -> None:
     """Refuses a space too large to retrain whole (``--space all``) or a census it cannot give."""
-    if plan.every_network and plan.census:
-        raise ConfigError("--space is all or a number of networks, not both")
     if plan.census and len(plan.candidate_sets) > 1:
         raise ConfigError("--space N samples one search space: give at most one --candidates set")
     if plan.census:
