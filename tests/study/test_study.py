@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parnas import architecture
-from parnas.cli import main
+from parnas.cli import build_parser, main
 from parnas.config import load_config
 from parnas.config import transformer_xl_layout as transformer_xl
 from parnas.nn.model import blocks_run as network
@@ -286,6 +286,17 @@ def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("parnas study: error:") and message in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("given, seeds, steps", [
+    ([], (3, 1), (None, None)), (["--seeds", "2,3", "--steps", "600"], (2, 3), (600, 600)),
+    (["--steps", "900,600"], (3, 1), (900, 600)), (["--steps", ",600"], (3, 1), (None, 600)),
+    (["--steps", "900,"], (3, 1), (900, None)),
+])
+def test_seeds_and_steps_give_the_searches_and_the_retrains_as_one_pair(given, seeds, steps):
+    """One number of --steps is both lengths; an empty side keeps the config's train.max_steps (None)."""
+    args = build_parser().parse_args(["study", *given])
+    assert args.seeds == seeds and args.steps == steps
 
 
 def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no_random_comparison():
