@@ -26,9 +26,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     # the study's searches and retrains inherit the choice
     use_threads(plan.base.model.d_model, plan.base.data.step_tokens, plan.base.train.threads)
     study = run_study(plan, log=lambda line: print(line, flush=True))
-    print()
-    for line in study["verdicts"]:
-        print(line)
+    print("", *study["verdicts"], sep="\n")
     return 0
 
 
@@ -49,9 +47,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     study = run_strategy_study(args.config, args.set, strategies, seeds, Path(args.out), search_steps=steps[0],
                                retrain_steps=steps[1], trials=args.trials, retrain_seeds=retrain_seeds,
                                log=lambda line: print(line, flush=True))
-    print()
-    for line in study["verdicts"]:
-        print(line)
+    print("", *study["verdicts"], sep="\n")
     return 0
 
 
