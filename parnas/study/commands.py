@@ -161,7 +161,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="training steps of each search (a one-shot strategy's supernet steps, shared by a "
                         "multi-trial one's trials) and train.max_steps of each retrain, or S and R apart; an empty "
                         "side keeps the config's train.max_steps")
-    p.add_argument("--trials", type=int, default=4, metavar="N", help="trials of a multi-trial strategy")
+    p.add_argument("--trials", type=lambda text: _count(text, "--trials"), default=4, metavar="N",
+                   help="trials of a multi-trial strategy")
     p.add_argument("--out", default="runs/strategies", help="study folder; a rerun skips finished work")
 
     about = "Build, score against or extend a ranking table of a search space (benchmarks/spaces/)."

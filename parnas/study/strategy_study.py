@@ -70,11 +70,8 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
                        out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int = 1,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Search with every strategy and seed, retrain what they found, and write the comparison. The study holds
-    ``out`` (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes."""
-    for name, value in (("--seeds", seeds), ("--steps", search_steps), ("--steps", retrain_steps),
-                        ("--trials", trials), ("--seeds", retrain_seeds)):
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+    ``out`` (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes; the
+    counts are >= 1 as the command's argument types give them."""
     for strategy in strategies:  # every config checked, and what its strategy refuses refused, before anything runs
         cfg = load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
         strategy_registry.get(strategy).check_config(cfg, False)
