@@ -95,7 +95,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     memory, printed as it comes. Ctrl-C stops it: the text so far stays on stdout, one line on stderr says how far
     it got (exit 130)."""
     import signal
-    import sys
     from pathlib import Path
 
     from parnas.errors import Interrupted

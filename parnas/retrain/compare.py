@@ -20,7 +20,7 @@ import csv
 import io
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,10 +215,10 @@ def markdown(table: list[dict[str, Any]], timing: dict[str, Any] | None = None, 
     return "\n".join(lines) + "\n"
 
 
-def to_csv(table: list[dict[str, Any]]) -> str:
+def to_csv(table: Sequence[Mapping[str, Any]], keys: Sequence[str] = CSV_KEYS) -> str:
+    """The rows' ``keys`` as CSV, an empty cell for None (``parnas compare``'s table and a study's)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_KEYS)
-    for row in table:
-        writer.writerow(["" if row[key] is None else row[key] for key in CSV_KEYS])
+    writer.writerow(keys)
+    writer.writerows(["" if row[key] is None else row[key] for key in keys] for row in table)
     return out.getvalue()

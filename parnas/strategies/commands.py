@@ -1,4 +1,4 @@
-"""``parnas search`` and ``parnas export`` (registered by parnas.cli)."""
+"""``parnas search``, ``latency``, ``export`` and ``launch`` (registered by parnas.cli)."""
 
 from __future__ import annotations
 
@@ -75,8 +75,6 @@ def cmd_latency(args: argparse.Namespace) -> int:
     cache is off. Pass it to a search on any machine with --set search.latency_table=PATH: the
     search is then priced on this machine's device (e.g. time on the GPU, search on a laptop).
     """
-    from pathlib import Path
-
     from parnas.config import TARGET_LABELS, load_config
     from parnas.errors import ParnasError
     from parnas.files import check_file_folder, write_json_atomic

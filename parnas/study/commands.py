@@ -18,16 +18,15 @@ def cmd_study(args: argparse.Namespace) -> int:
     from parnas.study.run import run_study
     from parnas.threads import use_threads
 
-    plan = make_plan(args.config, args.set, args.seeds, args.budgets, args.out, search_steps=args.search_steps,
-                     retrain_steps=args.retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
-                     candidates=args.candidates or (), retrain_seeds=args.retrain_seeds, widths=args.widths,
+    (seeds, retrain_seeds), (search_steps, retrain_steps) = args.seeds, args.steps
+    plan = make_plan(args.config, args.set, seeds, args.budgets, args.out, search_steps=search_steps,
+                     retrain_steps=retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
+                     candidates=args.candidates or (), retrain_seeds=retrain_seeds, widths=args.widths,
                      space=args.space)
     # the study's searches and retrains inherit the choice
     use_threads(plan.base.model.d_model, plan.base.data.step_tokens, plan.base.train.threads)
     study = run_study(plan, log=lambda line: print(line, flush=True))
-    print()
-    for line in study["verdicts"]:
-        print(line)
+    print("", *study["verdicts"], sep="\n")
     return 0
 
 
@@ -44,12 +43,11 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     strategies = parse_strategies(args.strategies)
     cfg = load_config(args.config, args.set)
     use_threads(cfg.model.d_model, cfg.data.step_tokens, cfg.train.threads, cfg.train.devices)  # its searches' too
-    study = run_strategy_study(args.config, args.set, strategies, args.seeds, Path(args.out),
-                               search_steps=args.search_steps, retrain_steps=args.retrain_steps, trials=args.trials,
-                               retrain_seeds=args.retrain_seeds, log=lambda line: print(line, flush=True))
-    print()
-    for line in study["verdicts"]:
-        print(line)
+    (seeds, retrain_seeds), steps = args.seeds, [n or cfg.train.max_steps for n in args.steps]
+    study = run_strategy_study(args.config, args.set, strategies, seeds, Path(args.out), search_steps=steps[0],
+                               retrain_steps=steps[1], trials=args.trials, retrain_seeds=retrain_seeds,
+                               log=lambda line: print(line, flush=True))
+    print("", *study["verdicts"], sep="\n")
     return 0
 
 
@@ -96,6 +94,28 @@ def cmd_table_add_seeds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str, flag: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{flag} takes whole numbers >= 1, not {text!r}")
+    return int(text)
+
+
+def seeds_pair(text: str) -> tuple[int, int]:
+    """``--seeds S[,K]``: S searches (train.seed 0..S-1) and K retrains of every layout they lead to (default 1;
+    train.seed, +1, ...). Searches and retrains are said as one pair, as ``--steps`` says their lengths."""
+    search, _, retrain = text.partition(",")
+    return _count(search, "--seeds"), _count(retrain or "1", "--seeds")
+
+
+def steps_pair(text: str) -> tuple[int | None, int | None]:
+    """``--steps N`` (every search and retrain trains N steps) or ``--steps S,R``; an empty side (``--steps ,600``)
+    keeps the config's ``train.max_steps``."""
+    search, comma, retrain = text.partition(",")
+    if not comma:
+        retrain = search
+    return (_count(search, "--steps") if search else None), (_count(retrain, "--steps") if retrain else None)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args
@@ -103,21 +123,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "study", cmd_study,
                     "parnas study --config wt2-cpu --seeds 2 --budgets 0.65 --out runs/study")
     add_config_args(p)
-    p.add_argument("--seeds", type=int, default=3, help="searches per budget, with train.seed 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=seeds_pair, default="3", metavar="S[,K]",
+                   help="S searches per budget, with train.seed 0..S-1, and K retrains of every layout (train.seed, "
+                        "+1, ...): the verdicts then weigh differences against the seed spread (default 3,1)")
     p.add_argument("--budgets", default="0.65,none", metavar="B,B",
                    help="latency budgets, fractions in (0, 1] of Transformer-XL's step time, or none "
                         "(default 0.65,none)")
     p.add_argument("--out", default="runs/study", help="study directory; a rerun skips finished work (runs/study)")
-    p.add_argument("--search-steps", type=int, default=None, metavar="N",
-                   help="train.max_steps of each search (default: the config's)")
-    p.add_argument("--retrain-steps", type=int, default=None, metavar="N",
-                   help="train.max_steps of each retrain (default: the config's)")
+    p.add_argument("--steps", type=steps_pair, default=",", metavar="N|S,R",
+                   help="train.max_steps of each search and retrain, or S of each search and R of each retrain; an "
+                        "empty side keeps the config's (default: the config's)")
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
-    p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
-                   help="retrain every layout K times (train.seed, +1, ...): the verdicts then weigh differences "
-                        "against the seed spread (default 1)")
     p.add_argument("--widths", default=None, metavar="D,D,...",
                    help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
                         "found models are judged against, beside the shallower ones (each must divide by the "
@@ -136,15 +154,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_config_args(p)
     p.add_argument("strategies", metavar="S,S,...",
                    help=f"two or more registered strategies ({', '.join(strategy_registry.names())})")
-    p.add_argument("--seeds", type=int, default=3, help="searches per strategy, with train.seed 0..N-1")
-    p.add_argument("--search-steps", type=int, default=600, metavar="N",
-                   help="training steps of each search: a one-shot strategy's supernet steps, shared by a multi-trial "
-                        "one's trials")
-    p.add_argument("--trials", type=int, default=4, metavar="N", help="trials of a multi-trial strategy")
-    p.add_argument("--retrain-steps", type=int, default=600, metavar="N", help="train.max_steps of each retrain")
-    p.add_argument("--retrain-seeds", type=int, default=1, metavar="K",
-                   help="retrain every found layout K times (train.seed, +1, ...): the verdict weighs differences "
-                        "against the seed spread")
+    p.add_argument("--seeds", type=seeds_pair, default="3", metavar="S[,K]",
+                   help="S searches per strategy, with train.seed 0..S-1, and K retrains of every found layout "
+                        "(train.seed, +1, ...): the verdict weighs differences against the seed spread (default 3,1)")
+    p.add_argument("--steps", type=steps_pair, default="600", metavar="N|S,R",
+                   help="training steps of each search (a one-shot strategy's supernet steps, shared by a "
+                        "multi-trial one's trials) and train.max_steps of each retrain, or S and R apart; an empty "
+                        "side keeps the config's train.max_steps")
+    p.add_argument("--trials", type=lambda text: _count(text, "--trials"), default=4, metavar="N",
+                   help="trials of a multi-trial strategy")
     p.add_argument("--out", default="runs/strategies", help="study folder; a rerun skips finished work")
 
     about = "Build, score against or extend a ranking table of a search space (benchmarks/spaces/)."

@@ -122,7 +122,7 @@ def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:
             f"{scaled} Transformer-XL front at that cost ({gap:+.1f}%)")
     spread = combined_spread(ppl_spread, front_spread)
     if spread is None:
-        return f"{head}; one retrain of each: no seed spread to judge by (use --retrain-seeds 3)"
+        return f"{head}; one retrain of each: no seed spread to judge by (use --seeds S,3)"
     if abs(ppl - front_ppl) <= spread:
         return f"{head}: on the front, not distinguishable (within the seed spread ±{spread:.2f})"
     return f"{head}: {'below the front (better)' if ppl < front_ppl else 'above the front (worse)'} beyond the seed " \

@@ -144,15 +144,13 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
               rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None, every_network: bool = False, census: int | None = None,
-              space: str | None = None) -> Plan:
+              widths: str | None = None, space: str | None = None) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing. ``space``:
     ``--space`` as given (``all``: ``every_network``; a count: ``census``)."""
-    if space is not None:
-        every_network, census = parse_space(space)
-    for name, value, least in (("--seeds", seeds, 1), ("--search-steps", search_steps, 1),
-                               ("--retrain-steps", retrain_steps, 1), ("--random-orderings", random_orderings, 0),
-                               ("--rounds", rounds, 1), ("--retrain-seeds", retrain_seeds, 1), ("--space", census, 1)):
+    every_network, census = parse_space(space)
+    for name, value, least in (("--seeds", seeds, 1), ("--steps", search_steps, 1), ("--steps", retrain_steps, 1),
+                               ("--random-orderings", random_orderings, 0), ("--rounds", rounds, 1),
+                               ("--seeds", retrain_seeds, 1), ("--space", census, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
@@ -200,8 +198,11 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     return config_with_settings(plan.base, settings)
 
 
-def parse_space(text: str) -> tuple[bool, int | None]:
-    """``--space``: ``all`` (every network of the space) or N (a census of N networks), as (every_network, census)."""
+def parse_space(text: str | None) -> tuple[bool, int | None]:
+    """``--space``: ``all`` (every network of the space) or N (a census of N networks), as (every_network, census);
+    None: neither."""
+    if text is None:
+        return False, None
     if text.strip().lower() == "all":
         return True, None
     try:
@@ -255,7 +256,7 @@ def check_same_settings(plan: Plan) -> None:
     new = settings_record(plan)
     for key in ("search_steps", "retrain_steps"):
         if old.get(key) != new[key]:
-            raise ParnasError(f"{plan.out} was studied with --{key.replace('_', '-')} {old.get(key)}, now "
+            raise ParnasError(f"{plan.out} was studied with {key.replace('_', ' ')} {old.get(key)} (--steps), now "
                               f"{new[key]}; use another --out")
     # a setting newer than the first run counts as its default (what the code that ran it did)
     was, now = _flatten(Config().to_dict()) | old.get("settings", {}), new["settings"]

@@ -7,8 +7,6 @@ retrains' own throughput (those ran at different times, under different load).
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from parnas.config import TARGET_LABELS
 from parnas.files import write_json_atomic, write_text_atomic
 from parnas.kinds import attending
 from parnas.nn.model import blocks_run
-from parnas.retrain.compare import cell
+from parnas.retrain.compare import cell, to_csv
 from parnas.study.verdicts import costs_label, summarise, target_label, verdicts
 
 COLUMNS = [  # (key, header, format)
@@ -138,14 +136,6 @@ def study_markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequen
     return "\n".join(out)
 
 
-def study_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_KEYS)
-    writer.writerows(["" if r[k] is None else r[k] for k in CSV_KEYS] for r in rows)
-    return buffer.getvalue()
-
-
 def study_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     """Validation perplexity against the measured latency target, one style per role, Pareto front ringed."""
     from parnas.report.pareto import pareto_front
@@ -217,7 +207,7 @@ def write_report(plan: Any, rows: list[dict[str, Any]], timing: Mapping[str, Any
              "clamp_len": plan.base.model.clamp_len, "rows": rows, "summary": summary,
              "ranking": dict(ranking or {}), **({"census": dict(census)} if census else {}), "verdicts": lines}
     write_text_atomic(out / "study.md", study_markdown(plan, rows, summary, lines, timing))
-    write_text_atomic(out / "study.csv", study_csv(rows))
+    write_text_atomic(out / "study.csv", to_csv(rows, CSV_KEYS))
     costs_from = (timing.get("priced_by") or {}).get("device") or timing["device"]
     save_figure(study_figure(rows, f"parnas study ({plan.config or 'defaults'}, costs on {costs_from})"),
                 out / "study.png")

@@ -16,7 +16,7 @@ The space grows as k^n (k kinds that run, n blocks), so this is for small spaces
 sample spans the cheap and the costly ends of the space alike, retrained and judged by the same verdicts,
 which then say it is a sample of N of the space's networks. The best of many retrained perplexities is
 biased low by seed noise (the minimum of noisy values), so its margin is judged against its own seed
-spread: use ``--retrain-seeds`` 2 or more.
+spread: use ``--seeds S,K`` with K 2 or more.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ MAX_NETWORKS = 1000
 MAX_COUNTS = 1_000_000  # a census prices each way to count the kinds of a network; at most this many
 EVERY = "every network of the space"  # how the verdicts name the networks retrained, without a census
 Row = Mapping[str, Any]
-
 
 
 class SpacePlan(Protocol):
@@ -79,8 +78,6 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
 
 def check_space(plan: SpacePlan) -> None:
     """Refuses a space too large to retrain whole (``--space all``) or a census it cannot give."""
-    if plan.every_network and plan.census:
-        raise ConfigError("--space is all or a number of networks, not both")
     if plan.census and len(plan.candidate_sets) > 1:
         raise ConfigError("--space N samples one search space: give at most one --candidates set")
     if plan.census:

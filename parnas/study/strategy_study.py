@@ -1,11 +1,11 @@
 """``parnas strategies``: PAR's Gumbel-DARTS against NNI's own strategies, at an equal search budget.
 
 Every strategy searches the same space with the same config and seeds, and the same number of training
-steps: a one-shot strategy trains its supernet for ``--search-steps``; a multi-trial one runs ``--trials``
-trials of ``search_steps // trials`` steps each (so its trials together take as many steps). No latency
-budget is set (NNI's strategies do not price latency); each found architecture's predicted cost comes from
-the same latency table. Then every distinct found architecture is retrained from scratch (``--retrain-seeds``
-times, ``--retrain-steps``), and ``strategies.md`` / ``strategies.json`` give per strategy the architectures,
+steps: a one-shot strategy trains its supernet for the search steps (S of ``--steps S,R``); a multi-trial one
+runs ``--trials`` trials of ``search_steps // trials`` steps each (so its trials together take as many steps).
+No latency budget is set (NNI's strategies do not price latency); each found architecture's predicted cost comes from
+the same latency table. Then every distinct found architecture is retrained from scratch (``--seeds S,K``: K
+times, R steps), and ``strategies.md`` / ``strategies.json`` give per strategy the architectures,
 their cost ratio, the retrained validation perplexity (mean ± spread over search seeds) and the search's wall
 time, with a verdict: does PAR's strategy find a better model than NNI's built-ins at that budget?
 Searches go to ``<out>/search/<strategy>-s<seed>``, retrains to ``<out>/retrain/<LAYOUT>[-s<k>]``; a rerun
@@ -70,11 +70,8 @@ def run_strategy_study(config: str | None, overrides: Sequence[str], strategies:
                        out: Path, *, search_steps: int, retrain_steps: int, trials: int, retrain_seeds: int = 1,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Search with every strategy and seed, retrain what they found, and write the comparison. The study holds
-    ``out`` (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes."""
-    for name, value in (("--seeds", seeds), ("--search-steps", search_steps), ("--retrain-steps", retrain_steps),
-                        ("--trials", trials), ("--retrain-seeds", retrain_seeds)):
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+    ``out`` (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes; the
+    counts are >= 1 as the command's argument types give them."""
     for strategy in strategies:  # every config checked, and what its strategy refuses refused, before anything runs
         cfg = load_config(config, [*overrides, *search_settings(strategy, 0, search_steps, trials, out)])
         strategy_registry.get(strategy).check_config(cfg, False)

@@ -364,10 +364,9 @@ def rebuild_command(study: Mapping[str, Any], path: Path, latency_table: str | P
                         f"--out {shlex.quote(latency[-1])} --refresh"])] if latency else []
     budgets = ",".join(str(b) for b in study.get("budgets") or ["none"])
     parts = ["parnas study", *config, *(f"--set {shlex.quote(o)}" for o in overrides),
-             f"--seeds {study.get('seeds') or 1} --budgets {budgets}",
-             *([f"--search-steps {study['search_steps']}"] if study.get("search_steps") else []),
-             *([f"--retrain-steps {study['retrain_steps']}"] if study.get("retrain_steps") else []),
-             f"--retrain-seeds {study.get('retrain_seeds') or 1}",
+             f"--seeds {study.get('seeds') or 1},{study.get('retrain_seeds') or 1} --budgets {budgets}",
+             *([f"--steps {study.get('search_steps') or ''},{study.get('retrain_steps') or ''}"]
+               if study.get("search_steps") or study.get("retrain_steps") else []),
              f"--random-orderings {study.get('random_orderings', 3)}",
              *([f"--space {census['networks']}"] if census else
                ["--space all"] if any(r.get("role") == "space" for r in study.get("rows") or []) else []),

@@ -221,7 +221,7 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"^parnas table add-seeds ", Skip("adds the line above's wt2-cpu retrain to the shipped table, in place; "
                                          "tests/study/test_table.py adds runs to a table and refuses the ones it "
                                          "cannot take")),
-    (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"))),
+    (r"^parnas study --config tiny ", Run(extra=("--seeds", "1", "--steps", "2"))),
     (r"^parnas study ", Skip(HOURS)),
     (r"^parnas strategies ", Skip("searches with four strategies, 3 seeds each (many minutes); "
                                   "tests/study/test_study.py compares three at tiny scale")),

@@ -243,7 +243,7 @@ def test_a_cache_folder_this_user_may_not_write_is_one_line(capsys, tmp_path, mo
 def test_an_output_path_under_a_file_or_too_long_is_one_line(capsys, tmp_path, out, said):
     (tmp_path / "file").write_text("x")
     code, _, err = cli(capsys, "study", "--config", "tiny", "--out", tmp_path / out, "--seeds", "1",
-                       "--search-steps", "2", "--retrain-steps", "2")
+                       "--steps", "2")
     assert_refused(code, err, said, str(tmp_path / out)[:100])
     code, _, err = cli(capsys, "train", "--config", "tiny", "--set", f"train.out_dir={tmp_path / out}")
     assert_refused(code, err, said, str(tmp_path / out)[:100])
@@ -257,7 +257,7 @@ def test_an_output_path_under_a_file_or_too_long_is_one_line(capsys, tmp_path, o
 def test_a_study_whose_searches_would_be_refused_is_refused_before_it_writes(capsys, tmp_path, setting, said):
     """What its first search would refuse, a study refuses at the top: not after its folder and settings exist."""
     code, out, err = cli(capsys, "study", "--config", "tiny", "--set", setting, "--out", tmp_path / "study",
-                         "--seeds", "1", "--search-steps", "2", "--retrain-steps", "2")
+                         "--seeds", "1", "--steps", "2")
     assert_refused(code, err, said)
     assert "threads:" not in out and list(tmp_path.iterdir()) == []
 

@@ -8,7 +8,7 @@ def study_args(corpus, out, *extra):
     settings = [f"data.path={corpus}", "data.vocab_size=300", "model.cutoffs=[100,200]", "data.eval_batch_size=32",
                 "train.eval_every=1000", "train.warmup_steps=3", "search.log_every=5"]
     return ["study", "--config", "tiny", *[a for s in settings for a in ("--set", s)], "--seeds", str(SEEDS),
-            "--budgets", "none", "--out", str(out), "--search-steps", "12", "--retrain-steps", "10",
+            "--budgets", "none", "--out", str(out), "--steps", "12,10",
             "--random-orderings", str(RANDOM), "--rounds", "2", *extra]
 
 

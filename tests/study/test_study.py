@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parnas import architecture
-from parnas.cli import main
+from parnas.cli import build_parser, main
 from parnas.config import load_config
 from parnas.config import transformer_xl_layout as transformer_xl
 from parnas.nn.model import blocks_run as network
@@ -268,7 +268,7 @@ def test_a_studys_final_pick_judges_its_finalists_at_the_length_the_study_retrai
     (["--candidates", "attention,dense", "--candidates", "attention, dense"], "a set twice"),
     (["--candidates", "attention,warp_drive"], "warp_drive"),
     (["--candidates", "attention,dense", "--set", "search.candidates=[attention,identity]"], "--candidates alone"),
-    (["--retrain-seeds", "0"], "--retrain-seeds must be >= 1"),
+    (["--seeds", "2,0"], "--seeds takes whole numbers >= 1"), (["--steps", "5,x"], "--steps takes whole numbers"),
     (["--widths", "33"], "divisible by model.n_heads"), (["--widths", "16,33"], "divisible by model.n_heads"),
     (["--widths", "wide"], "--widths takes d_model values"), (["--widths", "32"], "model.d_model itself"),
     (["--widths", "0"], "model.d_model must be > 0"),
@@ -286,6 +286,17 @@ def test_bad_arguments_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("parnas study: error:") and message in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("given, seeds, steps", [
+    ([], (3, 1), (None, None)), (["--seeds", "2,3", "--steps", "600"], (2, 3), (600, 600)),
+    (["--steps", "900,600"], (3, 1), (900, 600)), (["--steps", ",600"], (3, 1), (None, 600)),
+    (["--steps", "900,"], (3, 1), (900, None)),
+])
+def test_seeds_and_steps_give_the_searches_and_the_retrains_as_one_pair(given, seeds, steps):
+    """One number of --steps is both lengths; an empty side keeps the config's train.max_steps (None)."""
+    args = build_parser().parse_args(["study", *given])
+    assert args.seeds == seeds and args.steps == steps
 
 
 def test_verdicts_of_one_seed_without_random_orderings_claim_no_agreement_and_no_random_comparison():
@@ -369,8 +380,8 @@ def test_strategies_are_compared_at_an_equal_budget_and_their_finds_retrained(mi
     out = tmp_path / "strategies"
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.n_blocks=2"]
     code = main(["strategies", "par-gumbel-darts,random-oneshot,random", "--config", "tiny",
-                 *(a for s in sets for a in ("--set", s)), "--seeds", "1", "--search-steps", "4", "--trials", "2",
-                 "--retrain-steps", "2", "--out", str(out)])
+                 *(a for s in sets for a in ("--set", s)), "--seeds", "1", "--steps", "4,2", "--trials", "2",
+                 "--out", str(out)])
     printed = "".join(capfd.readouterr())  # the searches run in processes of their own
     if "search stops there" in printed or "was stopped" in printed:
         pytest.fail(STALLED + printed[-3000:])

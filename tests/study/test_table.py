@@ -144,8 +144,8 @@ def test_a_study_converts_to_a_table_of_its_layouts_at_the_searches_depth(tmp_pa
     assert table.noise_ceiling == pytest.approx(1.0)
     assert table.config["vocab"] == VOCAB and table.config["retrain_steps"] == 600
     # the study's own searches chose its found layouts: the rebuild repeats them, not one unbudgeted search
-    assert table.rebuild.startswith("parnas study --config wt2-cpu --seeds 3 --budgets 0.6 --retrain-steps 600 "
-                                    "--retrain-seeds 2 --random-orderings 0 --space all")
+    assert table.rebuild.startswith("parnas study --config wt2-cpu --seeds 3,2 --budgets 0.6 --steps ,600 "
+                                    "--random-orderings 0 --space all")
     assert len(table.commit) == 40 or table.commit == "unknown"
 
 
@@ -193,7 +193,7 @@ def test_the_rebuild_commands_time_the_latency_table_the_study_was_priced_by_fir
     # the latency table gets the settings that change what it prices (threads too), not the search's own
     assert latency == ("parnas latency --config wt2-cpu --set model.n_heads=4 --set search.candidates=planer "
                        "--set train.threads=1 --out runs/p.json --refresh")
-    assert study_command.endswith("--seeds 3 --budgets 0.6 --retrain-steps 600 --retrain-seeds 3 "
+    assert study_command.endswith("--seeds 3,3 --budgets 0.6 --steps ,600 "
                                   "--random-orderings 0 --space 60 --out runs/planer")
     assert convert == "parnas table build runs/planer/study.json --table TABLE.json"
 

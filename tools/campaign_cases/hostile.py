@@ -282,7 +282,7 @@ def cache_cases() -> list[Case]:
 
 
 def output_cases() -> list[Case]:
-    study = ["study", *TINY, "--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"]
+    study = ["study", *TINY, "--seeds", "1", "--steps", "2"]
     file = {"f": "a file"}
     return [
         refused("output: study --out under a file", [*study, "--out", "{in}/f/x"], "{in}/f", files=file,

@@ -189,7 +189,7 @@ def file_cases() -> list[Case]:
 
 
 def command_cases() -> list[Case]:
-    study = ["study", *TINY, "--out", "{out}", "--seeds", "1", "--search-steps", "2", "--retrain-steps", "2"]
+    study = ["study", *TINY, "--out", "{out}", "--seeds", "1", "--steps", "2"]
     ckpt = ["{in}/last.ckpt"]
     return [
         refused("search: an empty strategy", search() + ["--strategy", ""], "names no strategy", quick=True),
