@@ -256,3 +256,17 @@ def test_a_seed_the_table_cannot_take_is_refused_in_one_line_and_nothing_is_writ
     assert message in refusal(capsys.readouterr().err) and path.read_text() == before
     assert main(["table", "add-seeds", str(tmp_path), "--table", str(path)]) == 2
     assert "is not a finished `parnas train` run" in refusal(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("recorded, differs", [
+    ({"pre_norm": False, "share_weights": [], "attention_half": {"fraction": 0.5}, "dense_double": {"ratio": 2.0}},
+     []),
+    ({"pre_norm": True}, ["model.pre_norm True (table) vs None (run)"]),
+    ({"attention_half": {"fraction": 0.25}}, ["model.attention_half.fraction 0.25 (table) vs None (run)"]),
+])
+def test_a_table_recorded_before_a_setting_was_removed_matches_only_at_the_value_now_fixed(recorded, differs):
+    from parnas.study.table import model_differences
+
+    cfg = load_config("wt2-cpu", ["search.candidates=planer", "model.n_heads=4"])
+    table_model = {**cfg.model.to_dict(), **recorded}
+    assert model_differences(table_model, cfg, cfg.search.candidates) == differs
