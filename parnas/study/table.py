@@ -36,17 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from parnas import kinds, reading
-from parnas.block_shares import SHARES
 from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ConfigError
 
 FORMAT, VERSION = "parnas.ranking-table", 1
 # model settings that change no evaluation of a layout: a supernet searched with them may differ from the table's
 EVALUATION_NEUTRAL = ("n_blocks", "blocks", "dropout", "dropatt", "reversible", "attention_kernel")
-# model settings removed since a table could record them (parnas.old_keys), at the value today's model fixes: a
-# table recorded at that value describes today's model, at another value another model
-RETIRED = {"pre_norm": False, "share_weights": [],
-           **{f"{kind}.{'fraction' if of == 'n_heads' else 'ratio'}": share for kind, (of, share) in SHARES.items()}}
 
 
 @dataclass(frozen=True)
@@ -225,8 +220,7 @@ def check_same_model(table: RankingTable, cfg: Config, vocab: Mapping[str, Any],
 
 def model_differences(recorded: Mapping[str, Any], cfg: Config, candidates: Sequence[str]) -> list[str]:
     """``model.<key> <table's> (table) vs <run's> (run)`` for each setting that changes a layout's evaluation (the
-    memories included); a setting newer than the table counts as its default there, one removed since
-    (:data:`RETIRED`) as the value the model now fixes."""
+    memories included); a setting newer than the table counts as its default there."""
     from parnas.config import ModelConfig
 
     def flat(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,8 +234,7 @@ def model_differences(recorded: Mapping[str, Any], cfg: Config, candidates: Sequ
                 out[key] = list(value) if isinstance(value, (tuple, list)) else value
         return out
 
-    table = {k: v for k, v in flat({**ModelConfig().to_dict(), **recorded}).items()
-             if k not in RETIRED or RETIRED[k] != v}
+    table = flat({**ModelConfig().to_dict(), **recorded})
     run = flat(cfg.model.to_dict())
     return [f"model.{k} {table.get(k)!r} (table) vs {run.get(k)!r} (run)" for k in sorted(set(table) | set(run))
             if table.get(k) != run.get(k)]
