@@ -6,17 +6,18 @@
 What it does: ``nnictl create`` on a free port (the trials import the ``parnas`` this Python finds,
 so run it from a checkout with ``PYTHONPATH=$PWD`` to try that checkout's code), then it waits for
 every trial to end, printing each one's status as it changes. Headless Chromium photographs the
-"Trials detail" page twice: ``trials-running.png`` once the first intermediate result has
-arrived (the "Default metric" column reads "(LATEST)") and ``trials-done.png`` at the end with
-the columns the README tells a user to choose (the trial, its status and default metric, the architecture and
-its latency ratio), at 1,280 x 800 pixels unless ``--window`` says otherwise; beside it ``trials-done.json``
-holds what that picture shows of the table, one mapping per trial's row from each column to its text, of the cells
-wholly in the window (:data:`ROWS`). The experiment is stopped
-(``nnictl stop``) in every case, and the wall time from ``nnictl create`` to the last trial's end is printed.
+"Trials detail" page, scrolled down to its trials table as a user scrolls (:data:`TO_TABLE`), twice:
+``trials-running.png`` once the first intermediate result has arrived (the "Default metric" column reads
+"(LATEST)") and ``trials-done.png`` at the end, both with the columns the README tells a user to choose (the trial,
+its status and default metric, the architecture and its latency ratio), at 1,280 x 800 pixels unless ``--window``
+says otherwise; beside each, ``trials-running.json`` and ``trials-done.json`` hold what the picture shows of the
+table, one mapping per trial's row from each column to its text, of the cells wholly in the window (:data:`ROWS`).
+The experiment is stopped (``nnictl stop``) in every case, and the wall time from ``nnictl create`` to the last
+trial's end is printed.
 
 The web UI keeps its chosen columns in the browser's localStorage (``<experiment id>_columns``);
 the script writes that entry through Chromium's DevTools protocol (the ``websockets`` package,
-which NNI itself depends on) before the second picture, as clicking "Add/Remove columns" would.
+which NNI itself depends on) before each picture, as clicking "Add/Remove columns" would.
 Pictures are written outside git's view (``runs/`` is ignored). Needs ``chromium`` on PATH
 (Debian: ``apt-get install chromium``).
 """
@@ -56,6 +57,11 @@ ROWS = """JSON.stringify(Array.from(document.querySelectorAll('[data-automationi
     const r = cell.getBoundingClientRect();
     return r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth && r.bottom <= window.innerHeight;
   }).map(cell => [cell.getAttribute('data-automation-key'), cell.innerText.trim()]))))"""
+# The page opens on a chart of the default metric, with the trials table below the fold of an 800-px window; a
+# user scrolls down to the table's "Trial jobs" title, and so does the picture.
+TO_TABLE = """(Array.from(document.querySelectorAll('*')).find(e => e.childElementCount === 0 &&
+  e.textContent.trim() === 'Trial jobs') || document.querySelector('[data-automationid="DetailsList"]'))
+  ?.scrollIntoView({block: 'start'})"""
 
 
 def free_port() -> int:
@@ -121,6 +127,8 @@ class Browser:
                                                               f"{json.dumps(value)})")
                 await call("Page.reload")
                 await asyncio.sleep(settle)
+            await call("Runtime.evaluate", expression=TO_TABLE)
+            await asyncio.sleep(1.0)
             shot = await call("Page.captureScreenshot", format="png")
             rows = await call("Runtime.evaluate", expression=ROWS, returnByValue=True)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +177,8 @@ def main() -> int:
                     seen[job["trialJobId"]] = job["status"]
                     print(f"{time.time() - start:6.0f} s  trial {job['trialJobId']} {job['status']}", flush=True)
             if not shot_running and any(j["status"] == "RUNNING" for j in jobs) and rest(port, "metric-data"):
-                browser.shoot(url, out / "trials-running.png")
+                rows = browser.shoot(url, out / "trials-running.png", columns_entry(experiment))
+                (out / "trials-running.json").write_text(json.dumps(rows, indent=1) + "\n")
                 shot_running = True
                 print(f"{time.time() - start:6.0f} s  wrote {out / 'trials-running.png'}", flush=True)
             if len(jobs) >= info["params"]["maxTrialNumber"] and all(j["status"] in ENDED for j in jobs):
