@@ -7,7 +7,7 @@ What it does: ``nnictl create`` on a free port (the trials import the ``parnas``
 so run it from a checkout with ``PYTHONPATH=$PWD`` to try that checkout's code), then it waits for
 every trial to end, printing each one's status as it changes. Headless Chromium photographs the
 "Trials detail" page, scrolled down to its trials table as a user scrolls (:data:`TO_TABLE`), twice:
-``trials-running.png`` once the first intermediate result has arrived (the "Default metric" column reads
+``trials-running.png`` once a running trial's first intermediate result has arrived (the "Default metric" column reads
 "(LATEST)") and ``trials-done.png`` at the end, both with the columns the README tells a user to choose (the trial,
 its status and default metric, the architecture and its latency ratio), at 1,280 x 800 pixels unless ``--window``
 says otherwise; beside each, ``trials-running.json`` and ``trials-done.json`` hold what the picture shows of the
@@ -176,7 +176,8 @@ def main() -> int:
                 if seen.get(job["trialJobId"]) != job["status"]:
                     seen[job["trialJobId"]] = job["status"]
                     print(f"{time.time() - start:6.0f} s  trial {job['trialJobId']} {job['status']}", flush=True)
-            if not shot_running and any(j["status"] == "RUNNING" for j in jobs) and rest(port, "metric-data"):
+            running = {j["trialJobId"] for j in jobs if j["status"] == "RUNNING"}
+            if not shot_running and running & {m["trialJobId"] for m in rest(port, "metric-data")}:
                 rows = browser.shoot(url, out / "trials-running.png", columns_entry(experiment))
                 (out / "trials-running.json").write_text(json.dumps(rows, indent=1) + "\n")
                 shot_running = True
