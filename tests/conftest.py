@@ -85,6 +85,18 @@ def wt2_slice(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wt2_short_eval(wt2_slice, tmp_path_factory) -> Path:
+    """The WikiText-2 slice's training text (its tokenizers are the slice's) with 40-line validation and test
+    splits: a run's evaluations take a fraction of a second. For runs that tests only read."""
+    folder = tmp_path_factory.mktemp("wt2-short-eval")
+    (folder / "train.txt").write_text((wt2_slice / "train.txt").read_text())
+    for split in ("valid", "test"):
+        lines = (wt2_slice / f"{split}.txt").read_text().splitlines(keepends=True)
+        (folder / f"{split}.txt").write_text("".join(lines[:40]))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def micro(wt2_slice, tmp_path_factory) -> Path:
     """A few kB of WikiText-2, read byte by byte (char tokenizer): runs of a few steps take seconds."""
     folder = tmp_path_factory.mktemp("micro")

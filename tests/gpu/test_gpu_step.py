@@ -162,6 +162,7 @@ def test_the_fair_supernet_takes_the_searchs_fair_step(gpu_step, gpu_shapes, mon
     assert timed.kinds == ["fair"] * 12 and flops["fair"] == flops["choice"] + 2 * one_output
 
 
+@pytest.mark.slow  # builds three full-size wt2-par supernets
 def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_it(gpu_step, gpu_shapes, monkeypatch):
     """--compile MODE --compile-supernet: after the compiled Transformer-XL, the mixed and the fair supernet compiled
     in MODE, as ``train.compile`` compiles them in a search (built on the CPU, ``.cuda()`` made a no-op; not
