@@ -183,6 +183,7 @@ def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_
     assert "forward" not in vars(plain)
 
 
+@pytest.mark.slow  # builds full-size wt2-par models
 def test_eager_loss_adds_the_compiled_transformer_xl_whose_targets_are_not_padded(gpu_step, gpu_shapes, monkeypatch):
     """--compile MODE --eager-loss: beside the compiled Transformer-XL, whose training targets are padded to its
     capacities (its loss compiled), the same compiled model without capacities (its loss eager, as before the loss
