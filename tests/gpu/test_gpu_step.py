@@ -201,6 +201,7 @@ def test_eager_loss_adds_the_compiled_transformer_xl_whose_targets_are_not_padde
     assert all("forward" in vars(net) for net in built.values())  # compile_model routes the forward in place
 
 
+@pytest.mark.slow  # profiles training steps
 def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most(benchmark_script):
     """What ``--profile`` prints for a model, here for a tiny Transformer-XL's training step on the CPU (where the
     busy time is the aten ops' own): the wall and busy time a step, busy within wall, then the top ops by their

@@ -68,7 +68,8 @@ def uninterrupted(micro, tmp_path_factory):
     return whole, out
 
 
-@pytest.mark.parametrize("step", [7, 8, 12])
+@pytest.mark.parametrize("step", [pytest.param(7, marks=pytest.mark.slow), 8,
+                                  pytest.param(12, marks=pytest.mark.slow)])  # 8, validation in flight: fast
 def test_a_signal_saves_the_step_in_flight_and_the_resumed_run_is_the_uninterrupted_one(micro, uninterrupted,
                                                                                           tmp_path, step):
     """Step 7 does not validate (saved at its end), step 8 does (its validation stopped and run again on
