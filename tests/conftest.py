@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 
+# Inductor compiles a graph's kernels in a pool of one process per core, each loading torch first: for the
+# tests' tiny graphs on a 2-core machine it costs more than it saves. Read when torch._inductor.config is first
+# imported, so set here.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
 needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
 
