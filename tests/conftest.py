@@ -144,26 +144,20 @@ def benchmark_script():
 
 
 @pytest.fixture
-def micro_corpus(wt2_slice, tmp_path):
-    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
-    folder = tmp_path / "micro"
-    folder.mkdir()
-    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
-        text = (wt2_slice / f"{split}.txt").read_text()[:size]
-        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
-    return folder
+def micro_corpus(micro, tmp_path):
+    """``micro`` in a folder of the test's own, which the test may change: a pass over its streams takes only a
+    few dozen steps."""
+    import shutil
+
+    return shutil.copytree(micro, tmp_path / "micro")
 
 
 @pytest.fixture
-def small_corpus(wt2_slice, tmp_path):
-    """The WikiText-2 slice's training text with short validation and test splits: evaluation stays quick."""
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    (folder / "train.txt").write_text((wt2_slice / "train.txt").read_text())
-    for split in ("valid", "test"):
-        lines = (wt2_slice / f"{split}.txt").read_text().splitlines(keepends=True)
-        (folder / f"{split}.txt").write_text("".join(lines[:40]))
-    return folder
+def small_corpus(wt2_short_eval, tmp_path):
+    """``wt2_short_eval`` in a folder of the test's own, which the test may change."""
+    import shutil
+
+    return shutil.copytree(wt2_short_eval, tmp_path / "corpus")
 
 
 @pytest.fixture
