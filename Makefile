@@ -27,7 +27,7 @@ install: $(VENV)/.installed
 test: install
 	$(PY) -m pytest -q --durations=10
 
-# The edit-test loop: the tests not marked slow (under a minute on a 2-core CPU).
+# The edit-test loop: the tests not marked slow (about a minute on a 2-core CPU).
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" --durations=5
 

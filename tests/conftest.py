@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 
+# Inductor compiles a graph's kernels in a pool of one process per core, each loading torch first: for the
+# tests' tiny graphs on a 2-core machine it costs more than it saves. Read when torch._inductor.config is first
+# imported, so set here.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 WT2 = Path(os.environ.get("PARNAS_DATA_DIR") or "/nonexistent") / "wikitext-2"
 needs_wt2 = pytest.mark.skipif(not (WT2 / "train.txt").is_file(), reason="WikiText-2 not found under PARNAS_DATA_DIR")
 
@@ -85,6 +90,18 @@ def wt2_slice(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wt2_short_eval(wt2_slice, tmp_path_factory) -> Path:
+    """The WikiText-2 slice's training text (its tokenizers are the slice's) with 40-line validation and test
+    splits: a run's evaluations take a fraction of a second. For runs that tests only read."""
+    folder = tmp_path_factory.mktemp("wt2-short-eval")
+    (folder / "train.txt").write_text((wt2_slice / "train.txt").read_text())
+    for split in ("valid", "test"):
+        lines = (wt2_slice / f"{split}.txt").read_text().splitlines(keepends=True)
+        (folder / f"{split}.txt").write_text("".join(lines[:40]))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def micro(wt2_slice, tmp_path_factory) -> Path:
     """A few kB of WikiText-2, read byte by byte (char tokenizer): runs of a few steps take seconds."""
     folder = tmp_path_factory.mktemp("micro")
@@ -127,26 +144,20 @@ def benchmark_script():
 
 
 @pytest.fixture
-def micro_corpus(wt2_slice, tmp_path):
-    """A few kB of WikiText-2, read byte by byte: a pass over its streams takes only a few dozen steps."""
-    folder = tmp_path / "micro"
-    folder.mkdir()
-    for split, size in (("train", 12_000), ("valid", 3_000), ("test", 3_000)):
-        text = (wt2_slice / f"{split}.txt").read_text()[:size]
-        (folder / f"{split}.txt").write_text(text[:text.rindex("\n") + 1])
-    return folder
+def micro_corpus(micro, tmp_path):
+    """``micro`` in a folder of the test's own, which the test may change: a pass over its streams takes only a
+    few dozen steps."""
+    import shutil
+
+    return shutil.copytree(micro, tmp_path / "micro")
 
 
 @pytest.fixture
-def small_corpus(wt2_slice, tmp_path):
-    """The WikiText-2 slice's training text with short validation and test splits: evaluation stays quick."""
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    (folder / "train.txt").write_text((wt2_slice / "train.txt").read_text())
-    for split in ("valid", "test"):
-        lines = (wt2_slice / f"{split}.txt").read_text().splitlines(keepends=True)
-        (folder / f"{split}.txt").write_text("".join(lines[:40]))
-    return folder
+def small_corpus(wt2_short_eval, tmp_path):
+    """``wt2_short_eval`` in a folder of the test's own, which the test may change."""
+    import shutil
+
+    return shutil.copytree(wt2_short_eval, tmp_path / "corpus")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ classes of one name (a reader cannot tell from a call which is meant), and a loo
 as a string."""
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -35,10 +36,16 @@ SHARED_INTERFACES = {
 }
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once for all the checks here (they only read it)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def modules(packages):
     for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
-            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), str(path))
+            yield path.relative_to(ROOT).as_posix(), parsed(path)
 
 
 def own_names(tree: ast.Module) -> set[str]:
@@ -116,7 +123,7 @@ def module_imports(name: str) -> set[str]:
     """The ``parnas`` modules that module ``name`` imports when it loads: its top-level imports, not those under
     ``if TYPE_CHECKING`` or inside functions."""
     found = set()
-    for node in ast.parse(source_of(name).read_text()).body:
+    for node in parsed(source_of(name)).body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("parnas"):
             found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
         elif isinstance(node, ast.Import):

@@ -109,16 +109,29 @@ def test_argument_mistakes_are_one_line_pointing_at_help(capsys, args, needle):
     assert_refused(code, err, needle, "--help")
 
 
-@pytest.mark.parametrize("args", [["evaluate", "nowhere"], ["generate", "nowhere/last.ckpt"],
-                                  ["compare", "runs-that-are-not-there"], ["evaluate", "."]])
-def test_a_wrong_run_or_checkpoint_is_refused_before_torch_loads(args):
+def test_a_wrong_run_or_checkpoint_is_refused_before_torch_loads():
     """evaluate, generate and compare take a run folder or a checkpoint; a wrong one is one line, exit 2, from
-    the argument parser: torch (seconds to import) is never loaded."""
-    probe = ("import sys; from parnas.cli import main; code = main(sys.argv[1:]); "
-             "assert 'torch' not in sys.modules, 'torch loaded'; sys.exit(code)")
-    run = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-    assert "run folder" in run.stderr or "finished run" in run.stderr
+    the argument parser: torch (seconds to import) is never loaded. One process tries them all."""
+    wrong = [["evaluate", "nowhere"], ["generate", "nowhere/last.ckpt"], ["compare", "runs-that-are-not-there"],
+             ["evaluate", "."]]
+    probe = ("import contextlib, io, json, sys; from parnas.cli import main\n"
+             "said = []\n"
+             "for args in json.loads(sys.argv[1]):\n"
+             "    err = io.StringIO()\n"
+             "    with contextlib.redirect_stderr(err):\n"
+             "        try:\n"
+             "            code = main(args)\n"
+             "        except SystemExit as exit:\n"
+             "            code = exit.code\n"
+             "    said.append([code, err.getvalue()])\n"
+             "print(json.dumps([said, 'torch' in sys.modules]))")
+    run = subprocess.run([sys.executable, "-c", probe, json.dumps(wrong)], capture_output=True, text=True,
+                         timeout=60)
+    said, torch_loaded = json.loads(run.stdout)
+    assert not torch_loaded, run.stderr
+    for args, (code, err) in zip(wrong, said, strict=True):
+        assert code == 2 and len(err.strip().splitlines()) == 1, (args, err)
+        assert "run folder" in err or "finished run" in err, (args, err)
 
 
 def test_library_checks_sampling_and_devices():

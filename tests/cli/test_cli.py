@@ -42,8 +42,8 @@ def test_cutoffs_not_below_the_vocabulary(capsys, tmp_path, wt2_slice):
     assert_one_line(code, err, "cutoffs", "300")
 
 
-def test_vocabulary_larger_than_the_corpus_allows(capsys, tmp_path, wt2_slice):
-    code, err = run(capsys, "--config", "tiny", "--set", f"data.path={wt2_slice}", "--set", "data.vocab_size=90000",
+def test_vocabulary_larger_than_the_corpus_allows(capsys, tmp_path, micro):
+    code, err = run(capsys, "--config", "tiny", "--set", f"data.path={micro}", "--set", "data.vocab_size=90000",
                     "--set", "model.cutoffs=[]", "--set", f"train.out_dir={tmp_path}/run")
     assert_one_line(code, err, "vocab")
 

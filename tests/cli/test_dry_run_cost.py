@@ -81,6 +81,7 @@ def test_a_search_planned_for_a_gpu_is_priced_by_its_table_on_the_cpu(capsys, mo
 
 
 
+@pytest.mark.slow  # a fresh Python process that loads torch
 def test_a_search_dry_run_priced_by_a_latency_table_loads_neither_lightning_nor_nni(tmp_path):
     """A dry run is a quick look before a run: pricing a search by its latency table and checking its budget reads
     the table, and never loads the training stack (Lightning and NNI take most of a dry run's time to import)."""

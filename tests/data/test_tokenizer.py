@@ -237,7 +237,7 @@ def test_training_a_tokenizer_on_a_large_corpus_says_so_first_and_a_cached_one_s
     import parnas.data.tokenizer as tokenizer
 
     monkeypatch.setattr(tokenizer, "SAY_TRAINING_OVER", 0)  # the test's corpus stands in for a large one
-    corpus = write_corpus(tmp_path / "c", text_slice(1000))
+    corpus = write_corpus(tmp_path / "c", text_slice(300))
     cfg = DataConfig(tokenizer="sentencepiece", vocab_size=200)
     build_tokenizer(cfg, corpus, tmp_path / "cache")
     (line,) = capsys.readouterr().err.strip().splitlines()

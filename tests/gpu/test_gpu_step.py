@@ -162,6 +162,7 @@ def test_the_fair_supernet_takes_the_searchs_fair_step(gpu_step, gpu_shapes, mon
     assert timed.kinds == ["fair"] * 12 and flops["fair"] == flops["choice"] + 2 * one_output
 
 
+@pytest.mark.slow  # builds three full-size wt2-par supernets
 def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_it(gpu_step, gpu_shapes, monkeypatch):
     """--compile MODE --compile-supernet: after the compiled Transformer-XL, the mixed and the fair supernet compiled
     in MODE, as ``train.compile`` compiles them in a search (built on the CPU, ``.cuda()`` made a no-op; not
@@ -182,6 +183,7 @@ def test_compile_supernet_adds_the_mixed_supernet_compiled_as_a_search_compiles_
     assert "forward" not in vars(plain)
 
 
+@pytest.mark.slow  # builds full-size wt2-par models
 def test_eager_loss_adds_the_compiled_transformer_xl_whose_targets_are_not_padded(gpu_step, gpu_shapes, monkeypatch):
     """--compile MODE --eager-loss: beside the compiled Transformer-XL, whose training targets are padded to its
     capacities (its loss compiled), the same compiled model without capacities (its loss eager, as before the loss
@@ -199,6 +201,7 @@ def test_eager_loss_adds_the_compiled_transformer_xl_whose_targets_are_not_padde
     assert all("forward" in vars(net) for net in built.values())  # compile_model routes the forward in place
 
 
+@pytest.mark.slow  # profiles training steps
 def test_a_profiled_step_says_how_busy_it_kept_its_device_and_what_took_the_most(benchmark_script):
     """What ``--profile`` prints for a model, here for a tiny Transformer-XL's training step on the CPU (where the
     busy time is the aten ops' own): the wall and busy time a step, busy within wall, then the top ops by their

@@ -95,6 +95,7 @@ def test_each_ut_block_reports_its_own_steps(run_layout):
     assert model.block_metrics["act/steps"].item() == pytest.approx(sum(per_block.values()) / 2, rel=1e-6)
 
 
+@pytest.mark.slow  # a search and its figure
 def test_a_search_with_ut_logs_its_steps_per_block_and_the_figure_shows_them(tmp_path):
     from parnas.report.history import load_history
     from parnas.report.plots import architecture_figure

@@ -81,6 +81,7 @@ def test_lsh_settings_that_cannot_work_are_refused(settings, needle):
         load_config("tiny", ["model.blocks=[lsh, dense, attention, dense]", *settings])
 
 
+@pytest.mark.slow  # times a latency table of four kinds
 def test_lsh_is_a_search_candidate_and_has_a_latency():
     from parnas.training.latency import measure_table
 

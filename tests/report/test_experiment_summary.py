@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from parnas.report.experiment_summary import summary_block
 from parnas.report.experiments import experiment_trials
@@ -160,6 +161,7 @@ def test_the_final_metric_and_the_export_table_carry_the_picks_retrained_perplex
     assert "53.10" in table(rows) and "ADII 54.20" in table(rows)
 
 
+@pytest.mark.slow  # renders every figure of a run
 def test_the_pictures_show_the_export_apart_from_what_the_supernet_preferred_and_no_unread_tau(tmp_path):
     from test_plots import write_run
 

@@ -116,13 +116,14 @@ def test_the_validation_a_search_judges_by_keeps_the_evaluation_memory(monkeypat
 
 
 @pytest.fixture(scope="module")
-def checkpoint(wt2_slice, tmp_path_factory):
+def checkpoint(wt2_short_eval, tmp_path_factory):
     """A tiny retrain with an evaluation memory of 40 states (training keeps 16)."""
     run = tmp_path_factory.mktemp("evalmem") / "run"
     with pytest.MonkeyPatch.context() as mp:  # module scope: set the private cache ourselves
         mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
-        retrain("transformer-xl", "tiny", [f"data.path={wt2_slice}", "data.vocab_size=300", "model.cutoffs=[100, 200]",
-                                           "train.max_steps=4", "train.eval_every=4", "model.eval_mem_len=40",
+        retrain("transformer-xl", "tiny", [f"data.path={wt2_short_eval}", "data.vocab_size=300",
+                                           "model.cutoffs=[100, 200]", "train.max_steps=4", "train.eval_every=4",
+                                           "model.eval_mem_len=40",
                                            f"train.out_dir={run}"])
     return run
 

@@ -14,12 +14,13 @@ PROMPT = "The game was released in"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(wt2_slice, tmp_path_factory):
+def checkpoint(wt2_short_eval, tmp_path_factory):
     out = tmp_path_factory.mktemp("gen") / "run"
     with pytest.MonkeyPatch.context() as mp:  # module scope: set the private cache ourselves
         mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
-        retrain("transformer-xl", "tiny", [f"data.path={wt2_slice}", "data.vocab_size=300", "model.cutoffs=[100, 200]",
-                                           "train.max_steps=60", "train.eval_every=60", f"train.out_dir={out}"])
+        retrain("transformer-xl", "tiny", [f"data.path={wt2_short_eval}", "data.vocab_size=300",
+                                           "model.cutoffs=[100, 200]", "train.max_steps=60", "train.eval_every=60",
+                                           f"train.out_dir={out}"])
     return out / "checkpoints" / "last.ckpt"
 
 

@@ -43,17 +43,17 @@ def settings(corpus, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def trained(wt2_slice, tmp_path_factory):
+def trained(wt2_short_eval, tmp_path_factory):
     """One short retrain of AADI (shared by the evaluate/compare tests) and of the transformer-xl baseline."""
     root = tmp_path_factory.mktemp("retrained")
     with pytest.MonkeyPatch.context() as mp:  # module scope: set the private cache ourselves
         mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
         arch = write_arch(root / "aadi.json", record_for("AADI"))
-        overrides = [f"data.path={wt2_slice}", *SMALL, "train.max_steps=8", "train.eval_every=4",
+        overrides = [f"data.path={wt2_short_eval}", *SMALL, "train.max_steps=8", "train.eval_every=4",
                      "train.ckpt_every=5"]
         found = retrain(arch, "tiny", [*overrides, f"train.out_dir={root / 'aadi'}"])
         baseline = retrain("transformer-xl", "tiny", [*overrides, f"train.out_dir={root / 'txl'}"])
-        yield {"root": root, "found": found, "baseline": baseline, "corpus": wt2_slice}
+        yield {"root": root, "found": found, "baseline": baseline, "corpus": wt2_short_eval}
 
 
 # --- the model is what the JSON lists ---------------------------------------------------------------

@@ -367,7 +367,7 @@ def test_resume_continues_an_interrupted_search(tmp_path, wt2_slice):
     assert [line["step"] for line in lines if "val_ppl" in line] == [10, 20]
 
 
-@pytest.mark.parametrize("forward", ["gumbel", "sampled", pytest.param("fair", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("forward", ["gumbel", *(pytest.param(f, marks=pytest.mark.slow) for f in ("sampled", "fair"))])
 def test_a_killed_search_resumes_to_the_same_logits_architecture_and_history(tmp_path, forward):
     """Stopped at step 10 (checkpoint taken at an evaluation) and resumed to 20 == 20 steps straight through;
     also when each step runs only the candidates sampled (the same draws after the resume), and strictly fair

@@ -32,6 +32,7 @@ def toy():
     strategy_registry.unregister("toy-supernet")
 
 
+@pytest.mark.slow  # a search and its final pick
 def test_a_strategy_declaring_a_supernet_gets_the_final_pick_and_the_export(toy, micro, tmp_path):
     sets = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "train.max_steps=3",
             "search.penalty_cost=flops", "search.toy-supernet.select.k=1", "search.toy-supernet.select.steps=[2]",

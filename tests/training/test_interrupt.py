@@ -53,14 +53,29 @@ class SignalAt(pl.Callback):
             os.kill(os.getpid(), self.signum)
 
 
-@pytest.mark.parametrize("step", [7, 8, 12])
-def test_a_signal_saves_the_step_in_flight_and_the_resumed_run_is_the_uninterrupted_one(micro, tmp_path, step):
+def interrupted_settings(micro) -> list[str]:
+    return [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.dropout=0.1",
+            "train.max_steps=12", "train.eval_every=4", "train.ckpt_every=100", "train.warmup_steps=3"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(micro, tmp_path_factory):
+    """The run the interrupted ones must equal, trained once for all of them."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "whole"
+    with pytest.MonkeyPatch.context() as mp:  # module scope: set the private cache ourselves
+        mp.setenv("PARNAS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "parnas-cache"))
+        whole = retrain("transformer-xl", "tiny", [*interrupted_settings(micro), f"train.out_dir={out}"])
+    return whole, out
+
+
+@pytest.mark.parametrize("step", [pytest.param(7, marks=pytest.mark.slow), 8,
+                                  pytest.param(12, marks=pytest.mark.slow)])  # 8, validation in flight: fast
+def test_a_signal_saves_the_step_in_flight_and_the_resumed_run_is_the_uninterrupted_one(micro, uninterrupted,
+                                                                                          tmp_path, step):
     """Step 7 does not validate (saved at its end), step 8 does (its validation stopped and run again on
     resuming), the last step 12 does (saved after its validation, which a resumed run would not run again)."""
-    common = [f"data.path={micro}", "data.tokenizer=char", "model.cutoffs=[20, 40]", "model.dropout=0.1",
-              "train.max_steps=12", "train.eval_every=4", "train.ckpt_every=100", "train.warmup_steps=3"]
-    whole = retrain("transformer-xl", "tiny", [*common, f"train.out_dir={tmp_path / 'whole'}"])
-    split = [*common, f"train.out_dir={tmp_path / 'split'}"]
+    whole, whole_dir = uninterrupted
+    split = [*interrupted_settings(micro), f"train.out_dir={tmp_path / 'split'}"]
     handlers = [signal.getsignal(s) for s in SIGNALS]
     with pytest.raises(Interrupted) as stopped:
         retrain("transformer-xl", "tiny", split, callbacks=[SignalAt(step, signal.SIGTERM)])
@@ -70,7 +85,7 @@ def test_a_signal_saves_the_step_in_flight_and_the_resumed_run_is_the_uninterrup
     assert stopped.value.checkpoint == str(last) and ckpt.load(last)["global_step"] == step
     assert not (tmp_path / "split" / "metrics.json").exists()  # not written as if finished
     resumed = retrain("transformer-xl", "tiny", split, resume=True)
-    same_weights(tmp_path / "whole" / "checkpoints" / "last.ckpt", last)
+    same_weights(whole_dir / "checkpoints" / "last.ckpt", last)
     assert resumed["val_ppl"] == whole["val_ppl"] and resumed["test_ppl"] == whole["test_ppl"]
     assert [h["step"] for h in whole["history"]] == [4, 8, 12]
     assert resumed["history"] == whole["history"]  # the validation at step 8 neither lost nor repeated

@@ -46,6 +46,7 @@ def timed(micro, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # a search
 def test_a_search_priced_by_another_devices_table_records_that_device(micro, timed, tmp_path, capsys):
     run = tmp_path / "run"
     code, out, err = cli(capsys, "search", *micro_sets(micro, f"search.latency_table={timed}",

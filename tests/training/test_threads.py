@@ -105,6 +105,7 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads():
     assert "train.threads must be >= 0" in done.stderr
 
 
+@pytest.mark.slow  # a run with two threads: seconds of waiting for a core on a busy machine
 def test_a_run_says_first_how_many_threads_it_uses_and_uses_them(micro, tmp_path, capsys, monkeypatch):
     import torch
 
