@@ -1,4 +1,4 @@
-# parnas: `make search` is the main job (search.yaml: about 5 minutes on a 2-core CPU, progress shown), `make test` runs the
+# parnas: `make search` is the main job (search.yaml: about 4 minutes on a 2-core CPU, progress shown), `make test` runs the
 # tests (`make test-fast`: the quick ones). All create .venv when absent.
 PYTHON ?= python3
 VENV   := .venv
