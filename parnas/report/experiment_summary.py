@@ -3,10 +3,11 @@ its final pick retrained it to against the guard, whether the guard won, where i
 retrains that compare the best find with Transformer-XL.
 
 Plain records in, text out (no torch). A trial's numbers are its place in start order
-(:func:`parnas.report.experiments.experiment_trials`), as the progress lines said them. The best trial is the one
-whose export retrained to the lowest perplexity in its pick (the supernet-weight perplexity where no pick ran).
+(:func:`parnas.report.experiments.experiment_trials`), as the progress lines said them. The best trial
+(:func:`best_outcome`) is a found layout its pick confirmed where there is one, for the README's retrains to compare
+a found network with Transformer-XL.
 When that export is Transformer-XL itself, comparing it with Transformer-XL would compare a network with itself:
-the block says so and offers the cheapest layout a pick confirmed instead.
+the block says so and offers the cheapest layout a trial exported instead.
 """
 
 from __future__ import annotations
@@ -45,19 +46,21 @@ def trial_outcome(number: int, trial: Trial) -> dict[str, Any] | None:
     if selection:
         entrants = {e.get("architecture"): e for e in selection.get("entrants") or [] if isinstance(e, dict)}
         winner, guard = entrants.get(selection.get("winner")), selection.get("guard") or {}
-        outcome["retrained_ppl"] = _seeds_mean(winner) if winner else None
+        outcome["retrained_ppl"] = pick_ppl(winner) if winner else None
         outcome["steps"] = (selection.get("steps") or [None])[-1]
         outcome["guard"] = guard.get("name") or (f"the shallower Transformer-XL {guard['architecture']}"
                                                  if guard.get("architecture") else None)
-        outcome["guard_ppl"] = _seeds_mean(entrants.get(guard.get("architecture"), {})) if guard else None
+        outcome["guard_ppl"] = pick_ppl(entrants.get(guard.get("architecture"), {})) if guard else None
         outcome["guard_won"] = selection.get("verdict") == "guard"
         outcome["picked_guard"] = bool(guard) and selection.get("winner") == guard.get("architecture")
         outcome["seeds"] = 1 + len((winner or {}).get("confirm_val_ppl") or [])
     return outcome
 
 
-def _seeds_mean(entrant: Mapping[str, Any]) -> float | None:
-    """An entrant's last-round perplexity, averaged with its confirming seeds' where they ran."""
+def pick_ppl(entrant: Mapping[str, Any]) -> float | None:
+    """An entrant's perplexity as its final pick judged it: the last round's, averaged with its confirming seeds'
+    where they ran (None where any is missing or not finite). Every place that shows a pick's retrained perplexity
+    (this summary, ``parnas export``'s table, NNI's final metric) shows this one, so they never disagree."""
     values = [*(entrant.get("val_ppl") or [])[-1:], *(entrant.get("confirm_val_ppl") or [])]
     if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
         return None
@@ -89,14 +92,20 @@ def _line(o: Mapping[str, Any]) -> str:
 
 
 def best_outcome(outcomes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The trial whose export retrained best in its pick (supernet-weight perplexity where none ran); earliest wins
-    ties."""
+    """The trial the README's retrains take: of the exports a final pick confirmed over their guard (found layouts,
+    not a shallower Transformer-XL), the one that retrained best; where no pick confirmed one, the trial whose export
+    retrained best (supernet-weight perplexity where none ran). Earliest wins ties."""
     def key(o: Mapping[str, Any]) -> tuple[float, float, int]:
         retrained, inherited = o["retrained_ppl"], o["supernet_weight_ppl"]
         return (retrained if retrained is not None else math.inf,
                 inherited if isinstance(inherited, (int, float)) else math.inf, o["number"])
 
-    return min(outcomes, key=key)
+    return min([o for o in outcomes if confirmed(o)] or outcomes, key=key)
+
+
+def confirmed(outcome: Mapping[str, Any]) -> bool:
+    """Whether the trial's final pick kept a found layout over the shallower Transformer-XL it was checked against."""
+    return outcome["guard"] is not None and outcome["guard_won"] is False and not outcome.get("picked_guard")
 
 
 def retrain_line(config: str | None, arch: str, out: str) -> str:
@@ -124,14 +133,17 @@ def summary_block(experiment: str, trials: Mapping[str, Trial], preset: str | No
         found = min(cheaper, key=lambda o: (o["cost_ratio"], o["number"])) if cheaper else None
         lines.append(f"best: trial {best['number']} exported Transformer-XL itself: retraining it beside "
                      "Transformer-XL would compare a network with itself"
-                     + (f"; the cheapest layout a pick confirmed instead: trial {found['number']}'s "
+                     + (f"; the cheapest layout a trial exported instead: trial {found['number']}'s "
                         f"{found['architecture']} ({found['cost_ratio']:.2f} x)" if found else
                         "; no trial exported a cheaper layout (give search.par-gumbel-darts.latency_budget a lower "
                         "value)"))
     else:
         found = best
+        why = ("the best of the layouts a pick confirmed over their guard" if confirmed(best) else
+               "no pick confirmed a found layout over its guard" if best["steps"] is not None else "no pick ran")
         lines.append(f"best: trial {best['number']}'s {best['architecture']} "
-                     f"({best['cost_ratio']:.2f} x Transformer-XL's cost), retrained {_ppl(best['retrained_ppl'])}")
+                     f"({best['cost_ratio']:.2f} x Transformer-XL's cost), retrained {_ppl(best['retrained_ppl'])}: "
+                     f"{why}")
     lines.append("next: retrain it and Transformer-XL as the README does, then compare them:")
     lines.append(f"  parnas export --experiment {experiment} --out found/")
     if found is not None:

@@ -18,6 +18,7 @@ from parnas import architecture
 from parnas.config import TARGET_LABELS
 from parnas.errors import ParnasError
 from parnas.files import copy_atomic, ensure_writable_dir, write_json_atomic
+from parnas.report.experiment_summary import pick_ppl
 from parnas.report.experiments import (
     FINISHED,
     LETTER_CODE,
@@ -53,8 +54,8 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
             "blocks": record["architecture"], "probabilities": record["probabilities"], "margins": margins,
             "undecided": [b for b, m in margins.items() if 0 <= m < UNDECIDED_MARGIN],
             "overruled": [b for b, m in margins.items() if m < 0],
-            "retrained_val_ppl": _last(winner.get("val_ppl")), "guard": guard.get("architecture"),
-            "guard_val_ppl": _last((entrants.get(guard.get("architecture")) or {}).get("val_ppl")),
+            "retrained_val_ppl": pick_ppl(winner), "guard": guard.get("architecture"),
+            "guard_val_ppl": pick_ppl(entrants.get(guard.get("architecture")) or {}),
             "guard_won": selection.get("verdict") == "guard" if selection else None,
             "latency": latency, "latency_ratio": (latency or {}).get("ratio"),
             "architecture_cost": search.get("architecture_cost"), "cost_unit": search.get("cost_unit"),
@@ -68,10 +69,6 @@ def exported_margin(probabilities: dict[str, float], exported: str) -> float:
         return margin(probabilities.values())
     others = [float(p) for k, p in probabilities.items() if k != exported]
     return float(probabilities[exported]) - max(others) if others else 1.0
-
-
-def _last(values: Any) -> float | None:
-    return values[-1] if isinstance(values, list) and values and isinstance(values[-1], (int, float)) else None
 
 
 def export_experiment(experiment_id: str, out: str | Path | None = None,
@@ -152,8 +149,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         "",
         "val ppl: validation perplexity of the exported architecture (supernet weights, not retrained); "
         "supernet: the supernet's (candidates mixed by softmax(alpha)); retrained: the exported architecture's after "
-        "the final pick's retrain from scratch (its last round); guard: the Transformer-XL it was checked against, "
-        "retrained alike",
+        "the final pick's retrain from scratch (its last round, averaged with its confirming seeds where they ran); "
+        "guard: the Transformer-XL it was checked against, retrained alike",
         f"architecture: {LETTER_CODE}",
         f"latency ratio: predicted {' or '.join(targets)} of the exported architecture / the standard "
         "Transformer-XL's at the "

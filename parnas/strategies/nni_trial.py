@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parnas.kinds import attending  # imports no torch
+from parnas.report.experiment_summary import pick_ppl
 
 if TYPE_CHECKING:  # a trial's parameters are read before torch loads
     from parnas.strategies.supernet_export import Evaluated
@@ -40,7 +41,8 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
     ``default`` is the exported architecture's own perplexity with the supernet's weights; beside it that
     architecture (one letter per block) and its predicted train step relative to Transformer-XL's (the cost ratio
     under ``search.penalty_cost=flops``). The final result adds, from the final pick's ``selection`` record, the
-    perplexity the export retrained to from scratch (``retrained_val_ppl``) and the guard's (``guard_val_ppl``),
+    perplexity the export retrained to from scratch (``retrained_val_ppl``) and the guard's (``guard_val_ppl``), as
+    the pick judged them (:func:`parnas.report.experiment_summary.pick_ppl`),
     named apart from the supernet-weight one. The web UI lists a dict's keys in this order (its trials table's
     optional columns, and the charts' choices), and shows the numbers as they are: rounded as in architecture.json."""
     ratio = latency["ratio"] if latency else result.cost_ratio
@@ -48,8 +50,9 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
     if selection:
         entrants = {e["architecture"]: e for e in selection["entrants"]}
         guard = selection.get("guard") or {}
-        picked = {"retrained_val_ppl": _last(entrants[selection["winner"]]["val_ppl"]),
-                  "guard": guard.get("architecture"), "guard_val_ppl": _last(guard.get("val_ppl")),
+        picked = {"retrained_val_ppl": pick_ppl(entrants[selection["winner"]]),
+                  "guard": guard.get("architecture"),
+                  "guard_val_ppl": pick_ppl(entrants.get(guard.get("architecture")) or guard),
                   "guard_won": selection["verdict"] == "guard"}
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
             "latency_ratio": None if ratio is None else round(ratio, 4), **picked,
@@ -57,10 +60,6 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
             "predicted_step_ms": latency["target_ms"] if latency else None,
             "latency_target": latency["target"] if latency else None,
             "latency_device": latency["device"] if latency else None}
-
-
-def _last(values: list[float | None] | None) -> float | None:
-    return values[-1] if values else None
 
 
 def report_to_nni(metric: dict[str, Any], final: bool = False) -> None:

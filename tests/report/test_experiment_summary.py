@@ -61,11 +61,10 @@ def test_the_summary_says_each_trials_export_its_pick_its_pictures_and_the_readm
 
 def test_a_best_export_that_is_transformer_xl_is_said_and_not_compared_with_itself(tmp_path):
     finished(tmp_path, "exp", "t1", "ADADAD", 1.0, winner_ppl=50.0, guard="ADADAD", guard_ppl=50.0, verdict="guard")
-    finished(tmp_path, "exp", "t2", "ADDDDD", 0.8, winner_ppl=52.0, guard="ADADII", guard_ppl=53.0,
-             verdict="search")
+    finished(tmp_path, "exp", "t2", "ADADII", 0.7, winner_ppl=53.0, guard="ADADII", guard_ppl=53.0, verdict="guard")
     text = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
     assert "(Transformer-XL itself)" in text and "the guard won: Transformer-XL retrained 50.00" in text
-    assert "would compare a network with itself; the cheapest layout a pick confirmed instead: trial 2's ADDDDD" in text
+    assert "would compare a network with itself; the cheapest layout a trial exported instead: trial 2's ADADII" in text
     assert "--arch found/t2.json" in text and "found/t1.json" not in text
 
 
@@ -159,6 +158,53 @@ def test_the_final_metric_and_the_export_table_carry_the_picks_retrained_perplex
     # the margins are the exported kinds': block_1 exported dense where the supernet preferred attention
     assert rows[0]["margins"]["block_1"] < 0 and rows[0]["overruled"] == ["block_1", "block_3"]
     assert "53.10" in table(rows) and "ADII 54.20" in table(rows)
+
+
+def test_the_readme_retrains_take_a_found_layout_a_pick_confirmed_over_a_guard_that_retrained_lower(tmp_path):
+    """A guard that won its pick is a shallower Transformer-XL: retraining it beside Transformer-XL compares no
+    found network, so a found layout that beat its own guard is the one the retrain lines take."""
+    started_in_order(tmp_path, "exp", ["g", "f"])
+    finished(tmp_path, "exp", "g", "ADADII", 0.72, winner_ppl=53.7, guard="ADADII", guard_ppl=53.7, verdict="guard")
+    finished(tmp_path, "exp", "f", "AIIDDI", 0.54, winner_ppl=54.2, guard="AIIIDI", guard_ppl=55.6, verdict="search")
+    text = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
+    assert "best: trial 2's AIIDDI (0.54 x Transformer-XL's cost), retrained 54.20: the best of the layouts a pick " \
+           "confirmed over their guard" in text, text
+    assert "--arch found/f.json" in text
+    (tmp_path / "exp" / "environments" / "local" / "trials" / "f" / "architecture.json").unlink()
+    text = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
+    assert "best: trial 1's ADADII (0.72 x Transformer-XL's cost), retrained 53.70: no pick confirmed" in text, text
+
+
+def test_the_summary_the_export_table_and_nnis_metric_give_one_perplexity_where_confirming_seeds_ran(tmp_path):
+    """The pick judges its winner and guard over the last round and the confirming seeds; every place that shows
+    their perplexities shows that mean, so the terminal's summary and `parnas export`'s table never disagree."""
+    from parnas.strategies.experiment_export import export_experiment, table
+    from parnas.strategies.nni_trial import nni_metric
+    from parnas.strategies.supernet_export import Evaluated
+
+    started_in_order(tmp_path, "exp", ["t1"])
+    run = finished(tmp_path, "exp", "t1", "ADAI", 0.7, winner_ppl=53.1, guard="ADII", guard_ppl=54.2,
+                   verdict="search")
+    from parnas.architecture import make_record
+    from parnas.config import load_config
+
+    record = json.loads((run / "architecture.json").read_text())
+    selection = record["search"]["selection"]
+    for entrant, confirmed in zip(selection["entrants"], ([54.1], [55.0])):
+        entrant["confirm_val_ppl"] = confirmed  # last rounds 53.1 and 54.2: means 53.6 and 54.6
+    probabilities = {f"block_{i}": {"attention": 0.8, "dense": 0.15, "identity": 0.05} for i in range(4)}
+    record = make_record(record["architecture"], load_config("tiny").model, 1000, probabilities=probabilities,
+                         search=record["search"])
+    (run / "architecture.json").write_text(json.dumps(record))
+    summary = summary_block("exp", experiment_trials("exp", tmp_path), "wt2-cpu")
+    assert "retrained 53.60 against the shallower Transformer-XL ADII's 54.60" in summary, summary
+    assert "mean of 2 seeds" in summary
+    row = next(r for r in export_experiment("exp", root=tmp_path) if r["trial"] == "t1")
+    assert (row["retrained_val_ppl"], row["guard_val_ppl"]) == pytest.approx((53.6, 54.6))
+    assert "53.60" in table([row]) and "ADII 54.60" in table([row])
+    result = Evaluated(600, 0.1, {}, ["attention", "dense", "attention", "identity"], 80.0, 79.0, 0.7)
+    metric = nni_metric(result, None, selection)
+    assert (metric["retrained_val_ppl"], metric["guard_val_ppl"]) == pytest.approx((53.6, 54.6))
 
 
 @pytest.mark.slow  # renders every figure of a run
