@@ -89,6 +89,30 @@ def wt2_slice(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture
+def shrunk_search_yaml(tmp_path, wt2_slice):
+    """``search.yaml`` shrunk to tiny trials of ``trials`` trials on the slice (FLOPs priced, so nothing is timed),
+    its experiments under ``tmp_path``: what the tests that start NNI run. Returns the file's path."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def write(trials: int) -> Path:
+        config = yaml.safe_load((repo / "search.yaml").read_text())
+        config["searchSpace"].pop("search.par-gumbel-darts.latency_budget")
+        config.update(
+            trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
+                          "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "
+                          "--set search.log_every=5 --set search.penalty_cost=flops"),
+            trialCodeDirectory=str(repo), maxTrialNumber=trials, trialConcurrency=1,
+            experimentWorkingDirectory=str(tmp_path / "experiments"))
+        path = tmp_path / "search.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    return write
+
+
 @pytest.fixture(scope="session")
 def wt2_short_eval(wt2_slice, tmp_path_factory) -> Path:
     """The WikiText-2 slice's training text (its tokenizers are the slice's) with 40-line validation and test

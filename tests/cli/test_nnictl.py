@@ -38,17 +38,8 @@ def trial_jobs(port: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path, wt2_slice, capsys):
-    config = yaml.safe_load((REPO / "search.yaml").read_text())
-    config["searchSpace"].pop("search.par-gumbel-darts.latency_budget")  # measured latency: these trials price FLOPs
-    config.update(
-        trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
-                      "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "
-                      "--set search.log_every=5 --set search.penalty_cost=flops"),  # no latency timing: wiring only
-        trialCodeDirectory=str(REPO), maxTrialNumber=2, trialConcurrency=1,
-        experimentWorkingDirectory=str(tmp_path / "experiments"))
-    config_path = tmp_path / "search.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path, shrunk_search_yaml, capsys):
+    config_path = shrunk_search_yaml(2)  # FLOPs priced, no latency timing: wiring only
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")  # a loaded machine
     port = free_port()
     out = nnictl("create", "--config", str(config_path), "--port", str(port), env=env)
@@ -158,19 +149,10 @@ def test_the_preload_keeps_the_users_node_options():
 
 
 @pytest.mark.slow
-def test_launch_wait_shows_the_trials_progress_and_ends_with_the_export_table(tmp_path, wt2_slice, capsys):
+def test_launch_wait_shows_the_trials_progress_and_ends_with_the_export_table(tmp_path, shrunk_search_yaml, capsys):
     """What `make search` runs: trial k of n with its step while the trials run, then the end, the export table
     and the next command, without the web UI."""
-    config = yaml.safe_load((REPO / "search.yaml").read_text())
-    config["searchSpace"].pop("search.par-gumbel-darts.latency_budget")  # measured latency: these trials price FLOPs
-    config.update(
-        trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
-                      "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "
-                      "--set search.log_every=5 --set search.penalty_cost=flops"),
-        trialCodeDirectory=str(REPO), maxTrialNumber=1, trialConcurrency=1,
-        experimentWorkingDirectory=str(tmp_path / "experiments"))
-    config_path = tmp_path / "search.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    config_path = shrunk_search_yaml(1)
     port = free_port()
     code = main(["launch", "--config", str(config_path), "--port", str(port), "--wait"])
     out, err = capsys.readouterr()

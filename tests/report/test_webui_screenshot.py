@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tools.webui_screenshot import COLUMNS, columns_entry
 
@@ -42,17 +41,9 @@ def test_the_columns_are_written_as_the_web_uis_own_column_dialog_writes_them():
                     "its cost ratio from the first one on, is what tests/cli/test_first_hour.py's "
                     "test_a_trial_reports_what_it_found_at_every_evaluation... and tests/cli/test_nnictl.py check NNI "
                     "gets")
-def test_the_picture_at_1280_by_800_shows_four_trials_rows_each_with_its_architecture_and_cost(tmp_path, wt2_slice):
-    config = yaml.safe_load((REPO / "search.yaml").read_text())
-    config["searchSpace"].pop("search.par-gumbel-darts.latency_budget")  # these trials price FLOPs: nothing timed
-    config.update(
-        trialCommand=(f"parnas search --config tiny --set data.path={wt2_slice} --set data.vocab_size=300 "
-                      "--set 'model.cutoffs=[100, 200]' --set train.max_steps=20 --set train.eval_every=10 "
-                      "--set search.log_every=5 --set search.penalty_cost=flops"),
-        trialCodeDirectory=str(REPO), maxTrialNumber=4, trialConcurrency=1,
-        experimentWorkingDirectory=str(tmp_path / "experiments"))
-    config_path = tmp_path / "search.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+def test_the_picture_at_1280_by_800_shows_four_trials_rows_each_with_its_architecture_and_cost(tmp_path,
+                                                                                             shrunk_search_yaml):
+    config_path = shrunk_search_yaml(4)
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
                OMP_NUM_THREADS="1")
