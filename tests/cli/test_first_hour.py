@@ -226,7 +226,7 @@ PLANS: list[tuple[str, Skip | Run]] = [
     (r"^parnas strategies ", Skip("searches with four strategies, 3 seeds each (many minutes); "
                                   "tests/study/test_study.py compares three at tiny scale")),
     (r"--strategy regularized-evolution", Skip("starts an NNI experiment of 8 trials (test_nni_strategies runs "
-                                                 "every multi-trial strategy, 3 tiny trials each)")),
+                                                 "every multi-trial strategy, 2 tiny trials each)")),
     (r"search\.candidates=\[attention,shift", Skip("needs the plugin package the section writes (parnas-shift)")),
     (r"--strategy random-layout", Skip("needs the plugin package the section writes (random-layout); "
                                        "tests/strategies/test_strategy_registry.py installs and runs it")),
