@@ -41,6 +41,7 @@ from parnas.files import ensure_writable_dir, write_json_atomic
 from parnas.nn.model import SKIPPED_KIND, blocks_run
 from parnas.owned_folders import remove_own_runs
 from parnas.pick_config import EARLY_VALID_FRACTION
+from parnas.report.experiment_summary import pick_ppl
 from parnas.strategies.costs import CostModel
 from parnas.strategies.par_settings import par_settings
 from parnas.strategies.search_folder import SELECT_DIR
@@ -299,9 +300,9 @@ def _confirmed(cfg: Config, winner: dict[str, Any], guard: dict[str, Any], folde
 
 
 def _seeds_mean(entrant: Mapping[str, Any]) -> float:
-    """An entrant's mean perplexity over the last round and its confirming seeds (inf if any is not finite)."""
-    values = [_finite(entrant["val_ppl"][-1]), *map(_finite, entrant.get("confirm_val_ppl", []))]
-    return sum(values) / len(values)
+    """The entrant's perplexity as the summary and the export show it (:func:`pick_ppl`), inf where not finite."""
+    ppl = pick_ppl(entrant)
+    return math.inf if ppl is None else ppl
 
 
 def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, Any], budget: float, source: str,
