@@ -179,7 +179,7 @@ for _kind in (
               flops=lambda cfg, L, B: attention_flops(cfg, L, B) + 2 * 2 * cfg.d_model * cfg.d_ff,
               source="Dehghani et al. 2019, Universal Transformer: one layer reused across depth",
               attends=True),
-    BlockKind("ut", "parnas.nn.act:build_ut", True, "H", settings=UTSettings, reversible=False, capturable=False,
+    BlockKind("ut", "parnas.nn.act:ACTBlock", True, "H", settings=UTSettings, reversible=False, capturable=False,
               source="Dehghani et al. 2019 with Graves 2016: one layer repeated under adaptive computation time",
               attends=True),
     BlockKind("lsh", "parnas.nn.lsh:build_lsh", True, "L", settings=LSHSettings, check=_check_lsh,

@@ -1,17 +1,11 @@
 """Universal Transformer with adaptive computation time (Graves 2016; Dehghani et al. 2019), kind ``ut``.
 
-One Transformer-XL layer (relative attention over [memory; segment], then the dense transition) applied
-again and again at one depth, each position deciding when to stop: after step t a sigmoid unit gives
-p_t, and a position halts once its cumulative halting probability would pass 1 - eps (eps = 0.01) or after
-``model.act_max_steps`` steps, its last step weighted by the remainder R. Its output is the halting-weighted
-mean of its states, sum_t w_t s_t. The ponder cost, mean over positions of N + R (steps taken plus
-remainder), joins the loss as ``model.act_tau`` x cost through the body's auxiliary-loss contract, and
-the mean steps per position is left in ``metrics`` for the task to log (``act/steps``).
-
-Each step adds the timestep signal to the segment and to the memory (the memory holds the states that
-entered this depth, as the plain attention's does; every step attends to it). The loop stops early once
-every position has halted, which reads one flag back per step (a host sync): what adaptive computation
-saves is the steps no position needs.
+One Transformer-XL layer applied again and again at one depth: after step t a sigmoid unit gives p_t, and a
+position halts once its cumulative p would pass 1 - EPS, or after ``model.ut.max_steps`` steps, its last step
+weighted by the remainder R. The output is the halting-weighted mean of the states; the ponder cost (mean N + R)
+joins the loss x ``model.ut.tau``, and ``act/steps`` is logged. Each step adds the timestep signal to the segment
+and the memory. The loop stops once every position has halted: one read-back per step, the price of skipping
+the steps no position needs.
 """
 
 from __future__ import annotations
@@ -73,7 +67,3 @@ class ACTBlock(Keeper):
         self.aux_loss = self.tau * ponder if self.training and self.tau else None
         self.metrics = {"act/steps": steps.detach().mean()}
         return out
-
-
-def build_ut(cfg: ModelConfig) -> ACTBlock:
-    return ACTBlock(cfg)

@@ -1,25 +1,13 @@
 """Adaptive input and a projected adaptive softmax that can share its weights with it (Dai et al.'s layout).
 
-Baevski & Auli's adaptive input gives frequent tokens wide embeddings and rare ones narrow ones
-(cluster i: ``d_model // div_value**i`` wide, projected up to ``d_model``); Grave et al.'s adaptive
-softmax does the mirror image at the output. Transformer-XL's published models tie the two: each
-cluster's output weight *is* its embedding, and (``tie_projs``) its output projection is the embedding's
-projection. Written here rather than taken from torch because ``nn.AdaptiveLogSoftmaxWithLoss`` keeps
-its tail projections inside ``Sequential``s with no bias and no handle to share with an embedding; the
-parameters follow Dai et al.'s ``AdaptiveEmbedding`` and ``ProjectedAdaptiveLogSoftmax`` one for one, so
-parameter counts match theirs and their weights load by name.
+Cluster i is ``d_model // div_value**i`` wide, projected to ``d_model``; tied, each cluster's output weight is its
+embedding and (``tie_projs``) its projection the embedding's. Written here because torch's
+``nn.AdaptiveLogSoftmaxWithLoss`` has no handle to share with an embedding; the parameters follow Dai et al.'s
+one for one, so counts match theirs and their weights load by name.
 
-Neither waits for the device. The softmax scores each tail cluster on its own rows only, so it needs each
-cluster's row count as a Python number: :func:`group_targets` groups a batch's targets where the batch is made,
-on the host, and the groups travel to the device with the batch (:class:`TargetGroups`); given none, the rows
-are grouped on the device and the sizes read back in one copy (one host sync, where a ``nonzero`` per cluster
-would make one each). The adaptive input looks every id up in every cluster's table, masked: a few narrow
-matrix products, shapes fixed by the batch, nothing read back.
-
-A count that changes from batch to batch is a new shape for each batch, which a compiled loss would compile
-again, and a CUDA graph record again, every step. Given a :class:`TargetCapacity`, :func:`group_targets` gives
-each tail cluster a fixed number of rows instead, its rows then padding that the loss masks: the shapes stay the
-same, at the price of the padding's rows (the head, which scores every row, is unchanged).
+Neither waits for the device: the softmax scores each tail cluster on its own rows, whose counts
+:func:`group_targets` makes on the host with the batch (:class:`TargetGroups`; without them, one read-back). A
+:class:`TargetCapacity` pads each tail cluster to a fixed row count, so a compiled loss keeps its shapes.
 """
 
 from __future__ import annotations

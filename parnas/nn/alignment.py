@@ -1,17 +1,9 @@
 """Matrix operands padded off the CPU to sizes a GPU's fast kernels take.
 
-cuBLAS's fastest tensor-core kernels, and SDPA's fused CUDA kernels, want bf16/fp16 operands whose sizes and row
-strides are multiples of 16 bytes, 8 elements (NVIDIA's "Matrix Multiplication Background" guide, Tensor Core
-requirements); any other size gets a slower kernel, or SDPA its unfused math path. Three operands of a
-Transformer-XL miss it often: a head of d_model / n_heads (Dai et al.'s WikiText-103 base: 41), the position table
-with its zero column in front (1 + K wide: odd for every even K, whatever the widths), and the output head's logits
-(a shortlist plus one entry per tail cluster: 20,003 at WikiText-103's cutoffs, 252 at wt2-par's). Each is padded
-with values that change no result: zero columns in a product's shared dimension, zero columns that are dropped
-after it, logits of -inf.
-
-On the CPU nothing is padded: the padding is for a GPU's kernels, and the CPU's figures are the unpadded operands'.
-A module's ``pad_multiple`` attribute, where set, overrides the rule (1 pads nothing: how a benchmark times the
-unpadded operands beside the padded; 8 on the CPU: how a test checks that padding changes nothing).
+Tensor-core and SDPA's fused kernels want bf16/fp16 sizes in multiples of 8 elements; else a slower kernel runs.
+A head of d_model / n_heads (41 in Dai et al.'s base), the position table (1 + K wide) and the output head's logits
+often miss it, so each is padded with values that change no result (zero columns, logits of -inf). Nothing is
+padded on the CPU. A module's ``pad_multiple``, where set, overrides the rule (1: none; 8 on the CPU in tests).
 """
 
 from __future__ import annotations

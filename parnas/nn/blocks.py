@@ -29,23 +29,15 @@ if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, s
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | None = None) -> Tensor:
-    """Inverted-dropout factors, float32: 1/(1-p) with probability 1 - p, else 0.
-
-    One 31-bit integer draw per entry from torch's generator, compared in float32 (P(keep) is
-    1 - p to within 1e-8). Float factors make applying the mask, forward and backward, one
-    vectorised multiply; on the CPU ``bernoulli_`` and ops on bool masks cost several times more.
-    """
+    """Inverted-dropout factors, float32: 1/(1-p) with probability 1 - p, else 0, from one 31-bit draw per entry.
+    Float factors make applying the mask, forward and backward, one multiply (bool masks cost more on the CPU)."""
     bits = torch.empty(shape, dtype=torch.int32, device=device).random_()  # uniform on [0, 2^31)
     return bits.float().ge_(p * 2**31).mul_(1.0 / (1.0 - p))
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout: each entry zeroed with probability p, the rest scaled by 1/(1-p).
-
-    No op at p = 0 or in evaluation. For float32 on the CPU the mask is :func:`keep_mask`
-    (autograd keeps it for backward: 4 bytes an entry where torch keeps a 1-byte bool);
-    elsewhere it is torch's fused ``F.dropout``. Either way it comes from torch's generator,
-    so ``torch.manual_seed`` fixes it."""
+    """Inverted dropout, no op at p = 0 or in evaluation: :func:`keep_mask` for float32 on the CPU, else torch's fused
+    ``F.dropout``; either way from torch's generator, so ``torch.manual_seed`` fixes it."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or x.dtype != torch.float32:
@@ -90,17 +82,11 @@ def sinusoid(klen: int, d_model: int, device: torch.device | None = None,
 
 
 def rel_shift(x: Tensor, K: int | None = None) -> Tensor:
-    """Turn scores against the position table into scores against key positions (a view, no copy).
+    """Scores against the position table -> scores against key positions, as a view (Dai et al., appendix B).
 
-    ``x[..., i, 1+k]`` scores query i against distance K-1-k and ``x[..., 0]`` is zero (the
-    position table gets a zero column in front: one more column of the matmul instead of a
-    padded copy of the scores). The result's ``[..., i, j]`` scores query i against key j, i.e.
-    distance M+i-j (Dai et al., appendix B); entries with j > M+i are garbage and must be
-    masked. Read row-major, the (L, W) rows minus their first L entries are rows of W-1 whose first
-    K entries are the shifted rows, so each contiguous (L, W) block gives a view. ``x`` may be wider
-    than 1+K (columns padded after the table's, :mod:`parnas.nn.alignment`): K says how many keys;
-    by default W-1. (..., L, W) -> (..., L, K)
-    """
+    ``x[..., i, 1+k]`` scores query i against distance K-1-k and ``x[..., 0]`` is zero (the table's zero column in
+    front); the result's ``[..., i, j]`` scores distance M+i-j, garbage where j > M+i (to be masked). Columns past
+    1+K are padding (:mod:`parnas.nn.alignment`); K defaults to W-1. (..., L, W) -> (..., L, K)"""
     *batch, L, W = x.shape
     shifted = x.reshape(*batch, L * W)[..., L:].view(*batch, L, W - 1)
     return shifted if K is None or K == W - 1 else shifted[..., :K]
@@ -138,14 +124,9 @@ def _causal_bias(L: int, M: int, device: torch.device, dtype: torch.dtype) -> Te
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, dropout_p: float,
          head_multiple: int = PAD_MULTIPLE) -> Tensor:
-    """``F.scaled_dot_product_attention`` over (H, B) batches: the path off the CPU, where SDPA's fused kernels take
-    the position bias. Shapes as :meth:`AttentionBlock._attend`.
-
-    A head size that is not a multiple of ``head_multiple`` (Dai et al.'s WikiText-103 base: 410 / 10 = 41) is
-    padded with zero columns, so that a fused kernel may run (SDPA's memory-efficient and cuDNN kernels take
-    heads in multiples of 8 in bf16/fp16; any other size runs its math path, which writes and rereads the
-    scores): zeros in q and k add nothing to a score, zeros in v give output columns that are dropped, and
-    ``scale`` stays the unpadded one. 1 pads nothing."""
+    """``F.scaled_dot_product_attention`` over (H, B) batches, shapes as :meth:`AttentionBlock._attend`. A head size
+    off a multiple of ``head_multiple`` is padded with zero columns so that a fused kernel may run (zeros add
+    nothing to a score; the padded output columns are dropped; ``scale`` stays the unpadded one)."""
     Dh = q.size(-1)
     pad = -Dh % head_multiple
     if pad:
@@ -173,16 +154,10 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
 
 
 def flex(q: Tensor, k: Tensor, v: Tensor, position: Tensor, scale: float) -> Tensor:
-    """FlexAttention with the relative-position scores added inside the kernel: another path off the CPU.
-
-    SDPA takes the position scores as a bias that must be shifted, masked and written out whole (H, B, L, K), and
-    whose gradient comes back whole. Here the kernel reads each (query i, key j) score at its distance M+i-j from
-    the unshifted ``position``, and skips the key blocks wholly in the future. FlexAttention has no attention
-    dropout, so ``model.attention_kernel=flex`` requires ``model.dropatt=0``.
-
-    q (H, B, L, Dh); k and v (H, B, K, Dh); ``position`` (H, B, L, W >= 1+K) scores against the zero-column-first
-    position table, unscaled: index 1+K-1-d scores distance d (columns past 1+K are padding, never read).
-    FlexAttention's (batch, head) axes take (H, B) as they come, the mask being the same for all. -> (H, B, L, Dh)"""
+    """FlexAttention reading each (query i, key j) position score at distance M+i-j from the unshifted ``position``
+    inside the kernel, and skipping key blocks wholly in the future: no (H, B, L, K) bias written out, as SDPA's.
+    No attention dropout. q (H, B, L, Dh); k and v (H, B, K, Dh); ``position`` (H, B, L, W >= 1+K), unscaled, index
+    1+K-1-d scoring distance d. -> (H, B, L, Dh)"""
     L, K = q.size(2), k.size(2)
 
     def add_position(score: Tensor, h: Tensor, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
@@ -362,20 +337,15 @@ def fewer_heads(cfg: ModelConfig, kind: str) -> AttentionBlock:
                           cfg.attention_kernel, d_head=cfg.d_model // cfg.n_heads)
 
 
-def build_attention_half(cfg: ModelConfig) -> AttentionBlock:
-    return fewer_heads(cfg, "attention_half")
+def other_width(cfg: ModelConfig, kind: str) -> DenseBlock:
+    """A dense block with the ``kind``'s share of ``model.d_ff``."""
+    return DenseBlock(cfg.d_model, share_of(kind, cfg.d_ff), cfg.dropout)
 
 
-def build_attention_quarter(cfg: ModelConfig) -> AttentionBlock:
-    return fewer_heads(cfg, "attention_quarter")
-
-
-def build_dense_half(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, share_of("dense_half", cfg.d_ff), cfg.dropout)
-
-
-def build_dense_double(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, share_of("dense_double", cfg.d_ff), cfg.dropout)
+build_attention_half = functools.partial(fewer_heads, kind="attention_half")
+build_attention_quarter = functools.partial(fewer_heads, kind="attention_quarter")
+build_dense_half = functools.partial(other_width, kind="dense_half")
+build_dense_double = functools.partial(other_width, kind="dense_double")
 
 
 def build_identity(cfg: ModelConfig) -> IdentityBlock:

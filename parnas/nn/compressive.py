@@ -1,16 +1,9 @@
 """Transformer-XL attention with a Compressive Transformer memory (Rae et al. 2019, arXiv:1911.05507).
 
-The block attends over [compressed memory; memory; segment]. States that the plain memory
-(the last ``mem_len`` inputs, kept by the body as for attention) evicts are not dropped:
-they are cut into groups of c = ``model.compress_rate``, oldest first, and each group is
-compressed by f_c (``model.compress_fn``: mean or max pooling, or a 1-D convolution with
-kernel and stride c) into one state of the compressed memory, which keeps its newest
-n_cm = ``model.compress_len``. A learned f_c is trained only by the attention-reconstruction
-loss (sec. 3.1, alg. 2), left in ``aux_loss`` for the task to add.
-
-Memory protocol (parnas.nn.model): the body keeps ``n_memories`` extra tensors per block of this
-kind, hands them over in ``memory`` before calling the block, and gets the next ones from
-:meth:`CompressiveBlock.update_memory`. Evaluation carries them like the plain memory.
+States the plain memory evicts are cut into groups of c = ``model.compressive.rate``, oldest first, and each
+group compressed by f_c (``model.compressive.fn``: mean, max or a stride-c convolution) into the compressed memory,
+which keeps its newest ``model.compressive.length``. A learned f_c trains only on the attention-reconstruction loss
+(sec. 3.1, alg. 2), left in ``aux_loss``. The memories travel by the :class:`parnas.nn.blocks.Keeper` contract.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Reformer's LSH attention (Kitaev et al. 2020) as a block kind, ``lsh``.
 
-Queries and keys share one projection (keys unit-normalised); every position of [memory; segment] is
-hashed by a random rotation into one of ``n_buckets`` buckets (argmax over ``[xR; -xR]``), the positions
-are sorted by (bucket, position), cut into chunks of ``chunk_len`` and each chunk attends to itself and
-the chunk before it: cost grows as K x chunk_len, not K^2, for K = memory + segment positions.
-Attention is causal; a position attends to itself only when nothing else is visible (its score is
-pushed to -1e5, as in the paper, since with shared QK a query matches itself best). ``n_hashes`` rounds
-with independent rotations are combined by the softmax of their log-sum-exps, which is exact when the
-rounds' key sets are disjoint (duplicates across rounds are not corrected for). Within a chunk, keys from
-another bucket are not masked: they are few and only add context. Causal means no query attends a later
-key; with several buckets a later token can still move the chunk boundaries, and so change which earlier
-keys an earlier query sees (as in the paper's causal LSH).
-
-Positions: only the causal mask orders keys; Transformer-XL's relative position term is not applied
-inside the chunks (a layout mixes ``lsh`` with ``attention`` blocks, which carry it). Rotations are drawn
-from torch's generator in training (reseeded every step, so a resumed run draws the same) and from a
-fixed seed in evaluation, so evaluation is deterministic. Outputs are computed for the memory positions
-too (they sort with the segment) and dropped: a memory of M states costs (M + L) / L more than the
-segment alone. A length that ``chunk_len`` does not divide (one token at a time, generating) is padded
-with positions after every real one, which no query sees.
+Shared QK; every position of [memory; segment] is hashed by a random rotation (argmax over ``[xR; -xR]``),
+sorted by (bucket, position) and cut into chunks of ``chunk_len``, each attending to itself and the chunk before:
+cost K x chunk_len, not K^2. Causal; a query sees itself only when nothing else is visible (score -1e5, as in
+the paper). ``n_hashes`` rounds are combined by the softmax of their log-sum-exps. What differs from the paper:
+docs/reference.md, "Block kinds". Rotations come from torch's generator in training and a fixed seed in
+evaluation (deterministic). The memory positions' outputs are computed (they sort with the segment) and dropped.
 """
 
 from __future__ import annotations

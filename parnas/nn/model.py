@@ -1,21 +1,14 @@
 """The Transformer-XL body: embedding, a stack of blocks with memories, output head.
 
-What a block *is* lives in :mod:`parnas.nn.blocks`; this file only wires blocks
-together and owns the memory. Which block stands at depth i is decided by
-:meth:`TransformerXL.build_block`, the one hook the NNI search space overrides
-(with a ``LayerChoice``); under ``model_context`` that hook returns the chosen
-block, so search and retrain share every line here.
+What a block *is* lives in :mod:`parnas.nn.blocks`; this file wires blocks together and owns the memory. The
+block at depth i comes from :meth:`TransformerXL.build_block`, the one hook the NNI search space overrides (with a
+``LayerChoice``), so search and retrain share every line here.
 
-Memory contract: ``mems[i]`` holds, detached, the last ``mem_len`` hidden
-states that entered block i on earlier segments, (B, M, D) (``eval_mem_len`` of them in evaluation,
-:attr:`TransformerXL.memory_len`); a block whose
-``uses_memory`` is False keeps ``None``. A choice (supernet) keeps one, since
-any of its candidates may attend. A module inside a block that keeps more than its
-input states or reports to the task is a :class:`parnas.nn.blocks.Keeper` (the compressive
-memory, the ``ut`` block's pondering, the ``moe`` block's balance): the body appends its
-``n_memories`` (B, *, D) tensors to the list after the blocks' entries, hands them over around
-each call, sums its ``aux_loss`` into ``model.aux_loss`` for the task to add to its loss and
-averages its ``metrics`` into ``model.block_metrics`` for the task to log.
+Memory contract: ``mems[i]`` holds, detached, the last :attr:`TransformerXL.memory_len` states that entered block
+i on earlier segments, (B, M, D); a block whose ``uses_memory`` is False keeps ``None`` (a supernet's choice keeps
+one). A :class:`parnas.nn.blocks.Keeper` inside a block gets its ``n_memories`` (B, *, D) tensors appended after
+the blocks' entries; its ``aux_loss`` is summed into ``model.aux_loss`` and its ``metrics`` averaged into
+``model.block_metrics``, for the task.
 """
 
 from __future__ import annotations
@@ -119,12 +112,9 @@ class OutputHead(nn.Module):
         return F.cross_entropy(logits, flat_y, reduction="none").view(y.shape)
 
     def _adaptive_nll(self, h: Tensor, y: Tensor, groups: TargetGroups | None = None, multiple: int = 1) -> Tensor:
-        """``-self.adaptive(h, y).output`` with the module's own weights, one autograd node per
-        log-softmax (:class:`_TargetNLL`) instead of log_softmax, gather and their backward's
-        zero-filled scatter. Each tail cluster is scored on its own rows, grouped by ``groups`` (a stable sort
-        on the host) or, without them, on the device with the sizes read back in one copy: one host sync per
-        call, where torch's module makes one per tail cluster; the head's logits padded to a multiple of
-        ``multiple``. h (N, D), y (N,) -> (N,)"""
+        """``-self.adaptive(h, y).output`` with one :class:`_TargetNLL` node per log-softmax, each tail cluster scored
+        on its rows as ``groups`` order them (without them, one read-back, where torch's module makes one per
+        cluster); the head's logits padded to a multiple of ``multiple``. h (N, D), y (N,) -> (N,)"""
         asm = self.adaptive
         cluster, groups = group_by_cluster(y, self.cutoffs_on_device, groups)  # cluster (N,): 0 head
         head_target = torch.where(cluster == 0, y, cluster + (asm.shortlist_size - 1))  # tail i+1: entry i

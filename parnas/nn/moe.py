@@ -1,25 +1,13 @@
 """A switch-style mixture of feed-forward experts (Fedus et al. 2021), kind ``moe``: PLANER's way to buy
 parameters without paying their latency.
 
-A linear router scores each token against ``n_experts`` experts (softmax in float32); the token goes to
-its ``top_k`` best (Switch: 1) and the block returns sum_i p_i E_i(x) over them, p_i the router's
-probability, so the router learns through the gates. Each expert is a position-wise feed-forward of
-``model.d_ff`` with ReLU. Settings: ``model.moe.*`` (:class:`parnas.kinds.builtin.MoESettings`).
-
-Dispatch is all tensor work, with no Python loop over tokens or experts and no read-back:
-- many tokens (training, evaluation): each expert takes at most C = ceil(capacity_factor x top_k x N / E)
-  routings, queued position by position (all of a batch's first positions, their first choices then their
-  second ones, then the next positions), so a routing is never pushed out by a later position's: the model
-  stays causal. A routing past its expert's capacity is dropped (the token keeps its residual). The kept
-  ones are placed into an (E, C, D) buffer by a cumulative count, the experts run as two batched matrix
-  products, and the outputs are added back by token.
-- few tokens (N x top_k <= E, as when generating at batch 1): each routing multiplies its expert's weights
-  gathered for it, so a generated token pays top_k experts, not E.
-
-The load-balancing loss E x sum_e f_e P_e (f_e the fraction of tokens whose first choice is e, P_e the
-mean router probability of e; 1 when balanced) joins the loss x ``aux_weight`` through the body's
-auxiliary-loss contract, and the task logs ``moe/balance_loss``, ``moe/max_load`` (the busiest expert's
-share x E) and ``moe/dropped`` (routings over capacity) per step, for TensorBoard.
+A linear router (softmax in float32) sends each token to its ``top_k`` experts (feed-forwards of ``model.d_ff``)
+and the block returns sum_i p_i E_i(x), so the router learns through the gates. Dispatch is tensor work, no
+read-back. Many tokens: each expert takes at most C = ceil(capacity_factor x top_k x N / E) routings, queued
+position by position so that a later position never pushes out an earlier one's (the model stays causal); the
+rest are dropped (the token keeps its residual). Few tokens (N x top_k <= E, generating): each routing multiplies
+its expert's weights gathered for it. The load-balancing loss E x sum_e f_e P_e (1 when balanced) joins the loss
+x ``aux_weight``; ``moe/balance_loss``, ``moe/max_load`` and ``moe/dropped`` are logged.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Reversible residuals (RevNet, Gomez et al. 2017; Reformer, Kitaev et al. 2020): ``model.reversible``.
 
-The activations flow in two streams (x1, x2), both the embedding's output at the bottom and averaged at
-the top. Blocks act in pairs: the first of a pair is F, the second G, and
-
-    y1 = x1 + F(x2)        y2 = x2 + G(y1)
-
-with F(x) = block(x, mem, pos) - x for any block (a block's own residual and norm are part of F; the
-coupling needs no structure of F to be invertible). Given the outputs the inputs come back:
-x2 = y2 - G(y1), x1 = y1 - F(x2). So the backward pass keeps only the top of the stack and recomputes
-each pair's activations on the way down (:class:`_ReversibleStack`): training memory no longer grows with
-depth, for about one more forward pass of compute. Dropout (and the ``lsh`` block's rotations) draw the
-same numbers when recomputed: each block's random state is saved before it runs and restored, as
-``torch.utils.checkpoint`` does, and autocast is re-entered as it was.
-
-What it cannot take: kinds that keep their own memory or leave a loss when they run (``compressive``,
-``ut``: recomputing them would repeat their side effects), an odd number of blocks, and a search's
-supernet; the config (``ModelConfig``) and ``parnas search`` refuse them in one line. Identity blocks
-and the Transformer-XL memory work: each block's memory holds the states that entered it (x2 for F, y1
-for G).
+Two streams (x1, x2) start as the embedding's output and are averaged at the top; block pairs (F, G) give
+y1 = x1 + F(x2), y2 = x2 + G(y1), with F(x) = block(x, mem, pos) - x for any block. The inputs come back from the
+outputs, so backward keeps only the top of the stack and recomputes each pair on the way down
+(:class:`_ReversibleStack`): memory flat in depth for about one more forward. Each block's random and autocast
+state is saved and replayed, so dropout draws the same numbers. Kinds with their own memory or loss, an odd
+``n_blocks`` and a supernet are refused by the config and ``parnas search``. Each block's memory holds the states
+that entered it (x2 for F, y1 for G).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Blocks from the Transformer variants PAR users compare against (registered in parnas.kinds).
 
-Each keeps the one block call ``block(h, mem, pos) -> h'`` (parnas.nn.blocks), its residual
-inside, and the existing blocks' norm placement: post-norm ``norm(h + f(h))``, as Transformer-XL's.
-
-- ``conv`` (:class:`ConvBlock`): the Evolved Transformer's cheap local mixer (So et al. 2019):
-  a gated linear unit, then a causal depthwise-separable convolution.
-- ``glu`` (:class:`GLUBlock`): SwiGLU feed-forward (Shazeer 2020).
-- ``sqrelu`` (:class:`SquaredReLUBlock`): Primer's squared-ReLU feed-forward (So et al. 2021).
-- ``shared`` (:class:`UniversalBlock`): a whole Transformer-XL layer (attention, then the
-  transition feed-forward) whose one set of weights every depth choosing it reuses, as in
-  the Universal Transformer (Dehghani et al. 2019); :class:`DepthStep` adds its timestep signal.
+Each keeps the one block call ``block(h, mem, pos) -> h'`` (parnas.nn.blocks) and post-norm ``norm(h + f(h))``:
+``conv`` (:class:`ConvBlock`), ``glu`` (:class:`GLUBlock`), ``sqrelu`` (:class:`SquaredReLUBlock`) and ``shared``
+(:class:`UniversalBlock`, behind a :class:`DepthStep` at each depth).
 """
 
 from __future__ import annotations
@@ -32,19 +25,10 @@ def _residual(block: nn.Module, h: Tensor, f) -> Tensor:
 
 
 class ConvBlock(nn.Module):
-    """Pointwise Linear D->2D, GLU, depthwise causal Conv1d (kernel k), pointwise Linear, dropout.
-
-    The Evolved Transformer's cheap local mixing (So et al. 2019): its cells open with a gated
-    linear unit and mix neighbouring positions with separable convolutions (9x1 in the
-    encoder; causal, left-padded 11x1 and 7x1 in the decoder, hence ``model.conv_kernel`` = 7).
-    Here the GLU and one depthwise-separable convolution share one residual, as in Wu et al.
-    2019's lightweight-convolution block (ET gives each its own). The convolution is causal:
-    position t sees t-k+1..t. Across segments its left context is the previous segment's
-    tail: ``mem`` holds the states that entered the block before, and its last k-1 go through
-    the same GLU (ET's decoder caches its previous inputs the same way), so segment A then B
-    with memory equals one pass over A+B whenever ``mem_len >= k - 1`` (zeros stand where
-    there is no past, as in one pass).
-    """
+    """Pointwise Linear D->2D, GLU, depthwise causal Conv1d (kernel k), pointwise Linear, dropout (the Evolved
+    Transformer's local mixing, So et al. 2019, under one residual). Position t sees t-k+1..t: the last k-1 states
+    of ``mem`` go through the same GLU, so segment A then B with memory equals one pass over A+B whenever
+    ``mem_len >= k - 1``."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -106,13 +90,8 @@ class SquaredReLUBlock(nn.Module):
 
 
 class UniversalBlock(nn.Module):
-    """One Universal Transformer step: relative self-attention over [memory; segment], then the
-    transition function (here the dense feed-forward), each with its residual and norm.
-
-    Registered as ``shared``: every depth that holds a ``shared`` block calls this one module
-    (through :class:`DepthStep`), so a search trades parameters for depth. Adaptive
-    computation time (UT's optional halting) is not part of it.
-    """
+    """One Universal Transformer step (attention, then the dense transition): every depth that holds a ``shared``
+    block calls this one module (through :class:`DepthStep`), so a search trades parameters for depth."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -125,14 +104,9 @@ class UniversalBlock(nn.Module):
 
 
 class DepthStep(nn.Module):
-    """Depth ``step`` of a weight-shared block: adds the Universal Transformer's timestep signal,
-    then calls the shared ``core``.
-
-    Dehghani et al. (2019, eq. 5) add a coordinate embedding of position and timestep t before
-    each step; Transformer-XL's positions are relative and live in the attention, so only the
-    timestep sinusoid is added, to the segment and to the memory alike (the memory holds this
-    depth's inputs, which had it too). It has no parameters: the core's are the only weights.
-    """
+    """Depth ``step`` of a weight-shared block: the timestep sinusoid (Dehghani et al. 2019, eq. 5; positions are
+    relative, in the attention) added to the segment and the memory alike, then the shared ``core``. No
+    parameters of its own."""
 
     def __init__(self, core: nn.Module, step: int, d_model: int) -> None:
         super().__init__()
