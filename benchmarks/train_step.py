@@ -178,8 +178,8 @@ def _old_attention(self: AttentionBlock, h: Tensor, mem: Tensor, pos: Tensor) ->
     M, H, Dh = mem.size(1), self.n_heads, self.d_head
     K = M + L
     c = torch.cat([mem, h], dim=1)  # (B, K, D)
-    q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
-    k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, Dh)
+    q = F.linear(c[:, M:], self.q_weight).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
+    k, v = F.linear(c, self.kv_weight).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, Dh)
     r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)  # (H, Dh, K)
     scale = 1.0 / math.sqrt(Dh)
     position = _old_rel_shift((q + self.v[:, None]) @ r)  # (B, H, L, K)

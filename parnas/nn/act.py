@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from parnas.nn.blocks import AttentionBlock, DenseBlock, Keeper, sinusoid
+from parnas.nn.blocks import Keeper, build_attention, build_dense, sinusoid
 
 if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
     from parnas.config import ModelConfig
@@ -31,9 +31,7 @@ class ACTBlock(Keeper):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt,
-                                        cfg.attention_kernel)
-        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.attention, self.transition = build_attention(cfg), build_dense(cfg)
         self.halt = nn.Linear(cfg.d_model, 1)
         nn.init.constant_(self.halt.bias, 1.0)  # Graves: a positive bias, so early on a position ponders little
         s = cfg.settings_of("ut")

@@ -72,8 +72,7 @@ class TargetCapacity:
             self.fit(n_rows, counts[1:])
 
 
-def group_by_cluster(ids: Tensor, cutoffs: Tensor, groups: TargetGroups | None = None
-                     ) -> tuple[Tensor, TargetGroups]:
+def group_by_cluster(ids: Tensor, cutoffs: Tensor, groups: TargetGroups | None = None) -> tuple[Tensor, TargetGroups]:
     """Each id's cluster (N,) (cluster i > 0 holds ids in [cutoffs[i-1], cutoffs[i]), cluster 0 those below
     cutoffs[0]) and the rows grouped by cluster (each cluster's rows in their order, with the clusters' sizes).
     ``groups`` made on the host are the second; without them the sizes are read back in one copy. ``cutoffs``

@@ -220,15 +220,13 @@ class AttentionBlock(nn.Module):
         self.dropatt = dropatt
 
     @property
-    def q(self) -> Projection:
-        """The query rows of :attr:`qkv`, as the separate projection they were."""
-        return Projection(self.qkv, 0, self.n_heads * self.d_head)
+    def q_weight(self) -> Tensor:
+        """The query rows of :attr:`qkv` (a view); the key and value rows follow them: :attr:`kv_weight`."""
+        return self.qkv.weight[:self.n_heads * self.d_head]
 
     @property
-    def kv(self) -> Projection:
-        """The key and value rows of :attr:`qkv`, as the separate projection they were."""
-        inner = self.n_heads * self.d_head
-        return Projection(self.qkv, inner, 3 * inner)
+    def kv_weight(self) -> Tensor:
+        return self.qkv.weight[self.n_heads * self.d_head:]
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         # heads lead the batch order (H, B): the position scores are then one bmm per head over all
@@ -276,21 +274,6 @@ class AttentionBlock(nn.Module):
                                k.reshape(H * B, K, Dh).transpose(1, 2), alpha=scale)  # (H*B, L, K)
         weights = dropout(scores.softmax(-1), self.dropatt, self.training)
         return torch.bmm(weights, v.reshape(H * B, K, Dh)).view(H, B, L, Dh)
-
-
-class Projection:
-    """Rows ``[start, stop)`` of a fused projection read as the bias-free ``nn.Linear`` they were before it was
-    fused: ``.weight`` (a view) and a call."""
-
-    def __init__(self, fused: nn.Linear, start: int, stop: int) -> None:
-        self.fused, self.start, self.stop = fused, start, stop
-
-    @property
-    def weight(self) -> Tensor:
-        return self.fused.weight[self.start:self.stop]
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)
 
 
 class DenseBlock(nn.Module):

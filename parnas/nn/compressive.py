@@ -88,8 +88,8 @@ class CompressiveBlock(AttentionBlock, Keeper):
         H, Dh = self.n_heads, self.d_head
 
         def attend(m: Tensor) -> Tensor:
-            q = F.linear(h, self.q.weight.detach()).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
-            k, v = F.linear(m, self.kv.weight.detach()).view(B, m.size(1), 2, H, Dh).permute(2, 0, 3, 1, 4)
+            q = F.linear(h, self.q_weight.detach()).view(B, L, H, Dh).transpose(1, 2)  # (B, H, L, Dh)
+            k, v = F.linear(m, self.kv_weight.detach()).view(B, m.size(1), 2, H, Dh).permute(2, 0, 3, 1, 4)
             return F.scaled_dot_product_attention(q + self.u.detach()[:, None], k, v)  # (B, H, L, Dh)
 
         return F.mse_loss(attend(new), attend(old))

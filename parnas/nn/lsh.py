@@ -112,5 +112,4 @@ class LSHAttentionBlock(nn.Module):
 
 def build_lsh(cfg: ModelConfig) -> LSHAttentionBlock:
     s = cfg.settings_of("lsh")
-    return LSHAttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, s.n_buckets,
-                             s.n_hashes, s.chunk_len)
+    return LSHAttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt, s.n_buckets, s.n_hashes, s.chunk_len)

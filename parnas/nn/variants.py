@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parnas.nn.blocks import AttentionBlock, DenseBlock, sinusoid
+from parnas.nn.blocks import build_attention, build_dense, sinusoid
 
 if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, so nothing here imports it
     from parnas.config import ModelConfig
@@ -95,9 +95,7 @@ class UniversalBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = AttentionBlock(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.dropatt,
-                                        cfg.attention_kernel)
-        self.transition = DenseBlock(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.attention, self.transition = build_attention(cfg), build_dense(cfg)
 
     def forward(self, h: Tensor, mem: Tensor, pos: Tensor) -> Tensor:
         return self.transition(self.attention(h, mem, pos), mem, pos)

@@ -81,8 +81,8 @@ def reference_attention(block: AttentionBlock, h, mem):
     B, L, D = h.shape
     M, H, Dh = mem.size(1), block.n_heads, block.d_head
     c = torch.cat([mem, h], 1)
-    q = torch.einsum("bld,ed->ble", h, block.q.weight).view(B, L, H, Dh)
-    k, v = torch.einsum("bkd,ed->bke", c, block.kv.weight).view(B, M + L, 2, H, Dh).unbind(2)
+    q = torch.einsum("bld,ed->ble", h, block.q_weight).view(B, L, H, Dh)
+    k, v = torch.einsum("bkd,ed->bke", c, block.kv_weight).view(B, M + L, 2, H, Dh).unbind(2)
     table = sinusoid(M + L, D).flip(0)  # row d = distance d
     distance = (M + torch.arange(L))[:, None] - torch.arange(M + L)[None, :]  # (L, K)
     r = torch.einsum("ijd,ed->ije", table[distance.clamp(min=0)], block.r.weight).view(L, M + L, H, Dh)

@@ -46,8 +46,8 @@ def old_attention(self, h, mem, pos):
     M, H, Dh = mem.size(1), self.n_heads, self.d_head
     K = M + L
     c = torch.cat([mem, h], dim=1)
-    q = self.q(c[:, M:]).view(B, L, H, Dh).transpose(1, 2)
-    k, v = self.kv(c).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)
+    q = F.linear(c[:, M:], self.q_weight).view(B, L, H, Dh).transpose(1, 2)
+    k, v = F.linear(c, self.kv_weight).view(B, K, 2, H, Dh).permute(2, 0, 3, 1, 4)
     r = self.r(pos).view(K, H, Dh).permute(1, 2, 0)
     scale = 1.0 / math.sqrt(Dh)
     position = old_rel_shift((q + self.v[:, None]) @ r)
