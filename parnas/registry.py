@@ -1,13 +1,9 @@
 """What the block-kind and the search-strategy registries share: records by name, built-ins that stay, plugins
 found through entry points and loaded on first use, the one-line messages, and each record's own settings.
 
-A :class:`Registry` holds frozen records that have a ``name``. Built-ins are registered once and cannot be
-removed; code may :meth:`~Registry.register` more; an installed package adds one with an entry point in the
-registry's group, whose name is read without importing it. A registry whose built-ins live in a package above it
-(the search strategies, in ``parnas.strategies``, which import the registry) finds them the way it finds
-plugins, through an entry point of parnas's own distribution (``builtins``): the registry names no module above
-it, so no import, string or not, runs back up the layers. A record may own a settings class: a frozen
-dataclass, every field defaulted, that a config fills under ``<section>.<name>.<field>``
+Built-ins cannot be removed; a registry whose built-ins live in a package above it finds them through an entry
+point of parnas's own distribution (``builtins``), so no import runs back up the layers. A record may own a
+settings class (a frozen dataclass, every field defaulted) that a config fills under ``<section>.<name>.<field>``
 (:func:`build_settings`). Imports no torch: configs are checked before it loads.
 """
 

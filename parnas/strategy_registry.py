@@ -1,25 +1,11 @@
 """The search-strategy registry: every strategy ``parnas search --strategy NAME`` runs, by name.
 
-The block-kind registry's sibling (:mod:`parnas.kinds`). A :class:`SearchStrategy` says its name, its family
-(``one-shot``: one supernet trained, the architecture read from its logits; ``multi-trial``: each trial trains
-one fixed architecture), how it runs, what it refuses and its own settings. ``search.strategy``, ``parnas search
---strategy``, ``parnas strategies`` and the reference's table of strategies all read it.
-
-A strategy owns its settings, as a block kind does: ``SearchStrategy.settings`` is a frozen dataclass (defaults
-and checks in ``__post_init__``) that a config fills under ``search.<strategy>.<setting>``, e.g.
-``search.par-gumbel-darts.tau_end``; :class:`parnas.config.SearchConfig` holds only what every search has.
-
-This module imports no torch and no NNI: configs are checked before they load. parnas's own strategies
-(:mod:`parnas.strategies.builtin`: its Gumbel-DARTS and NNI's, one list) live in the package above this one and
-register the way a plugin does, through an entry point of parnas's distribution (group :data:`BUILTINS`), read
-the first time the registry is: nothing here names a module above it. A plugin's code may be named by
-``"module:attribute"`` strings, imported the first time it runs; a settings class named so must live in a module
-that imports no torch.
-
-User strategies come from Python entry points in group ``parnas.strategies``: a plugin package declares
-``[project.entry-points."parnas.strategies"] my-search = "mypkg.search:STRATEGY"`` with ``STRATEGY`` a
-:class:`SearchStrategy` named ``my-search``. The name is read without importing the plugin; the plugin is
-imported the first time the strategy is looked up. Code can also :func:`register` one directly.
+The block-kind registry's sibling (:mod:`parnas.kinds`): ``search.strategy``, ``parnas search --strategy`` and
+``parnas strategies`` read it. Imports no torch and no NNI: configs are checked before they load. parnas's own
+strategies (:mod:`parnas.strategies.builtin`) live in the package above and register as a plugin does, through an
+entry point of parnas's distribution (group :data:`BUILTINS`), so nothing here names a module above it. Plugins
+declare entry points in group ``parnas.strategies`` (docs/reference.md, "Search strategies"); a settings class
+named by ``"module:attribute"`` must live in a module that imports no torch.
 """
 
 from __future__ import annotations

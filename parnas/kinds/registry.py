@@ -1,26 +1,9 @@
 """The block-kind registry: every kind of block that may stand at a depth, by name.
 
-A :class:`BlockKind` says how to build a block from the model config, whether
-the body keeps a memory for it, its one-letter code (``AADDII``) and,
-optionally, its forward FLOPs per token. ``search.candidates``,
-``model.blocks``, the architecture JSON, the cost tables and the pictures all
-go through :func:`get` / :func:`names`.
-
-This module imports no torch: configs are validated before torch is loaded.
-Built-in factories are ``"module:attribute"`` strings, so nothing is built or
-imported until :func:`make_block` runs, and the registry never imports the blocks.
-
-A kind owns its settings: ``BlockKind.settings`` is a frozen dataclass (defaults and checks in
-``__post_init__``) that a config fills under ``model.<kind>.<setting>``, e.g. ``model.lsh.chunk_len``;
-``BlockKind.check`` tests them against the run's shapes (``data.seg_len``, ``model.n_heads``). The core
-model config holds only what every model has.
-
-User kinds come from Python entry points in group ``parnas.blocks``: a plugin
-package declares ``[project.entry-points."parnas.blocks"] mykind =
-"mypkg.blocks:KIND"`` with ``KIND`` a :class:`BlockKind` named ``mykind``. The
-name is readable without importing the plugin (config checks stay fast); the
-plugin module is imported the first time the kind is needed. Code can also
-:func:`register` a kind directly (tests, notebooks).
+``search.candidates``, ``model.blocks``, the architecture JSON, the cost tables and the pictures all go through
+:func:`get` / :func:`names`. Imports no torch: configs are checked before it loads, and built-in factories are
+``"module:attribute"`` strings imported when :func:`make_block` first runs. Plugins declare entry points in group
+``parnas.blocks``, read by name without importing them (docs/reference.md, "Your own kind, from your own package").
 """
 
 from __future__ import annotations
@@ -55,23 +38,15 @@ class KindError(ParnasError):
 class BlockKind:
     """One kind of block.
 
-    ``factory(cfg)`` (a callable, or ``"module:attribute"`` naming one) returns a fresh
-    ``nn.Module`` whose ``forward(h, mem, pos)`` returns a tensor shaped like ``h``.
-    ``uses_memory``: the body keeps, for each such block, the states that entered it on
-    earlier segments and passes them as ``mem``. ``letter``: its code in layout strings.
-    ``flops(cfg, seg_len, batch_size)``: forward FLOPs per token (optional; without it the
-    cost tables count 2 FLOPs per parameter). ``shared``: all blocks of this kind in one
-    model reuse one module (depth recurrence).
-    ``settings``: a frozen dataclass of the kind's own settings, every field defaulted
-    (``model.<name>.<field>`` in a config; the factory reads ``cfg.settings_of(name)``).
-    ``check(config, settings)``: raises ConfigError where the settings do not fit the run's
-    shapes; it runs for every kind a run may build (its layout and search candidates).
-    ``reversible``: its block can be recomputed in a reversible pair's backward pass.
-    ``attends``: its block mixes tokens by attention (with fewer heads, over a compressed memory, in hashed
-    chunks, ...): an attention block where summaries and studies count them and place them early or late.
-    ``capturable``: its forward runs at static shapes and reads nothing back to the host, so a training step
-    holding it can be replayed as CUDA graphs (``train.compile=reduce-overhead``); a kind that syncs (adaptive
-    computation's halting flag) says False, and such a capture is refused before any model is built.
+    ``factory(cfg)`` (a callable, or ``"module:attribute"``) returns a fresh ``nn.Module`` whose ``forward(h, mem,
+    pos)`` returns a tensor shaped like ``h``. ``uses_memory``: the body passes it the states that entered it
+    before as ``mem``. ``letter``: its code in layout strings. ``flops(cfg, seg_len, batch_size)``: forward FLOPs
+    per token (else 2 per parameter). ``shared``: all its blocks in a model are one module. ``settings``: a
+    frozen dataclass, every field defaulted (``model.<name>.<field>``; read as ``cfg.settings_of(name)``).
+    ``check(config, settings)``: raises ConfigError where they do not fit the run's shapes, for every kind a run
+    may build. ``reversible``: it can be recomputed in a reversible pair. ``attends``: it mixes tokens by attention
+    (summaries and studies count it so). ``capturable``: it reads nothing back to the host, so a step holding it
+    can be replayed as CUDA graphs (``train.compile=reduce-overhead`` refuses the others).
     """
 
     name: str
