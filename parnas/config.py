@@ -49,20 +49,11 @@ def cluster_widths(d_model: int, n_clusters: int, div_value: float) -> list[int]
 
 @dataclass(frozen=True)
 class ModelConfig(OwnsSettings):
-    """Transformer-XL body: what every model has. ``blocks`` is the fixed layout; empty means the
-    standard Transformer-XL (attention, dense, attention, dense, ...).
-
-    A kind's own settings are its own (:mod:`parnas.kinds`): a config gives them as
-    ``model.<kind>.<setting>`` (``model.lsh.chunk_len: 8``); ``kind_settings`` holds those given, and
-    :meth:`settings_of` a kind's, its defaults where none were given.
-
-    ``eval_mem_len``: the memory (states per block) every evaluation keeps: validation, ``parnas evaluate`` and
-    ``generate``, the ``inference`` and ``generate`` latency targets. Dai et al. evaluate with a longer memory
-    than they train with, as users generate. None: each reader's default, ``mem_len`` (``mem_len + seg_len``
-    to generate, :func:`generation_memory`); 0 is no memory, as ``--mem-len 0`` is. ``clamp_len`` (Dai et
-    al.'s, 0: none): distances beyond it read its sinusoid, wherever the model runs. Model settings, because
-    the model keeps its memory: every model built from a config evaluates at them, and a latency table's key,
-    an architecture file and its retrain carry them as they carry ``mem_len``.
+    """Transformer-XL body: what every model has (settings: docs/reference.md). ``blocks`` is the fixed layout;
+    empty means the standard Transformer-XL. A kind's own settings, ``model.<kind>.<setting>``, are held as given
+    in ``kind_settings`` and read through :meth:`settings_of`. ``eval_mem_len`` and ``clamp_len`` are model
+    settings because the model keeps its memory: every model built from a config evaluates at them, and a latency
+    table's key, an architecture file and its retrain carry them as they carry ``mem_len``.
     """
 
     n_blocks: int = 6
@@ -226,26 +217,12 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class SearchConfig(OwnsSettings):
-    """What every search has: the candidates, the strategy, the latency cost, budget and target, and its logging.
-
-    ``strategy``: a name in the strategy registry (:mod:`parnas.strategy_registry`), ``par-gumbel-darts`` (parnas's
-    own Gumbel-DARTS) unless set; NNI's own and plugins' are the others (``parnas search --strategy``). A
-    strategy's own settings are its own, as a kind's are: a config gives them as ``search.<strategy>.<setting>``
-    (``search.par-gumbel-darts.tau_end: 0.2``); ``strategy_settings`` holds those given, :meth:`settings_of` a
-    strategy's, its defaults where none were given, and :attr:`settings` the chosen strategy's.
-
-    The cost of an architecture is its predicted step time relative to the standard Transformer-XL at the same
-    ``n_blocks`` (``penalty_cost: latency``, timed on the device; ``flops`` is a proxy, not what you pay): every
-    strategy prices what it exports; PAR's budget and penalty on it are PAR's settings.
-    ``latency_table``: a table written by ``parnas latency`` (on the target device) to price the blocks with
-    instead of timing them here; its shapes must be the run's.
-    ``latency_target``: which latency the cost is: ``train`` (a training step), ``inference`` (a forward pass
-    over a batch of segments) or ``generate`` (one token decoded at batch 1, as ``parnas generate`` does).
-    ``arch_lr``: the learning rate of the architecture logits, for the strategies that learn them; ``trials``:
-    a multi-trial strategy's trials, each training one architecture for ``train.max_steps``.
-    ``weight_lr``: the peak learning rate of a supernet's weights (None: ``train.lr``, on ``train``'s schedule). A
-    supernet is judged by how its weights rank layouts, and in a short search it may want a faster rate than a
-    fixed model; ``train.lr`` stays what the final pick and ``parnas retrain`` train the exported layout with.
+    """What every search has (settings: docs/reference.md, "Searching"): the candidates, the strategy, the cost,
+    its target and logging. A strategy's own settings, ``search.<strategy>.<setting>``, are held as given in
+    ``strategy_settings``; :attr:`settings` are the chosen strategy's. The cost of an architecture is its
+    predicted step time relative to the standard Transformer-XL at the same ``n_blocks`` (``flops``: a proxy).
+    ``weight_lr`` exists because a supernet is judged by how its weights rank layouts and may want a faster rate
+    than a fixed model; ``train.lr`` stays what the final pick and ``parnas retrain`` train with.
     """
 
     candidates: tuple[str, ...] = BLOCK_KINDS

@@ -18,27 +18,15 @@ EARLY_VALID_FRACTION = 0.25  # the part of the validation split the rounds befor
 
 @dataclass(frozen=True)
 class SelectConfig:
-    """``select`` (PAR's settings): the final pick after the supernet (why each setting is what it is: docs/results.md).
+    """``select`` (PAR's settings): the final pick after the supernet (settings: docs/reference.md, "The final
+    pick"; why each is what it is: docs/results.md).
 
-    ``steps``: the training steps each surviving candidate has reached at the end of each round (strictly
-    increasing; training continues from the previous round's checkpoint, one learning-rate schedule spanning
-    the last round's steps); after every round but the last the better half goes on, and the last round's best
-    is exported; the warm-up is ``train.warmup_steps``, at most half the first round's steps. None (the
-    default): half of ``train.max_steps``, then all of it, so the last round trains the finalists exactly as
-    ``parnas retrain`` will train the exported one (shorter rounds misjudge the shallower Transformer-XL). Empty:
-    no final pick (the supernet's layout is exported).
-    ``k``: how many of the supernet's layouts enter, at least 1: its most probable networks within the budget, the
-    exported one first. ``budget``: the cost ratio (to Transformer-XL's) the entrants must be within; None:
-    ``latency_budget``, or without one the cost of the layout the supernet exports. The shallower
-    Transformer-XL within the budget (the guard) always enters too, and goes on to the last round whatever its
-    rank: a user is never handed a network that lost to it. The rounds before the last judge by
-    :data:`EARLY_VALID_FRACTION` of the validation split (the first part of every evaluation stream, so from all
-    of the split): they only drop the entrants that trail; the last round reads all of it, as ``parnas retrain``
-    does.
-    ``confirm_seeds``: when one of the supernet's layouts beats the guard in the last round, both are retrained
-    on this many further seeds (``train.seed`` + 1, ...) to the last round's steps, and the guard is exported
-    unless the layout's mean over every seed is lower; 0 judges on the one seed (a short retrain's seeds spread
-    by more than the margins the guard is beaten by).
+    ``steps``: the steps each round ends at (strictly increasing; None: half of ``train.max_steps``, then all of
+    it, so the last round trains the finalists as ``parnas retrain`` will; empty: no pick). ``k``: the supernet's
+    layouts that enter. ``budget``: the cost ratio they must be within (None: ``latency_budget``, else the
+    exported layout's). The guard enters whatever the budget ranks, and reaches the last round. ``confirm_seeds``:
+    further seeds both retrain on when a layout beats the guard (a short retrain's seeds spread by more than the
+    margins the guard is beaten by).
     """
 
     k: int = 3
