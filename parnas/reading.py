@@ -1,15 +1,11 @@
 """JSON and YAML that a user gives parnas (architecture files, latency tables, configs, ``--set`` values, run
 folders' metrics), read within limits.
 
-Python's parsers recurse once per level of nesting: a few MB of ``[`` end in RecursionError, and a huge file
-is read whole into memory. Both are refused here, before parsing, in one line naming the file. Every file
-parnas writes or documents is far inside both limits (an architecture file is a few kB and nests 4 levels,
-a config or latency table a few kB more). YAML's aliases repeat what an anchor names without repeating its
-text: a few hundred bytes of nested aliases ("billion laughs") stand for billions of values, so the values
-the aliases add are counted, and their nesting, before anything is built. A key given twice in one mapping is
-refused, with both lines: the parsers keep the last silently, so a second ``train:`` section would replace
-the first. Parse errors themselves are the caller's to word: they propagate as ``ValueError`` (JSON) and
-``yaml.YAMLError``.
+Python's parsers recurse once per level of nesting (a few MB of ``[`` end in RecursionError) and read a huge file
+whole, and YAML's aliases let a few hundred bytes stand for billions of values ("billion laughs"): size, depth
+and the values aliases add are refused before anything is built, in one line naming the file; every file
+parnas writes is far inside the limits. A key given twice in one mapping is refused with both lines (the parsers
+keep the last silently). Parse errors propagate as ``ValueError`` (JSON) and ``yaml.YAMLError``, for the caller.
 """
 
 from __future__ import annotations
@@ -124,10 +120,10 @@ def parse_json(text: str | bytes, what: str) -> Any:
 
 
 def parse_yaml(text: str, what: str) -> Any:
-    """``yaml.safe_load`` (its loader, :class:`BoundedLoader`) after the size and depth checks, refusing a key
-    given twice in one mapping and aliases that repeat more than :data:`MAX_REPEATED` values or nest deeper than
-    :data:`MAX_DEPTH`. The depth is first counted on the parser's event stream, which PyYAML produces without
-    recursion; only building the objects recurses, and nothing is built before every check has passed."""
+    """``yaml.safe_load`` after the size and depth checks, refusing a key given twice in one mapping and aliases
+    that repeat more than :data:`MAX_REPEATED` values or nest deeper than :data:`MAX_DEPTH`. The depth is first
+    counted on the parser's event stream, which PyYAML makes without recursion; nothing is built before every
+    check has passed (:class:`_Measure` checks the composed node graph)."""
     _check_size(text, what)
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -137,7 +133,7 @@ def parse_yaml(text: str, what: str) -> Any:
                 raise _too_deep(what)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
-    loader = BoundedLoader(text)
+    loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -182,16 +178,11 @@ def clipped(text: str, limit: int = SHOWN) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-class BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` as :func:`parse_yaml` uses it: the same tags and values; the checks run on the node
-    graph it composes (:class:`_Measure`), before :meth:`construct_document`."""
-
-
 class _Measure:
     """One pass over a composed YAML node graph: each distinct node once, so a graph of aliases costs its written
     size. It counts the values the aliases repeat and how deep they nest, and finds a key given twice."""
 
-    def __init__(self, loader: BoundedLoader, what: str) -> None:
+    def __init__(self, loader: yaml.SafeLoader, what: str) -> None:
         self.loader, self.what = loader, what
         self.done: dict[int, tuple[int, int]] = {}  # id(node) -> (values under it, expanded; collections deep)
         self.distinct = 0
