@@ -39,15 +39,10 @@ class TokenizerError(ParnasError):
 
 
 class Interrupted(BaseException):
-    """A run stopped by SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`, :mod:`parnas.training.interrupt`).
-
-    Not an error: the CLI exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)
-    and, on rank 0, one line saying what was saved and the command that goes on. ``checkpoint``:
-    the file saved at ``step``, None when the signal came before training (nothing saved).
-    ``during``: the work after the last step that the signal cut (e.g. "the final evaluation"),
-    which ``--resume`` finishes. A ``BaseException``, like ``KeyboardInterrupt``, so no
-    ``except Exception`` on the way swallows it.
-    """
+    """A run stopped by one of :data:`STOP_SIGNALS`: the CLI exits with 128 + its number and, on rank 0, says what
+    was saved (``checkpoint``, at ``step``; None: nothing) and the command that goes on. ``during``: the work after
+    the last step the signal cut, which ``--resume`` finishes. A ``BaseException``, so no ``except Exception``
+    on the way swallows it."""
 
     def __init__(self, signum: int, step: int | None = None, checkpoint: str | None = None, rank: int = 0,
                  during: str | None = None) -> None:

@@ -1,12 +1,8 @@
 """Files a user keeps, and the folders they go into.
 
-Files are written atomically (a temp file in the same folder, flushed to the disk, then renamed)
-with the permissions any new file of the user's gets (``0o666`` less the umask, not ``mkstemp``'s
-0600); a disk that fills up fails in one line and leaves the previous file whole. Output folders
-are checked before the work that fills them (:func:`check_writable_dir`), so a folder that cannot
-be created fails in one line at the start, not with a traceback at the end.
-
-A run's own folder (one run at a time, never another run's files) is :mod:`parnas.owned_folders`.
+Files are written atomically (temp file, fsync, rename) with a new file's usual permissions (``0o666`` less the
+umask); a full disk fails in one line and leaves the previous file whole. Output folders are checked before the
+work that fills them (:func:`check_writable_dir`). A run's own folder is :mod:`parnas.owned_folders`.
 """
 
 from __future__ import annotations

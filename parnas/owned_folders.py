@@ -1,14 +1,9 @@
 """A run's folder: one run writes it at a time, and a run writes and removes only its own files.
 
-:func:`hold_run_dir` takes an exclusive OS lock (``flock``) on ``<folder>/.parnas.lock`` for as long as a run
-writes there. The kernel drops it when the process ends, however it ends, so a killed run never leaves the
-folder locked. The lock file is parnas's own: a link, a hard link or any file parnas did not make in its place
-is refused, never written through or truncated.
-
-:func:`take_run_dir` holds a run's folder and checks it (:func:`check_run_dir`) once per command. A folder
-that holds another run's files (its lock, ``metrics.json``, ``architecture.json``, checkpoints) is that run's:
-a command never writes into it nor removes it (:func:`check_no_other_run`, :func:`remove_own_tree`), and a
-study uses a sub-folder only if it made it (:mod:`parnas.study.sub_folders`).
+:func:`hold_run_dir` takes an exclusive ``flock`` on ``<folder>/.parnas.lock``, which the kernel drops however
+the process ends; a lock file parnas did not make (a link, a hard link, another file) is refused, never written
+through. :func:`take_run_dir` holds and checks a run's folder once per command. A folder holding another run's
+files is that run's: never written into nor removed (:func:`check_no_other_run`, :func:`remove_own_tree`).
 """
 
 from __future__ import annotations
@@ -29,14 +24,10 @@ from parnas.files import check_not_link, check_writable_dir, folder_error, out_o
 
 def check_run_dir(out_dir: str | Path, resume: bool | str | Path, *, results: tuple[str, ...] = ("metrics.json",),
                   setting: str = "train.out_dir, --out", folders: tuple[str, ...] = ()) -> Path:
-    """The one run-folder check, for a training run and a search alike, before the run touches ``out_dir``: no
-    other run writes it (:func:`check_not_held`), it can be written, it holds no earlier run (its ``last.ckpt``
-    or one of ``results``, the files a finished run leaves) unless the run resumes (which needs the checkpoint:
-    ``last.ckpt``, or the one ``--resume=PATH`` names), and the sub-folders the run writes in
-    (``tensorboard/``, ``checkpoints/`` and the command's own ``folders``) are neither links nor files
-    (:func:`parnas.files.check_not_link`), and the first two hold no other run (:func:`check_no_other_run`).
-    ``setting`` names where the user chooses another folder. Prefer :func:`take_run_dir`, which holds the folder
-    and checks it once."""
+    """The one run-folder check, before a run touches ``out_dir``: no other run writes it, it can be written, it
+    holds no earlier run (``last.ckpt`` or one of ``results``) unless the run resumes (which needs the checkpoint),
+    and the sub-folders the run writes in (``RUN_SUBFOLDERS`` and ``folders``) are neither links nor files nor hold
+    another run. ``setting`` names where the user chooses another folder. Prefer :func:`take_run_dir`."""
     out = check_writable_dir(out_dir)
     check_not_held(out)
     last = out / "checkpoints" / "last.ckpt"
@@ -166,16 +157,11 @@ def check_not_held(folder: str | Path) -> None:
 
 @contextmanager
 def hold_run_dir(folder: str | Path) -> Iterator[Path]:
-    """Hold ``folder`` (created if absent) for the block: an exclusive ``flock`` on ``<folder>/.parnas.lock``,
-    which holds this process's id for the message another run gets. Another process's run into the same folder
-    raises ParnasError (one line naming the holder); a block of this process inside another that holds the
-    folder passes and does nothing (a ``parnas search`` command around its search). Folders are locked exactly,
-    not their parents: a study holds its folder while its searches and retrains hold their own sub-folders.
-    Ranks other than 0 (:func:`launched_as_other_rank`) take no lock.
-
-    The lock file is never a link nor a file parnas did not make (refused in one line, see :func:`_open_lock`):
-    it is created afresh, and one left by a killed run is removed and created again, never truncated. On
-    leaving, the lock file goes, and so do the folders this made if nothing else was written in them."""
+    """Hold ``folder`` (created if absent) for the block: an exclusive ``flock`` on its lock file, which holds this
+    process's id for the message another process's run gets (ParnasError, one line). A hold inside one of this
+    process passes (a ``parnas search`` command around its search); folders are locked exactly, not their
+    parents; ranks other than 0 take none. A lock left by a killed run is removed and made afresh, never
+    truncated. On leaving, the lock file goes, and so do the folders this made if nothing else was written there."""
     folder, key = Path(folder), _key(folder)
     if launched_as_other_rank() or key in _HELD:
         _HELD[key] = _HELD.get(key, 0) + 1

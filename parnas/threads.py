@@ -1,20 +1,12 @@
 """How many threads torch computes with, and how they wait: chosen once per process, before torch loads.
 
-A step of a small model is a few milliseconds of small matrix products. On a machine shared with other
-busy processes, torch's default (one thread per core, OpenMP threads that spin while they wait for each
-other) makes such a step many times slower: a thread spins on a core another process needs, or waits for
-a partner the scheduler has put aside. So every command that computes (train, retrain, search, study,
-evaluate, generate, latency, compare's timing) decides here:
-
-- OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``; torch's CPU builds use GNU libgomp, which reads
-  it when torch is imported and has no ``KMP_BLOCKTIME``). A user's own value is kept.
-- The number of threads: ``train.threads`` when set (> 0), else ``OMP_NUM_THREADS`` when the user set it,
-  else the fewest of: the cores this process may use (its CPU affinity and its cgroup's CPU quota, not the
-  machine's core count) less the machine's load, shared among the run's processes on this machine, and
-  what a step of this size gains from (:func:`useful_threads`).
-
-The choice travels in the environment (``OMP_NUM_THREADS``), so DDP processes and the searches a study
-starts compute with the same. Only the standard library is imported here.
+A small model's step is a few milliseconds of small matrix products; on a shared, busy machine torch's default
+(a thread per core, OpenMP threads spinning while they wait) makes it many times slower. So every command that
+computes has OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless the user set it) and takes
+``train.threads`` when set, else ``OMP_NUM_THREADS`` when set, else the fewest of: the cores this process may use
+(affinity and cgroup quota) less the machine's load, shared among the run's processes, and what a step of this
+size gains from (:func:`useful_threads`). The choice travels in ``OMP_NUM_THREADS``, so DDP processes and a
+study's searches use the same. Only the standard library is imported here.
 """
 
 from __future__ import annotations
