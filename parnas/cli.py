@@ -74,8 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="parnas", description="Find and retrain PAR Transformer-XL models.")
     add_verbose(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = add_command(sub, "train", cmd_train,
-                    "parnas train --config tiny --set train.out_dir=runs/tiny")
+    p = add_command(sub, "train", cmd_train, "parnas train --config tiny --set train.out_dir=runs/tiny")
     add_config_args(p)
     add_dry_run(p)
     add_resume(p)

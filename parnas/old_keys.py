@@ -1,8 +1,7 @@
 """Keys a config may no longer hold, each refused in one line that names what to use instead.
 
-Nothing has been released (0.1.0), so nothing is upgraded: an earlier key is an error, and this map exists only
-to make that error say where the setting went (:func:`parnas.overrides.from_dict` reads it). Keys are written as
-a config path (``search.tau_end``); ``*`` stands for any kind or strategy section.
+Nothing has been released, so nothing is upgraded: an earlier key is an error, and these maps only make it say
+where the setting went (issue #65; read by :func:`parnas.overrides.from_dict`). Keys are full config paths.
 """
 
 from __future__ import annotations
