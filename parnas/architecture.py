@@ -1,11 +1,9 @@
 """The architecture JSON: the contract between search and retrain.
 
-``architecture`` is exactly NNI's exported sample (``block_<i>`` -> candidate
-name), so ``model_context(record["architecture"])`` consumes it unchanged.
-``model`` records every :class:`ModelConfig` setting plus ``vocab_size``, so
-retrain rebuilds the searched model exactly unless told otherwise.
-:func:`validate` checks the whole record before anything is built and raises
-:class:`ArchitectureError` with one line for anything it cannot honour.
+``architecture`` is exactly NNI's exported sample (``block_<i>`` -> candidate name), so
+``model_context(record["architecture"])`` consumes it unchanged. ``model`` records every :class:`ModelConfig` setting
+plus ``vocab_size``, so retrain rebuilds the searched model exactly unless told otherwise. :func:`validate` checks the
+whole record before anything is built and raises :class:`ArchitectureError` with one line for anything it cannot honour.
 """
 
 from __future__ import annotations

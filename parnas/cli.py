@@ -1,10 +1,9 @@
 """``parnas`` command line. User mistakes exit with status 2 and one line on stderr.
 
-Every command reads and checks its config and arguments before it imports torch,
-Lightning or NNI (seconds to import), so a typo fails at once. Output is quiet by
-default: Lightning's and NNI's info messages only with ``--verbose``. Before any of
-them loads, OpenMP is told to wait passively, and each command that computes
-chooses its threads (:mod:`parnas.threads`) and says so in its first line.
+Every command reads and checks its config and arguments before it imports torch, Lightning or NNI (seconds to import),
+so a typo fails at once. Output is quiet by default: Lightning's and NNI's info messages only with ``--verbose``. Before
+any of them loads, OpenMP is told to wait passively, and each command that computes chooses its threads
+(:mod:`parnas.threads`) and says so in its first line.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Run configuration: frozen dataclasses, read from YAML, overridden by `--set`.
 
-A config has four sections, ``model``, ``data``, ``train`` and ``search``. Every key is
-checked against the dataclass (:mod:`parnas.overrides`): an unknown key, a wrong type or an
-impossible value raises :class:`ConfigError` naming the key. Presets live as YAML files in
-``parnas/presets`` and are loaded by name (``--config tiny``).
+A config has four sections, ``model``, ``data``, ``train`` and ``search``. Every key is checked against the dataclass
+(:mod:`parnas.overrides`): an unknown key, a wrong type or an impossible value raises :class:`ConfigError` naming the
+key. Presets live as YAML files in ``parnas/presets`` and are loaded by name (``--config tiny``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Typed errors for user mistakes.
 
-The library raises these; the CLI turns any of them into one line on stderr and
-exit status 2. Anything else is a bug and keeps its traceback.
+The library raises these; the CLI turns any of them into one line on stderr and exit status 2. Anything else is a bug
+and keeps its traceback.
 """
 
 import errno

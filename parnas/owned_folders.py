@@ -90,11 +90,10 @@ def _not_a_lock(folder: Path, why: str) -> ParnasError:
 
 
 def _open_lock(folder: Path, create: bool) -> tuple[int, bool] | None:
-    """A descriptor of ``folder``'s lock file and whether this call created it (then it may be written; one it
-    did not create is opened to read only); None if there is none and ``create`` is false. Never follows a
-    symbolic link nor keeps anything open but a regular file with one name and at most a process id in it (a
-    link, a hard link, a folder, a pipe or another file there is refused in one line), so the lock cannot be
-    pointed at another file."""
+    """A descriptor of ``folder``'s lock file and whether this call created it (then it may be written; one it did not
+    create is opened to read only); None if there is none and ``create`` is false. Never follows a symbolic link nor
+    keeps anything open but a regular file with one name and at most a process id in it (a link, a hard link, a folder,
+    a pipe or another file there is refused in one line), so the lock cannot be pointed at another file."""
     path = folder / LOCK_FILE
     flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     for _ in range(100):

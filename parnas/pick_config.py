@@ -18,15 +18,14 @@ EARLY_VALID_FRACTION = 0.25  # the part of the validation split the rounds befor
 
 @dataclass(frozen=True)
 class SelectConfig:
-    """``select`` (PAR's settings): the final pick after the supernet (settings: docs/reference.md, "The final
-    pick"; why each is what it is: docs/results.md).
+    """``select`` (PAR's settings): the final pick after the supernet (settings: docs/reference.md, "The final pick";
+    why each is what it is: docs/results.md).
 
-    ``steps``: the steps each round ends at (strictly increasing; None: half of ``train.max_steps``, then all of
-    it, so the last round trains the finalists as ``parnas retrain`` will; empty: no pick). ``k``: the supernet's
-    layouts that enter. ``budget``: the cost ratio they must be within (None: ``latency_budget``, else the
-    exported layout's). The guard enters whatever the budget ranks, and reaches the last round. ``confirm_seeds``:
-    further seeds both retrain on when a layout beats the guard (a short retrain's seeds spread by more than the
-    margins the guard is beaten by).
+    ``steps``: the steps each round ends at (strictly increasing; None: half of ``train.max_steps``, then all of it, so
+    the last round trains the finalists as ``parnas retrain`` will; empty: no pick). ``k``: the supernet's layouts that
+    enter. ``budget``: the cost ratio they must be within (None: ``latency_budget``, else the exported layout's). The
+    guard enters whatever the budget ranks, and reaches the last round. ``confirm_seeds``: further seeds both retrain on
+    when a layout beats the guard (a short retrain's seeds spread by more than the margins the guard is beaten by).
     """
 
     k: int = 3

@@ -40,18 +40,17 @@ class SearchStrategy:
 
     ``run(cfg, *, resume)`` (a callable, or ``"module:attribute"`` naming one) searches with ``cfg`` into
     ``cfg.search.out_dir`` (or the NNI trial's folder), writes ``architecture.json`` and returns its record
-    (:mod:`parnas.architecture`), ``{}`` on ranks other than 0. ``check(cfg, resume)`` (optional, same forms)
-    refuses with a ConfigError what the strategy cannot do; it runs before torch is imported, so it must not
-    import it. ``settings`` (optional: a frozen dataclass, every field defaulted, or ``"module:attribute"``
-    naming one in a module without torch): the strategy's own settings, ``search.<name>.<field>`` in a config,
-    read as ``cfg.search.settings_of(name)``; a ``check(self, config)`` method on it, if any, refuses settings
-    that do not fit the rest of the config, whenever a config with ``search.strategy`` = ``name`` is built.
-    ``supernet`` (optional, same forms as ``run``): the strategy has a supernet that parnas's one-shot pipeline
-    trains, then picks from and exports (:func:`parnas.strategies.search.run_search`: the final pick, the
-    architecture record, the pictures); it is called as ``supernet(search, settings, *, max_steps,
-    gradient_clip_val, costs, history_path, on_evaluation)`` and returns the NNI one-shot strategy to train
-    (``PARGumbelDARTS`` or a subclass), and ``run`` is then that pipeline. ``what`` and ``source`` are for the
-    docs.
+    (:mod:`parnas.architecture`), ``{}`` on ranks other than 0. ``check(cfg, resume)`` (optional, same forms) refuses
+    with a ConfigError what the strategy cannot do; it runs before torch is imported, so it must not import it.
+    ``settings`` (optional: a frozen dataclass, every field defaulted, or ``"module:attribute"`` naming one in a module
+    without torch): the strategy's own settings, ``search.<name>.<field>`` in a config, read as
+    ``cfg.search.settings_of(name)``; a ``check(self, config)`` method on it, if any, refuses settings that do not fit
+    the rest of the config, whenever a config with ``search.strategy`` = ``name`` is built. ``supernet`` (optional, same
+    forms as ``run``): the strategy has a supernet that parnas's one-shot pipeline trains, then picks from and exports
+    (:func:`parnas.strategies.search.run_search`: the final pick, the architecture record, the pictures); it is called
+    as ``supernet(search, settings, *, max_steps, gradient_clip_val, costs, history_path, on_evaluation)`` and returns
+    the NNI one-shot strategy to train (``PARGumbelDARTS`` or a subclass), and ``run`` is then that pipeline. ``what``
+    and ``source`` are for the docs.
     """
 
     name: str

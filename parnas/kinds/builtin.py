@@ -1,10 +1,9 @@
 """parnas's own block kinds: each registered once, with its settings, its shape checks and its FLOPs.
 
-A kind's settings are a frozen dataclass whose ``__post_init__`` checks them alone (messages name
-the field; the config prefixes ``model.<kind>.``); its ``check`` tests them against the run's
-shapes. FLOPs are forward FLOPs per predicted token of one block (multiply-add = 2 FLOPs), counted
-from the shapes: NNI's profiler cannot see through custom attention or an identity candidate.
-Nothing here imports torch: configs are checked before it loads.
+A kind's settings are a frozen dataclass whose ``__post_init__`` checks them alone (messages name the field; the config
+prefixes ``model.<kind>.``); its ``check`` tests them against the run's shapes. FLOPs are forward FLOPs per predicted
+token of one block (multiply-add = 2 FLOPs), counted from the shapes: NNI's profiler cannot see through custom attention
+or an identity candidate. Nothing here imports torch: configs are checked before it loads.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Universal Transformer with adaptive computation time (Graves 2016; Dehghani et al. 2019), kind ``ut``.
 
-One Transformer-XL layer applied again and again at one depth: after step t a sigmoid unit gives p_t, and a
-position halts once its cumulative p would pass 1 - EPS, or after ``model.ut.max_steps`` steps, its last step
-weighted by the remainder R. The output is the halting-weighted mean of the states; the ponder cost (mean N + R)
-joins the loss x ``model.ut.tau``, and ``act/steps`` is logged. Each step adds the timestep signal to the segment
-and the memory. The loop stops once every position has halted: one read-back per step, the price of skipping
-the steps no position needs.
+One Transformer-XL layer applied again and again at one depth: after step t a sigmoid unit gives p_t, and a position
+halts once its cumulative p would pass 1 - EPS, or after ``model.ut.max_steps`` steps, its last step weighted by the
+remainder R. The output is the halting-weighted mean of the states; the ponder cost (mean N + R) joins the loss x
+``model.ut.tau``, and ``act/steps`` is logged. Each step adds the timestep signal to the segment and the memory. The
+loop stops once every position has halted: one read-back per step, the price of skipping the steps no position needs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The three kinds of block a PAR Transformer-XL is built from.
 
-Every block has the same call, ``block(h, mem, pos) -> h'``, with
-``h`` (B, L, D) the segment entering the block, ``mem`` (B, M, D) the cached
-states that entered it on earlier segments (M may be 0) and ``pos`` (M+L, D)
-the sinusoid relative-position table, and returns a tensor shaped like ``h``.
-One signature is what lets NNI call every candidate of a ``LayerChoice`` alike.
-``uses_memory`` tells the body whether to keep a memory for the block.
+Every block has the same call, ``block(h, mem, pos) -> h'``, with ``h`` (B, L, D) the segment entering the block,
+``mem`` (B, M, D) the cached states that entered it on earlier segments (M may be 0) and ``pos`` (M+L, D) the sinusoid
+relative-position table, and returns a tensor shaped like ``h``. One signature is what lets NNI call every candidate of
+a ``LayerChoice`` alike. ``uses_memory`` tells the body whether to keep a memory for the block.
 """
 
 from __future__ import annotations
@@ -46,9 +44,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 
 def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``dropout(relu(x))``, the same masks from the same draws. On the CPU relu(x * mask): the
-    ReLU runs in place and its output is the one the next layer keeps, so backward holds one
-    tensor fewer than torch's ReLU then dropout."""
+    """``dropout(relu(x))``, the same masks from the same draws. On the CPU relu(x * mask): the ReLU runs in place and
+    its output is the one the next layer keeps, so backward holds one tensor fewer than torch's ReLU then dropout."""
     if not training or p == 0.0 or x.device.type != "cpu" or x.dtype != torch.float32:
         return dropout(F.relu(x), p, training)
     return torch.relu_(x * keep_mask(x.shape, p, x.device))
@@ -191,11 +188,10 @@ class Keeper(nn.Module):
 class AttentionBlock(nn.Module):
     """Relative multi-head self-attention over [memory; segment], causal.
 
-    ``kernel`` (``model.attention_kernel``) is what computes it off the CPU: ``sdpa`` (the position scores a bias
-    to ``F.scaled_dot_product_attention``) or ``flex`` (:func:`flex`). On the CPU it is :meth:`_attend` in training
-    mode and SDPA in eval mode, either way.
-    A segment of one query (token-by-token generation) goes to SDPA with either: there are no key blocks to skip,
-    and flex would compile a kernel for each memory length up to ``mem_len``."""
+    ``kernel`` (``model.attention_kernel``) is what computes it off the CPU: ``sdpa`` (the position scores a bias to
+    ``F.scaled_dot_product_attention``) or ``flex`` (:func:`flex`). On the CPU it is :meth:`_attend` in training mode
+    and SDPA in eval mode, either way. A segment of one query (token-by-token generation) goes to SDPA with either:
+    there are no key blocks to skip, and flex would compile a kernel for each memory length up to ``mem_len``."""
 
     kind = "attention"
     uses_memory = True

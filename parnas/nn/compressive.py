@@ -23,10 +23,9 @@ if TYPE_CHECKING:  # annotations only: the kinds registry builds these blocks, s
 class CompressiveBlock(AttentionBlock, Keeper):
     """Relative multi-head attention over [compressed memory; memory; segment], causal.
 
-    Positions are relative over the concatenation: a compressed state counts as one step.
-    Evicted states that do not fill a group of c yet (only when c does not divide what a
-    segment evicts, e.g. token by token generation) wait in a pending memory, attended
-    between the compressed and the plain memory, until the next segment completes the group.
+    Positions are relative over the concatenation: a compressed state counts as one step. Evicted states that do not
+    fill a group of c yet (only when c does not divide what a segment evicts, e.g. token by token generation) wait in a
+    pending memory, attended between the compressed and the plain memory, until the next segment completes the group.
     """
 
     n_memories = 2  # [compressed (B, Nc, D), pending (B, R < c, D)]
@@ -60,10 +59,9 @@ class CompressiveBlock(AttentionBlock, Keeper):
     def update_memory(self, memory: list[Tensor], mem: Tensor, h: Tensor, mem_len: int) -> list[Tensor]:
         """The next [compressed, pending]: compress what leaves the plain memory this segment.
 
-        The body keeps the last ``mem_len`` of [mem; h]; the states before them are evicted.
-        Pending states then evicted ones, in whole groups of c, become compressed states
-        (appended; the newest ``compress_len`` are kept); the rest stays pending. Everything
-        kept is detached, as Transformer-XL's memory is, so the language-model loss never
+        The body keeps the last ``mem_len`` of [mem; h]; the states before them are evicted. Pending states then evicted
+        ones, in whole groups of c, become compressed states (appended; the newest ``compress_len`` are kept); the rest
+        stays pending. Everything kept is detached, as Transformer-XL's memory is, so the language-model loss never
         reaches f_c: with a learned f_c, training sets ``aux_loss`` (else None).
         """
         compressed, pending = memory

@@ -163,9 +163,8 @@ class TransformerXL(nn.Module):
         return self.block_for(self.cfg.layout[index], index)
 
     def block_for(self, kind: str, index: int) -> nn.Module:
-        """A block of ``kind`` for depth ``index``: a fresh one, or the shared module of a kind
-        that shares weights across depth (the ``shared`` kind) behind its
-        depth's timestep signal."""
+        """A block of ``kind`` for depth ``index``: a fresh one, or the shared module of a kind that shares weights
+        across depth (the ``shared`` kind) behind its depth's timestep signal."""
         if not self.cfg.shares_weights(kind):
             return make_block(kind, self.cfg)
         if kind not in self._shared:

@@ -1,10 +1,9 @@
 """The PAR Transformer-XL search space (Mandava et al. 2020).
 
-A :class:`parnas.nn.model.TransformerXL` whose block at depth i is an NNI
-``LayerChoice`` labelled ``block_<i>`` over the configured candidates. Under
-``nni.nas.space.model_context(sample)`` the same constructor builds each chosen
-block and nothing else, so the fixed model *is* this class with no choice left:
-search and retrain cannot disagree about what a block is.
+A :class:`parnas.nn.model.TransformerXL` whose block at depth i is an NNI ``LayerChoice`` labelled ``block_<i>`` over
+the configured candidates. Under ``nni.nas.space.model_context(sample)`` the same constructor builds each chosen block
+and nothing else, so the fixed model *is* this class with no choice left: search and retrain cannot disagree about what
+a block is.
 """
 
 from __future__ import annotations
