@@ -1,9 +1,8 @@
 """The fixed shares of PLANER's and HAT's narrower and wider block kinds, read by the kinds' checks and costs
 (:mod:`parnas.kinds.builtin`, no torch) and by their factories (:mod:`parnas.nn.blocks`) alike.
 
-Attention with fewer heads keeps a share of ``model.n_heads``, each head as wide as the config's (d_model /
-n_heads: fewer heads, not narrower ones); a feed-forward block of another inner width keeps a share of
-``model.d_ff``. Each kind is its share: another share is another kind (a plugin's).
+Fewer heads keep a share of ``model.n_heads``, each as wide as the config's; another feed-forward width keeps a share
+of ``model.d_ff``. Each kind is its share: another share is another kind (a plugin's).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Nested settings as YAML and ``--set key=value`` give them: parsed, merged, and built into frozen
-dataclasses with every key checked (an unknown key, a wrong type: :class:`ConfigError` naming the key).
-
-Written by hand because the libraries that do this (OmegaConf, Hydra, pydantic) bring a config system of
-their own; these five functions are all parnas needs, for its config, NNI's trial parameters and the
-records it reads back (checkpoints, architecture files).
+"""Nested settings as YAML and ``--set key=value`` give them: parsed, merged, and built into frozen dataclasses with
+every key checked (:class:`ConfigError` naming the key). Written by hand because OmegaConf, Hydra or pydantic
+bring a config system of their own, and these few functions are all parnas needs.
 """
 
 from __future__ import annotations
@@ -23,10 +20,8 @@ from parnas.old_keys import old_key_message
 
 
 def from_dict(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, recursing into nested sections.
-
-    Unknown keys and values of the wrong type raise ConfigError naming the key.
-    """
+    """Build dataclass ``cls`` from a mapping, recursing into nested sections; an unknown key or a value of the wrong
+    type raises ConfigError naming the key (a key of an earlier version: :mod:`parnas.old_keys`' line)."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(values).__name__}")
     built: dict[str, Any] = {}

@@ -1,10 +1,8 @@
 """The settings of a search's final pick (``select.*``), checked when the config is read (no torch).
 
-A supernet ranks layouts poorly in a large space, so the layout it prefers may train worse than simply taking
-blocks off Transformer-XL. The final pick retrains briefly, from scratch, the ``k`` layouts the supernet prefers
-within the budget and, as a guard, the deepest shallower Transformer-XL (attention and dense pairs) within it,
-by successive halving, and exports the best: a user is never handed a network that lost to that one-line
-alternative. The stage itself is :mod:`parnas.strategies.final_pick`.
+A supernet ranks a large space's layouts poorly, so the pick retrains its best few and, as a guard, the deepest
+shallower Transformer-XL within the budget, and exports the best: a user is never handed a network that lost to
+that one-line alternative. The stage itself is :mod:`parnas.strategies.final_pick`.
 """
 
 from __future__ import annotations

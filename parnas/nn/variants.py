@@ -51,11 +51,8 @@ class ConvBlock(nn.Module):
 
 
 class GLUBlock(nn.Module):
-    """SwiGLU feed-forward, ``(Swish(xW) * xV) W2`` without biases (Shazeer 2020, eq. 6).
-
-    As in Shazeer's comparison, the hidden width is 2/3 of ``model.d_ff`` so that the three
-    matrices hold as many weights as the dense block's two (dense's biases aside).
-    """
+    """SwiGLU feed-forward, ``(Swish(xW) * xV) W2`` without biases (Shazeer 2020, eq. 6), 2/3 of ``model.d_ff`` wide
+    so that its three matrices hold as many weights as the dense block's two, as in Shazeer's comparison."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -74,10 +71,8 @@ class GLUBlock(nn.Module):
 
 
 class SquaredReLUBlock(nn.Module):
-    """The dense block with ReLU squared, ``W2 relu(W1 x + b1)^2 + b2`` (So et al. 2021, Primer).
-
-    Same shapes (``model.d_ff``) and parameter count as ``dense``: only the activation differs.
-    """
+    """The dense block with ReLU squared, ``W2 relu(W1 x + b1)^2 + b2`` (So et al. 2021, Primer): only the activation
+    differs from ``dense``."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
