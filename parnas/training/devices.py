@@ -1,14 +1,9 @@
 """The device a run trains on, and the check that this machine has it, made before anything is written.
 
-``train.accelerator`` and ``train.precision`` are checked for their values when a config is read
-(:mod:`parnas.config`), on any machine: a checkpoint trained on a GPU must stay readable on a laptop.
-Whether *this* machine can honour them is a different question, asked by :func:`check_devices` at
-the start of every command that trains (``train``, ``retrain``, ``search``, ``study``), before a
-tokenizer is built or a run directory is touched. Without it Lightning would refuse later, with a
-traceback, after files were written.
-
-torch is imported only when the answer needs it (a GPU asked for, or bfloat16), so a CPU run's
-config check stays as quick as reading YAML.
+``train.accelerator`` and ``train.precision`` are checked for their values on any machine when a config is read
+(a GPU checkpoint stays readable on a laptop); :func:`check_devices` asks whether *this* machine honours them, at
+the start of every command that trains, before Lightning would refuse with a traceback after files were written.
+torch is imported only when the answer needs it, so a CPU run's config check stays quick.
 """
 
 from __future__ import annotations

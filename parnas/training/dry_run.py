@@ -1,26 +1,15 @@
 """``--dry-run``: what a configuration costs before any data is read or memory allocated.
 
-The model is built on PyTorch's ``meta`` device (shapes, no storage): its parameters are counted
-exactly, tied tensors once. Training FLOPs per token are counted by torch's ``FlopCounterMode`` over a
-forward and backward of one block of each kind, on meta tensors at the run's batch, segment and full
-memory (the matrix products torch counts; a supernet runs every candidate of every block; a ``ut`` block all
-its ``model.act_max_steps`` steps, its bound, since when it halts depends on the data), plus the
-embedding projections and output head counted from their shapes, the adaptive softmax's tail
-clusters weighted by the fraction of targets a Zipf (1/rank) law puts in them (the real fraction
-depends on the corpus, which a dry run does not read). Memory is :func:`parnas.training.memory.estimate_memory`'s
-lower bound. The vocabulary is ``data.vocab_size``: the tokenizer is not built.
+Parameters are counted exactly on PyTorch's ``meta`` device (tied tensors once); training FLOPs per token by
+torch's ``FlopCounterMode`` over one block of each kind at the run's shapes (a supernet runs every candidate, a
+``ut`` block all its ``model.act_max_steps``), plus the embedding and head from their shapes, the adaptive
+softmax's tail clusters weighted by a Zipf law (a dry run reads no corpus; the vocabulary is
+``data.vocab_size``). Memory is :func:`parnas.training.memory.estimate_memory`'s lower bound. Where a latency
+table prices the run's shapes (a search's ``search.latency_table``, else this device's cache), the steps'
+time: eager steps, so a compiled run's figure is an upper bound.
 
-It also says how long the run is: its optimiser steps (``train.stop_at``, else ``train.max_steps``) and the tokens
-they train on (batch x segment: the batch is split across processes, not multiplied), and,
-where a latency table prices the run's shapes, the time those steps take (:func:`expected_time`): a search's
-``search.latency_table`` (timed on the device it names, so a plan for a GPU can be priced on a laptop), else the
-newest table ``parnas latency`` cached for this machine's device at these shapes. The table prices eager steps
-(a supernet's as every candidate of every block run), so a compiled run's figure is an upper bound, and
-validation, compiling and start-up are not in it.
-
-A dry run refuses what the real run refuses from the same settings before it reads data or builds anything
-(:func:`check_plan`: the device, the cutoffs against the vocabulary, the memory), in the same one line: a plan it
-prints is one the run gets past. What needs the corpus (a segment longer than a split) is left to the run.
+A dry run refuses what the real run refuses from the same settings before it reads data (:func:`check_plan`),
+in the same one line: a plan it prints is one the run gets past.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The figures a finished run is judged by: whole-split perplexity and its speed, and peak memory.
 
-Evaluation runs on the device the model's weights are on (:func:`evaluate`), with
-bf16 autocast where training used it on a GPU, so it measures the arithmetic the model trained with.
-``parnas train``/``retrain`` write these into ``metrics.json``; ``parnas evaluate`` reports the same.
-
-A diverged run is a result too: perplexity is ``inf`` where ``exp`` of the loss overflows (:func:`perplexity`),
-and a validation loss that is not finite or worse than guessing (:func:`diverged`) marks the run ``diverged``
-and ends it with :func:`parnas.training.task.diverged_error`'s line.
+Evaluation runs on the device the model's weights are on, under bf16 autocast where training used it, so it
+measures the arithmetic the model trained with. A diverged run is a result too: its perplexity is ``inf``
+(:func:`perplexity`), and :func:`diverged` marks it.
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ def perplexity(loss: float) -> float:
         return math.inf
 
 
-# A validation loss this far (nats) above log(V), a uniform guess over the V tokens, is a diverged model. Not 0: an
-# untrained model sits a little above log(V) (5.217 against log(179) = 5.187 after one step with a plain softmax),
-# and a run of a step or two is not diverged; a diverged one is far above (123 or 1e5 nats on the tiny preset).
+# A validation loss this far (nats) above log(V), a uniform guess, is a diverged model. Not 0: an untrained model
+# sits a little above log(V), and a run of a step or two is not diverged; a diverged one is far above.
 DIVERGENCE_MARGIN = 1.0
 
 

@@ -1,22 +1,8 @@
 """Train a fixed Transformer-XL with Lightning: :func:`fit` and the final metrics.
 
-:func:`fit` is the one training path for a fixed model: ``parnas train``
-(:func:`train`, the layout from ``model.blocks``) and ``parnas retrain`` (the
-model built from an architecture JSON by the search space) both call it. Its
-pieces, the data module (:mod:`parnas.training.data_module`) and the trainer with
-its callbacks (:mod:`parnas.training.trainer`), are reused by the search.
-
-Resume: ``<out_dir>/checkpoints/last.ckpt`` is written every ``ckpt_every``
-steps, at the end, and when SIGINT or SIGTERM stops the run after the step in
-flight (:mod:`parnas.training.interrupt`); the task restores the data position and
-memory from it and the training sampler starts where it stopped.
-A run without ``--resume`` refuses a folder that holds a run, and everything
-(folder, settings, data, resumability) is checked before any file is written.
-
-A run whose final validation loss diverged (:func:`parnas.training.evaluation.diverged`) still writes
-``metrics.json``, with ``diverged: true`` and ``diverged_step``, then ends with one line and exit status 2 (as a
-training loss that is not finite does); ``--resume`` of it says the same. Every other run records
-``diverged: false``.
+:func:`fit` is the one training path for a fixed model (``parnas train`` and ``parnas retrain``). Everything
+(folder, settings, data, resumability) is checked before a file is written. A run whose final validation loss
+diverged still writes ``metrics.json`` (``diverged: true``), then ends with one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -47,12 +33,7 @@ from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume, take_over
 from parnas.training.task import LanguageModelTask
-from parnas.training.trainer import (
-    Throughput,
-    build_trainer,
-    end_process_group,
-    position_restored_by_task,
-)
+from parnas.training.trainer import Throughput, build_trainer, end_process_group, position_restored_by_task
 
 
 def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -98,14 +79,10 @@ def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[st
         callbacks: Sequence[pl.Callback] = (), test: bool = True, valid_fraction: float = 1.0) -> dict[str, Any]:
     """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
 
-    ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
-    continues from ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must
-    exist and match ``cfg``; without it ``out_dir`` must hold no run. ``test`` and ``valid_fraction``: what the
-    final evaluation reads (:func:`parnas.training.evaluation.final_metrics`). The run takes ``out_dir``
-    (:func:`parnas.owned_folders.take_run_dir`: held, and checked once for the whole command, so inside ``train``,
-    ``retrain`` or a command that took it already this neither checks nor locks again), and everything is
-    checked before a file is written. Returns the metrics on rank 0, ``{}`` on other ranks.
-    """
+    ``record``: the architecture record every checkpoint holds. With ``resume`` the run continues from
+    ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must match ``cfg``; without it
+    ``out_dir`` must hold no run. ``test``, ``valid_fraction``: what the final evaluation reads. Returns the
+    metrics on rank 0, ``{}`` on other ranks."""
     with take_run_dir(cfg.train.out_dir, resume):
         return _fit(cfg, model, tokenizer, splits, record, resume, callbacks, test, valid_fraction)
 

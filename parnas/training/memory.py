@@ -1,18 +1,10 @@
 """How much memory a training run needs, from its config alone, and whether this machine has it.
 
-:func:`estimate_memory` counts the parameters exactly, by building the embedding, the head and
-one block of each kind on PyTorch's ``meta`` device (shapes only, nothing allocated), and
-estimates the activations a training step keeps for its backward pass from the shapes. It is a
-lower bound: parameters with their gradients and Adam's two moments, and for activations only
-what the built-in blocks surely keep (a block's input and output, a feed-forward block's hidden
-layer, attention's score matrix, the memories, the head's logits), or what validation keeps at
-the evaluation memory (``model.eval_mem_len``) where that is more. :func:`check_memory` refuses
-a run whose estimate exceeds the machine's memory (total RAM, or the free memory of each GPU it
-trains on, and what this process may still map under its own limits: ``ulimit -v`` or ``-d``, a
-container's memory limit) before anything is allocated, naming the settings that make it too
-large, instead of an allocator's traceback minutes later (or a machine swapping to a halt). Being a
-lower bound it can pass a run that then fails to allocate: :func:`out_of_memory` words that failure
-in one line too, with the estimate and the settings to lower.
+:func:`estimate_memory` is a lower bound: parameters counted exactly on the ``meta`` device, with gradients and
+Adam's moments, and only the activations the built-in blocks surely keep. :func:`check_memory` refuses a run
+whose estimate exceeds what this machine offers (RAM, each GPU's free memory, a container's or ``ulimit``'s
+limit) before anything is allocated, naming the settings to lower; :func:`out_of_memory` words a later failure
+to allocate in one line too.
 """
 
 from __future__ import annotations

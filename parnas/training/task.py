@@ -1,30 +1,14 @@
 """The language-modelling task: a Lightning module that carries Transformer-XL memory.
 
-It subclasses NNI's ``LightningModule`` so the one-shot search can wrap it: the
-model is handed in with ``set_model`` (NNI does the same with the supernet),
-and everything here only assumes the :class:`parnas.nn.model.TransformerXL`
-interface (``model(x, mems) -> (h, mems)``, ``model.nll(h, y, groups)``).
+It subclasses NNI's ``LightningModule`` so the one-shot search can wrap it (the model is handed in with
+``set_model``, as NNI does with the supernet). Memory is kept per stream (training, evaluation, or a search's
+architecture stream through :meth:`LanguageModelTask.side_stream_nll`), so an evaluation mid-training neither
+sees nor disturbs the training memory. Perplexity is ``exp(total NLL / predicted tokens)`` over the whole split,
+summed across ranks.
 
-A batch is made on the host as ``(x, y)``; before Lightning moves it to the device the data module makes it
-``(x, y, groups)`` (:func:`with_target_groups`): the adaptive softmax's targets grouped by cluster there, so
-that the step reads nothing back from the device.
-
-Memory is kept per stream: one for training, one for evaluation, so an
-evaluation in the middle of training neither sees nor disturbs the training
-memory. A stream the task does not know (a search's architecture stream,
-:mod:`parnas.strategies.arch_stream`) keeps its own memory and steps through
-:meth:`LanguageModelTask.side_stream_nll`. Perplexity is
-``exp(total NLL / predicted tokens)`` over the whole split, summed across DDP
-ranks, never a mean of per-batch perplexities.
-
-Exact resume: a checkpoint holds what the next step depends on beyond the
-weights and optimiser, i.e. the data position (segments done in this pass over
-the streams) and the training memory of *every* stream (gathered from all DDP
-ranks, so a run may even resume on another number of processes). Dropout is
-reseeded at every training step from (seed, rank, micro-batch index)
-(:meth:`LanguageModelTask.seed_for_step`), so the random numbers a step uses
-depend on nothing that happened before it, such as draws Lightning or a
-DataLoader made between a checkpoint and the next step.
+Exact resume: a checkpoint holds the data position and every stream's training memory (gathered from all ranks),
+and dropout is reseeded at every step from (seed, rank, micro-batch index), so a step's random numbers depend on
+nothing drawn before it.
 """
 
 from __future__ import annotations
