@@ -1,15 +1,9 @@
 """Corpora, token ids and context batching.
 
-A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``. It is found
-(``resolve_corpus``) at an explicit path, under ``$PARNAS_DATA_DIR``, or in the cache, where
-the known public corpora are downloaded and checked against a published checksum. A corpus
-found under ``$PARNAS_DATA_DIR`` is remembered in ``<cache>/corpora.json``, so the next
-command finds it without the variable. Token ids are encoded once per split and tokenizer
-and cached as int32 ``.npy`` beside the tokenizer (``load_splits``); a cached file that is
-damaged (bytes other than the checksum recorded beside it, unreadable, ids outside the vocabulary) is
-reported and encoded again.
-``ContextBatches`` walks a split as B contiguous streams, L tokens at a time, which is
-what lets Transformer-XL carry its memory from one segment to the next.
+A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``, found by :func:`resolve_corpus`
+(the known public ones downloaded into the cache and checked against a published checksum). Token ids are
+encoded once per split and tokenizer and cached as checked int32 ``.npy`` (:func:`load_splits`).
+:class:`ContextBatches` walks a split as B contiguous streams, which lets Transformer-XL carry its memory.
 """
 
 from __future__ import annotations

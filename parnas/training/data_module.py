@@ -1,9 +1,7 @@
 """The data a fixed model trains on, as Lightning takes it: B contiguous streams cut into segments.
 
-DDP: Lightning's distributed sampler is switched off, because the streams, not
-the segments, are what ranks divide: rank r of W reads streams
-[r*B/W, (r+1)*B/W) of every segment, so each rank's memory stays contiguous.
-A resumed run's training sampler starts where it stopped.
+Lightning's distributed sampler is off: ranks divide the streams, not the segments (rank r of W reads streams
+[r*B/W, (r+1)*B/W)), so each rank's memory stays contiguous. A resumed run's sampler starts where it stopped.
 """
 
 from __future__ import annotations

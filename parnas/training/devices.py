@@ -63,21 +63,11 @@ def check_devices(train: TrainConfig) -> None:
             raise ConfigError(f"train.devices={train.devices} asks for {train.devices} CUDA processes, but this "
                               f"machine has {count} CUDA device{'s' * (count != 1)}; set train.devices={count} "
                               "or fewer")
-        if bf16 and not native_bf16():
+        if bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):  # Ampere and newer compute it
             major, minor = torch.cuda.get_device_capability(device)
             raise ConfigError(f"train.precision={train.precision} needs bfloat16, which "
                               f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) does "
                               "not support; use train.precision=16-mixed or 32-true")
-
-
-def native_bf16() -> bool:
-    """Whether the current CUDA device computes in bfloat16 itself (Ampere and newer), not by emulation."""
-    import torch
-
-    try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError:  # torch before 2.3 knows no emulation
-        return torch.cuda.is_bf16_supported()
 
 
 def pinned(batch: Any, device: torch.device) -> Any:

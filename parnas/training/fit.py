@@ -49,7 +49,14 @@ def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics.
     Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the command around it has."""
     with take_run_dir(cfg.train.out_dir, resume):
-        return _train(cfg, resume)
+        check_devices(cfg.train)
+        tokenizer, splits = load_splits(cfg.data)
+        cfg, record = fixed_layout(cfg, tokenizer)
+        check_segments(cfg, splits)
+        check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in cfg.model.blocks])  # before the model is allocated
+        pl.seed_everything(cfg.train.seed, verbose=False)
+        model = build_fixed_model(cfg.model, tokenizer.vocab_size)
+        return fit(cfg, model, tokenizer, splits, record, resume=resume)
 
 
 def fixed_layout(cfg: Config, tokenizer: Tokenizer) -> tuple[Config, dict[str, Any]]:
@@ -60,18 +67,6 @@ def fixed_layout(cfg: Config, tokenizer: Tokenizer) -> tuple[Config, dict[str, A
                                       replace(cfg.model, blocks=()), tokenizer.vocab_size,
                                       tokenizer=tokenizer.identity(), search={"layout": "model.blocks"})
     return replace(cfg, model=replace(cfg.model, blocks=tuple(layout))), record
-
-
-def _train(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
-    check_devices(cfg.train)
-    tokenizer, splits = load_splits(cfg.data)
-    cfg, record = fixed_layout(cfg, tokenizer)
-    layout = cfg.model.blocks
-    check_segments(cfg, splits)
-    check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in layout])  # before the model is allocated
-    pl.seed_everything(cfg.train.seed, verbose=False)
-    model = build_fixed_model(cfg.model, tokenizer.vocab_size)
-    return fit(cfg, model, tokenizer, splits, record, resume=resume)
 
 
 def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
@@ -130,8 +125,7 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
         )
         # a diverged run is a result: its metrics are written, marked, and the run ends with one line
         step = divergence_step(history, trainer.global_step, model.vocab_size)
-        failure = divergence(metrics["val_loss"], model.vocab_size, step, cfg.train.lr,
-                             measured_at=trainer.global_step)
+        failure = divergence(metrics["val_loss"], model.vocab_size, step, cfg.train.lr, measured_at=trainer.global_step)
         metrics.update(diverged=failure is not None, **({"diverged_step": step} if failure is not None else {}))
         architecture.write(out_dir / "architecture.json", record)
         write_json_atomic(out_dir / "metrics.json", metrics)

@@ -1,10 +1,7 @@
 """Whether a run may continue from a checkpoint: the run that wrote it, with at most bookkeeping changed.
 
-``--resume`` of ``train``, ``retrain`` and ``search`` continues exactly where the checkpoint stopped, so
-everything that moves a weight must be what it was: the architecture (a fixed model's layout, or a
-search's space, whose candidates are among its settings), the tokenizer and every setting but those a
-resume may change (where output goes, how often to log, evaluate and save, the hardware). A refusal is
-one line naming the setting, its old and new value, and what a resume may change.
+Everything that moves a weight must be what it was (the architecture, the tokenizer, every setting but those in
+``RESUMABLE_CHANGES``); a refusal is one line naming the setting, its old and new value.
 """
 
 from __future__ import annotations

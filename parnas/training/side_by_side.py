@@ -1,10 +1,8 @@
-"""Models timed side by side: every target (train step, inference segment, generated token) of several models,
-in one process, in alternating rounds (:func:`parnas.training.latency.time_layouts`).
+"""Models timed side by side: every target of several models, in one process, in alternating rounds.
 
-Runs timed in their own processes at different moments compare the machine's load at those moments as much as
-the models: on a shared machine one run's throughput can be half of another's for no reason in the models. Timed
-side by side, round by round, a load that comes and goes slows every model alike. ``parnas study`` and
-``parnas compare`` judge speed by these timings.
+Runs timed in their own processes at different moments compare the machine's load as much as the models; timed
+round by round, a load that comes and goes slows every model alike. ``parnas study`` and ``parnas compare`` judge
+speed by these timings.
 """
 
 from __future__ import annotations

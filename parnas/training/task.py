@@ -38,12 +38,9 @@ def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float
 
 
 def diverged_error(step: int, why: str, lr: float, lr_setting: str = "train.lr") -> ParnasError:
-    """The one line a diverged run ends with, whatever noticed it (a training loss that is not finite, a final
-    validation loss worse than guessing, ``parnas evaluate`` of such a checkpoint): the step, why, and what to
-    change. A :class:`ParnasError`, so the command exits with status 2 after it, as for any setting that cannot
-    be honoured; unlike a refusal, what the run produced (its checkpoint, its ``metrics.json`` marked
-    ``diverged``) stays. ``lr_setting``: the setting that gave the weights ``lr`` (a supernet's may be
-    ``search.weight_lr``)."""
+    """The one line a diverged run ends with, whatever noticed it: the step, why, and what to change. A
+    :class:`ParnasError` (exit status 2), but what the run produced stays. ``lr_setting``: the setting that gave
+    the weights ``lr`` (a supernet's may be ``search.weight_lr``)."""
     return ParnasError(f"training diverged at step {step} ({why}, {lr_setting}={lr:g}); lower {lr_setting} "
                        "(or clip with train.clip) and start again")
 
@@ -56,12 +53,9 @@ def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None,
 
 
 def with_target_groups(model: nn.Module, batch: Any, training: bool = False) -> Any:
-    """A batch ``(x, y)`` still on the host, as ``(x, y, groups)`` with y grouped for the model's output head
-    (``model.group_targets``); a dict's values each so (a search's paired streams). Anything else, a batch
-    already on a device, or a model that groups nothing is returned as it is. Grouping on the host keeps the
-    adaptive softmax from reading its cluster sizes back from the device in the step. A ``training`` batch
-    for a compiled model is grouped with its ``target_capacity``, so the loss keeps its shapes
-    (:mod:`parnas.training.compiling`)."""
+    """A batch ``(x, y)`` still on the host, as ``(x, y, groups)`` with y grouped for the model's output head, so
+    the step reads no cluster size back from the device; a dict's values each so (a search's paired streams);
+    anything else as it is. A ``training`` batch is grouped with the model's ``target_capacity``, if any."""
     if isinstance(batch, dict):
         return {key: with_target_groups(model, value, training) for key, value in batch.items()}
     group = getattr(model, "group_targets", None)
@@ -225,8 +219,7 @@ class LanguageModelTask(LightningModule):
         of its own, so its numbers are not the training stream's."""
         return step_seed(self.train_cfg.seed + offset, self.global_rank, self.batches_seen)
 
-    def side_stream_nll(self, batch: Sequence[Any], memory: Memory | None,
-                        seed_offset: int) -> tuple[Tensor, Memory]:
+    def side_stream_nll(self, batch: Sequence[Any], memory: Memory | None, seed_offset: int) -> tuple[Tensor, Memory]:
         """Per-token NLL (B, L) of the next segment of a stream other than ``train`` and the memory for its next
         segment: the caller keeps that stream and its ``memory`` (a search's architecture stream); dropout is
         reseeded with :meth:`seed_for_step` (``seed_offset``), so a resumed run redraws the same. Neither the
@@ -355,5 +348,4 @@ class LanguageModelTask(LightningModule):
         """This rank's rows of a gathered memory (saved on the CPU), on the device of the batch ``x`` (B, L)
         they will be attended with: the batch, not a device recorded elsewhere, is where the step runs."""
         rank, local_batch = self.global_rank, x.size(0)
-        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(x.device)
-                for m in memory]
+        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(x.device) for m in memory]

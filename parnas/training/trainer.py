@@ -1,9 +1,6 @@
 """The Lightning trainer as parnas sets it up, and its callbacks: periodic checkpoints, throughput, the steps
-logged to TensorBoard, and a plain progress line where no terminal shows Lightning's bar.
-
-Output: Lightning's progress bar only on a terminal; otherwise (pipes, nnictl's
-trial.log) one plain line every ``log_every`` steps and after each validation.
-Lightning's and NNI's info messages only with ``parnas --verbose``.
+logged to TensorBoard, and a plain progress line (every ``log_every`` steps and after each validation) where no
+terminal shows Lightning's bar.
 """
 
 from __future__ import annotations
