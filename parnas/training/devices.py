@@ -71,13 +71,9 @@ def check_devices(train: TrainConfig) -> None:
 
 
 def pinned(batch: Any, device: torch.device) -> Any:
-    """``batch`` (tensors, possibly nested in tuples, lists or named tuples) with its host tensors in page-locked
-    memory when it is bound for a CUDA device; as it is for any other.
-
-    A copy to the GPU from pageable memory goes through a staging buffer of the driver, which may first wait for
-    the stream's queued kernels: the host could not run ahead of the GPU by even one step. From pinned memory a
-    ``non_blocking`` copy is queued behind them like a kernel. Pinning costs a host copy of the batch, into pages
-    that torch's caching host allocator reuses."""
+    """``batch`` (tensors, possibly nested) with its host tensors in page-locked memory when bound for a CUDA device.
+    A copy from pageable memory may first wait for the stream's queued kernels, so the host could not run ahead of
+    the GPU by even one step; from pinned memory a ``non_blocking`` copy is queued behind them like a kernel."""
     if device.type != "cuda":
         return batch
     import torch

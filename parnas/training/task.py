@@ -85,11 +85,8 @@ SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's precisions with a gradient
 
 
 def adam(params: Iterable[nn.Parameter], lr: float, precision: str = "32-true") -> torch.optim.Adam:
-    """Adam, with torch's fused kernel (one pass over each parameter) where it may run.
-
-    Not under fp16 mixed precision: its gradient scaler must unscale the gradients before they are clipped,
-    and fused Adam unscales them itself, inside its step. (bf16-mixed has no scaler:
-    :meth:`LanguageModelTask.configure_gradient_clipping` clips for it.)"""
+    """Adam, with torch's fused kernel where it may run: not under fp16 mixed precision, whose gradient scaler must
+    unscale the gradients before they are clipped, where fused Adam unscales them inside its step."""
     params = list(params)
     fused = str(precision) not in SCALED_PRECISIONS and all(
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
@@ -111,10 +108,9 @@ def on_host(value: float) -> Tensor:
 
 
 def reseed(seed: int, device: torch.device) -> None:
-    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU's generator and, off the CPU, the device's own
-    (another backend's: its current device's). ``torch.manual_seed`` also queues the seed for every accelerator
-    backend this process has not initialised (CUDA on a CPU run, XPU and MTIA everywhere), formatting the Python
-    stack each time, a cost a small step feels."""
+    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU's generator and the device's own only.
+    ``torch.manual_seed`` also queues the seed for every backend not initialised, formatting the Python stack
+    each time, a cost a small step feels."""
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":  # initialised: the step's tensors are there
         index = torch.cuda.current_device() if device.index is None else device.index
@@ -124,10 +120,8 @@ def reseed(seed: int, device: torch.device) -> None:
 
 
 def scalars_read(trainer: Any, progress_every: int) -> bool:
-    """Whether anything reads the scalars logged in the step being taken: Lightning's logger, which writes every
-    ``log_every_n_steps`` steps, or the plain progress lines, after the first step, every ``progress_every`` and
-    at the last. ``self.log`` costs Lightning's bookkeeping whether or not anything reads it, a cost a small step
-    feels, so a step no one reads logs nothing; a progress bar shows the last value logged."""
+    """Whether anything reads the scalars logged in the step being taken (Lightning's logger, or the plain progress
+    lines): ``self.log`` costs bookkeeping a small step feels, so a step no one reads logs nothing."""
     step = trainer.global_step + 1  # the step this batch takes, as the logger and the progress lines count it
     writes = trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0
     return writes or prints_progress(step, progress_every) or step >= trainer.max_steps
@@ -139,12 +133,8 @@ def step_seed(seed: int, rank: int, index: int) -> int:
 
 
 class LanguageModelTask(LightningModule):
-    """Trains ``self.model`` on contiguous segments; validates by whole-split perplexity.
-
-    ``meta`` (config, architecture, tokenizer) is written into every checkpoint's
-    ``parnas`` section; ``data_position`` is how many segments of the current pass
-    over the training streams are done, which the data module resumes from.
-    """
+    """Trains ``self.model`` on contiguous segments; validates by whole-split perplexity. ``meta`` goes into every
+    checkpoint's ``parnas`` section; ``data_position``: segments done in this pass, where a resume starts."""
 
     def __init__(self, train: TrainConfig, meta: dict[str, Any] | None = None, lr_setting: str = "train.lr") -> None:
         super().__init__()
