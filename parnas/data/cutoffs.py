@@ -223,12 +223,8 @@ def cluster_table(probs: np.ndarray, cutoffs: Sequence[int]) -> list[tuple[int, 
 # --- counts from a corpus -------------------------------------------------------------------------
 
 def train_counts(cfg: DataConfig, tokenizer_file: str | Path | None = None) -> tuple[Tokenizer, np.ndarray]:
-    """Unigram counts of the train split of ``cfg``'s corpus, by id.
-
-    Without ``tokenizer_file`` the tokenizer is ``cfg``'s (trained once and cached, exactly as for
-    training) and the cached train ids are reused. With it -- an ``spm.model``, a ``vocab.txt`` or a
-    cached tokenizer folder holding one -- that tokenizer encodes the train split (nothing cached).
-    """
+    """Unigram counts of the train split of ``cfg``'s corpus, by id: with ``cfg``'s tokenizer and cached ids, as
+    training has them, or with ``tokenizer_file`` (:func:`load_tokenizer`), which encodes the split uncached."""
     from parnas.data.corpora import load_splits, resolve_corpus
 
     if tokenizer_file is None:

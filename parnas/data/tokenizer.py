@@ -74,9 +74,8 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def word_starts(self) -> np.ndarray:
-        """Bool per id: whether the token can follow a whole word without joining it, i.e. its text does
-        not begin with a letter or digit (a new word's first piece, punctuation, a space, a line's end).
-        Sampling after a prompt that ends a word keeps that word whole with it."""
+        """Bool per id: whether the token can follow a whole word without joining it (its text does not begin with
+        a letter or digit), so sampling after a prompt that ends a word keeps that word whole."""
 
     def identity(self) -> dict[str, Any]:
         """What architecture JSONs and checkpoints record of the tokenizer."""

@@ -25,9 +25,7 @@ def static_loss_shapes(model: nn.Module, groups: TargetGroups | None) -> bool:
 
 def memory_full(model: nn.Module, mems: Memory | None) -> bool:
     """Whether ``mems`` holds as many states as ``model`` keeps (:attr:`TransformerXL.memory_len`): the shapes of
-    every later segment of the stream. A model none of whose blocks keeps a memory always has them. (Memories a
-    block keeps itself, a compressive memory's, are not looked at: such a model compiles a set of graphs for each
-    of their lengths.)"""
+    every later segment of the stream. Memories a block keeps itself (a compressive memory's) are not looked at."""
     lengths = ([0 if getattr(b, "uses_memory", True) else None for b in model.blocks] if mems is None  # empty
                else [None if m is None else m.size(1) for m, _ in zip(mems, model.blocks)])
     return next((n for n in lengths if n is not None), model.memory_len) >= model.memory_len

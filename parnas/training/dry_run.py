@@ -23,11 +23,12 @@ import torch
 
 from parnas.architecture import layout_string
 from parnas.config import Config, DataConfig, ModelConfig, cluster_widths
+from parnas.data.corpora import default_cache_dir
 from parnas.kinds import make_block
 from parnas.nn.alignment import set_pad_multiple
 from parnas.nn.blocks import Keeper
 from parnas.nn.model import build_fixed_model
-from parnas.training.devices import check_devices
+from parnas.training.devices import check_devices, training_device
 from parnas.training.latency_table import LatencyTable, read_table, shape_differences, table_key
 from parnas.training.memory import check_memory, estimate_memory, size
 
@@ -83,9 +84,7 @@ def planned_vocabulary(data: DataConfig, recorded: int | None = None) -> int:
     """The vocabulary the run will have, without reading its corpus: SentencePiece trains exactly
     ``data.vocab_size`` pieces; a word or character vocabulary is the corpus's (``data.vocab_size`` is ignored
     then), which an architecture's record knows (``recorded``) and ``data.vocab_size`` otherwise stands in for."""
-    if data.tokenizer == "sentencepiece" or recorded is None:
-        return data.vocab_size
-    return recorded
+    return data.vocab_size if data.tokenizer == "sentencepiece" or recorded is None else recorded
 
 
 def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> None:
@@ -98,8 +97,7 @@ def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) ->
 
 
 def run_length(cfg: Config) -> tuple[int, int]:
-    """(optimiser steps, tokens trained on) of a run: ``train.stop_at`` else ``train.max_steps`` steps, each of
-    ``data.batch_size`` x ``data.seg_len`` tokens (the batch is the whole step's, split across processes)."""
+    """(optimiser steps, tokens trained on) of a run: the batch is the whole step's, split across processes."""
     steps = cfg.train.stop_at or cfg.train.max_steps
     return steps, steps * cfg.data.step_tokens
 
@@ -108,8 +106,6 @@ def cached_table(key: dict, folder: Path) -> LatencyTable | None:
     """The newest table in the latency cache ``folder`` that prices ``key``'s device and shapes, its kinds and the
     training step, at any thread count (a dry run does not choose the run's threads); None if there is none.
     Reads only: the run itself checks, refreshes or removes cached tables."""
-    from parnas import reading
-
     def shapes(of: dict) -> dict:
         return {k: v for k, v in of.items() if k not in ("kinds", "threads")}
 
@@ -119,7 +115,7 @@ def cached_table(key: dict, folder: Path) -> LatencyTable | None:
         return None
     for file in files:
         try:
-            table = LatencyTable.from_dict(reading.read_json(file))
+            table = read_table(file)
             if shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"]) \
                     and "train" in table.modes:
                 return table
@@ -131,11 +127,6 @@ def cached_table(key: dict, folder: Path) -> LatencyTable | None:
 def run_table(cfg: Config, blocks: Sequence[Sequence[str]]) -> tuple[LatencyTable, str] | None:
     """The latency table that prices this run's steps and where it came from: a search's (several candidates a
     block) ``search.latency_table`` when its shapes are the run's, else the cache's for this machine's device."""
-    import torch
-
-    from parnas.data.corpora import default_cache_dir
-    from parnas.training.devices import training_device
-
     kinds = sorted({k for b in blocks for k in b} | {"identity"})
     device = training_device(cfg.train)
     key = table_key(cfg, cfg.data.vocab_size, kinds, torch.device(device))

@@ -108,10 +108,9 @@ class StopOnSignal(pl.Callback):
 
 @contextmanager
 def finishing(trainer: pl.Trainer, what: str) -> Iterator[None]:
-    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: a stop signal, or one
-    that came after the loop last looked (the run's :class:`StopOnSignal` recorded it), raises
-    :class:`Interrupted` naming ``what`` and the checkpoint of the last step, from which ``--resume`` finishes it.
-    The handlers in place before are put back on leaving."""
+    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: a stop signal, now or
+    recorded since the loop last looked, raises :class:`Interrupted` naming ``what`` and the last step's checkpoint,
+    from which ``--resume`` finishes it. The handlers in place before are put back on leaving."""
     stop = next(c for c in trainer.callbacks if isinstance(c, StopOnSignal))
     step, path, rank = trainer.global_step, str(stop.checkpoint.path), trainer.global_rank
     if stop.signum:

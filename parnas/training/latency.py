@@ -182,10 +182,9 @@ def _each_steady(times: list[list[float]]) -> bool:
 
 
 def tokens_per_round(cfg: Config, steps: int) -> int:
-    """Tokens a generation round decodes per model: a short decode of ``DECODE_TOKENS`` (fewer only where
-    ``steps`` segments hold fewer). Each token is a forward of batch 1 read back to the host, so a segment's worth
-    per step would make a table of a few models decode thousands of tokens; a few dozen tokens last long enough
-    to time steadily, on CUDA by its events."""
+    """Tokens a generation round decodes per model: ``DECODE_TOKENS`` (fewer only where ``steps`` segments hold
+    fewer). Each is a forward of batch 1 read back to the host: a segment's worth would take long, and a few dozen
+    tokens time steadily."""
     return max(1, min(DECODE_TOKENS, steps * cfg.data.seg_len))
 
 

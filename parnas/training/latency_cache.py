@@ -203,8 +203,7 @@ def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torc
 
 def drift(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
     """How far ``cached``'s costs are from ``now``'s (the same shapes, timed again): per target, the constant and
-    each kind's cost, then the furthest a whole step's prediction moves (the all-identity model, Transformer-XL,
-    and each kind's uniform model at ``n_blocks``)."""
+    each kind's cost, then the furthest a whole step's prediction moves (uniform models and Transformer-XL)."""
     def change(cached: float, now: float) -> str:  # how far the cached figure is off the one timed now
         return f"{cached:.3f} ms cached, {now:.3f} now" + (f" ({cached / now - 1:+.0%})" if now > 0 else "")
 

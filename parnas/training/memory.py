@@ -123,9 +123,8 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
 
 
 def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
-    """(bytes one training process may use, what they are, processes sharing them), or None when unknown:
-    the free memory of the GPU this process trains on (its local rank's; each DDP process checks its own,
-    and touches no other GPU), or the total RAM shared by this machine's processes."""
+    """(bytes one training process may use, what they are, processes sharing them), or None when unknown: the
+    free memory of this process's own GPU (its local rank's), or the RAM shared by this machine's processes."""
     import torch
 
     if cfg.train.accelerator in ("gpu", "cuda") or (cfg.train.accelerator == "auto" and torch.cuda.is_available()):
@@ -151,9 +150,8 @@ def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
 
 
 def process_limit() -> tuple[float, str] | None:
-    """(bytes this process may still allocate, which limit) under its own limits, or None when none is set:
-    ``ulimit -v`` (address space, less what the process maps already: torch alone maps hundreds of MB) and
-    ``ulimit -d`` (data segment, less the process's data now)."""
+    """(bytes this process may still allocate, which limit) under ``ulimit -v`` or ``ulimit -d``, less what it
+    maps already (torch alone maps hundreds of MB), or None when neither is set."""
     import resource
 
     found = []
@@ -202,11 +200,9 @@ def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) 
 
 
 def out_of_memory(e: BaseException) -> ConfigError | None:
-    """One line for an allocation that failed although :func:`check_memory` passed (its estimate is a lower
-    bound; the limit may have tightened since), else None: the allocator's own words, the estimate, and the
-    settings to lower. A CPU allocator's ``RuntimeError``, CUDA's ``OutOfMemoryError``, ``MemoryError``, and a
-    library the loader could not map (an ``ImportError`` or ``OSError`` saying so: under ``ulimit -v`` a command
-    imports some libraries only when it needs them)."""
+    """One line for an allocation that failed although :func:`check_memory` passed (its estimate is a lower bound),
+    else None: the allocator's words, the estimate and the settings to lower. A library the loader could not map
+    counts too: under ``ulimit -v`` a command imports some libraries only when it needs them."""
     text = str(e)
     unmapped = isinstance(e, (ImportError, OSError)) and any(
         words in text.lower() for words in ("failed to map segment", "cannot allocate memory"))

@@ -35,9 +35,7 @@ SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_ev
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
                     source: str) -> None:
     """A resumed run must be the run that wrote ``checkpoint``: same architecture, tokenizer and settings.
-
-    ``record``: the fixed model's architecture, or None for a search (its space is in its settings, and
-    its ``search.*`` settings must match too)."""
+    ``record``: the fixed model's architecture, or None for a search (whose ``search.*`` settings must match)."""
     meta = checkpoint["parnas"]
     if record is not None:
         written = ckpt.fixed_model_record(checkpoint, source)[1]  # a search's checkpoint is refused here
@@ -60,9 +58,8 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
 
 
 def load_to_resume(source: Path) -> dict[str, Any]:
-    """The checkpoint a run resumes from, read and checked (:func:`parnas.training.checkpoint.load`). If it is
-    damaged and an intact checkpoint lies beside it, the one-line refusal names the latest of those (by step)
-    and the ``--resume=PATH`` that continues from it."""
+    """The checkpoint a run resumes from, read and checked; if it is damaged, the refusal names the latest intact
+    checkpoint beside it and the ``--resume=PATH`` that continues from it."""
     try:
         return ckpt.load(source)
     except ckpt.CheckpointError as e:
