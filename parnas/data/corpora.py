@@ -1,15 +1,9 @@
 """Corpora, token ids and context batching.
 
-A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``. It is found
-(``resolve_corpus``) at an explicit path, under ``$PARNAS_DATA_DIR``, or in the cache, where
-the known public corpora are downloaded and checked against a published checksum. A corpus
-found under ``$PARNAS_DATA_DIR`` is remembered in ``<cache>/corpora.json``, so the next
-command finds it without the variable. Token ids are encoded once per split and tokenizer
-and cached as int32 ``.npy`` beside the tokenizer (``load_splits``); a cached file that is
-damaged (bytes other than the checksum recorded beside it, unreadable, ids outside the vocabulary) is
-reported and encoded again.
-``ContextBatches`` walks a split as B contiguous streams, L tokens at a time, which is
-what lets Transformer-XL carry its memory from one segment to the next.
+A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``, found by :func:`resolve_corpus`
+(the known public ones downloaded into the cache and checked against a published checksum). Token ids are
+encoded once per split and tokenizer and cached as checked int32 ``.npy`` (:func:`load_splits`).
+:class:`ContextBatches` walks a split as B contiguous streams, which lets Transformer-XL carry its memory.
 """
 
 from __future__ import annotations
@@ -44,15 +38,10 @@ SPLITS = ("train", "valid", "test")
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A public corpus parnas can download.
-
-    ``checksum`` is ``"<hashlib algorithm>:<hex digest>"`` of the archive and ``size`` its
-    length in bytes. ``layout`` says how the archive becomes splits: ``"wikitext"`` (members
-    ``wiki.{train,valid,test}.tokens``) or ``"bytes"`` (one file cut at ``split_bytes``:
-    the first n1 bytes train, the next n2 valid, the rest test). ``files_sha256`` optionally
-    pins the extracted splits too. A checksum mismatch is final: mirrors are only tried when
-    a download fails.
-    """
+    """A public corpus parnas can download: ``checksum`` (``"<hashlib algorithm>:<hex digest>"``) and ``size`` of
+    the archive; ``layout`` ``"wikitext"`` (members ``wiki.{split}.tokens``) or ``"bytes"`` (one file cut at
+    ``split_bytes``, the rest test); ``files_sha256`` optionally pins the splits. A checksum mismatch is final:
+    mirrors are only tried when a download fails."""
 
     url: str
     checksum: str
@@ -132,14 +121,10 @@ def _is_corpus(folder: Path, *, required: bool = False) -> bool:
 
 def resolve_corpus(dataset: str, path: str | Path | None = None, *, cache_dir: Path | None = None,
                    registry: Mapping[str, DatasetSpec] | None = None) -> Path:
-    """The directory holding ``dataset``'s train.txt, valid.txt and test.txt.
-
-    An explicit ``path`` wins (any text corpus; ``dataset`` then only labels it), then
-    ``$PARNAS_DATA_DIR/<dataset>/`` (remembered in the cache when found there; a ``$PARNAS_DATA_DIR`` that is not
-    a folder is an error, not a reason to look elsewhere), then
-    ``<cache_dir>/<dataset>/``, then the folder remembered from an earlier ``$PARNAS_DATA_DIR``,
-    and last a download into ``<cache_dir>/<dataset>/`` from ``registry`` (default ``DATASETS``).
-    """
+    """The directory holding ``dataset``'s train.txt, valid.txt and test.txt: an explicit ``path`` (any text
+    corpus), else ``$PARNAS_DATA_DIR/<dataset>/`` (remembered in the cache; a ``$PARNAS_DATA_DIR`` that is not a
+    folder is an error, not a reason to look elsewhere), ``<cache_dir>/<dataset>/``, the folder remembered from an
+    earlier ``$PARNAS_DATA_DIR``, and last a download into ``<cache_dir>/<dataset>/`` from ``registry``."""
     if path is not None:
         folder = Path(path).expanduser()
         if not folder.is_dir():
@@ -282,11 +267,8 @@ def _unpack(zf: zipfile.ZipFile, spec: DatasetSpec, out: Path) -> None:
 # --- token ids ------------------------------------------------------------------------------------
 
 def load_splits(cfg: DataConfig, *, cache_dir: Path | None = None) -> tuple[Tokenizer, dict[str, np.ndarray]]:
-    """The tokenizer and the int32 token ids of each split (read-only memory maps).
-
-    Ids are cached as ``<split>-<sha256[:16] of the split file>.npy`` in the tokenizer's directory, with the
-    checksum of its bytes beside it, so editing a split file re-encodes it and nothing else.
-    """
+    """The tokenizer and the int32 token ids of each split (read-only memory maps), cached by the split file's
+    sha256 in the tokenizer's directory, so editing a split file re-encodes it and nothing else."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     corpus = resolve_corpus(cfg.dataset, cfg.path, cache_dir=cache)
     tokenizer = build_tokenizer(cfg, corpus, cache)
@@ -329,20 +311,11 @@ def _token_ids(tokenizer: Tokenizer, text_file: Path) -> np.ndarray:
 # --- context batching -----------------------------------------------------------------------------
 
 class ContextBatches(torch.utils.data.Dataset):
-    """Segment ``t`` of a split cut into ``batch_size`` contiguous streams.
-
-    ``streams = ids[:B*S].reshape(B, S)`` with ``S = len(ids) // B``; item t is
-    ``(x, y)`` with ``x = streams[:, t*L:(t+1)*L]`` and ``y`` the same window shifted by one,
-    int64 tensors of shape (B/world_size, L). Row i of segment t+1 continues row i of
-    segment t, so memory carries over; never shuffle (use ``DataLoader(..., batch_size=None)``).
-
-    With ``drop_last`` (training) only full segments are made; without it (evaluation) a
-    final shorter segment covers the rest, so every token of every stream but its first is a
-    target. ``n_predicted`` counts targets over all ranks; ``tail_tokens`` the split's tokens
-    that are never targets (stream heads, the ``len % B`` remainder, a dropped last segment).
-    Rank r of W owns streams [r*B/W, (r+1)*B/W). ``ids`` stays a (memory-mapped) array:
-    each item reads only its own slice.
-    """
+    """Segment ``t`` of a split cut into ``batch_size`` contiguous streams: ``(x, y)``, ``x = streams[:, t*L:(t+1)*L]``
+    and ``y`` shifted by one, int64 (B/world_size, L). Row i of segment t+1 continues row i of segment t, so memory
+    carries over: never shuffle. With ``drop_last`` (training) only full segments; without it a last, shorter one
+    makes every token but a stream's first a target. ``n_predicted`` counts targets over all ranks, ``tail_tokens``
+    the split's other tokens. Rank r of W owns streams [r*B/W, (r+1)*B/W); each item reads only its own slice."""
 
     def __init__(self, ids: np.ndarray, batch_size: int, seg_len: int, *, rank: int = 0, world_size: int = 1,
                  drop_last: bool = True) -> None:

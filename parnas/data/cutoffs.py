@@ -1,43 +1,17 @@
 """Optimal adaptive-softmax cutoffs under Grave et al.'s GPU cost model (arXiv:1609.04309).
 
-**Cost model.** The paper times a GPU matrix product as ``g = c + lambda * max(k0*B0, k*B)``:
-a fixed launch cost, and a floor below which the GPU is not yet busy. With the hidden size
-written out, a product of an ``m x k`` by a ``k x n`` matrix costs ``max(min_macs, m*k*n)``
-multiply-adds; ``lambda`` is the unit and ``c``, the same for every product, is dropped, since
-K clusters always make the same number of products and it cannot move the optimum.
-``min_macs`` defaults to the paper's K40 floor ``k0*B0*d = 50 * 500 * 512``.
+A product of an ``m x k`` by a ``k x n`` matrix costs ``max(min_macs, m*k*n)`` multiply-adds (the paper's
+per-product constant cannot move the optimum). For torch's ``nn.AdaptiveLogSoftmaxWithLoss``, ``B`` target
+tokens and cutoffs ``0 < c_1 < ... < c_K < V``, the head is ``B x d`` by ``d x (c_1 + K)`` and tail cluster ``i``
+takes only its ``B * p_i`` tokens through ``d x d_i`` then ``d_i x size_i`` (``d_i = int(d // div_value**i)``;
+``projection=False``: the paper's single product at full ``d``). Masses are taken in id order, because the model
+groups ids by range.
 
-The layout is torch's ``nn.AdaptiveLogSoftmaxWithLoss`` (what ``parnas.nn.model`` uses), for
-``B`` target tokens a step, hidden size ``d`` and cutoffs ``0 < c_1 < ... < c_K < V``:
-
-- head: ``B x d`` by ``d x (c_1 + K)`` -- the first ``c_1`` ids plus one entry per tail cluster;
-- tail cluster ``i`` (ids ``[c_i, c_{i+1})``, ``c_{K+1} = V``): only the ``B * p_i`` tokens
-  whose target is in it, ``p_i`` its unigram mass, go through ``d x d_i`` then ``d_i x size_i``
-  with ``d_i = int(d // div_value**i)``.
-
-Masses are taken over ids in id order, because the model groups ids by range: for word and
-char tokenizers ids are sorted by train counts (the frequency-sorted order of the original TensorFlow
-PAR Transformer-XL), for SentencePiece they follow piece scores, and the cost is the one the model will actually pay.
-
-**Exact DP** (:func:`exact_cutoffs`, the O(K N^2) reference of the original TensorFlow PAR Transformer-XL).
-``F_i(a)``, the cheapest cost of tail clusters ``i..K`` when cluster ``i`` starts at id ``a``, is
-``min_b w_i(a, b) + F_{i+1}(b)``; the answer is ``min_c1 head(c_1) + F_1(c_1)``.
-
-**Fast exact method** (:func:`optimal_cutoffs`, O(K N log N)). Each ``w_i(a, b)`` obeys the
-quadrangle inequality ``w(a,c) + w(b,d) <= w(a,d) + w(b,c)`` for ``a <= b <= c <= d``: the
-mass ``m(a,b)`` is additive; ``m(a,b) * (b-a)`` is the sum of the non-negative matrix
-``M[j,k] = p_j`` over the square ``(a,b]^2``; both grow with the interval, and
-``max(min_macs, x)`` is convex and non-decreasing, which preserves the inequality for such
-functions (Yao 1980). Adding ``F_{i+1}(b)`` keeps the matrix ``A[a,b]`` Monge, so the leftmost
-optimal ``b`` never decreases as ``a`` grows, and divide and conquer over rows finds every
-row's minimum exactly. It returns the same optimum as the DP (tests compare the two on small
-vocabularies, and the DP with brute force on tiny ones).
-
-**Ties.** Products under the floor cost the same whatever their size, so many cutoffs can tie;
-both methods then take the largest cutoffs (the rightmost minimum, which is also monotone in
-Monge matrices): at equal modelled cost, more ids stay in the head and in wider clusters.
-``projection=False`` gives the paper's original form, every tail cluster at the full hidden size
-in one product.
+:func:`exact_cutoffs` is the O(K N^2) dynamic programme of the original TensorFlow PAR Transformer-XL.
+:func:`optimal_cutoffs` finds the same optimum in O(K N log N): each cluster's cost obeys the quadrangle
+inequality (its mass is additive, mass x size a sum over a square of a non-negative matrix, ``max(min_macs, x)``
+convex and non-decreasing), so the optimal next cutoff never decreases as a cluster's start grows and divide and
+conquer finds every row's minimum (Yao 1980). Ties (products under the floor) go to the largest cutoffs in both.
 """
 
 from __future__ import annotations
@@ -249,12 +223,8 @@ def cluster_table(probs: np.ndarray, cutoffs: Sequence[int]) -> list[tuple[int, 
 # --- counts from a corpus -------------------------------------------------------------------------
 
 def train_counts(cfg: DataConfig, tokenizer_file: str | Path | None = None) -> tuple[Tokenizer, np.ndarray]:
-    """Unigram counts of the train split of ``cfg``'s corpus, by id.
-
-    Without ``tokenizer_file`` the tokenizer is ``cfg``'s (trained once and cached, exactly as for
-    training) and the cached train ids are reused. With it -- an ``spm.model``, a ``vocab.txt`` or a
-    cached tokenizer folder holding one -- that tokenizer encodes the train split (nothing cached).
-    """
+    """Unigram counts of the train split of ``cfg``'s corpus, by id: with ``cfg``'s tokenizer and cached ids, as
+    training has them, or with ``tokenizer_file`` (:func:`load_tokenizer`), which encodes the split uncached."""
     from parnas.data.corpora import load_splits, resolve_corpus
 
     if tokenizer_file is None:

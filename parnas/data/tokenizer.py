@@ -1,26 +1,14 @@
 """Tokenizers: SentencePiece, word level and character (byte) level.
 
-Each is trained once on a corpus's train split and cached under
-``<cache_dir>/tokenizers/<train sha256[:16]>-<kind>[-<model_type>-<vocab_size>]/``, built in a temporary
-directory and renamed into place: complete or absent, a crash or a racing DDP rank never sees half of one.
-A cached tokenizer that cannot be loaded (a damaged or emptied file) is reported in one
-line and built again; training on a corpus over a MiB says so first, in one line.
+Each is trained once on a corpus's train split and cached under ``<cache_dir>/tokenizers/``, built in a temporary
+directory and renamed into place, so a crash or a racing DDP rank never sees half of one; a damaged cached one is
+said in one line and built again. A tokenizer's identity (``sha256``, recorded in architecture JSONs and
+checkpoints) is a digest of what it does, not of incidental bytes (the paths and thread count ``spm.model``
+embeds), so a rebuilt cache keeps it and ``--resume`` works.
 
-A tokenizer's identity (``sha256``, recorded in architecture JSONs and checkpoints) is a
-digest of what it does, not of incidental bytes: ``spm.model`` embeds the paths it was
-trained from and the thread count, so those are left out, and a rebuilt cache keeps
-its identity (``retrain --resume`` after a rebuild works).
-
-Conventions shared by all kinds:
-
-- Lines end only at ``\\n`` and every line, empty ones included, ends with one eos
-  (the WikiText convention: WikiText-2 train is 2,088,628 word tokens).
-- Ids are roughly in descending frequency, which adaptive softmax relies on (its head
-  holds the lowest ids). Word and char vocabularies are sorted by train-split counts;
-  SentencePiece orders pieces by score (unigram log-probability, or BPE merge order),
-  which tracks frequency closely enough for cutoffs.
-- An unknown token decodes as ``<unk>`` (WikiText's own spelling of an unknown word), one
-  marker whatever the kind.
+Shared conventions: lines end only at ``\\n`` and every line, empty ones too, ends with one eos (WikiText's
+convention); ids run roughly by descending frequency, which adaptive softmax relies on (word and char
+vocabularies by train counts, SentencePiece by piece score); an unknown token decodes as ``<unk>``.
 """
 
 from __future__ import annotations
@@ -86,9 +74,8 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def word_starts(self) -> np.ndarray:
-        """Bool per id: whether the token can follow a whole word without joining it, i.e. its text does
-        not begin with a letter or digit (a new word's first piece, punctuation, a space, a line's end).
-        Sampling after a prompt that ends a word keeps that word whole with it."""
+        """Bool per id: whether the token can follow a whole word without joining it (its text does not begin with
+        a letter or digit), so sampling after a prompt that ends a word keeps that word whole."""
 
     def identity(self) -> dict[str, Any]:
         """What architecture JSONs and checkpoints record of the tokenizer."""

@@ -1,19 +1,9 @@
 """Checkpoints parnas writes, and the only way it reads them back.
 
-A checkpoint is Lightning's checkpoint dict (weights, optimiser, scheduler,
-loop counters) plus a ``parnas`` section: format and version, the config, the
-architecture record, the tokenizer (its file's bytes, so sampling needs no
-corpus), the data position and training memory, a sha256 of the weights and,
-written last, a sha256 of everything else (``content_digest``: optimiser moments,
-scheduler, counters, memory), so an edit anywhere is caught, not only in the weights.
-Every value is a tensor or plain Python data, so it loads with
-``torch.load(..., weights_only=True)``: a checkpoint can never run code.
-
-:func:`load` is the single reader (resume, evaluate, generate): a file that is
-missing, truncated, holds anything but plain data, or whose weights no longer
-match their digests raises :class:`CheckpointError` with one line.
-:class:`SafeCheckpointIO` plugs the same reader and an atomic writer into
-Lightning.
+A checkpoint is Lightning's dict plus a ``parnas`` section (config, architecture record, the tokenizer's file,
+data position and training memory, a sha256 of the weights and, written last, of everything else), so an edit
+anywhere is caught. Every value is a tensor or plain data: it loads with ``weights_only=True`` and can never run
+code. :func:`load` is the single reader; anything wrong with the file is one :class:`CheckpointError` line.
 """
 
 from __future__ import annotations
@@ -36,7 +26,6 @@ from parnas.errors import ParnasError
 from parnas.files import write_atomic
 from parnas.overrides import from_dict
 
-# Version 2 adds ``content_sha256``; version 1 checkpoints hashed only the weights.
 FORMAT, VERSION = "parnas.checkpoint", 2
 
 
@@ -141,9 +130,6 @@ def check_contents(checkpoint: Any, source: str = "checkpoint") -> dict[str, Any
     meta = checkpoint["parnas"]
     if meta.get("format") != FORMAT:
         fail(f"format is {meta.get('format')!r}, expected {FORMAT!r}")
-    if meta.get("version") == 1:
-        fail("written by an older parnas (checkpoint version 1, whose optimiser and training state carry no "
-             "digest), so it cannot be checked; train it again with this version")
     if meta.get("version") != VERSION:
         fail(f"version {meta.get('version')!r} is not supported (this parnas reads version {VERSION})")
     for key, kind in (("config", dict), ("architecture", dict), ("tokenizer", dict), ("weights_sha256", str),
@@ -185,11 +171,8 @@ def _lacking_kinds(meta: Mapping[str, Any]) -> list[str]:
 
 def _unsafe_what(e: BaseException) -> str:
     """What torch's weights-only unpickler refused, without its advice to load the file unsafely."""
-    text = str(e)
-    found = re.search(r"GLOBAL ([\w.]+)", text)
-    if found:
-        return f"it refers to {found.group(1)}"
-    return "something the safe loader does not accept"
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    return f"it refers to {found.group(1)}" if found else "something the safe loader does not accept"
 
 
 def _first_line(e: BaseException) -> str:

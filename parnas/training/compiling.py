@@ -1,15 +1,8 @@
 """``train.compile``: the model under ``torch.compile``, and what compiling did, counted.
 
-A compiled model's graphs have static shapes (``dynamic=False``), and a segment's shapes change while the memory
-fills: a graph for each memory length would be compiled (``mem_len / seg_len + 1`` sets), every one but the last
-used once. So the segments that fill the memory run eager, and so does a stream's last, shorter segment: one set
-of graphs is compiled for each stream shape, training's and evaluation's. Its loss is compiled where its shapes
-are static too: a full softmax's always, an adaptive softmax's for batches whose tail clusters are padded to fixed
-capacities (:class:`parnas.nn.adaptive.TargetCapacity`, which :func:`compile_model` gives the model: training
-batches are grouped with it); other batches (evaluation's, grouped as they come) score their loss eager. Under
-``reduce-overhead`` a training step is then CUDA graphs but for clipping, the optimiser and the loss's mean:
-eager, the adaptive softmax's loss and its backward are some 66 ops a step at wt2-par's GPU shape, each a kernel
-launched from the host.
+Graphs have static shapes, and a segment's shapes change while the memory fills: a set of graphs for each memory
+length would be compiled and used once. So only segments with a full memory, of the first length seen per mode
+and batch size, run compiled (:func:`compile_model`); the loss too where its shapes are static.
 """
 
 from __future__ import annotations
@@ -32,32 +25,22 @@ def static_loss_shapes(model: nn.Module, groups: TargetGroups | None) -> bool:
 
 def memory_full(model: nn.Module, mems: Memory | None) -> bool:
     """Whether ``mems`` holds as many states as ``model`` keeps (:attr:`TransformerXL.memory_len`): the shapes of
-    every later segment of the stream. A model none of whose blocks keeps a memory always has them. (Memories a
-    block keeps itself, a compressive memory's, are not looked at: such a model compiles a set of graphs for each
-    of their lengths.)"""
+    every later segment of the stream. Memories a block keeps itself (a compressive memory's) are not looked at."""
     lengths = ([0 if getattr(b, "uses_memory", True) else None for b in model.blocks] if mems is None  # empty
                else [None if m is None else m.size(1) for m, _ in zip(mems, model.blocks)])
     return next((n for n in lengths if n is not None), model.memory_len) >= model.memory_len
 
 
 def compile_model(model: nn.Module, mode: str, backend: str | Callable[..., Any] = "inductor") -> None:
-    """``torch.compile`` the model's forward and loss in place (``mode``: one of ``COMPILE_MODES``; "none" leaves
-    it eager; ``backend``: torch.compile's, Inductor but where a test inspects the graphs).
+    """``torch.compile`` the model's forward and loss in place, so parameter names, checkpoints and methods stay
+    (``mode``: one of ``COMPILE_MODES``, "none" leaves it eager; ``backend``: Inductor but where a test inspects
+    the graphs). Only a segment whose memory is full (:func:`memory_full`), of the first length compiled for its
+    mode and batch size, runs compiled; the others run eager. An adaptive softmax's model gets a
+    ``target_capacity`` (its training batches' tail clusters padded to fixed sizes), so its loss compiles too
+    (:func:`static_loss_shapes`). A run thus compiles all it compiles in its first step with a full memory.
 
-    In place, so parameter names, checkpoints and the model's methods stay what they are. Shapes are static
-    (``dynamic=False``), and only a segment whose memory is full (:func:`memory_full`) runs compiled: the
-    segments that fill it run eager, where each would compile a set of graphs of its own used once (with a
-    memory as long as a segment, as in every preset, one set of graphs where there were two). So does a segment of
-    another length than the first compiled of its mode and batch size (an evaluation split's last). An adaptive
-    softmax's model gets a ``target_capacity``, with which its training batches' targets are grouped (the tail
-    clusters padded to fixed sizes), and its loss is compiled for those batches (:func:`static_loss_shapes`) after
-    a forward with a full memory; for any other, eager. So a run compiles all it compiles in its first step with a
-    full memory.
-
-    "reduce-overhead" replays the forward and the loss (and their backward) as CUDA graphs. A replay's outputs
-    live in the graphs' own memory pool, which the next replay overwrites, so the memory the forward hands the
-    next segment is copied out of it (a copy of (B, M, D) per attention block); the hidden states and the loss are
-    used up before the next step. On the CPU it compiles as "default" does."""
+    Under "reduce-overhead" a replay's outputs live in the CUDA graphs' pool, which the next replay overwrites: the
+    memory handed to the next segment is copied out of it ((B, M, D) per attention block)."""
     if mode == "none":
         return
     if getattr(getattr(model, "head", None), "cutoffs", None):

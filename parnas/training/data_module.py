@@ -1,9 +1,7 @@
 """The data a fixed model trains on, as Lightning takes it: B contiguous streams cut into segments.
 
-DDP: Lightning's distributed sampler is switched off, because the streams, not
-the segments, are what ranks divide: rank r of W reads streams
-[r*B/W, (r+1)*B/W) of every segment, so each rank's memory stays contiguous.
-A resumed run's training sampler starts where it stopped.
+Lightning's distributed sampler is off: ranks divide the streams, not the segments (rank r of W reads streams
+[r*B/W, (r+1)*B/W)), so each rank's memory stays contiguous. A resumed run's sampler starts where it stopped.
 """
 
 from __future__ import annotations
@@ -39,11 +37,8 @@ class ResumableSampler(Sampler[int]):
 
 
 class SegmentData(pl.LightningDataModule):
-    """Contiguous segments of each split; rank and world size are read at ``setup``.
-
-    ``task``: the :class:`LanguageModelTask` whose model the batches are for and whose data position a resumed
-    run starts at. Left out, it is the module Lightning trains; a loop that wraps the task (a one-shot search)
-    names it, here or by setting ``task`` before training."""
+    """Contiguous segments of each split. ``task``: the :class:`LanguageModelTask` the batches are for (whose data
+    position a resume starts at); left out, the module Lightning trains (a one-shot search wrapping it names it)."""
 
     def __init__(self, splits: dict[str, np.ndarray], batch_size: int, eval_batch_size: int, seg_len: int,
                  task: LanguageModelTask | None = None) -> None:
@@ -74,10 +69,8 @@ class SegmentData(pl.LightningDataModule):
         return self._loader("train")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Each batch, still on the host: its targets grouped for the model's output head
-        (:func:`with_target_groups`), so the step reads no cluster size back from the device, and bound for a GPU,
-        pinned (:func:`pinned`), so that moving it does not wait for the GPU. A compiled model's capacities are
-        fitted before its first training batch is grouped (:meth:`fit_capacity`)."""
+        """Each batch, still on the host: its targets grouped (:func:`with_target_groups`) and, bound for a GPU,
+        pinned (:func:`pinned`); a compiled model's capacities are fitted before its first training batch."""
         if self.trainer is None:
             return batch
         model = getattr(self.trained_task(), "model", None)
@@ -87,10 +80,8 @@ class SegmentData(pl.LightningDataModule):
         return pinned(with_target_groups(model, batch, self.trainer.training), self.trainer.strategy.root_device)
 
     def fit_capacity(self, capacity: TargetCapacity, cutoffs: Sequence[int]) -> None:
-        """``capacity`` grown to hold every segment of the training split and of the validation split (a search's
-        architecture stream reads it in training), on every rank: a run's capacities are then a function of its
-        data and its layout, the same on every rank, in a resumed run as in the first, and no training batch
-        grows them (which would compile the loss again)."""
+        """``capacity`` grown to hold every segment of the training and validation splits on every rank: the same
+        capacities on every rank and in a resumed run, and no training batch grows them (compiling the loss again)."""
         world = self.trainer.world_size
         for split in ("train", "valid"):
             for rank in range(world if split in self.splits else 0):
@@ -102,8 +93,7 @@ class SegmentData(pl.LightningDataModule):
 
 def most_targets_per_cluster(batches: ContextBatches, cutoffs: Sequence[int]) -> dict[int, tuple[int, ...]]:
     """The most targets a segment of ``batches`` has in each cluster (the shortlist first), by the segment's
-    number of targets (a last, shorter segment of an evaluation split has its own). Counted on the host, a few
-    million targets at a time: WikiText-103's training split in a few seconds."""
+    number of targets (a last, shorter segment of an evaluation split has its own), a few million at a time."""
     streams, L = batches.streams, batches.seg_len
     n_streams, n_clusters = streams.shape[0], len(cutoffs) + 1
     edges = np.asarray(cutoffs)

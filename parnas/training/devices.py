@@ -1,14 +1,9 @@
 """The device a run trains on, and the check that this machine has it, made before anything is written.
 
-``train.accelerator`` and ``train.precision`` are checked for their values when a config is read
-(:mod:`parnas.config`), on any machine: a checkpoint trained on a GPU must stay readable on a laptop.
-Whether *this* machine can honour them is a different question, asked by :func:`check_devices` at
-the start of every command that trains (``train``, ``retrain``, ``search``, ``study``), before a
-tokenizer is built or a run directory is touched. Without it Lightning would refuse later, with a
-traceback, after files were written.
-
-torch is imported only when the answer needs it (a GPU asked for, or bfloat16), so a CPU run's
-config check stays as quick as reading YAML.
+``train.accelerator`` and ``train.precision`` are checked for their values on any machine when a config is read
+(a GPU checkpoint stays readable on a laptop); :func:`check_devices` asks whether *this* machine honours them, at
+the start of every command that trains, before Lightning would refuse with a traceback after files were written.
+torch is imported only when the answer needs it, so a CPU run's config check stays quick.
 """
 
 from __future__ import annotations
@@ -68,31 +63,17 @@ def check_devices(train: TrainConfig) -> None:
             raise ConfigError(f"train.devices={train.devices} asks for {train.devices} CUDA processes, but this "
                               f"machine has {count} CUDA device{'s' * (count != 1)}; set train.devices={count} "
                               "or fewer")
-        if bf16 and not native_bf16():
+        if bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):  # Ampere and newer compute it
             major, minor = torch.cuda.get_device_capability(device)
             raise ConfigError(f"train.precision={train.precision} needs bfloat16, which "
                               f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) does "
                               "not support; use train.precision=16-mixed or 32-true")
 
 
-def native_bf16() -> bool:
-    """Whether the current CUDA device computes in bfloat16 itself (Ampere and newer), not by emulation."""
-    import torch
-
-    try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError:  # torch before 2.3 knows no emulation
-        return torch.cuda.is_bf16_supported()
-
-
 def pinned(batch: Any, device: torch.device) -> Any:
-    """``batch`` (tensors, possibly nested in tuples, lists or named tuples) with its host tensors in page-locked
-    memory when it is bound for a CUDA device; as it is for any other.
-
-    A copy to the GPU from pageable memory goes through a staging buffer of the driver, which may first wait for
-    the stream's queued kernels: the host could not run ahead of the GPU by even one step. From pinned memory a
-    ``non_blocking`` copy is queued behind them like a kernel. Pinning costs a host copy of the batch, into pages
-    that torch's caching host allocator reuses."""
+    """``batch`` (tensors, possibly nested) with its host tensors in page-locked memory when bound for a CUDA device.
+    A copy from pageable memory may first wait for the stream's queued kernels, so the host could not run ahead of
+    the GPU by even one step; from pinned memory a ``non_blocking`` copy is queued behind them like a kernel."""
     if device.type != "cuda":
         return batch
     import torch

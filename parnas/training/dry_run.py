@@ -1,26 +1,15 @@
 """``--dry-run``: what a configuration costs before any data is read or memory allocated.
 
-The model is built on PyTorch's ``meta`` device (shapes, no storage): its parameters are counted
-exactly, tied tensors once. Training FLOPs per token are counted by torch's ``FlopCounterMode`` over a
-forward and backward of one block of each kind, on meta tensors at the run's batch, segment and full
-memory (the matrix products torch counts; a supernet runs every candidate of every block; a ``ut`` block all
-its ``model.act_max_steps`` steps, its bound, since when it halts depends on the data), plus the
-embedding projections and output head counted from their shapes, the adaptive softmax's tail
-clusters weighted by the fraction of targets a Zipf (1/rank) law puts in them (the real fraction
-depends on the corpus, which a dry run does not read). Memory is :func:`parnas.training.memory.estimate_memory`'s
-lower bound. The vocabulary is ``data.vocab_size``: the tokenizer is not built.
+Parameters are counted exactly on PyTorch's ``meta`` device (tied tensors once); training FLOPs per token by
+torch's ``FlopCounterMode`` over one block of each kind at the run's shapes (a supernet runs every candidate, a
+``ut`` block all its ``model.act_max_steps``), plus the embedding and head from their shapes, the adaptive
+softmax's tail clusters weighted by a Zipf law (a dry run reads no corpus; the vocabulary is
+``data.vocab_size``). Memory is :func:`parnas.training.memory.estimate_memory`'s lower bound. Where a latency
+table prices the run's shapes (a search's ``search.latency_table``, else this device's cache), the steps'
+time: eager steps, so a compiled run's figure is an upper bound.
 
-It also says how long the run is: its optimiser steps (``train.stop_at``, else ``train.max_steps``) and the tokens
-they train on (batch x segment: the batch is split across processes, not multiplied), and,
-where a latency table prices the run's shapes, the time those steps take (:func:`expected_time`): a search's
-``search.latency_table`` (timed on the device it names, so a plan for a GPU can be priced on a laptop), else the
-newest table ``parnas latency`` cached for this machine's device at these shapes. The table prices eager steps
-(a supernet's as every candidate of every block run), so a compiled run's figure is an upper bound, and
-validation, compiling and start-up are not in it.
-
-A dry run refuses what the real run refuses from the same settings before it reads data or builds anything
-(:func:`check_plan`: the device, the cutoffs against the vocabulary, the memory), in the same one line: a plan it
-prints is one the run gets past. What needs the corpus (a segment longer than a split) is left to the run.
+A dry run refuses what the real run refuses from the same settings before it reads data (:func:`check_plan`),
+in the same one line: a plan it prints is one the run gets past.
 """
 
 from __future__ import annotations
@@ -34,11 +23,12 @@ import torch
 
 from parnas.architecture import layout_string
 from parnas.config import Config, DataConfig, ModelConfig, cluster_widths
+from parnas.data.corpora import default_cache_dir
 from parnas.kinds import make_block
 from parnas.nn.alignment import set_pad_multiple
 from parnas.nn.blocks import Keeper
 from parnas.nn.model import build_fixed_model
-from parnas.training.devices import check_devices
+from parnas.training.devices import check_devices, training_device
 from parnas.training.latency_table import LatencyTable, read_table, shape_differences, table_key
 from parnas.training.memory import check_memory, estimate_memory, size
 
@@ -94,9 +84,7 @@ def planned_vocabulary(data: DataConfig, recorded: int | None = None) -> int:
     """The vocabulary the run will have, without reading its corpus: SentencePiece trains exactly
     ``data.vocab_size`` pieces; a word or character vocabulary is the corpus's (``data.vocab_size`` is ignored
     then), which an architecture's record knows (``recorded``) and ``data.vocab_size`` otherwise stands in for."""
-    if data.tokenizer == "sentencepiece" or recorded is None:
-        return data.vocab_size
-    return recorded
+    return data.vocab_size if data.tokenizer == "sentencepiece" or recorded is None else recorded
 
 
 def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) -> None:
@@ -109,8 +97,7 @@ def check_plan(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) ->
 
 
 def run_length(cfg: Config) -> tuple[int, int]:
-    """(optimiser steps, tokens trained on) of a run: ``train.stop_at`` else ``train.max_steps`` steps, each of
-    ``data.batch_size`` x ``data.seg_len`` tokens (the batch is the whole step's, split across processes)."""
+    """(optimiser steps, tokens trained on) of a run: the batch is the whole step's, split across processes."""
     steps = cfg.train.stop_at or cfg.train.max_steps
     return steps, steps * cfg.data.step_tokens
 
@@ -119,8 +106,6 @@ def cached_table(key: dict, folder: Path) -> LatencyTable | None:
     """The newest table in the latency cache ``folder`` that prices ``key``'s device and shapes, its kinds and the
     training step, at any thread count (a dry run does not choose the run's threads); None if there is none.
     Reads only: the run itself checks, refreshes or removes cached tables."""
-    from parnas import reading
-
     def shapes(of: dict) -> dict:
         return {k: v for k, v in of.items() if k not in ("kinds", "threads")}
 
@@ -130,7 +115,7 @@ def cached_table(key: dict, folder: Path) -> LatencyTable | None:
         return None
     for file in files:
         try:
-            table = LatencyTable.from_dict(reading.read_json(file))
+            table = read_table(file)
             if shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"]) \
                     and "train" in table.modes:
                 return table
@@ -142,11 +127,6 @@ def cached_table(key: dict, folder: Path) -> LatencyTable | None:
 def run_table(cfg: Config, blocks: Sequence[Sequence[str]]) -> tuple[LatencyTable, str] | None:
     """The latency table that prices this run's steps and where it came from: a search's (several candidates a
     block) ``search.latency_table`` when its shapes are the run's, else the cache's for this machine's device."""
-    import torch
-
-    from parnas.data.corpora import default_cache_dir
-    from parnas.training.devices import training_device
-
     kinds = sorted({k for b in blocks for k in b} | {"identity"})
     device = training_device(cfg.train)
     key = table_key(cfg, cfg.data.vocab_size, kinds, torch.device(device))

@@ -1,12 +1,8 @@
 """The figures a finished run is judged by: whole-split perplexity and its speed, and peak memory.
 
-Evaluation runs on the device the model's weights are on (:func:`evaluate`), with
-bf16 autocast where training used it on a GPU, so it measures the arithmetic the model trained with.
-``parnas train``/``retrain`` write these into ``metrics.json``; ``parnas evaluate`` reports the same.
-
-A diverged run is a result too: perplexity is ``inf`` where ``exp`` of the loss overflows (:func:`perplexity`),
-and a validation loss that is not finite or worse than guessing (:func:`diverged`) marks the run ``diverged``
-and ends it with :func:`parnas.training.task.diverged_error`'s line.
+Evaluation runs on the device the model's weights are on, under bf16 autocast where training used it, so it
+measures the arithmetic the model trained with. A diverged run is a result too: its perplexity is ``inf``
+(:func:`perplexity`), and :func:`diverged` marks it.
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ def perplexity(loss: float) -> float:
         return math.inf
 
 
-# A validation loss this far (nats) above log(V), a uniform guess over the V tokens, is a diverged model. Not 0: an
-# untrained model sits a little above log(V) (5.217 against log(179) = 5.187 after one step with a plain softmax),
-# and a run of a step or two is not diverged; a diverged one is far above (123 or 1e5 nats on the tiny preset).
+# A validation loss this far (nats) above log(V), a uniform guess, is a diverged model. Not 0: an untrained model
+# sits a little above log(V), and a run of a step or two is not diverged; a diverged one is far above.
 DIVERGENCE_MARGIN = 1.0
 
 
@@ -180,13 +175,11 @@ def segments_read(n_segments: int, fraction: float) -> int:
     return n_segments if fraction >= 1 else max(1, math.ceil(n_segments * fraction))
 
 
-def split_metrics(model: TransformerXL, data: SplitData, split: str,
-                  precision: str = "32-true", fraction: float = 1.0) -> dict[str, Any]:
-    """Whole-split perplexity (exp of total NLL over predicted tokens, memory carried) and its speed
-    (tokens/s after a short untimed warm-up; None when the split takes under MIN_TIMED_SECONDS),
-    on the device the model's weights are on. ``fraction`` < 1: over the first ``fraction`` of the split's
-    segments only, i.e. the first part of every evaluation stream (the streams tile the split, so the
-    tokens read still come from all of it); recorded as ``<split>_fraction``, the rest counted as untargeted."""
+def split_metrics(model: TransformerXL, data: SplitData, split: str, precision: str = "32-true",
+                  fraction: float = 1.0) -> dict[str, Any]:
+    """Whole-split perplexity (memory carried) and its speed (tokens/s after an untimed warm-up; None when too
+    quick to time). ``fraction`` < 1: over the first part of every evaluation stream only (the streams tile the
+    split, so the tokens read still come from all of it); recorded as ``<split>_fraction``."""
     batches = data.batches(split)
     n_segments = segments_read(len(batches), fraction)
     with autocast(model_device(model), precision):
@@ -204,13 +197,11 @@ def split_metrics(model: TransformerXL, data: SplitData, split: str,
             **({f"{name}_fraction": fraction} if fraction < 1 else {})}
 
 
-def final_metrics(model: TransformerXL, data: SplitData, precision: str = "32-true",
-                  test: bool = True, valid_fraction: float = 1.0) -> dict[str, Any]:
-    """Valid and test perplexity, and evaluation tokens/s over both splits (None if too quick to time),
-    on the device the model's weights are on, at the model's evaluation memory and position clamp (recorded
-    beside them: ``eval_mem_len``, ``eval_clamp_len``). ``test=False``: the validation split alone (a search's
-    short retrains, which choose by it and report no test perplexity); ``valid_fraction``: of it, the part
-    :func:`split_metrics` reads (the pick's early rounds)."""
+def final_metrics(model: TransformerXL, data: SplitData, precision: str = "32-true", test: bool = True,
+                  valid_fraction: float = 1.0) -> dict[str, Any]:
+    """Valid and test perplexity and evaluation tokens/s, at the model's evaluation memory and position clamp
+    (recorded beside them). ``test=False``: the validation split alone (a search's short retrains);
+    ``valid_fraction``: the part of it :func:`split_metrics` reads."""
     out = {**split_metrics(model, data, "valid", precision, valid_fraction),
            **(split_metrics(model, data, "test", precision) if test else {})}
     seconds = out["val_eval_seconds"] + out.get("test_eval_seconds", 0.0)

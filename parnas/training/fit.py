@@ -1,22 +1,8 @@
 """Train a fixed Transformer-XL with Lightning: :func:`fit` and the final metrics.
 
-:func:`fit` is the one training path for a fixed model: ``parnas train``
-(:func:`train`, the layout from ``model.blocks``) and ``parnas retrain`` (the
-model built from an architecture JSON by the search space) both call it. Its
-pieces, the data module (:mod:`parnas.training.data_module`) and the trainer with
-its callbacks (:mod:`parnas.training.trainer`), are reused by the search.
-
-Resume: ``<out_dir>/checkpoints/last.ckpt`` is written every ``ckpt_every``
-steps, at the end, and when SIGINT or SIGTERM stops the run after the step in
-flight (:mod:`parnas.training.interrupt`); the task restores the data position and
-memory from it and the training sampler starts where it stopped.
-A run without ``--resume`` refuses a folder that holds a run, and everything
-(folder, settings, data, resumability) is checked before any file is written.
-
-A run whose final validation loss diverged (:func:`parnas.training.evaluation.diverged`) still writes
-``metrics.json``, with ``diverged: true`` and ``diverged_step``, then ends with one line and exit status 2 (as a
-training loss that is not finite does); ``--resume`` of it says the same. Every other run records
-``diverged: false``.
+:func:`fit` is the one training path for a fixed model (``parnas train`` and ``parnas retrain``). Everything
+(folder, settings, data, resumability) is checked before a file is written. A run whose final validation loss
+diverged still writes ``metrics.json`` (``diverged: true``), then ends with one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -47,12 +33,7 @@ from parnas.training.interrupt import finishing
 from parnas.training.memory import check_memory
 from parnas.training.resume import check_resumable, load_to_resume, take_over
 from parnas.training.task import LanguageModelTask
-from parnas.training.trainer import (
-    Throughput,
-    build_trainer,
-    end_process_group,
-    position_restored_by_task,
-)
+from parnas.training.trainer import Throughput, build_trainer, end_process_group, position_restored_by_task
 
 
 def tokenizer_meta(tokenizer: Tokenizer) -> dict[str, Any]:
@@ -68,7 +49,14 @@ def train(cfg: Config, resume: bool | str | Path = False) -> dict[str, Any]:
     """``parnas train``: train ``cfg.model.layout`` from scratch (or resume), then evaluate; returns the metrics.
     Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the command around it has."""
     with take_run_dir(cfg.train.out_dir, resume):
-        return _train(cfg, resume)
+        check_devices(cfg.train)
+        tokenizer, splits = load_splits(cfg.data)
+        cfg, record = fixed_layout(cfg, tokenizer)
+        check_segments(cfg, splits)
+        check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in cfg.model.blocks])  # before the model is allocated
+        pl.seed_everything(cfg.train.seed, verbose=False)
+        model = build_fixed_model(cfg.model, tokenizer.vocab_size)
+        return fit(cfg, model, tokenizer, splits, record, resume=resume)
 
 
 def fixed_layout(cfg: Config, tokenizer: Tokenizer) -> tuple[Config, dict[str, Any]]:
@@ -81,31 +69,15 @@ def fixed_layout(cfg: Config, tokenizer: Tokenizer) -> tuple[Config, dict[str, A
     return replace(cfg, model=replace(cfg.model, blocks=tuple(layout))), record
 
 
-def _train(cfg: Config, resume: bool | str | Path) -> dict[str, Any]:
-    check_devices(cfg.train)
-    tokenizer, splits = load_splits(cfg.data)
-    cfg, record = fixed_layout(cfg, tokenizer)
-    layout = cfg.model.blocks
-    check_segments(cfg, splits)
-    check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in layout])  # before the model is allocated
-    pl.seed_everything(cfg.train.seed, verbose=False)
-    model = build_fixed_model(cfg.model, tokenizer.vocab_size)
-    return fit(cfg, model, tokenizer, splits, record, resume=resume)
-
-
 def fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[str, np.ndarray],
         record: dict[str, Any], *, resume: bool | str | Path = False,
         callbacks: Sequence[pl.Callback] = (), test: bool = True, valid_fraction: float = 1.0) -> dict[str, Any]:
     """Train ``model`` (built by the caller, seeded) with ``cfg``; on rank 0 evaluate and write metrics.json.
 
-    ``record`` is the architecture record written into every checkpoint. With ``resume`` the run
-    continues from ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must
-    exist and match ``cfg``; without it ``out_dir`` must hold no run. ``test`` and ``valid_fraction``: what the
-    final evaluation reads (:func:`parnas.training.evaluation.final_metrics`). The run takes ``out_dir``
-    (:func:`parnas.owned_folders.take_run_dir`: held, and checked once for the whole command, so inside ``train``,
-    ``retrain`` or a command that took it already this neither checks nor locks again), and everything is
-    checked before a file is written. Returns the metrics on rank 0, ``{}`` on other ranks.
-    """
+    ``record``: the architecture record every checkpoint holds. With ``resume`` the run continues from
+    ``<out_dir>/checkpoints/last.ckpt`` (or the checkpoint ``resume`` names), which must match ``cfg``; without it
+    ``out_dir`` must hold no run. ``test``, ``valid_fraction``: what the final evaluation reads. Returns the
+    metrics on rank 0, ``{}`` on other ranks."""
     with take_run_dir(cfg.train.out_dir, resume):
         return _fit(cfg, model, tokenizer, splits, record, resume, callbacks, test, valid_fraction)
 
@@ -153,8 +125,7 @@ def _fit(cfg: Config, model: TransformerXL, tokenizer: Tokenizer, splits: dict[s
         )
         # a diverged run is a result: its metrics are written, marked, and the run ends with one line
         step = divergence_step(history, trainer.global_step, model.vocab_size)
-        failure = divergence(metrics["val_loss"], model.vocab_size, step, cfg.train.lr,
-                             measured_at=trainer.global_step)
+        failure = divergence(metrics["val_loss"], model.vocab_size, step, cfg.train.lr, measured_at=trainer.global_step)
         metrics.update(diverged=failure is not None, **({"diverged_step": step} if failure is not None else {}))
         architecture.write(out_dir / "architecture.json", record)
         write_json_atomic(out_dir / "metrics.json", metrics)

@@ -1,40 +1,19 @@
 """Ctrl-C, SIGTERM and SIGHUP during training: finish the step in flight, save, stop, say how to resume.
 
-Lightning turns a ``KeyboardInterrupt`` into ``sys.exit(1)`` and SIGTERM into a stop that writes
-nothing, and a closed terminal's SIGHUP ends the process silently, so work since the last periodic
-checkpoint was lost and nothing said how to go on. :class:`StopOnSignal` takes the three
-(:data:`parnas.errors.STOP_SIGNALS`) over while the training loop runs (from
-``on_train_start``, after Lightning has set its own handlers, which it restores when ``fit`` ends).
-The handler only records the signal; the loop reads that record once per optimiser step:
+Lightning turns a ``KeyboardInterrupt`` into ``sys.exit(1)``, SIGTERM into a stop that writes nothing, and SIGHUP
+ends the process silently: work since the last checkpoint was lost. :class:`StopOnSignal` takes the three over
+while the loop runs; its handler only records the signal, which the loop reads once per optimiser step:
 
-- at the end of a step that does not validate, the checkpoint is written there (the state
-  :class:`parnas.training.trainer.StepCheckpoint` writes at its periodic steps);
-- during a validation (or at the end of a step that validates), the validation stops at its next batch
-  and the checkpoint is written as Lightning writes one at that validation's first batch: ``--resume``
-  then runs the whole validation again (Lightning restarts a validation saved mid-way) and goes on, so
-  the resumed run neither repeats nor loses it. A validation may last longer than the grace a scheduler
-  gives before SIGKILL (NNI's ``nnictl stop``: 5 s), so it is not waited for, except the last step's:
-  Lightning does not run a validation again on resuming a run whose steps are all done, so that one ends
-  first and the checkpoint is written after it;
+- after a step that does not validate, the checkpoint is written there;
+- during a validation, it stops at its next batch and the checkpoint is written as at that validation's first
+  batch, so ``--resume`` runs it again (a validation may outlast a scheduler's grace before SIGKILL: NNI's is
+  5 s); only the last step's validation ends first, since Lightning would not run it again on resuming;
 
-then :class:`parnas.errors.Interrupted` is raised. Lightning tears the trainer down and passes it
-on, so nothing after ``fit`` (final evaluation, ``metrics.json``, a search's export) runs as if the
-run had finished. ``Trainer.should_stop`` is not used: Lightning 2.6 runs a validation when it is
-set (as for early stopping), which would cost a whole pass and log an evaluation the uninterrupted
-run never made.
-
-After the last step, :func:`finishing` covers the work that ends a run (a fixed model's final evaluation,
-a search's export): a signal there stops it at once with :class:`Interrupted` naming what was cut, and
-``--resume`` finishes it from the checkpoint of the last step. Before the first step the CLI's own
-handler (:func:`parnas.cli.main`) raises :class:`Interrupted` with nothing saved.
-
-After the first signal, a second one (a burst of Ctrl-C) ends the process at once, dying by the signal, after
-one line that says so (:func:`parnas.errors.stop_at_once`). Under DDP every rank records its own signals and
-the ranks agree (a max over ranks, one scalar per optimiser step, only when there is more than one process)
-before any of them saves, since saving is collective. They agree over a gloo group of their own, on host
-tensors: an all-reduce over NCCL would put the scalar on the GPU, and reading it back would wait for every
-kernel queued before it, a host sync in each step that leaves the GPU idle while the next step is launched. A
-host collective only waits for the other ranks' hosts, which run ahead of their GPUs.
+then :class:`parnas.errors.Interrupted` is raised, so nothing after ``fit`` runs as if the run had finished.
+``Trainer.should_stop`` is not used: Lightning runs a validation when it is set. :func:`finishing` covers the work
+after the last step; a second signal ends the process at once. Under DDP the ranks agree on the signal (a max,
+once per step) over a gloo group on host tensors: over NCCL, reading the scalar back would sync the host with
+the GPU every step.
 """
 
 from __future__ import annotations
@@ -129,10 +108,9 @@ class StopOnSignal(pl.Callback):
 
 @contextmanager
 def finishing(trainer: pl.Trainer, what: str) -> Iterator[None]:
-    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: a stop signal, or one
-    that came after the loop last looked (the run's :class:`StopOnSignal` recorded it), raises
-    :class:`Interrupted` naming ``what`` and the checkpoint of the last step, from which ``--resume`` finishes it.
-    The handlers in place before are put back on leaving."""
+    """Around ``what`` (e.g. "the final evaluation"), the work after a finished ``fit``: a stop signal, now or
+    recorded since the loop last looked, raises :class:`Interrupted` naming ``what`` and the last step's checkpoint,
+    from which ``--resume`` finishes it. The handlers in place before are put back on leaving."""
     stop = next(c for c in trainer.callbacks if isinstance(c, StopOnSignal))
     step, path, rank = trainer.global_step, str(stop.checkpoint.path), trainer.global_rank
     if stop.signum:

@@ -1,33 +1,15 @@
 """Latency measured on the device: what a block costs where the model will run.
 
-PAR's premise is that attention is the slow block; FLOPs say otherwise at short
-contexts (projections dominate), and neither counts softmax, masks, rel-shift or
-the optimiser. So the cost the search pays is timed, at the run's shapes:
+PAR's premise is that attention is the slow block; FLOPs say otherwise at short contexts (projections dominate),
+and neither counts softmax, masks, rel-shift or the optimiser. So the cost is timed at the run's shapes, for each
+latency target (``train``: a whole step with Adam; ``inference``: a forward in evaluation; ``generate``: one token
+of batch 1 sampled and fed back, as ``parnas generate`` decodes), each with its own memory: a model of all
+``identity`` blocks gives the constant, the same model with every block of kind k gives k's cost per block, and a
+layout is predicted as ``constant + sum of its blocks' costs``.
 
-- a whole-model step of a model whose blocks are all ``identity`` gives the
-  constant part (embedding, head, optimiser of those). A step is one of three
-  *targets*: ``train`` (forward, backward, clipping, Adam on a batch of
-  segments), ``inference`` (forward alone, in evaluation, on the same batch) and
-  ``generate`` (batch 1, one token sampled from the whole vocabulary and fed back,
-  as ``parnas generate`` decodes, with its memory: ``model.eval_mem_len`` states, by default
-  ``mem_len + seg_len``); inference keeps the evaluation memory too (``model.eval_mem_len``, by default
-  ``mem_len``);
-- the same model with every block of kind k gives, minus the constant, k's cost
-  per block. The prediction for a layout is ``constant + sum of its blocks' costs``.
-
-Models are timed in interleaved rounds (every layout once per round, the order
-rotating), after warm-up, with the memory carried as in training, and the median
-round kept, so a shared or throttling machine biases no kind against another.
-Only the targets asked for are timed (a search its own, ``search.latency_target``),
-a generation round decodes a short run of tokens (``DECODE_TOKENS``), and on CUDA
-each round is timed by CUDA events over enough steps to last ``CUDA_ROUND_MS``, the
-rounds stopping early once they spread by at most ``STEADY_SPREAD``. A phase that
-runs over a few seconds says so in one line (:mod:`parnas.training.timing`).
-A table (:mod:`parnas.training.latency_table`, with its file format) records how
-far its rounds spread, the load they competed with, and when and where they were
-timed; :mod:`parnas.training.latency_cache` caches only the steady ones.
-``benchmarks/latency_model.py`` checks predictions against measured whole-model
-steps of random layouts.
+Models are timed in interleaved rounds (the order rotating), after warm-up, the median round kept, so a load
+that comes and goes biases no kind against another; on CUDA by CUDA events, stopping once the rounds are steady.
+``benchmarks/latency_model.py`` checks predictions against measured whole-model steps.
 """
 
 from __future__ import annotations
@@ -59,12 +41,10 @@ STEADY_SPREAD = 0.02  # on CUDA the rounds stop once every timing spreads by at 
 MIN_ROUNDS = 5  # ... after at least this many rounds
 
 
-
 def zipf_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
     """Token ids with a Zipf (1/rank) law: how often the adaptive softmax's tail is hit decides its cost."""
     p = 1.0 / np.arange(1, vocab_size + 1)
     return torch.from_numpy(np.random.default_rng(seed).choice(vocab_size, size=n, p=p / p.sum()))
-
 
 
 def _autocast(device: torch.device, precision: str) -> Any:
@@ -141,14 +121,8 @@ def time_layouts(layouts: Sequence[Sequence[str]], cfg: Config, vocab_size: int,
                  models: Sequence[ModelConfig | None] | None = None,
                  progress: Callable[[str], None] | None = None) -> list[float]:
     """Median milliseconds per step of each layout, timed in interleaved rounds at ``cfg``'s shapes (or at
-    ``models[i]``'s model settings where given: a study's width-scaled Transformer-XL).
-
-    Every round times ``steps`` steps of each model (on CUDA, more where a round would be too short to time), the
-    order rotating by one each round; for ``generate`` a step is one token and a round decodes
-    :func:`tokens_per_round` of them. On CUDA the rounds stop early once each model's spread is at most
-    ``STEADY_SPREAD``. ``progress`` gets one line for a warm-up or a set of rounds that runs over a few seconds.
-    A device that fails meanwhile is a one-line :class:`ParnasError`.
-    """
+    ``models[i]``'s model settings where given); for ``generate`` a step is one token. ``progress`` gets one line
+    for a phase that runs long; a device that fails meanwhile is a one-line :class:`ParnasError`."""
     return [statistics.median(t) for t in time_layout_rounds(layouts, cfg, vocab_size, mode=mode, rounds=rounds,
                                                               steps=steps, warmup=warmup, device=device,
                                                               models=models, progress=progress)]
@@ -208,10 +182,9 @@ def _each_steady(times: list[list[float]]) -> bool:
 
 
 def tokens_per_round(cfg: Config, steps: int) -> int:
-    """Tokens a generation round decodes per model: a short decode of ``DECODE_TOKENS`` (fewer only where
-    ``steps`` segments hold fewer). Each token is a forward of batch 1 read back to the host, so a segment's worth
-    per step would make a table of a few models decode thousands of tokens; a few dozen tokens last long enough
-    to time steadily, on CUDA by its events."""
+    """Tokens a generation round decodes per model: ``DECODE_TOKENS`` (fewer only where ``steps`` segments hold
+    fewer). Each is a forward of batch 1 read back to the host: a segment's worth would take long, and a few dozen
+    tokens time steadily."""
     return max(1, min(DECODE_TOKENS, steps * cfg.data.seg_len))
 
 
@@ -223,13 +196,9 @@ def measure_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
                   rounds: int = 7, steps: int = 3, n_reference: int | None = None,
                   targets: Sequence[str] = MODES,
                   progress: Callable[[str], None] | None = stderr_line) -> LatencyTable:
-    """Time uniform models (all identity, then all of each kind) for each of ``targets`` (all three by default;
-    a search asks for its own) and derive per-block costs, recording each cost's spread over the rounds and the
-    load the rounds competed with (:func:`timing_record`).
-
-    On CUDA the rounds (at most ``rounds``) stop once every cost spreads by at most ``STEADY_SPREAD``. A warm-up
-    or set of rounds that runs over a few seconds says so in one ``progress`` line (stderr by default). A device
-    that fails meanwhile is a one-line :class:`ParnasError`: no table is returned, so none is written."""
+    """Time uniform models (all identity, then all of each kind) for each of ``targets`` and derive per-block
+    costs, recording each cost's spread over the rounds and the load they competed with (:func:`timing_record`).
+    A device that fails meanwhile is a one-line :class:`ParnasError`: no table is returned, so none is written."""
     targets = check_targets(targets)
     device = torch.device(device)
     n = n_reference or cfg.model.n_blocks

@@ -1,19 +1,11 @@
 """The cache of latency tables: a table is kept only if it was timed on a machine that left the timing its cores.
 
-A table timed while other processes take the cores prices the kinds as that moment did, not as the device does, and
-every later search would reuse it. So a table is cached (under ``<cache>/latency/``, keyed by device name, torch
-version, thread count and every shape that changes the cost) only when the other processes' runnable threads, sampled
-between rounds, left the timing its threads: at most ``cores - threads`` of them on average. Otherwise it is timed again
-(up to ``TRIES`` times, each try said in one line) and the steadiest used uncached, with one warning that names its
-spread and load.
-
-A table timed with the machine to itself whose costs still spread by more than ``SPREAD_LIMIT`` of the step
-they were read from (:func:`parnas.training.latency.relative_spread`) spreads by the device's own jitter, which
-another try repeats; timing each search's table again would keep every search waiting and price every run of
-the same search differently. It is cached with
-one warning naming its spread; ``parnas latency --refresh`` times it again. A cached table written before
-tables recorded their timing is timed again too. :func:`check_cache` says how far the cache is from a timing
-taken now (``parnas latency --check``).
+A table timed while other processes take the cores prices the kinds as that moment did, and every later search
+would reuse it. So a table is cached (under ``<cache>/latency/``, keyed by device, torch version, threads and every
+shape that changes the cost) only when the other processes' runnable threads, sampled between rounds, averaged at
+most ``cores - threads``; otherwise it is timed again (up to ``TRIES`` times) and the steadiest used uncached, with
+one warning. A table that still spreads by over ``SPREAD_LIMIT`` on a machine left to it spreads by the device's own
+jitter, which another try repeats: it is cached with one warning.
 """
 
 from __future__ import annotations
@@ -103,16 +95,9 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
                   warn: Callable[[str], None] = _warn, targets: Sequence[str] = MODES,
                   progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, bool]:
     """The cached table for these shapes on this device, timed now if absent (or ``refresh``); returns
-    (table, was_cached). A table timed now is cached unless other processes crowded the cores (:func:`unsteady`),
-    with one ``warn`` line where its rounds still spread widely (:func:`jitter`); a crowded one is timed again, up
-    to ``TRIES`` times, each try said in one ``progress`` line, and the steadiest returned uncached with one
-    ``warn`` line naming its spread and load.
-
-    A table timed for more kinds at the same shapes serves too, restricted to these kinds, and of the tables
-    that cover them the newest is used: searches of different candidate sets started after one timing then
-    price the kinds they share alike (timings of one kind taken at different times differ with the load).
-    Only ``targets`` are timed (a search its own); a cached table serves if it prices them all.
-    """
+    (table, was_cached). A table timed now is cached as the module docstring says. The newest cached table timed
+    for at least these kinds and ``targets`` serves, restricted to them: searches of different candidate sets
+    then price the kinds they share alike."""
     device = torch.device(device)
     kinds = sorted(set(kinds) | {"identity"})
     key = table_key(cfg, vocab_size, kinds, device)
@@ -152,11 +137,9 @@ def latency_table(cfg: Config, vocab_size: int, kinds: Sequence[str], device: to
 
 def newest_covering(key: dict[str, Any], folder: Path, targets: Sequence[str] = MODES,
                     warn: Callable[[str], None] = _warn) -> LatencyTable | None:
-    """The newest readable table in ``folder`` timed on a machine that left it its cores (:func:`unsteady`), with
-    ``key``'s shapes and device, at least its kinds and the ``targets``, restricted to those kinds; None if there
-    is none (unreadable, stale or crowded files are skipped). A table that would serve passes the checks a
-    ``search.latency_table`` file passes (:func:`cached_problem`); one that fails them is removed with one
-    ``warn`` line, never used, and the run times the table again."""
+    """The newest readable, steady table in ``folder`` with ``key``'s shapes and device, at least its kinds and the
+    ``targets``, restricted to those kinds; None if there is none. One whose costs fail :func:`cached_problem` is
+    removed with one ``warn`` line, never used."""
     def shapes(of: dict[str, Any]) -> dict[str, Any]:  # the model's and the requested kinds' settings
         model = {k: v for k, v in of["model"].items() if not isinstance(v, dict) or k in key["kinds"]}
         return {k: v for k, v in of.items() if k != "kinds"} | {"model": model}
@@ -220,8 +203,7 @@ def check_cache(cfg: Config, vocab_size: int, kinds: Sequence[str], device: torc
 
 def drift(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
     """How far ``cached``'s costs are from ``now``'s (the same shapes, timed again): per target, the constant and
-    each kind's cost, then the furthest a whole step's prediction moves (the all-identity model, Transformer-XL,
-    and each kind's uniform model at ``n_blocks``)."""
+    each kind's cost, then the furthest a whole step's prediction moves (uniform models and Transformer-XL)."""
     def change(cached: float, now: float) -> str:  # how far the cached figure is off the one timed now
         return f"{cached:.3f} ms cached, {now:.3f} now" + (f" ({cached / now - 1:+.0%})" if now > 0 else "")
 
@@ -242,13 +224,10 @@ def drift(cached: LatencyTable, now: LatencyTable, n_blocks: int) -> list[str]:
 
 def experiment_table(folder: Path, key: dict[str, Any], obtain: Callable[[], LatencyTable],
                      progress: Callable[[str], None] | None = stderr_line) -> tuple[LatencyTable, Path, bool]:
-    """The one table every trial of an experiment prices with, kept in ``folder`` (the experiment's): returns (table,
-    its file, whether another trial had made it). The first trial to need it holds ``folder``
-    (:func:`parnas.owned_folders.hold_run_dir`: an ``O_NOFOLLOW`` lock) while ``obtain`` gives it (this machine's
-    cache, or a timing) and writes it; the others wait for the lock and read it. Trials that each timed their own
-    table at whatever load they met optimised against different prices; a table that never steadied is not cached
-    on the machine, and is shared here all the same. A file that does not read back as a table of ``key`` is
-    replaced."""
+    """The one table every trial of an experiment prices with, kept in the experiment's ``folder``: returns (table,
+    its file, whether another trial had made it). The first trial to need it holds ``folder`` while ``obtain``
+    gives it; the others wait and read it, so no two trials optimise against different prices. A file that does
+    not read back as a table of ``key`` is replaced."""
     path = folder / f"{cache_path(key).stem}.json"
     with _held_when_free(folder, progress):
         try:

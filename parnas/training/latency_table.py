@@ -1,11 +1,8 @@
 """A latency table: what each block kind costs on one device at one set of shapes, and the file that holds it.
 
-A table (:class:`LatencyTable`) prices a whole step as ``constant + sum of its blocks' costs`` for each latency
-target it was timed for (:mod:`parnas.training.latency` times it). It is JSON, format ``FORMAT``: version 2
-prices every target (``WHOLE_VERSION``), version 3 some of them (``PARTIAL_VERSION``), version 1 (train and
-inference) stays readable. A table read from a file is checked whole before a run uses it
-(:func:`load_table_for`): well-typed, finite positive costs (:func:`cost_problem`), the run's target and kinds,
-and the run's shapes (:func:`table_key`); the device it was timed on may differ.
+A table prices a whole step as ``constant + sum of its blocks' costs`` for each latency target it was timed for.
+It is JSON, format ``FORMAT`` (versions below). A table read from a file is checked whole before a run uses it
+(:func:`load_table_for`); the device it was timed on may differ.
 """
 
 from __future__ import annotations
@@ -43,10 +40,7 @@ def device_name(device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class LatencyTable:
-    """Per-kind block costs and the constant part, in milliseconds per step, for one device and shape set.
-
-    ``predict(kinds)`` is the table's model of a whole step: ``constant + sum(kind costs)``.
-    """
+    """Per-kind block costs and the constant part, in milliseconds per step, for one device and shape set."""
 
     key: dict[str, Any]
     constant_ms: dict[str, float]  # mode -> ms
@@ -150,12 +144,8 @@ def shape_differences(table_key: dict[str, Any], run_key: dict[str, Any]) -> lis
 
 def load_table_for(path: str | Path, run_key: dict[str, Any], setting: str = "search.latency_table",
                    target: str = "train") -> LatencyTable:
-    """The table at ``path`` (timed anywhere, e.g. by ``parnas latency`` on the target GPU) for a run whose own
-    key is ``run_key``, restricted to its kinds: its shapes must be the run's, its device may differ.
-
-    Raises :class:`ConfigError` (one line naming ``setting``) for a file that is not a parnas latency table,
-    one timed at other shapes (each differing key with both values), one without a cost for a kind the run
-    needs, or one without the run's latency ``target`` (a version-1 table has no ``generate``)."""
+    """The table at ``path`` (timed anywhere) for a run whose own key is ``run_key``, restricted to its kinds: its
+    shapes must be the run's, its device may differ. Anything else is a :class:`ConfigError` naming ``setting``."""
     path = Path(path)
     try:
         data = reading.read_json(path, f"{setting}: {path}")

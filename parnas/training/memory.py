@@ -1,18 +1,10 @@
 """How much memory a training run needs, from its config alone, and whether this machine has it.
 
-:func:`estimate_memory` counts the parameters exactly, by building the embedding, the head and
-one block of each kind on PyTorch's ``meta`` device (shapes only, nothing allocated), and
-estimates the activations a training step keeps for its backward pass from the shapes. It is a
-lower bound: parameters with their gradients and Adam's two moments, and for activations only
-what the built-in blocks surely keep (a block's input and output, a feed-forward block's hidden
-layer, attention's score matrix, the memories, the head's logits), or what validation keeps at
-the evaluation memory (``model.eval_mem_len``) where that is more. :func:`check_memory` refuses
-a run whose estimate exceeds the machine's memory (total RAM, or the free memory of each GPU it
-trains on, and what this process may still map under its own limits: ``ulimit -v`` or ``-d``, a
-container's memory limit) before anything is allocated, naming the settings that make it too
-large, instead of an allocator's traceback minutes later (or a machine swapping to a halt). Being a
-lower bound it can pass a run that then fails to allocate: :func:`out_of_memory` words that failure
-in one line too, with the estimate and the settings to lower.
+:func:`estimate_memory` is a lower bound: parameters counted exactly on the ``meta`` device, with gradients and
+Adam's moments, and only the activations the built-in blocks surely keep. :func:`check_memory` refuses a run
+whose estimate exceeds what this machine offers (RAM, each GPU's free memory, a container's or ``ulimit``'s
+limit) before anything is allocated, naming the settings to lower; :func:`out_of_memory` words a later failure
+to allocate in one line too.
 """
 
 from __future__ import annotations
@@ -131,9 +123,8 @@ def estimate_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]
 
 
 def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
-    """(bytes one training process may use, what they are, processes sharing them), or None when unknown:
-    the free memory of the GPU this process trains on (its local rank's; each DDP process checks its own,
-    and touches no other GPU), or the total RAM shared by this machine's processes."""
+    """(bytes one training process may use, what they are, processes sharing them), or None when unknown: the
+    free memory of this process's own GPU (its local rank's), or the RAM shared by this machine's processes."""
     import torch
 
     if cfg.train.accelerator in ("gpu", "cuda") or (cfg.train.accelerator == "auto" and torch.cuda.is_available()):
@@ -159,9 +150,8 @@ def machine_memory(cfg: Config) -> tuple[float, str, int] | None:
 
 
 def process_limit() -> tuple[float, str] | None:
-    """(bytes this process may still allocate, which limit) under its own limits, or None when none is set:
-    ``ulimit -v`` (address space, less what the process maps already: torch alone maps hundreds of MB) and
-    ``ulimit -d`` (data segment, less the process's data now)."""
+    """(bytes this process may still allocate, which limit) under ``ulimit -v`` or ``ulimit -d``, less what it
+    maps already (torch alone maps hundreds of MB), or None when neither is set."""
     import resource
 
     found = []
@@ -210,11 +200,9 @@ def check_memory(cfg: Config, vocab_size: int, blocks: Sequence[Sequence[str]]) 
 
 
 def out_of_memory(e: BaseException) -> ConfigError | None:
-    """One line for an allocation that failed although :func:`check_memory` passed (its estimate is a lower
-    bound; the limit may have tightened since), else None: the allocator's own words, the estimate, and the
-    settings to lower. A CPU allocator's ``RuntimeError``, CUDA's ``OutOfMemoryError``, ``MemoryError``, and a
-    library the loader could not map (an ``ImportError`` or ``OSError`` saying so: under ``ulimit -v`` a command
-    imports some libraries only when it needs them)."""
+    """One line for an allocation that failed although :func:`check_memory` passed (its estimate is a lower bound),
+    else None: the allocator's words, the estimate and the settings to lower. A library the loader could not map
+    counts too: under ``ulimit -v`` a command imports some libraries only when it needs them."""
     text = str(e)
     unmapped = isinstance(e, (ImportError, OSError)) and any(
         words in text.lower() for words in ("failed to map segment", "cannot allocate memory"))

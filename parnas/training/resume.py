@@ -1,10 +1,7 @@
 """Whether a run may continue from a checkpoint: the run that wrote it, with at most bookkeeping changed.
 
-``--resume`` of ``train``, ``retrain`` and ``search`` continues exactly where the checkpoint stopped, so
-everything that moves a weight must be what it was: the architecture (a fixed model's layout, or a
-search's space, whose candidates are among its settings), the tokenizer and every setting but those a
-resume may change (where output goes, how often to log, evaluate and save, the hardware). A refusal is
-one line naming the setting, its old and new value, and what a resume may change.
+Everything that moves a weight must be what it was (the architecture, the tokenizer, every setting but those in
+``RESUMABLE_CHANGES``); a refusal is one line naming the setting, its old and new value.
 """
 
 from __future__ import annotations
@@ -38,9 +35,7 @@ SEARCH_RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"search.out_dir", "search.log_ev
 def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, Any] | None, tokenizer: Tokenizer,
                     source: str) -> None:
     """A resumed run must be the run that wrote ``checkpoint``: same architecture, tokenizer and settings.
-
-    ``record``: the fixed model's architecture, or None for a search (its space is in its settings, and
-    its ``search.*`` settings must match too)."""
+    ``record``: the fixed model's architecture, or None for a search (whose ``search.*`` settings must match)."""
     meta = checkpoint["parnas"]
     if record is not None:
         written = ckpt.fixed_model_record(checkpoint, source)[1]  # a search's checkpoint is refused here
@@ -63,9 +58,8 @@ def check_resumable(checkpoint: dict[str, Any], cfg: Config, record: dict[str, A
 
 
 def load_to_resume(source: Path) -> dict[str, Any]:
-    """The checkpoint a run resumes from, read and checked (:func:`parnas.training.checkpoint.load`). If it is
-    damaged and an intact checkpoint lies beside it, the one-line refusal names the latest of those (by step)
-    and the ``--resume=PATH`` that continues from it."""
+    """The checkpoint a run resumes from, read and checked; if it is damaged, the refusal names the latest intact
+    checkpoint beside it and the ``--resume=PATH`` that continues from it."""
     try:
         return ckpt.load(source)
     except ckpt.CheckpointError as e:

@@ -1,10 +1,8 @@
-"""Models timed side by side: every target (train step, inference segment, generated token) of several models,
-in one process, in alternating rounds (:func:`parnas.training.latency.time_layouts`).
+"""Models timed side by side: every target of several models, in one process, in alternating rounds.
 
-Runs timed in their own processes at different moments compare the machine's load at those moments as much as
-the models: on a shared machine one run's throughput can be half of another's for no reason in the models. Timed
-side by side, round by round, a load that comes and goes slows every model alike. ``parnas study`` and
-``parnas compare`` judge speed by these timings.
+Runs timed in their own processes at different moments compare the machine's load as much as the models; timed
+round by round, a load that comes and goes slows every model alike. ``parnas study`` and ``parnas compare`` judge
+speed by these timings.
 """
 
 from __future__ import annotations
@@ -24,13 +22,10 @@ from parnas.training.latency_table import MODES, device_name, target_memories
 def time_side_by_side(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], ModelConfig | None]],
                       vocab_size: int, device: torch.device,
                       progress: Callable[[str, int, int, str], None] | None = None) -> dict[str, Any]:
-    """ms per train step, inference segment and generated token of every layout (name -> its kinds and its model
-    settings, None for ``cfg``'s) at ``cfg``'s data shapes, in ``rounds`` alternating rounds on ``device``:
-    ``{"<target>_step_ms": {name: ms}}`` (the rounds' median) and ``{"<target>_spread": {name: spread}}`` (their
-    interquartile range over the median, :func:`relative_spread`), with what they were timed with (device,
-    threads, torch, shapes, the memory each target keeps) and the machine's 1-minute load average after them.
-    ``progress(stage, i, n, line)`` hears of each target as it starts, and of a warm-up or rounds of it that run
-    over a few seconds, how far along they are (one line each)."""
+    """ms per step of every target of every layout (name -> its kinds and its model settings, None for ``cfg``'s),
+    in ``rounds`` alternating rounds on ``device``: ``{"<target>_step_ms": {name: median}}`` and
+    ``{"<target>_spread": {name: spread}}`` (:func:`relative_spread`), with what they were timed with and the
+    1-minute load average after them. ``progress(stage, i, n, line)`` hears of each target and of a long phase."""
     timing: dict[str, Any] = {"device": device_name(device), "threads": torch.get_num_threads(),
                               "torch": torch.__version__, "rounds": rounds, "batch_size": cfg.data.batch_size,
                               "seg_len": cfg.data.seg_len, "mem_len": cfg.model.mem_len,

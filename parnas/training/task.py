@@ -1,30 +1,14 @@
 """The language-modelling task: a Lightning module that carries Transformer-XL memory.
 
-It subclasses NNI's ``LightningModule`` so the one-shot search can wrap it: the
-model is handed in with ``set_model`` (NNI does the same with the supernet),
-and everything here only assumes the :class:`parnas.nn.model.TransformerXL`
-interface (``model(x, mems) -> (h, mems)``, ``model.nll(h, y, groups)``).
+It subclasses NNI's ``LightningModule`` so the one-shot search can wrap it (the model is handed in with
+``set_model``, as NNI does with the supernet). Memory is kept per stream (training, evaluation, or a search's
+architecture stream through :meth:`LanguageModelTask.side_stream_nll`), so an evaluation mid-training neither
+sees nor disturbs the training memory. Perplexity is ``exp(total NLL / predicted tokens)`` over the whole split,
+summed across ranks.
 
-A batch is made on the host as ``(x, y)``; before Lightning moves it to the device the data module makes it
-``(x, y, groups)`` (:func:`with_target_groups`): the adaptive softmax's targets grouped by cluster there, so
-that the step reads nothing back from the device.
-
-Memory is kept per stream: one for training, one for evaluation, so an
-evaluation in the middle of training neither sees nor disturbs the training
-memory. A stream the task does not know (a search's architecture stream,
-:mod:`parnas.strategies.arch_stream`) keeps its own memory and steps through
-:meth:`LanguageModelTask.side_stream_nll`. Perplexity is
-``exp(total NLL / predicted tokens)`` over the whole split, summed across DDP
-ranks, never a mean of per-batch perplexities.
-
-Exact resume: a checkpoint holds what the next step depends on beyond the
-weights and optimiser, i.e. the data position (segments done in this pass over
-the streams) and the training memory of *every* stream (gathered from all DDP
-ranks, so a run may even resume on another number of processes). Dropout is
-reseeded at every training step from (seed, rank, micro-batch index)
-(:meth:`LanguageModelTask.seed_for_step`), so the random numbers a step uses
-depend on nothing that happened before it, such as draws Lightning or a
-DataLoader made between a checkpoint and the next step.
+Exact resume: a checkpoint holds the data position and every stream's training memory (gathered from all ranks),
+and dropout is reseeded at every step from (seed, rank, micro-batch index), so a step's random numbers depend on
+nothing drawn before it.
 """
 
 from __future__ import annotations
@@ -54,12 +38,9 @@ def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float
 
 
 def diverged_error(step: int, why: str, lr: float, lr_setting: str = "train.lr") -> ParnasError:
-    """The one line a diverged run ends with, whatever noticed it (a training loss that is not finite, a final
-    validation loss worse than guessing, ``parnas evaluate`` of such a checkpoint): the step, why, and what to
-    change. A :class:`ParnasError`, so the command exits with status 2 after it, as for any setting that cannot
-    be honoured; unlike a refusal, what the run produced (its checkpoint, its ``metrics.json`` marked
-    ``diverged``) stays. ``lr_setting``: the setting that gave the weights ``lr`` (a supernet's may be
-    ``search.weight_lr``)."""
+    """The one line a diverged run ends with, whatever noticed it: the step, why, and what to change. A
+    :class:`ParnasError` (exit status 2), but what the run produced stays. ``lr_setting``: the setting that gave
+    the weights ``lr`` (a supernet's may be ``search.weight_lr``)."""
     return ParnasError(f"training diverged at step {step} ({why}, {lr_setting}={lr:g}); lower {lr_setting} "
                        "(or clip with train.clip) and start again")
 
@@ -72,12 +53,9 @@ def segment_nll(model: nn.Module, x: Tensor, y: Tensor, mems: Memory | None,
 
 
 def with_target_groups(model: nn.Module, batch: Any, training: bool = False) -> Any:
-    """A batch ``(x, y)`` still on the host, as ``(x, y, groups)`` with y grouped for the model's output head
-    (``model.group_targets``); a dict's values each so (a search's paired streams). Anything else, a batch
-    already on a device, or a model that groups nothing is returned as it is. Grouping on the host keeps the
-    adaptive softmax from reading its cluster sizes back from the device in the step. A ``training`` batch
-    for a compiled model is grouped with its ``target_capacity``, so the loss keeps its shapes
-    (:mod:`parnas.training.compiling`)."""
+    """A batch ``(x, y)`` still on the host, as ``(x, y, groups)`` with y grouped for the model's output head, so
+    the step reads no cluster size back from the device; a dict's values each so (a search's paired streams);
+    anything else as it is. A ``training`` batch is grouped with the model's ``target_capacity``, if any."""
     if isinstance(batch, dict):
         return {key: with_target_groups(model, value, training) for key, value in batch.items()}
     group = getattr(model, "group_targets", None)
@@ -107,11 +85,8 @@ SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's precisions with a gradient
 
 
 def adam(params: Iterable[nn.Parameter], lr: float, precision: str = "32-true") -> torch.optim.Adam:
-    """Adam, with torch's fused kernel (one pass over each parameter) where it may run.
-
-    Not under fp16 mixed precision: its gradient scaler must unscale the gradients before they are clipped,
-    and fused Adam unscales them itself, inside its step. (bf16-mixed has no scaler:
-    :meth:`LanguageModelTask.configure_gradient_clipping` clips for it.)"""
+    """Adam, with torch's fused kernel where it may run: not under fp16 mixed precision, whose gradient scaler must
+    unscale the gradients before they are clipped, where fused Adam unscales them inside its step."""
     params = list(params)
     fused = str(precision) not in SCALED_PRECISIONS and all(
         p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
@@ -133,10 +108,9 @@ def on_host(value: float) -> Tensor:
 
 
 def reseed(seed: int, device: torch.device) -> None:
-    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU's generator and, off the CPU, the device's own
-    (another backend's: its current device's). ``torch.manual_seed`` also queues the seed for every accelerator
-    backend this process has not initialised (CUDA on a CPU run, XPU and MTIA everywhere), formatting the Python
-    stack each time, a cost a small step feels."""
+    """``torch.manual_seed(seed)`` for a step on ``device``: the CPU's generator and the device's own only.
+    ``torch.manual_seed`` also queues the seed for every backend not initialised, formatting the Python stack
+    each time, a cost a small step feels."""
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":  # initialised: the step's tensors are there
         index = torch.cuda.current_device() if device.index is None else device.index
@@ -146,10 +120,8 @@ def reseed(seed: int, device: torch.device) -> None:
 
 
 def scalars_read(trainer: Any, progress_every: int) -> bool:
-    """Whether anything reads the scalars logged in the step being taken: Lightning's logger, which writes every
-    ``log_every_n_steps`` steps, or the plain progress lines, after the first step, every ``progress_every`` and
-    at the last. ``self.log`` costs Lightning's bookkeeping whether or not anything reads it, a cost a small step
-    feels, so a step no one reads logs nothing; a progress bar shows the last value logged."""
+    """Whether anything reads the scalars logged in the step being taken (Lightning's logger, or the plain progress
+    lines): ``self.log`` costs bookkeeping a small step feels, so a step no one reads logs nothing."""
     step = trainer.global_step + 1  # the step this batch takes, as the logger and the progress lines count it
     writes = trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0
     return writes or prints_progress(step, progress_every) or step >= trainer.max_steps
@@ -161,12 +133,8 @@ def step_seed(seed: int, rank: int, index: int) -> int:
 
 
 class LanguageModelTask(LightningModule):
-    """Trains ``self.model`` on contiguous segments; validates by whole-split perplexity.
-
-    ``meta`` (config, architecture, tokenizer) is written into every checkpoint's
-    ``parnas`` section; ``data_position`` is how many segments of the current pass
-    over the training streams are done, which the data module resumes from.
-    """
+    """Trains ``self.model`` on contiguous segments; validates by whole-split perplexity. ``meta`` goes into every
+    checkpoint's ``parnas`` section; ``data_position``: segments done in this pass, where a resume starts."""
 
     def __init__(self, train: TrainConfig, meta: dict[str, Any] | None = None, lr_setting: str = "train.lr") -> None:
         super().__init__()
@@ -241,8 +209,7 @@ class LanguageModelTask(LightningModule):
         of its own, so its numbers are not the training stream's."""
         return step_seed(self.train_cfg.seed + offset, self.global_rank, self.batches_seen)
 
-    def side_stream_nll(self, batch: Sequence[Any], memory: Memory | None,
-                        seed_offset: int) -> tuple[Tensor, Memory]:
+    def side_stream_nll(self, batch: Sequence[Any], memory: Memory | None, seed_offset: int) -> tuple[Tensor, Memory]:
         """Per-token NLL (B, L) of the next segment of a stream other than ``train`` and the memory for its next
         segment: the caller keeps that stream and its ``memory`` (a search's architecture stream); dropout is
         reseeded with :meth:`seed_for_step` (``seed_offset``), so a resumed run redraws the same. Neither the
@@ -371,5 +338,4 @@ class LanguageModelTask(LightningModule):
         """This rank's rows of a gathered memory (saved on the CPU), on the device of the batch ``x`` (B, L)
         they will be attended with: the batch, not a device recorded elsewhere, is where the step runs."""
         rank, local_batch = self.global_rank, x.size(0)
-        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(x.device)
-                for m in memory]
+        return [None if m is None else m[rank * local_batch:(rank + 1) * local_batch].to(x.device) for m in memory]

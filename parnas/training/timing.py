@@ -1,8 +1,5 @@
-"""How a device's work is timed and reported while it is timed: CUDA events on a GPU, the wall clock elsewhere;
-one progress line for a phase that runs long; a device that fails mid-timing said in one line.
-
-A phase of work that lasts longer than ``PROGRESS_AFTER_S`` (timing a latency table before a GPU search's
-first step, say) says once what it is doing and how far along it is, so that no run sits silent.
+"""How a device's work is timed (CUDA events on a GPU, the wall clock elsewhere), a phase that runs long said in one
+progress line so that no run sits silent, and a device that fails mid-timing said in one line.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The Lightning trainer as parnas sets it up, and its callbacks: periodic checkpoints, throughput, the steps
-logged to TensorBoard, and a plain progress line where no terminal shows Lightning's bar.
-
-Output: Lightning's progress bar only on a terminal; otherwise (pipes, nnictl's
-trial.log) one plain line every ``log_every`` steps and after each validation.
-Lightning's and NNI's info messages only with ``parnas --verbose``.
+logged to TensorBoard, and a plain progress line (every ``log_every`` steps and after each validation) where no
+terminal shows Lightning's bar.
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ from parnas.training.interrupt import StopOnSignal
 
 
 class StepCheckpoint(pl.Callback):
-    """Write ``path`` every ``every`` optimiser steps and when training ends (all ranks take part).
-
-    At a step that also validates (a multiple of ``eval_every``) the checkpoint is written once
-    that validation has ended, so it holds the validation's result and a resumed run neither
-    repeats nor loses it."""
+    """Write ``path`` every ``every`` optimiser steps and when training ends (all ranks take part); at a step that
+    also validates, once that validation has ended, so a resumed run neither repeats nor loses it."""
 
     def __init__(self, path: Path, every: int, eval_every: int = 0) -> None:
         self.path, self.every, self.eval_every, self.saved_at = Path(path), every, eval_every, -1
@@ -67,12 +61,9 @@ class StepCheckpoint(pl.Callback):
 
 
 class Throughput(pl.Callback):
-    """Training tokens per second over all ranks, timing training batches only (no evaluation, no saving).
-
-    On CUDA two events bracket each batch and their times are read back every ``FOLD_EVERY`` batches
-    (and at a checkpoint or the end): a synchronize around every batch would stop the host from queuing
-    the next step's kernels while the GPU runs this one. Elsewhere the host's clock brackets the batch.
-    Its totals travel in checkpoints, so a resumed run reports the speed of all its steps."""
+    """Training tokens per second over all ranks, timing training batches only. On CUDA two events bracket each
+    batch, read back every ``FOLD_EVERY`` batches: a synchronize every batch would keep the host from queuing the
+    next step while the GPU runs this one. Its totals travel in checkpoints, so a resume reports all its steps."""
 
     FOLD_EVERY = 100
 
@@ -175,10 +166,9 @@ class PlainProgress(pl.Callback):
 
 
 class CompileNotice(pl.Callback):
-    """A compiled model's graphs are built by the first step whose memory is full (the steps that fill it run eager),
-    and its evaluation graphs by the first validation batch whose memory is full: minutes at a large shape, which no
-    progress line covers. One line says so before training starts, and one after each of those batches says how long it
-    took and what it compiled (:func:`compiled_since`), on rank 0."""
+    """Compiling takes the first training step and validation batch with a full memory: minutes at a large shape,
+    which no progress line covers. One line says so before training, and one after each says how long it took and
+    what it compiled (:func:`compiled_since`), on rank 0."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -237,10 +227,8 @@ def _input_tokens(batch: Any) -> int:
 
 def build_trainer(cfg: TrainConfig, out_dir: Path, trainer_cls: type[pl.Trainer] = pl.Trainer,
                   **overrides: Any) -> pl.Trainer:
-    """A Trainer that validates every ``eval_every`` optimiser steps, across epoch boundaries, and writes
-    ``<out_dir>/checkpoints/last.ckpt`` every ``ckpt_every`` steps and at the end (weights-only loadable).
-    ``trainer_cls``: the search passes NNI's traced ``Trainer``, which NNI's evaluator requires.
-    A progress bar only when stdout is a terminal; otherwise plain lines (:class:`PlainProgress`)."""
+    """A Trainer that validates every ``eval_every`` optimiser steps and writes ``<out_dir>/checkpoints/last.ckpt``
+    every ``ckpt_every`` steps and at the end. ``trainer_cls``: the search passes NNI's traced ``Trainer``."""
     quiet_libraries()
     out_dir = Path(out_dir)
     progress: pl.Callback = TQDMProgressBar() if sys.stdout.isatty() else PlainProgress(cfg.log_every)
