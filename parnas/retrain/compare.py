@@ -1,16 +1,9 @@
 """``parnas compare``: one table of finished runs, from their ``metrics.json``, their speed timed side by side.
 
-A run's own throughput was timed in its own process at its own moment: on a shared machine the load at that moment
-decides it as much as the model does, and can reverse which of two models is faster. So the table's speed columns come
-from timing the runs' models here, in one process, in alternating rounds (:mod:`parnas.training.side_by_side`), as
-``parnas study`` does: by default when every model is small enough (``AUTO_TIME_PARAMETERS``; ``--time``/``--no-time``
-decide), with fresh weights (speed does not depend on them) at the first run's data shapes. The runs' own
-figures follow under a heading that says they were timed separately. Every other figure is the run's record.
-Written as Markdown (for notes) and CSV (for plotting).
-
-Each speed says its rounds' spread, and the lines under the table say what else a reader needs before ranking:
-runs that are one network (one layout, model, data and training length: their gaps are noise, the table's noise
-floor), a machine loaded beyond the cores the timing used, and what the perplexities are per.
+A run's own throughput was timed at its own moment: on a shared machine the load then decides it as much as the
+model does, and can reverse which of two models is faster. So the speed columns come from timing the runs' models
+here, in alternating rounds (:mod:`parnas.training.side_by_side`), as ``parnas study`` does; every other figure is
+the run's record (docs/reference.md, "Retraining what was found", says what the table shows).
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """``parnas evaluate`` and ``parnas generate``: a checkpoint's perplexity, and samples from it.
 
-Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the
-perplexity at the end of training, on the corpus the checkpoint's config names,
-encoded with the tokenizer the checkpoint carries: the same checkpoint gives
-the same figure. A checkpoint whose loss there is not finite or worse than guessing
-(:func:`parnas.training.evaluation.diverged`) is reported ``diverged``, and the command ends with the line
-its training ended with (:func:`evaluation_divergence`). Both keep the memory the checkpoint's
-``model.eval_mem_len`` says
-(``--mem-len`` overrides it), which may be longer than in training, as Transformer-XL
-allows (relative positions extend to any distance; ``model.clamp_len``, or ``--clamp-len``,
-caps the distances read).
+Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the perplexity at the end of
+training, with the tokenizer the checkpoint carries: the same checkpoint gives the same figure. Both keep the memory
+``model.eval_mem_len`` says (``--mem-len`` overrides it; see docs/reference.md, "The evaluation memory").
 
-Sampling feeds the prompt in segments of the training length, then one token
-at a time, carrying the memory throughout; without ``model.eval_mem_len`` the memory holds
-``mem_len + seg_len`` states, the longest context a training step showed the model.
-A prompt that ends with a whole word keeps it: the first token drawn is one that
-starts a new word (or punctuation, or a line's end), never one that would extend
-the prompt's last word ("The album was" + "th" would print "The album wasth").
-The continuation is decoded together with the prompt, so the tokenizer's own word
-boundaries hold between them, but the prompt shows as the user wrote it (:func:`shown_prompt`), not as its ids
-decode: a character the vocabulary lacks would decode as ``<unk>``. The continuation never draws the unknown
-token: its probability is set to zero before sampling, so every token drawn is one the text shows (dropping it at
-decoding instead would print text the model did not condition on, and fewer tokens than asked). A
-:class:`TextStream` hands the text out as it is generated (``parnas generate`` prints it token by token).
+Sampling feeds the prompt in training-length segments, then one token at a time, carrying the memory. A prompt that
+ends with a whole word keeps it: the first token drawn starts a new word, never extends the last one ("The album
+was" + "th" would print "The album wasth"). The continuation is decoded with the prompt, so the tokenizer's word
+boundaries hold between them, but the prompt shows as the user wrote it (:func:`shown_prompt`): a character the
+vocabulary lacks would decode as ``<unk>``. The unknown token is never drawn (its probability is zeroed before
+sampling; dropping it at decoding would print text the model did not condition on, and fewer tokens than asked).
 """
 
 from __future__ import annotations

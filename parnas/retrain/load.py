@@ -1,12 +1,6 @@
-"""A trained model back from a checkpoint, for evaluation and sampling.
-
-Everything comes from the checkpoint itself (read only through
-:func:`parnas.training.checkpoint.load`, i.e. ``weights_only``): the config, the
-architecture record (the model is rebuilt by the search-space class under
-``model_context``, as retrain built it) and the tokenizer's own file, so
-sampling needs no corpus and evaluation encodes the corpus with exactly the
-tokenizer the model was trained with.
-"""
+"""A trained model back from a checkpoint (:func:`parnas.training.checkpoint.load`, ``weights_only``): its config,
+its architecture (rebuilt as retrain built it) and its tokenizer's own file, so sampling needs no corpus and evaluation
+encodes the corpus with exactly the tokenizer the model was trained with."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """Retrain: the fixed PAR model an architecture JSON describes, trained from scratch.
 
-Order matters for the "nothing written" promise: the architecture file is read
-and validated, the config resolved, the output folder checked (writable; holding
-no earlier run unless ``--resume``), the tokenizer built and checked against the
-architecture's vocabulary, all before the run directory is touched. The model
-comes from the search-space class under ``model_context`` (``search_spaces.fixed_model``)
-so retrain and search share every line of block code, and the training itself is
-:func:`parnas.training.fit.fit`, the same path ``parnas train`` takes.
-
-Model settings: those recorded in the JSON's ``model`` section, then any
-``--set model.KEY=VALUE``; the ``model`` section of a ``--config`` file is
-ignored for a JSON (it is the search's record that counts) and used for the
-named baselines (``transformer-xl``, ``all-attention``), which take their block
-count and sizes from the config so they match a found architecture trained
-with the same config.
+Order matters for the "nothing written" promise: the architecture is validated, the config resolved, the output
+folder checked and the tokenizer checked against the architecture's vocabulary, all before the run directory is
+touched. The model comes from the search space (``search_spaces.fixed_model``), so retrain and search share every
+line of block code, and training is :func:`parnas.training.fit.fit`, as for ``parnas train``. Model settings: the
+JSON's ``model`` section, then ``--set model.*``; a ``--config``'s ``model`` section counts only for the named
+baselines, so they match a found architecture trained with the same config.
 """
 
 from __future__ import annotations
