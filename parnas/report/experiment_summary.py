@@ -2,11 +2,8 @@
 its final pick retrained it to against the guard, whether the guard won, where its pictures are, and the two
 retrains that compare the best find with Transformer-XL.
 
-Plain records in, text out (no torch). A trial's numbers are its place in start order
-(:func:`parnas.report.experiments.experiment_trials`), as the progress lines said them. The best trial
-(:func:`best_outcome`) is a found layout its pick confirmed where there is one, for the README's retrains to compare
-a found network with Transformer-XL.
-When that export is Transformer-XL itself, comparing it with Transformer-XL would compare a network with itself:
+Plain records in, text out (no torch). Trials are numbered in start order, as the progress lines said them. When
+the best export is Transformer-XL itself, retraining it beside Transformer-XL would compare a network with itself:
 the block says so and offers the cheapest layout a trial exported instead.
 """
 

@@ -1,22 +1,13 @@
-"""An nnictl experiment's trials: where their parnas run directories are, whether each has
-finished, and the figures a finished or running trial reports.
+"""An nnictl experiment's trials: where their parnas run directories are, whether each has finished, and the figures
+a finished or running trial reports; and ``nnictl create`` made safe (:func:`launch`).
 
-A search run inside an NNI trial writes into ``$NNI_OUTPUT_DIR``, which NNI 3.0's
-local training service puts at
-``<experiments root>/<experiment id>/environments/<env>/trials/<trial id>/``. The root is NNI's
-``experimentWorkingDirectory``: ``~/nni-experiments`` unless the experiment
-config says otherwise (pass ``root`` then).
+A search inside an NNI trial writes into ``$NNI_OUTPUT_DIR``, which NNI 3.0's local training service puts at
+``<root>/<experiment id>/environments/<env>/trials/<trial id>/``; the root is NNI's ``experimentWorkingDirectory``
+(``~/nni-experiments`` unless the experiment config says otherwise: pass ``root`` then).
 
-A trial is *finished* once its ``architecture.json`` exists. Otherwise it is *running* or
-*stopped*, which NNI's own record tells (``<experiment>/db/nni.sqlite``, the last status
-event of the trial; a trial NNI still calls running is stopped when nnictl has stopped the
-experiment). Without that record a trial without ``architecture.json`` counts as running.
-
-Perplexities: ``val_ppl`` in ``architecture.json``'s ``search`` section and in history
-evaluation lines is the exported (argmax) architecture's own, with the supernet's weights and
-no retraining; ``supernet_val_ppl`` is the supernet's (candidates mixed by softmax(alpha)).
-Records written before ``supernet_val_ppl`` existed hold only the supernet's, under
-``val_ppl``: :func:`perplexities` reads them so, and the exported architecture's is unknown.
+A trial is *finished* once its ``architecture.json`` exists. Otherwise it is *running* or *stopped*, as NNI's own
+record tells (``<experiment>/db/nni.sqlite``; a trial NNI still calls running is stopped when nnictl has stopped the
+experiment); without that record, running.
 """
 
 from __future__ import annotations

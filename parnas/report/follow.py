@@ -1,19 +1,12 @@
 """Follow a launched nnictl experiment from the terminal until it is done: trial k of n, its step, its phases,
-the time left.
+the time left. ``nnictl create`` returns as soon as the manager is up, leaving no sign of when the search ends short
+of the web UI.
 
-``nnictl create`` returns as soon as the manager is up, and a newcomer then has no sign of when the search ends
-short of the web UI. :class:`Follower` reads what the trials write anyway (each trial's ``history.jsonl``, one
-line per logged step, the lines it prints, which NNI keeps in ``trial.stdout`` and ``trial.stderr``, and NNI's own
-record of the trials' statuses) and the manager's status over its REST API on 127.0.0.1, so following adds nothing
-to the trials' work. Trials are numbered in the order they started. Of a trial's own lines, those that mark a phase
-the step count does not show (:data:`PHASES`: the tokenizer, the latency table and its warnings, each validation,
-each round of the final pick and its verdict) are passed on, one each. It is done when NNI says the experiment is
-(every trial ended, or its duration ran out), or when the manager has gone.
-
-The time left: once a trial has run from start to end while followed, the trials still to run at that trial's
-mean duration, less what the running ones have spent. Before that, the steps still to run times the seconds per
-step seen so far (start-up and evaluations included), the final pick's retrain steps counted at
-:data:`PICK_STEP_SHARE` of a supernet step each. It needs a first trial step to say anything.
+:class:`Follower` reads only what the trials write anyway (``history.jsonl``, their output, NNI's record of their
+statuses) and the manager's status, so following adds nothing to the trials' work. It is done when NNI says the
+experiment is, or when the manager has gone. The time left: once a trial has run from start to end while followed,
+the trials still to run at the mean duration of those; before that, the steps still to run at the seconds per step
+seen so far, a final pick's retrain step counted as :data:`PICK_STEP_SHARE` of a supernet step.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The GIF's frame: a blocks x kinds heat map of softmax(alpha) at one logged step.
-
-Every cell shows its probability; a block's leading kind is outlined (dashed while the block is
-undecided, not at all at a tie), and a column gives each block's margin (top minus second
-probability). A progress bar under the map is labelled with the step and tau.
-"""
+"""The GIF's frame: a blocks x kinds heat map of softmax(alpha) at one logged step, each block's margin (top minus
+second probability) beside it and a progress bar under it."""
 
 from __future__ import annotations
 
@@ -70,10 +66,8 @@ def margin_text(value: float) -> tuple[str, str]:
 
 
 class HeatmapFigure:
-    """One figure redrawn per frame (cheap: only the image data, the texts and the outlines change).
-
-    Every cell shows its probability; the leading kind of a block is outlined (dashed while the
-    block is undecided, none at a tie), and the column on the right gives the block's margin."""
+    """One figure redrawn per frame (cheap: only the image data, the texts and the outlines change). The leading
+    kind of a block is outlined, dashed while the block is undecided, not at all at a tie."""
 
     def __init__(self, history: History) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg

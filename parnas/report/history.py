@@ -1,13 +1,9 @@
 """``history.jsonl``, the search's log, as arrays, and how block kinds are named and coloured.
 
-One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> kind ->
-softmax(alpha)); evaluation lines add ``val_ppl`` (the exported architecture's, supernet weights,
-not retrained), ``supernet_val_ppl`` and ``architecture`` (the exported architecture's letter
-code), and ``valid_fraction`` where the evaluation read only the first part of the validation split
-(a mid-search one; the final one reads it whole and logs none); a space with ``ut`` blocks logs
-``act_steps`` (block label -> the mean pondering steps per
-position of its ``ut`` candidate). Lines of searches from before ``supernet_val_ppl`` hold the
-supernet's under ``val_ppl`` (see :func:`parnas.report.experiments.perplexities`).
+One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> kind -> softmax(alpha)); evaluation
+lines add ``val_ppl`` (the exported architecture's, supernet weights), ``supernet_val_ppl``, ``architecture`` (its
+letter code) and, where a mid-search evaluation read only the first part of the validation split, ``valid_fraction``;
+a space with ``ut`` blocks logs ``act_steps`` (block label -> mean pondering steps per position of its candidate).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""An nnictl experiment's trials side by side: every trial's pictures, and ``pareto.png``.
-
-``pareto.png`` plots each trial's validation perplexity -- the exported (argmax) architecture's,
-with the supernet's weights and no retraining -- against the predicted latency of that
-architecture relative to the standard Transformer-XL (``search.latency.ratio``), or its cost
-when the trials record no latency, with the Pareto front marked: the trade-off that the
-compute penalty's weight sweeps. Trials still running (or stopped) are drawn from their
-history so far, with hollow markers.
+"""An nnictl experiment's trials side by side: every trial's pictures, and ``pareto.png``: the exported
+architectures' val ppl against their predicted latency (or cost), the trade-off the compute penalty's weight sweeps.
+Trials not finished are drawn from their history so far, hollow (docs/reference.md, "Seeing the search").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Pictures of a search: how each block's choice settles, what was found, and what it cost.
-
-A search run directory holds ``history.jsonl`` (read by :mod:`parnas.report.history`) and, once the
-search has finished, ``architecture.json`` (:mod:`parnas.architecture`). :func:`plot_run` turns them into
-``probabilities.gif`` (one :mod:`parnas.report.heatmap` frame per selected step), ``probabilities.png``
-(lines over steps, one panel per block, with both validation perplexities above, each labelled with
-the part of the validation split it read) and
-``architecture.png`` (the found column of blocks), and logs the final heat map to TensorBoard.
-:mod:`parnas.report.pareto` does that for every trial of an nnictl experiment, running ones included,
-and adds ``pareto.png``. Each kind keeps one colour everywhere. Perplexities are labelled with
-what they are: the exported architecture's (supernet weights, not retrained) or the supernet's.
-
-Figures are built on matplotlib's Agg canvas directly (no pyplot, no display) and every file
-is written to a temp file in the same folder and renamed, so a reader never sees half an image.
+"""Pictures of a search run directory (``history.jsonl``, and ``architecture.json`` once finished):
+``probabilities.gif``, ``probabilities.png``, ``architecture.png`` and the final heat map in TensorBoard, as
+docs/reference.md ("Seeing the search") shows them. Figures are built on matplotlib's Agg canvas (no pyplot, no
+display) and written atomically, so a reader never sees half an image.
 """
 
 from __future__ import annotations
