@@ -12,13 +12,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from parnas import reading
 from parnas.config import TARGET_LABELS
-from parnas.files import check_not_link, current_umask, ensure_writable_dir
+from parnas.files import check_not_link, ensure_writable_dir, write_atomic
 from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
 from parnas.report.heatmap import (
     DPI,
@@ -41,22 +41,13 @@ TB_FILE = "events.out.tfevents.0000000000.parnas-plot"
 Note = Callable[[str], None]
 
 
-def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
-    ensure_writable_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())  # the user's umask, as for any new file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def _save_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    ensure_writable_dir(path.parent)  # a link or a file there is refused, not written through
+    return write_atomic(path, write, "wb")
 
 
 def save_figure(fig: Any, path: Path) -> Path:
-    return _save_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
+    return _save_atomic(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
 
 
 def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tuple[Path, np.ndarray]:
@@ -72,8 +63,8 @@ def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tup
         images.append(Image.fromarray(frame).quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE))
     each = int(min(250, max(40, 1000 * GIF_SECONDS / len(images))) // 10 * 10)
     durations = [each] * (len(images) - 1) + [2000]
-    _save_atomic(path, lambda tmp: images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
-                                                  duration=durations, loop=0, disposal=1))
+    _save_atomic(path, lambda f: images[0].save(f, format="GIF", save_all=True, append_images=images[1:],
+                                                duration=durations, loop=0, disposal=1))
     return path, frame
 
 
