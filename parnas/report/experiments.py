@@ -74,11 +74,6 @@ class Trial:
     nni_status: str | None  # NNI's last recorded status of the trial (SUCCEEDED, FAILED, ...), if known
 
 
-def trial_run_dirs(experiment_id: str, root: str | Path | None = None) -> dict[str, Path]:
-    """Trial id -> run directory, for every trial that left an ``architecture.json``."""
-    return {t.id: t.run_dir for t in experiment_trials(experiment_id, root).values() if t.status == FINISHED}
-
-
 def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dict[str, Trial]:
     """Every trial folder of the experiment, finished or not, in the order the trials started: NNI's record of
     the trials' first events, then (for a trial it has not recorded) the folder's creation, then the id. A trial's

@@ -164,8 +164,3 @@ def progress_label(history: History, index: int) -> str:
     return (f"step {int(history.steps[index]):,} / {int(history.steps[-1]):,}"
             + (f", tau {tau:.3f}" if np.isfinite(tau) else ""))
 
-
-def render_heatmap(history: History, index: int = -1) -> np.ndarray:
-    """One heat-map frame as an RGB array (what the GIF and TensorBoard show)."""
-    return HeatmapFigure(history).render(index % len(history.steps))
-
