@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from parnas.config import generation_memory
-from parnas.data.corpora import default_cache_dir, resolve_corpus
-from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
+from parnas.data.corpora import resolve_corpus
+from parnas.data.tokenizer import Tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
 from parnas.retrain.load import TrainedModel
 from parnas.training.data_module import SegmentData
@@ -84,19 +84,10 @@ def weights_divergence(trained: TrainedModel) -> ParnasError | None:
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:
-    """``corpus`` must be the one the checkpoint's tokenizer was built on: the sha256 of its train split
-    against the one the checkpoint records, or, for a checkpoint from before that record, the tokenizer the
-    data settings give on it against the checkpoint's. Another corpus' perplexity measures text whose token
-    statistics the model never saw, under a vocabulary made for other text."""
-    tokenizer, train = trained.tokenizer, corpus / "train.txt"
-    if tokenizer.corpus_sha256 is not None:
-        same = file_digest(train) == tokenizer.corpus_sha256
-    else:
-        try:
-            same = build_tokenizer(trained.config.data, corpus, default_cache_dir()).sha256 == tokenizer.sha256
-        except ParnasError:  # these settings cannot even build a tokenizer on it
-            same = False
-    if not same:
+    """``corpus`` must be the one the checkpoint's tokenizer was built on (the sha256 of its train split, which the
+    checkpoint records): another corpus' perplexity measures text whose token statistics the model never saw, under a
+    vocabulary made for other text."""
+    if file_digest(corpus / "train.txt") != trained.tokenizer.corpus_sha256:
         trained_on = trained.config.data.path or trained.config.data.dataset
         raise DataError(f"{corpus} is not the corpus the checkpoint's tokenizer was built on (its train.txt is not "
                         f"the one recorded), so its perplexity would not measure this model; give --data-path the "

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from parnas.config import Config
-from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
+from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer
 from parnas.errors import ConfigError
 from parnas.nn.model import TransformerXL
 from parnas.training import checkpoint as ckpt
@@ -48,8 +48,9 @@ def device_for(accelerator: str) -> torch.device:
 
 def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tokenizer:
     """The tokenizer whose file the checkpoint carries, checked against its recorded identity."""
-    kind, data = meta.get("kind"), meta.get("file")
-    if kind not in TOKENIZERS or not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
+    kind, data, corpus = meta.get("kind"), meta.get("file"), meta.get("corpus_sha256")
+    if (kind not in TOKENIZERS or not isinstance(data, torch.Tensor) or data.dtype != torch.uint8
+            or not isinstance(corpus, str)):
         raise ckpt.CheckpointError(f"{source}: its tokenizer record is missing or damaged")
     path = folder / Path(str(meta.get("filename", "tokenizer"))).name
     path.write_bytes(data.numpy().tobytes())
@@ -57,10 +58,9 @@ def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tok
         tokenizer = TOKENIZERS[kind](path)
     except Exception as e:  # a file SentencePiece or the vocabulary reader cannot parse
         raise ckpt.CheckpointError(f"{source}: its tokenizer cannot be loaded ({e})") from None
-    if meta.get("sha256") not in (tokenizer.sha256, file_digest(path)):  # identity; older records: file bytes
+    if meta.get("sha256") != tokenizer.sha256:
         raise ckpt.CheckpointError(f"{source}: its tokenizer file does not match its recorded sha256")
-    if isinstance(meta.get("corpus_sha256"), str):  # recorded since evaluation checks the corpus against it
-        tokenizer.corpus_sha256 = meta["corpus_sha256"]
+    tokenizer.corpus_sha256 = corpus  # evaluation checks the corpus against it
     return tokenizer
 
 
