@@ -101,35 +101,28 @@ def check_searched_vocabulary(record: dict[str, Any], kind: str, vocab_size: int
 def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (), *,
             resume: bool | str | Path = False, callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Validate everything, build the fixed model, train it from scratch (or resume: from ``last.ckpt``, or from
-    the checkpoint ``resume`` names) and evaluate it.
-
-    Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0). Takes
-    ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the command around it has.
+    the checkpoint ``resume`` names) and evaluate it. Returns the metrics written to ``metrics.json`` (``{}`` on DDP
+    ranks other than 0). Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the caller has.
     """
+    from parnas.search_spaces import fixed_model
+
     source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)
     with take_run_dir(cfg.train.out_dir, resume):
-        return _retrain(arch, source, cfg, resume, callbacks)
-
-
-def _retrain(arch: str, source: dict[str, Any] | str, cfg: Config, resume: bool | str | Path,
-             callbacks: Sequence[pl.Callback]) -> dict[str, Any]:
-    from parnas.search_spaces import fixed_model
-
-    check_devices(cfg.train)
-    tokenizer, splits = load_splits(cfg.data)
-    cfg.model.check_vocab(tokenizer.vocab_size)
-    if isinstance(source, str):
-        record = architecture.named_layout(source, cfg.model, tokenizer.vocab_size)
-        record["tokenizer"] = tokenizer.identity()
-        cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
-    else:
-        check_vocabulary(source, tokenizer, arch)
-        record = source
-    check_segments(cfg, splits)
-    check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
-    pl.seed_everything(cfg.train.seed, verbose=False)
-    model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
-    if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly
-        raise RuntimeError(f"built {model.block_kinds}, expected {architecture.layout(record)}")
-    return fit(cfg, model, tokenizer, splits, record, resume=resume, callbacks=callbacks)
+        check_devices(cfg.train)
+        tokenizer, splits = load_splits(cfg.data)
+        cfg.model.check_vocab(tokenizer.vocab_size)
+        if isinstance(source, str):
+            record = architecture.named_layout(source, cfg.model, tokenizer.vocab_size)
+            record["tokenizer"] = tokenizer.identity()
+            cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
+        else:
+            check_vocabulary(source, tokenizer, arch)
+            record = source
+        check_segments(cfg, splits)
+        check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
+        pl.seed_everything(cfg.train.seed, verbose=False)
+        model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
+        if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly
+            raise RuntimeError(f"built {model.block_kinds}, expected {architecture.layout(record)}")
+        return fit(cfg, model, tokenizer, splits, record, resume=resume, callbacks=callbacks)
