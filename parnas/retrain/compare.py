@@ -8,7 +8,6 @@ the run's record (docs/reference.md, "Retraining what was found", says what the 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -29,21 +28,15 @@ SPEED = [  # (header, row key, target): timed side by side
     ("generated tokens/s", "side_generate_tokens_per_s", "generate"),
 ]
 COLUMNS = [  # (header, row key, format)
-    ("run", "run", "{}"),
-    ("architecture", "architecture", "{}"),
-    ("steps", "steps", "{:,}"),
-    ("parameters", "parameters", "{:,}"),
-    ("attention blocks", "attention_blocks", "{:,}"),
+    ("run", "run", "{}"), ("architecture", "architecture", "{}"), ("steps", "steps", "{:,}"),
+    ("parameters", "parameters", "{:,}"), ("attention blocks", "attention_blocks", "{:,}"),
     *[(header, key, "{:,.0f}") for header, key, _ in SPEED],
-    ("peak memory (MB)", "peak_memory_mb", "{:,.0f}"),
-    ("val ppl", "val_ppl", "{:.2f}"),
+    ("peak memory (MB)", "peak_memory_mb", "{:,.0f}"), ("val ppl", "val_ppl", "{:.2f}"),
     ("test ppl", "test_ppl", "{:.2f}"),
 ]
 OWN = [  # each run's own record, timed in its own process
-    ("run", "run", "{}"),
-    ("train tokens/s", "train_tokens_per_s", "{:,.0f}"),
-    ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"),
-    ("device", "device", "{}"),
+    ("run", "run", "{}"), ("train tokens/s", "train_tokens_per_s", "{:,.0f}"),
+    ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"), ("device", "device", "{}"),
 ]
 CSV_KEYS = [key for _, key, _ in COLUMNS[:-2]] + [f"{key}_spread" for _, key, _ in SPEED] + [
     "train_tokens_per_s", "eval_tokens_per_s", "device", "val_ppl", "test_ppl"]
@@ -96,8 +89,7 @@ def timing_plan(runs: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, tuple[li
     for m in runs:
         if not isinstance(m.get("config"), dict) or not m.get("blocks") or not m.get("vocab_size"):
             raise ParnasError(f"{m['run']}/metrics.json has no config, blocks or vocab_size")
-        with contextlib.redirect_stderr(io.StringIO()):  # a record's keys of earlier versions: notes for a config's
-            configs.append(from_dict(Config, m["config"]))  # author, not for the reader of a finished run
+        configs.append(from_dict(Config, m["config"]))
     shared = {"data.batch_size": [c.data.batch_size for c in configs],
               "data.seg_len": [c.data.seg_len for c in configs],
               "train.precision": [c.train.precision for c in configs], "vocabulary": [m["vocab_size"] for m in runs]}
