@@ -34,10 +34,8 @@ from parnas.training.task import diverged_error
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
                         data_path: str | None = None, clamp_len: int | None = None) -> dict[str, Any]:
-    """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried), and
-    tokens/s when the split takes long enough to time (see :func:`parnas.training.evaluation.split_metrics`), on the
-    device the model's weights are on. ``mem_len`` and ``clamp_len``: None keeps the checkpoint's evaluation
-    memory and position clamp (``model.eval_mem_len``, ``model.clamp_len``)."""
+    """Whole-split perplexity of ``trained`` and tokens/s (:func:`parnas.training.evaluation.split_metrics`), where
+    its weights are. ``mem_len``, ``clamp_len``: None keeps the checkpoint's (``model.eval_mem_len``, ``clamp_len``)."""
     if split not in ("valid", "test"):
         raise ConfigError(f"--split must be valid or test, not {split!r}")
     cfg = trained.config
@@ -150,12 +148,10 @@ def shown_prompt(prompt: str, decoded: str) -> str:
 
 
 class TextStream:
-    """The text of ids as they come, handed to ``write`` piece by piece: the concatenated pieces are the text
-    ``tokenizer.decode`` gives for all the ids, the prompt's excepted (:meth:`add_prompt`). Only the current line
-    (the ids since the last eos, which decodes as a line break) is decoded again as it grows, so a token costs a
-    decode of its line. A token whose text would change what was already written (pieces that join into one
-    character) waits until the line's text extends what was written again. ``generated`` counts the ids added
-    with ``generated=True``; ``text`` is what was written."""
+    """The text of ids as they come, handed to ``write`` piece by piece: the pieces join into what
+    ``tokenizer.decode`` gives for all the ids (the prompt's excepted, :meth:`add_prompt`). Only the current line is
+    decoded again as it grows; a token whose text would change what was written (pieces that join into one
+    character) waits until the line's text extends it again."""
 
     def __init__(self, tokenizer: Tokenizer, write: Callable[[str], None]) -> None:
         self.tokenizer, self.write = tokenizer, write
@@ -202,9 +198,8 @@ class TextStream:
 @torch.no_grad()
 def generate(trained: TrainedModel, prompt: str, opts: Sampling,
              stream: TextStream | None = None) -> tuple[str, list[int]]:
-    """Sample ``opts.tokens`` tokens after ``prompt``; returns the prompt (as the user wrote it) + the decoded
-    continuation, as ``stream`` was handed them, the prompt first, then each token as it is drawn, and the new ids.
-    Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
+    """Sample ``opts.tokens`` tokens after ``prompt``, handed to ``stream`` as they are drawn; returns the prompt as
+    written + the continuation, and the new ids. Runs where the model's weights are, its generator too."""
     diverged = weights_divergence(trained)
     if diverged is not None:
         raise diverged

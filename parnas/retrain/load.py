@@ -65,10 +65,8 @@ def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tok
 
 
 def load_trained(path: str | Path, device: torch.device, workdir: Path) -> TrainedModel:
-    """Rebuild the model of checkpoint ``path`` on ``device``, weights loaded strictly.
-
-    ``workdir`` receives the tokenizer file (keep it while the tokenizer is used).
-    """
+    """Rebuild the model of checkpoint ``path`` on ``device``, weights loaded strictly; ``workdir`` receives the
+    tokenizer file (keep it while the tokenizer is used)."""
     from parnas.search_spaces import fixed_model
 
     source = str(path)
