@@ -193,13 +193,10 @@ LOOPBACK_JS = Path(__file__).with_name("loopback.js")
 
 
 def loopback_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with ``NODE_OPTIONS`` preloading :data:`LOOPBACK_JS` into every Node process started with it.
-
-    NNI 3.0 starts its manager (web UI and REST API, no authentication) as ``node main.js`` with the caller's
-    environment, and the manager calls ``app.listen(port)``: every interface. NNI has no setting for the address,
-    so the preload, which Node reads from ``NODE_OPTIONS``, makes a listen without an address bind 127.0.0.1.
-    An address NNI passes itself is left alone, and neither NNI nor its package is changed. Options already in
-    ``NODE_OPTIONS`` are kept."""
+    """``env`` with ``NODE_OPTIONS`` (what it held kept) preloading :data:`LOOPBACK_JS` into every Node process
+    started with it. NNI 3.0's manager (web UI and REST API, no login) calls ``app.listen(port)``, every interface,
+    and has no setting for the address: the preload makes a listen without an address bind 127.0.0.1, and neither NNI
+    nor its package is changed."""
     preload = f"--require {json.dumps(str(LOOPBACK_JS))}"  # quoted: Node reads the path as one word
     return {**env, "NODE_OPTIONS": f"{env.get('NODE_OPTIONS', '')} {preload}".strip()}
 
@@ -253,11 +250,10 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
     if port_in_use(port):
         raise ParnasError(f"port {port} is already in use: pass --port with a free one "
                           "(nnictl serves its web UI there)")
-    bin_dir = str(Path(sys.executable).parent)
-    nnictl = shutil.which("nnictl", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    if nnictl is None:
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    if shutil.which("nnictl", path=path) is None:
         raise ParnasError("nnictl not found: install parnas's dependencies (make install)")
-    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, PATH=path)
     root = working_root(config)
     experiment_id = new_experiment_id()  # named before nnictl starts: a failed start removes its folder, none other
     done = subprocess.run([sys.executable, "-c", CREATE_WITH_ID, experiment_id, "create", "--config", str(config),
@@ -266,7 +262,12 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
     output = re.sub(r"\x1b\[\d+m", "", done.stdout + done.stderr)
     printed = re.search(r"Experiment ID: (\w+)", output)
     if done.returncode != 0 or printed is None or not serves(port, experiment_id):
-        discard_failed_launch(root, experiment_id)
+        # what it left, only: its folder, its _latest link and its line in nnictl's list of experiments; other
+        # experiments (and whatever else a user keeps there) may appear beside it at any moment
+        remove_experiment(root, experiment_id)
+        from nni.tools.nnictl.config_utils import Experiments
+
+        Experiments().remove_experiment(experiment_id)
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         if done.returncode == 0 and printed is not None or "EADDRINUSE" in output or "not idle" in output:
             raise ParnasError(f"port {port} was taken by another process while the experiment started (a second "
@@ -316,19 +317,6 @@ def working_root(config: Path) -> Path:
     except Exception:  # noqa: BLE001 - nnictl reads it too and says what is wrong; unreadable: the default
         root = None
     return Path(root).expanduser() if isinstance(root, str) else default_root()
-
-
-def discard_failed_launch(root: Path, experiment_id: str | None) -> None:
-    """Remove what a failed ``nnictl create`` left: the folder of the experiment id it printed, the ``_latest``
-    link to it and the id's line in nnictl's list of experiments. Nothing else under ``root`` is touched: other
-    experiments (and whatever else a user keeps there) appear beside it at any moment, and are not this launch's.
-    Without an id (nnictl failed before naming one) nothing is removed."""
-    if experiment_id is None or not is_id(experiment_id):
-        return
-    remove_experiment(root, experiment_id)
-    from nni.tools.nnictl.config_utils import Experiments
-
-    Experiments().remove_experiment(experiment_id)
 
 
 def remove_experiment(root: Path, experiment_id: str, made: Iterable[Path | None] = ()) -> None:
