@@ -109,20 +109,16 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
 # of a search looks at first (the loss, both perplexities, the temperature, the cost), then the rest
 FIRST_SCALARS = {"the search": {
     "train loss": ["Multiline", ["train/loss"]],
-    "val ppl: exported architecture (supernet weights) and supernet": ["Multiline",
-                                                                       ["val/ppl_exported", "val/ppl_supernet"]],
+    "val ppl: exported architecture (supernet weights) and supernet":
+        ["Multiline", ["val/ppl_exported", "val/ppl_supernet"]],
     "temperature tau": ["Multiline", ["search/tau"]],
-    "expected cost ratio (to Transformer-XL's) and the budget's multiplier": ["Multiline",
-                                                                             ["search/expected_cost_ratio",
-                                                                              "search/lambda"]]}}
+    "expected cost ratio (to Transformer-XL's) and the budget's multiplier":
+        ["Multiline", ["search/expected_cost_ratio", "search/lambda"]]}}
 
 
 def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = stderr_note) -> None:
-    """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars, and the layout
-    that shows those a user opens first first (:data:`FIRST_SCALARS`, TensorBoard's Custom Scalars tab).
-
-    It goes into one events file, ``<log_dir>/<TB_FILE>``, which each call replaces: plotting a run again
-    never adds a second copy of the image."""
+    """The final heat map as an image (HWC uint8) at ``step`` and :data:`FIRST_SCALARS`, in one events file,
+    ``<log_dir>/<TB_FILE>``, which each call replaces: plotting a run again never adds a second copy of the image."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:  # tensorboard is a dependency; a broken install should not lose the plots
@@ -158,10 +154,9 @@ def split_part(fraction: float) -> str:
 
 
 def perplexity_series(history: History) -> list[tuple[np.ndarray, np.ndarray, str, str, str, float]]:
-    """The validation perplexities as plotted: (steps, values, label, style, colour, marker size) per whose (the
-    exported architecture's, the supernet's) and per part of the split read. The mid-search evaluations read the
-    first part of the split and the final one all of it, so their perplexities are not on one scale: each part is
-    its own series, its legend saying which part, never one line through both."""
+    """(steps, values, label, style, colour, marker size) per whose perplexity and per part of the split read: the
+    mid-search evaluations read the first part, the final one all of it, so each part is its own series, never one
+    line through both (they are not on one scale)."""
     out = []
     for values, whose, line, marker, colour in ((history.val_ppl, EXPORTED_PPL_LABEL, "-", "o", "#2ca02c"),
                                                 (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "--", "s", "#9467bd")):
@@ -227,10 +222,9 @@ def lines_figure(history: History) -> Any:
 
 
 def architecture_figure(history: History, record: Mapping[str, Any] | None = None) -> Any:
-    """The exported architecture as a column of blocks, input at the top (from ``architecture.json``; without one,
-    the argmax of the last logged probabilities); apart from it, on the right and labelled as the supernet's, each
-    block's probabilities and, where it differs from the export (chosen by the budget or the final pick), the kind
-    the supernet preferred there."""
+    """The exported architecture as a column of blocks, input at the top (without ``architecture.json``, the argmax
+    of the last logged probabilities); apart from it, the supernet's probabilities and, where it preferred another
+    kind than the export, that kind."""
     from matplotlib.patches import FancyBboxPatch, Patch
 
     kinds = history.kinds
