@@ -26,7 +26,6 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {"sentencepiece": SentencePieceTokenize
 class TrainedModel:
     model: TransformerXL
     config: Config
-    record: dict[str, Any]
     tokenizer: Tokenizer
     step: int
     history: tuple[dict[str, Any], ...] = ()  # the run's validations up to this checkpoint: {"step", "val_ppl", ...}
@@ -86,7 +85,7 @@ def load_trained(path: str | Path, device: torch.device, workdir: Path) -> Train
     except RuntimeError as e:
         raise ckpt.CheckpointError(f"{source}: its weights do not fit its architecture "
                                    f"({str(e).splitlines()[0]})") from None
-    return TrainedModel(model.to(device).eval(), cfg, record, tokenizer, int(checkpoint.get("global_step", 0)),
+    return TrainedModel(model.to(device).eval(), cfg, tokenizer, int(checkpoint.get("global_step", 0)),
                         tuple(meta.get("val_history") or ()))
 
 
