@@ -89,9 +89,8 @@ def _line(o: Mapping[str, Any]) -> str:
 
 
 def best_outcome(outcomes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The trial the README's retrains take: of the exports a final pick confirmed over their guard (found layouts,
-    not a shallower Transformer-XL), the one that retrained best; where no pick confirmed one, the trial whose export
-    retrained best (supernet-weight perplexity where none ran). Earliest wins ties."""
+    """The trial the README's retrains take: the best retrained of the exports a pick confirmed over their guard, else
+    of all (supernet-weight perplexity where no pick ran). Earliest wins ties."""
     def key(o: Mapping[str, Any]) -> tuple[float, float, int]:
         retrained, inherited = o["retrained_ppl"], o["supernet_weight_ppl"]
         return (retrained if retrained is not None else math.inf,

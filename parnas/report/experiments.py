@@ -110,8 +110,7 @@ def _made(path: Path) -> float:
 
 
 def nni_trial_order(folder: Path) -> dict[str, int]:
-    """Trial id -> the place of its first event in ``<experiment>/db/nni.sqlite`` (the order NNI started the trials;
-    {} without a readable record)."""
+    """Trial id -> the place of its first event in ``<experiment>/db/nni.sqlite``: the order NNI started them."""
     rows = trial_events(folder, "select trialJobId, min(rowid) from TrialJobEvent group by trialJobId")
     return {trial: first for trial, first in rows if isinstance(first, int)}
 
@@ -166,8 +165,9 @@ def experiment_stopped(experiment_id: str, root: str | Path | None = None) -> bo
 
 
 def perplexities(record: Mapping[str, Any]) -> tuple[float | None, float | None]:
-    """``(exported architecture's val ppl, supernet's val ppl)`` of an architecture.json ``search`` section
-    or a history evaluation line; None where not recorded (an old record's ``val_ppl`` is the supernet's)."""
+    """``(exported architecture's val ppl, supernet's val ppl)`` of an architecture.json ``search`` section or a history
+    evaluation line; None where not recorded (a record without ``supernet_val_ppl`` holds only the supernet's)."""
+
     def number(key: str) -> float | None:
         value = record.get(key)
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None

@@ -31,8 +31,7 @@ PICK_STEP_SHARE = 0.5
 # the trial's own lines passed on (its phases), after "parnas: " is taken off a stderr line
 PHASES = re.compile(r"^(training a .*tokenizer|latency table|warning: |step \d+: validation|final pick|"
                     r"the shallower Transformer-XL|Transformer-XL beat|architecture \S+ \(|parnas search: error)")
-# where NNI keeps a trial's output: its print hook writes stdout to trial.log ("[time] PRINT line"), the rest goes to
-# trial.stdout and trial.stderr
+# a trial's output: NNI's print hook writes stdout to trial.log ("[time] PRINT line"), the rest goes to the others
 OUTPUTS = ("trial.log", "trial.stdout", "trial.stderr")
 PRINTED = re.compile(r"^\[[^\]]*\] PRINT ")
 
@@ -106,10 +105,8 @@ def duration(seconds: float) -> str:
 
 
 class Follower:
-    """The progress of one experiment of ``n_trials`` trials of ``max_steps`` steps each (None when unknown).
-
-    :meth:`poll` returns the lines to print now (none when nothing changed and the last line is recent), and
-    :attr:`done` says whether the experiment has ended."""
+    """The progress of one experiment of ``n_trials`` trials of ``max_steps`` steps each (None when unknown):
+    :meth:`poll` returns the lines to print now, :attr:`done` says whether the experiment has ended."""
 
     def __init__(self, experiment_id: str, port: int, n_trials: int | None, max_steps: int | None,
                  root: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
@@ -204,9 +201,8 @@ def follow(follower: Follower, out: Callable[[str], None] = print, every_s: floa
 
 
 def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
-    """The retrain steps of a search's final pick (:mod:`parnas.strategies.final_pick`) when the guard enters apart and
-    goes on to the last round, and a layout of the supernet's beats it there (so the confirming seeds run): the most
-    it trains, for the time left."""
+    """The most retrain steps a search's final pick (:mod:`parnas.strategies.final_pick`) runs, for the time left: the
+    guard entering apart and reaching the last round, where a layout beats it (so the confirming seeds run)."""
     if not select.enabled:
         return 0
     rounds, alive, total, reached = select.rounds(max_steps), select.k + 1, 0, 0  # the guard always enters

@@ -148,11 +148,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         configs = [m["config"] for m in runs if isinstance(m.get("config"), dict)]
         use_threads(max((c["model"]["d_model"] for c in configs), default=0),  # the largest: the train step's
                     max((c["data"]["batch_size"] * c["data"]["seg_len"] for c in configs), default=1), show=None)
-        def progress(stage: str, i: int, n: int, what: str) -> None:
-            print(f"parnas compare: timing {what}", file=sys.stderr, flush=True)
-
         try:
-            timing = time_runs(runs, args.rounds, progress)
+            timing = time_runs(runs, args.rounds,
+                               lambda stage, i, n, what: print(f"parnas compare: timing {what}", file=sys.stderr))
         except ParnasError as e:
             if args.time:
                 raise
