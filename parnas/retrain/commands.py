@@ -60,7 +60,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
     check_file_folder(out if out is not None else args.checkpoint)
-    from parnas.retrain.evaluate import default_output, evaluate_checkpoint, evaluation_divergence
+    from parnas.retrain.evaluate import evaluate_checkpoint, evaluation_divergence
     from parnas.retrain.load import device_for, load_trained, scratch_dir
     from parnas.retrain.units import perplexity_units
     from parnas.threads import use_threads
@@ -72,7 +72,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         use_threads(trained.config.model.d_model, data.eval_batch_size * data.seg_len)
         result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path, args.clamp_len)
     result["checkpoint"] = str(args.checkpoint)
-    out = out or default_output(args.checkpoint, args.split, result["mem_len"])
+    out = out or Path(f"{args.checkpoint}.{args.split}-mem{result['mem_len']}.json")  # beside the checkpoint
     write_json_atomic(out, result)
     if result["diverged"]:  # written, marked; then the line its training ended with, and exit status 2
         raise evaluation_divergence(trained, args.split, result["loss"])

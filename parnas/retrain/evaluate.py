@@ -234,9 +234,3 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
         stream.add(new[-1:], generated=True)
         h, mems = model(token, mems)  # (1, 1, D)
     return stream.text, new
-
-
-def default_output(checkpoint: str | Path, split: str, mem_len: int) -> Path:
-    """``<checkpoint>.<split>-mem<M>.json`` beside the checkpoint."""
-    path = Path(checkpoint)
-    return path.with_name(f"{path.name}.{split}-mem{mem_len}.json")

@@ -22,7 +22,6 @@ from parnas import architecture
 from parnas.architecture import ArchitectureError
 from parnas.config import Config, load_config
 from parnas.data.corpora import load_splits
-from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.overrides import parse_overrides
 from parnas.owned_folders import take_run_dir
@@ -76,15 +75,6 @@ def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> 
     return dry_run(cfg, [[kind] for kind in kinds], source if isinstance(source, str) else arch)
 
 
-def check_vocabulary(record: dict[str, Any], tokenizer: Tokenizer, source: str) -> None:
-    """The architecture was searched with a vocabulary; the tokenizer the data settings give must match it."""
-    check_searched_vocabulary(record, tokenizer.kind, tokenizer.vocab_size, source)
-    if (record.get("tokenizer") or {}).get("sha256") not in (None, tokenizer.sha256):
-        print(f"parnas retrain: note: the tokenizer differs from the search's (same kind and size, other pieces); "
-              f"training from scratch is unaffected, but token ids are not comparable with {source}",
-              file=sys.stderr)
-
-
 def check_searched_vocabulary(record: dict[str, Any], kind: str, vocab_size: int, source: str) -> None:
     """Refuse (one line) a tokenizer of another size or kind than the architecture was searched with: the run
     with the tokenizer it built, ``--dry-run`` with the one the data settings plan."""
@@ -117,7 +107,11 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
             record["tokenizer"] = tokenizer.identity()
             cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
         else:
-            check_vocabulary(source, tokenizer, arch)
+            check_searched_vocabulary(source, tokenizer.kind, tokenizer.vocab_size, arch)
+            if (source.get("tokenizer") or {}).get("sha256") not in (None, tokenizer.sha256):
+                print(f"parnas retrain: note: the tokenizer differs from the search's (same kind and size, other "
+                      f"pieces); training from scratch is unaffected, but token ids are not comparable with {arch}",
+                      file=sys.stderr)
             record = source
         check_segments(cfg, splits)
         check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
