@@ -75,9 +75,8 @@ class Trial:
 
 
 def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dict[str, Trial]:
-    """Every trial folder of the experiment, finished or not, in the order the trials started: NNI's record of
-    the trials' first events, then (for a trial it has not recorded) the folder's creation, then the id. A trial's
-    number ("trial k of n") is its place here, so it never changes as trials come and go."""
+    """Every trial folder of the experiment, finished or not, in the order the trials started (NNI's record, else the
+    folder's creation, then the id), so a trial's number ("trial k of n") never changes as trials come and go."""
     folder = experiment_dir(experiment_id, root)
     dirs: dict[str, Path] = {}
     found = [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")]
@@ -178,8 +177,7 @@ def perplexities(record: Mapping[str, Any]) -> tuple[float | None, float | None]
 
 
 def margin(probs: Iterable[float]) -> float:
-    """Top minus second of one block's probabilities (1.0 with a single candidate): below
-    :data:`UNDECIDED_MARGIN` the block is undecided."""
+    """Top minus second of block probabilities (1.0 with one candidate), undecided under :data:`UNDECIDED_MARGIN`."""
     top = sorted((float(p) for p in probs), reverse=True)
     return top[0] - top[1] if len(top) > 1 else 1.0
 
@@ -230,14 +228,10 @@ def training_platforms(config: Path) -> list[str]:
 
 
 def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
-    """``nnictl create --config config --port port``, checked first; returns the experiment id.
-
-    NNI's web UI and REST API serve 127.0.0.1 only (:func:`loopback_env`) unless ``listen_all``: they have no
-    login, so anyone who reaches the port could read and stop the experiment. A config whose trials run on
-    other machines (a platform other than ``local``) needs ``listen_all``, since the workers report to the
-    manager's port over the network. Trials run ``parnas``, so the folder of this Python's executables goes
-    first on their PATH (what activating the environment would do).
-    """
+    """``nnictl create --config config --port port``, checked first; returns the experiment id. NNI's web UI and
+    REST API have no login, so they serve 127.0.0.1 only (:func:`loopback_env`) unless ``listen_all``, which trials
+    on other machines need (they report to the manager's port). This Python's executables go first on the trials'
+    PATH, as activating the environment would do."""
     config = Path(config)
     if not config.is_file():
         raise ParnasError(f"no experiment config at {config}")
@@ -293,9 +287,8 @@ def new_experiment_id() -> str:
 
 
 def serves(port: int, experiment_id: str, wait_s: float = 10.0) -> bool:
-    """Whether the manager answering on 127.0.0.1:``port`` is ``experiment_id``'s. Two launches racing for one port
-    both find it free; the second manager then dies on EADDRINUSE while nnictl's own check reaches the first's
-    server and reports success."""
+    """Whether the manager answering on 127.0.0.1:``port`` is ``experiment_id``'s: of two launches racing for one port,
+    the second manager dies on EADDRINUSE while nnictl's own check reaches the first's and reports success."""
     import time
     import urllib.request
 
@@ -320,9 +313,8 @@ def working_root(config: Path) -> Path:
 
 
 def remove_experiment(root: Path, experiment_id: str, made: Iterable[Path | None] = ()) -> None:
-    """Remove what NNI wrote of one experiment under its working directory ``root`` (its folder, the ``_latest``
-    link when it names this id), then the folders of ``made`` (ones the caller made) where nothing else is left in
-    them. A link at the experiment's folder is removed, never what it points to."""
+    """Remove one experiment's folder (a link there: the link only) and ``_latest`` link under ``root``, then the
+    folders of ``made`` (ones the caller made) where nothing else is left in them."""
     folder = root / experiment_id
     if folder.is_symlink():
         folder.unlink()

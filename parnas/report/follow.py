@@ -87,8 +87,7 @@ def phase_lines(lines: list[str]) -> list[str]:
 
 
 def manager_status(port: int) -> str | None:
-    """NNI's experiment status from its REST API on 127.0.0.1 (``RUNNING``, ``NO_MORE_TRIAL``, ``DONE``, ...),
-    None when the manager does not answer."""
+    """NNI's experiment status from its REST API on 127.0.0.1 (``RUNNING``, ``DONE``, ...); None: no answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nni/check-status", timeout=3) as answer:
             return json.loads(answer.read()).get("status")
@@ -214,9 +213,8 @@ def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
 
 
 def experiment_size(config: str | Path) -> tuple[int | None, int | None, str | None, str | None, int]:
-    """``(trials, steps a trial, preset, experimentWorkingDirectory, the final pick's retrain steps a trial)`` of an
-    NNI experiment config whose trials run ``parnas search --config PRESET [--set k=v ...]``; None for what cannot be
-    told (another trial command, or parameters the tuner draws for the step count), 0 pick steps then."""
+    """``(trials, steps a trial, preset, experimentWorkingDirectory, pick retrain steps a trial)`` of an experiment
+    config whose trials run ``parnas search --config PRESET [--set k=v ...]``; None (pick steps: 0) where not told."""
     import shlex
 
     from parnas import reading

@@ -158,8 +158,7 @@ class HeatmapFigure:
 
 
 def progress_label(history: History, index: int) -> str:
-    """The progress bar's label, e.g. ``step 250 / 1,000, tau 0.46`` (of the last logged step); no tau where the
-    search read none (NaN)."""
+    """The progress bar's label, e.g. ``step 250 / 1,000, tau 0.460``; no tau where the search read none (NaN)."""
     tau = history.tau[index]
     return (f"step {int(history.steps[index]):,} / {int(history.steps[-1]):,}"
             + (f", tau {tau:.3f}" if np.isfinite(tau) else ""))

@@ -155,8 +155,7 @@ def split_part(fraction: float) -> str:
 
 def perplexity_series(history: History) -> list[tuple[np.ndarray, np.ndarray, str, str, str, float]]:
     """(steps, values, label, style, colour, marker size) per whose perplexity and per part of the split read: the
-    mid-search evaluations read the first part, the final one all of it, so each part is its own series, never one
-    line through both (they are not on one scale)."""
+    mid-search evaluations read the first part, the final one all of it, not on one scale, so never one line."""
     out = []
     for values, whose, line, marker, colour in ((history.val_ppl, EXPORTED_PPL_LABEL, "-", "o", "#2ca02c"),
                                                 (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "--", "s", "#9467bd")):
@@ -222,9 +221,8 @@ def lines_figure(history: History) -> Any:
 
 
 def architecture_figure(history: History, record: Mapping[str, Any] | None = None) -> Any:
-    """The exported architecture as a column of blocks, input at the top (without ``architecture.json``, the argmax
-    of the last logged probabilities); apart from it, the supernet's probabilities and, where it preferred another
-    kind than the export, that kind."""
+    """The exported architecture (else the last argmax) as a column of blocks, input at the top; apart from it, the
+    supernet's probabilities and, where it preferred another kind than the export, that kind."""
     from matplotlib.patches import FancyBboxPatch, Patch
 
     kinds = history.kinds

@@ -182,9 +182,8 @@ def noise_lines(runs: Sequence[dict[str, Any]], table: list[dict[str, Any]], tim
 
 def markdown(table: list[dict[str, Any]], timing: dict[str, Any] | None = None, not_timed: str = "",
              runs: Sequence[dict[str, Any]] = ()) -> str:
-    """The runs' table, speed from ``timing`` with its spread (without one, no speed columns and ``not_timed``
-    says why), the lines on noise and units (:func:`noise_lines`, of ``runs``), then the runs' own throughputs
-    under a heading that says they were timed separately."""
+    """The runs' table, speed from ``timing`` (without it no speed columns, and ``not_timed`` says why), the lines on
+    noise and units (:func:`noise_lines`), then the runs' own throughputs under a heading saying they were apart."""
     columns = COLUMNS if timing else [c for c in COLUMNS if c[1] not in {key for _, key, _ in SPEED}]
     lines = _table(table, columns)
     if timing:

@@ -57,9 +57,8 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None =
 
 
 def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None) -> ParnasError | None:
-    """The line a checkpoint whose ``split`` loss (None: not finite) diverged ends ``parnas evaluate`` with, the
-    one its training ended with: the step its validations have stayed diverged since (the checkpoint's history),
-    else the checkpoint's step; None when it did not diverge."""
+    """The line a checkpoint whose ``split`` loss (None: not finite) diverged ends ``parnas evaluate`` with, the one
+    its training ended with (the step its validations stayed diverged since); None when it did not diverge."""
     vocab_size, step = trained.model.vocab_size, trained.step
     first = divergence_step(trained.history, step, vocab_size)
     what = "the validation loss" if split == "valid" else f"the {split} loss"
@@ -67,9 +66,8 @@ def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None)
 
 
 def weights_divergence(trained: TrainedModel) -> ParnasError | None:
-    """The line a checkpoint whose weights are not all finite ends a command with (the one its training ended
-    with, :func:`parnas.training.task.diverged_error`), checked before any work: sampling would draw from NaN
-    probabilities. None when every floating-point weight is finite."""
+    """The line a checkpoint whose weights are not all finite ends a command with (its training's, checked before any
+    work: sampling would draw from NaN probabilities); None when every floating-point weight is finite."""
     weights = {name: t for name, t in trained.model.state_dict().items()
                if t.is_floating_point() and t.device.type != "meta"}  # a meta model has no values to check
     finite = [torch.isfinite(t).all() for t in weights.values()]
@@ -82,9 +80,8 @@ def weights_divergence(trained: TrainedModel) -> ParnasError | None:
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:
-    """``corpus`` must be the one the checkpoint's tokenizer was built on (the sha256 of its train split, which the
-    checkpoint records): another corpus' perplexity measures text whose token statistics the model never saw, under a
-    vocabulary made for other text."""
+    """``corpus`` must be the one the checkpoint's tokenizer was built on (its train split's recorded sha256): another
+    corpus' perplexity measures text whose token statistics the model never saw, under a vocabulary made for other."""
     if file_digest(corpus / "train.txt") != trained.tokenizer.corpus_sha256:
         trained_on = trained.config.data.path or trained.config.data.dataset
         raise DataError(f"{corpus} is not the corpus the checkpoint's tokenizer was built on (its train.txt is not "

@@ -92,8 +92,7 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
             resume: bool | str | Path = False, callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Validate everything, build the fixed model, train it from scratch (or resume: from ``last.ckpt``, or from
     the checkpoint ``resume`` names) and evaluate it. Returns the metrics written to ``metrics.json`` (``{}`` on DDP
-    ranks other than 0). Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the caller has.
-    """
+    ranks other than 0). Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the caller has."""
     from parnas.search_spaces import fixed_model
 
     source = architecture_source(arch)

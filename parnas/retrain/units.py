@@ -16,8 +16,7 @@ def perplexity_units(kind: str, vocab_size: int) -> str:
 
 
 def run_units(metrics: Mapping[str, Any]) -> str | None:
-    """A finished run's units from its ``metrics.json`` (its config's tokenizer, its vocabulary); None where it
-    does not say."""
+    """A finished run's units from its ``metrics.json`` (its tokenizer, its vocabulary); None where it does not say."""
     config, vocab = metrics.get("config"), metrics.get("vocab_size")
     kind = config.get("data", {}).get("tokenizer") if isinstance(config, dict) else None
     return perplexity_units(kind, int(vocab)) if isinstance(kind, str) and isinstance(vocab, int) else None
