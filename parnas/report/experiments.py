@@ -39,8 +39,7 @@ _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what NNI makes (8 letters and digit
 
 
 def is_id(name: str) -> bool:
-    """Whether ``name`` can be an NNI experiment or trial id: letters, digits, ``_`` and ``-`` only, so a path
-    built from it stays in its base folder (no ``/``, no ``..``)."""
+    """Whether ``name`` can be an NNI id: letters, digits, ``_`` and ``-`` only, so a path built from it stays put."""
     return _ID.fullmatch(name) is not None
 
 

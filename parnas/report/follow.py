@@ -130,8 +130,7 @@ class Follower:
         now = self.clock()
         if self.durations:  # a whole trial seen: its mean duration, the final pick included
             mean = sum(self.durations) / len(self.durations)
-            return mean * not_started + sum(max(0.0, mean - (now - self.started.get(t, now)))
-                                            for t in trials_running)
+            return mean * not_started + sum(max(0.0, mean - (now - self.started.get(t, now))) for t in trials_running)
         steps_done = sum(self.progress.values())
         if self.max_steps is None or steps_done == 0:
             return None

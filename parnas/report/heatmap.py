@@ -90,8 +90,7 @@ class HeatmapFigure:
                                extent=(-0.5, k - 0.5, n - 0.5, -0.5))
         ax.set_xticks([])
         for j, kind in enumerate(history.kinds):
-            ax.text(j, -0.62, kind, ha="center", va="bottom", fontsize=12, fontweight="bold",
-                    color=kind_colour(kind))
+            ax.text(j, -0.62, kind, ha="center", va="bottom", fontsize=12, fontweight="bold", color=kind_colour(kind))
         ax.text(k - 0.5 + 18 / _KIND_WIDTH, -0.62, "margin", ha="left", va="bottom", fontsize=11, color="#333333")
         names = [block_name(b) for b in history.blocks]
         if n > 1:
@@ -119,8 +118,7 @@ class HeatmapFigure:
         bar.set_axis_off()
         bar.barh(0, 1, color="#e6e6e6", height=1)
         self.progress = bar.barh(0, 0, color="#555555", height=1)[0]
-        self.bar_text = self.fig.text(middle, 1 - (_TOP + cell * n + 36) / h, "", ha="center", va="center",
-                                      fontsize=11)
+        self.bar_text = self.fig.text(middle, 1 - (_TOP + cell * n + 36) / h, "", ha="center", va="center", fontsize=11)
         self.fig.text(0.5, 1 - (_TOP + cell * n + 60) / h,
                       "each cell: the kind's probability (darker = likelier); outlined: the block's leading kind; "
                       f"margin = top \u2212 second,\nbelow {UNDECIDED_MARGIN:g} the block is undecided "

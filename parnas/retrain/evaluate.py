@@ -1,15 +1,11 @@
 """``parnas evaluate`` and ``parnas generate``: a checkpoint's perplexity, and samples from it.
 
 Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the perplexity at the end of
-training, with the tokenizer the checkpoint carries: the same checkpoint gives the same figure. Both keep the memory
-``model.eval_mem_len`` says (``--mem-len`` overrides it; see docs/reference.md, "The evaluation memory").
-
-Sampling feeds the prompt in training-length segments, then one token at a time, carrying the memory. A prompt that
-ends with a whole word keeps it: the first token drawn starts a new word, never extends the last one ("The album
-was" + "th" would print "The album wasth"). The continuation is decoded with the prompt, so the tokenizer's word
-boundaries hold between them, but the prompt shows as the user wrote it (:func:`shown_prompt`): a character the
-vocabulary lacks would decode as ``<unk>``. The unknown token is never drawn (its probability is zeroed before
-sampling; dropping it at decoding would print text the model did not condition on, and fewer tokens than asked).
+training, with the checkpoint's tokenizer: the same checkpoint gives the same figure. Sampling feeds the prompt in
+training-length segments, then one token at a time, carrying the memory. A prompt ending with a whole word keeps it
+(the first token drawn starts a new word: "The album was" + "th" would print "The album wasth"), and shows as the user
+wrote it (:func:`shown_prompt`), not as its ids decode. The unknown token is never drawn: dropping it at decoding
+would print text the model did not condition on, and fewer tokens than asked.
 """
 
 from __future__ import annotations
