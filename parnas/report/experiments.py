@@ -114,8 +114,7 @@ def nni_trial_order(folder: Path) -> dict[str, int]:
 
 
 def trial_events(folder: Path, query: str) -> list[tuple[Any, ...]]:
-    """The rows of ``query`` over ``<experiment>/db/nni.sqlite``, read-only; none without a readable record (being
-    written, or another NNI version's schema)."""
+    """The rows of ``query`` over ``<experiment>/db/nni.sqlite``, read-only; none without a readable record."""
     db = folder / "db" / "nni.sqlite"
     if not db.is_file():
         return []

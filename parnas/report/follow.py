@@ -1,12 +1,10 @@
-"""Follow a launched nnictl experiment from the terminal until it is done: trial k of n, its step, its phases,
-the time left. ``nnictl create`` returns as soon as the manager is up, leaving no sign of when the search ends short
-of the web UI.
-
-:class:`Follower` reads only what the trials write anyway (``history.jsonl``, their output, NNI's record of their
-statuses) and the manager's status, so following adds nothing to the trials' work. It is done when NNI says the
-experiment is, or when the manager has gone. The time left: once a trial has run from start to end while followed,
-the trials still to run at the mean duration of those; before that, the steps still to run at the seconds per step
-seen so far, a final pick's retrain step counted as :data:`PICK_STEP_SHARE` of a supernet step.
+"""Follow a launched nnictl experiment from the terminal until it is done (``nnictl create`` returns as soon as the
+manager is up): trial k of n, its step, its phases, the time left. :class:`Follower` reads only what the trials write
+anyway (``history.jsonl``, their output, NNI's record of their statuses) and the manager's status, so following adds
+nothing to the trials' work. It is done when NNI says the experiment is, or when the manager has gone. The time
+left: once a trial has run from start to end while followed, the trials still to run at the mean duration of those;
+before that, the steps still to run at the seconds per step seen so far, a final pick's retrain step counted as
+:data:`PICK_STEP_SHARE` of a supernet step.
 """
 
 from __future__ import annotations

@@ -57,8 +57,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def rows(runs: Sequence[dict[str, Any]], timing: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One dict per run (its ``metrics.json`` as :func:`read_run` reads it) with every column's key, the speed
-    columns from ``timing`` (:func:`time_runs`) where given, None where a run lacks a figure."""
+    """One dict per run with every column's key, the speed columns from ``timing`` where given, None where missing."""
     out = []
     for i, m in enumerate(runs):
         row = {key: m.get(key) for key in CSV_KEYS}
@@ -102,8 +101,8 @@ def timing_plan(runs: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, tuple[li
 
 def time_runs(runs: Sequence[dict[str, Any]], rounds: int, progress: Callable[[str, int, int, str], None] | None = None
               ) -> dict[str, Any]:
-    """Every run's model timed side by side here (layouts keyed by the run's position, ``"0"``, ``"1"`` ...), on
-    CUDA if the runs trained there and this machine has it, else on the CPU."""
+    """Every run's model timed side by side here (keyed ``"0"``, ``"1"`` ... by position), on CUDA where they trained
+    there and this machine has it."""
     import torch
 
     from parnas.training.side_by_side import time_side_by_side
@@ -137,8 +136,8 @@ def spread_cell(spread: float | None) -> str:
 
 
 def one_network(runs: Sequence[dict[str, Any]]) -> list[list[int]]:
-    """Groups (positions, two or more) of runs that are one network: the same layout, model and data settings
-    and training length and rate, whatever their seed, folder or machine. Their gaps are noise."""
+    """Groups (positions, two or more) of runs that are one network (layout, model, data, training length and rate
+    alike, whatever their seed, folder or machine): their gaps are noise."""
     groups: dict[str, list[int]] = {}
     for i, m in enumerate(runs):
         config = m.get("config")

@@ -162,8 +162,7 @@ class TextStream:
         self.write(piece)
 
     def add_prompt(self, prompt: str, ids: Sequence[int]) -> None:
-        """The prompt, written as the user wrote it (:func:`shown_prompt`); its ``ids`` are taken in unwritten, so
-        the continuation is still decoded with the prompt's last line."""
+        """The prompt as the user wrote it; its ``ids`` taken in unwritten, to decode the continuation with its line."""
         ids = [int(i) for i in ids]
         self._write(shown_prompt(prompt, self.tokenizer.decode(ids)))
         breaks = [k for k, i in enumerate(ids) if i == self.tokenizer.eos_id]

@@ -32,8 +32,7 @@ class TrainedModel:
 
 
 def device_for(accelerator: str) -> torch.device:
-    """``--accelerator``: ``auto`` is CUDA when present, else the CPU; ``gpu`` (the first visible CUDA device) and
-    ``mps`` must exist here."""
+    """``--accelerator``: ``auto`` is CUDA if present, else the CPU; ``gpu`` (CUDA device 0) and ``mps`` must exist."""
     if accelerator == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if accelerator == "gpu" and not torch.cuda.is_available():
