@@ -24,8 +24,7 @@ def frame_indices(n_records: int, max_frames: int = MAX_FRAMES) -> np.ndarray:
 
 
 def heatmap_data(history: History, index: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """What one frame shows: ``probs`` (blocks x kinds) and each block's leading kind index, -1 where
-    the top kinds are tied (their margin rounds to 0.00): a tie has no winner."""
+    """One frame's ``probs`` (blocks x kinds) and each block's leading kind, -1 at a tie (margin rounds to 0.00)."""
     probs = history.probs[index]
     return probs, np.where(block_margins(probs) < TIE, -1, probs.argmax(axis=1))
 

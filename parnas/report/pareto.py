@@ -100,8 +100,7 @@ SAME_PPL = 0.005  # points of one layout and cost whose perplexities differ by l
 
 
 def coinciding(points: Sequence[TrialPoint]) -> list[list[TrialPoint]]:
-    """The points in groups that one label names: one layout at one cost, perplexities within :data:`SAME_PPL`
-    (trials that exported the same network), in the order their first point comes."""
+    """The points in groups one label names (one layout at one cost, perplexities within :data:`SAME_PPL`), in order."""
     groups: list[list[TrialPoint]] = []
     for p in points:
         group = next((g for g in groups if g[0].layout == p.layout and math.isclose(g[0].cost, p.cost, rel_tol=1e-3)

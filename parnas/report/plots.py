@@ -88,8 +88,7 @@ def read_architecture(run_dir: Path, note: Note) -> dict | None:
 
 def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: bool = True,
              note: Note = stderr_note) -> list[Path]:
-    """Write ``probabilities.gif``, ``probabilities.png`` and ``architecture.png`` into ``run_dir`` and
-    the final heat map to ``<run_dir>/tensorboard`` (tag ``search/probabilities``); returns the images."""
+    """Draw ``run_dir``'s pictures into it, the final heat map into its ``tensorboard``; returns the images' paths."""
     run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise HistoryError(f"no run directory {run}")

@@ -76,8 +76,7 @@ def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> 
 
 
 def check_searched_vocabulary(record: dict[str, Any], kind: str, vocab_size: int, source: str) -> None:
-    """Refuse (one line) a tokenizer of another size or kind than the architecture was searched with: the run
-    with the tokenizer it built, ``--dry-run`` with the one the data settings plan."""
+    """Refuse a tokenizer (built or planned) of another size or kind than the architecture was searched with."""
     searched = record["model"]["vocab_size"]
     recorded = record.get("tokenizer") or {}
     hint = "pass the data settings the search used (its --config, or --set data.tokenizer=... data.vocab_size=...)"
