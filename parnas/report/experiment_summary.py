@@ -1,10 +1,7 @@
-"""The block ``parnas launch --wait`` (``make search``) ends with: what each trial exported and at what cost, what
-its final pick retrained it to against the guard, whether the guard won, where its pictures are, and the two
-retrains that compare the best find with Transformer-XL.
-
-Plain records in, text out (no torch). Trials are numbered in start order, as the progress lines said them. When
-the best export is Transformer-XL itself, retraining it beside Transformer-XL would compare a network with itself:
-the block says so and offers the cheapest layout a trial exported instead.
+"""The block ``parnas launch --wait`` (``make search``) ends with: each trial's export and cost, what its final pick
+retrained it to against the guard, its pictures, and the two retrains that compare the best find with Transformer-XL.
+Plain records in, text out (no torch); trials numbered in start order, as the progress lines said them. When the best
+export is Transformer-XL itself, the block says so and offers the cheapest layout a trial exported instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""What a finished run prints: the few figures a training (``parnas train``, ``parnas retrain``) and a search
-(``parnas search``, any strategy) are judged by, side by side so that they read alike. Plain dicts in, text
-out: nothing here imports torch."""
+"""What a finished run prints: the few figures a training (``train``, ``retrain``) and a search (any strategy) are
+judged by, side by side so that they read alike. Plain dicts in, text out: nothing here imports torch."""
 
 from __future__ import annotations
 
