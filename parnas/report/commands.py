@@ -94,8 +94,7 @@ def cmd_cutoffs(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas.arguments import add_command, add_config_args
 
-    p = add_command(sub, "plot", cmd_plot,
-                    "parnas plot runs/search")
+    p = add_command(sub, "plot", cmd_plot, "parnas plot runs/search")
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a search run directory (holds history.jsonl)")
     p.add_argument("--experiment", metavar="ID",
                    help="every trial of this nnictl experiment, plus pareto.png (default: draw RUN_DIR instead)")
@@ -104,8 +103,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-frames", type=int, default=100, help="frames in the animation at most (default 100)")
     p.add_argument("--no-tensorboard", action="store_true", help="do not log the heat map to TensorBoard")
 
-    p = add_command(sub, "cutoffs", cmd_cutoffs,
-                    "parnas cutoffs --config wt2-seed --clusters 2")
+    p = add_command(sub, "cutoffs", cmd_cutoffs, "parnas cutoffs --config wt2-seed --clusters 2")
     add_config_args(p)
     p.add_argument("--clusters", "-k", type=int, required=True, metavar="K",
                    help="number of tail clusters = number of cutoffs (the original TensorFlow PAR Transformer-XL's "

@@ -1,13 +1,7 @@
-"""The block ``parnas launch --wait`` (``make search``) ends with: what each trial exported and at what cost, what
-its final pick retrained it to against the guard, whether the guard won, where its pictures are, and the two
-retrains that compare the best find with Transformer-XL.
-
-Plain records in, text out (no torch). A trial's numbers are its place in start order
-(:func:`parnas.report.experiments.experiment_trials`), as the progress lines said them. The best trial
-(:func:`best_outcome`) is a found layout its pick confirmed where there is one, for the README's retrains to compare
-a found network with Transformer-XL.
-When that export is Transformer-XL itself, comparing it with Transformer-XL would compare a network with itself:
-the block says so and offers the cheapest layout a trial exported instead.
+"""The block ``parnas launch --wait`` (``make search``) ends with: each trial's export and cost, what its final pick
+retrained it to against the guard, its pictures, and the two retrains that compare the best find with Transformer-XL.
+Plain records in, text out (no torch); trials numbered in start order, as the progress lines said them. When the best
+export is Transformer-XL itself, the block says so and offers the cheapest layout a trial exported instead.
 """
 
 from __future__ import annotations
@@ -92,9 +86,8 @@ def _line(o: Mapping[str, Any]) -> str:
 
 
 def best_outcome(outcomes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The trial the README's retrains take: of the exports a final pick confirmed over their guard (found layouts,
-    not a shallower Transformer-XL), the one that retrained best; where no pick confirmed one, the trial whose export
-    retrained best (supernet-weight perplexity where none ran). Earliest wins ties."""
+    """The trial the README's retrains take: the best retrained of the exports a pick confirmed over their guard, else
+    of all (supernet-weight perplexity where no pick ran). Earliest wins ties."""
     def key(o: Mapping[str, Any]) -> tuple[float, float, int]:
         retrained, inherited = o["retrained_ppl"], o["supernet_weight_ppl"]
         return (retrained if retrained is not None else math.inf,

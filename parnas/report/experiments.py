@@ -1,22 +1,13 @@
-"""An nnictl experiment's trials: where their parnas run directories are, whether each has
-finished, and the figures a finished or running trial reports.
+"""An nnictl experiment's trials: where their parnas run directories are, whether each has finished, and the figures
+a finished or running trial reports; and ``nnictl create`` made safe (:func:`launch`).
 
-A search run inside an NNI trial writes into ``$NNI_OUTPUT_DIR``, which NNI 3.0's
-local training service puts at
-``<experiments root>/<experiment id>/environments/<env>/trials/<trial id>/``. The root is NNI's
-``experimentWorkingDirectory``: ``~/nni-experiments`` unless the experiment
-config says otherwise (pass ``root`` then).
+A search inside an NNI trial writes into ``$NNI_OUTPUT_DIR``, which NNI 3.0's local training service puts at
+``<root>/<experiment id>/environments/<env>/trials/<trial id>/``; the root is NNI's ``experimentWorkingDirectory``
+(``~/nni-experiments`` unless the experiment config says otherwise: pass ``root`` then).
 
-A trial is *finished* once its ``architecture.json`` exists. Otherwise it is *running* or
-*stopped*, which NNI's own record tells (``<experiment>/db/nni.sqlite``, the last status
-event of the trial; a trial NNI still calls running is stopped when nnictl has stopped the
-experiment). Without that record a trial without ``architecture.json`` counts as running.
-
-Perplexities: ``val_ppl`` in ``architecture.json``'s ``search`` section and in history
-evaluation lines is the exported (argmax) architecture's own, with the supernet's weights and
-no retraining; ``supernet_val_ppl`` is the supernet's (candidates mixed by softmax(alpha)).
-Records written before ``supernet_val_ppl`` existed hold only the supernet's, under
-``val_ppl``: :func:`perplexities` reads them so, and the exported architecture's is unknown.
+A trial is *finished* once its ``architecture.json`` exists. Otherwise it is *running* or *stopped*, as NNI's own
+record tells (``<experiment>/db/nni.sqlite``; a trial NNI still calls running is stopped when nnictl has stopped the
+experiment); without that record, running.
 """
 
 from __future__ import annotations
@@ -48,8 +39,7 @@ _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # what NNI makes (8 letters and digit
 
 
 def is_id(name: str) -> bool:
-    """Whether ``name`` can be an NNI experiment or trial id: letters, digits, ``_`` and ``-`` only, so a path
-    built from it stays in its base folder (no ``/``, no ``..``)."""
+    """Whether ``name`` can be an NNI id: letters, digits, ``_`` and ``-`` only, so a path built from it stays put."""
     return _ID.fullmatch(name) is not None
 
 
@@ -83,15 +73,9 @@ class Trial:
     nni_status: str | None  # NNI's last recorded status of the trial (SUCCEEDED, FAILED, ...), if known
 
 
-def trial_run_dirs(experiment_id: str, root: str | Path | None = None) -> dict[str, Path]:
-    """Trial id -> run directory, for every trial that left an ``architecture.json``."""
-    return {t.id: t.run_dir for t in experiment_trials(experiment_id, root).values() if t.status == FINISHED}
-
-
 def experiment_trials(experiment_id: str, root: str | Path | None = None) -> dict[str, Trial]:
-    """Every trial folder of the experiment, finished or not, in the order the trials started: NNI's record of
-    the trials' first events, then (for a trial it has not recorded) the folder's creation, then the id. A trial's
-    number ("trial k of n") is its place here, so it never changes as trials come and go."""
+    """Every trial folder of the experiment, finished or not, in the order the trials started (NNI's record, else the
+    folder's creation, then the id), so a trial's number ("trial k of n") never changes as trials come and go."""
     folder = experiment_dir(experiment_id, root)
     dirs: dict[str, Path] = {}
     found = [*folder.glob("environments/*/trials/*"), *folder.glob("trials/*")]
@@ -124,15 +108,13 @@ def _made(path: Path) -> float:
 
 
 def nni_trial_order(folder: Path) -> dict[str, int]:
-    """Trial id -> the place of its first event in ``<experiment>/db/nni.sqlite`` (the order NNI started the trials;
-    {} without a readable record)."""
+    """Trial id -> the place of its first event in ``<experiment>/db/nni.sqlite``: the order NNI started them."""
     rows = trial_events(folder, "select trialJobId, min(rowid) from TrialJobEvent group by trialJobId")
     return {trial: first for trial, first in rows if isinstance(first, int)}
 
 
 def trial_events(folder: Path, query: str) -> list[tuple[Any, ...]]:
-    """The rows of ``query`` over ``<experiment>/db/nni.sqlite``, read-only; none without a readable record (being
-    written, or another NNI version's schema)."""
+    """The rows of ``query`` over ``<experiment>/db/nni.sqlite``, read-only; none without a readable record."""
     db = folder / "db" / "nni.sqlite"
     if not db.is_file():
         return []
@@ -180,8 +162,9 @@ def experiment_stopped(experiment_id: str, root: str | Path | None = None) -> bo
 
 
 def perplexities(record: Mapping[str, Any]) -> tuple[float | None, float | None]:
-    """``(exported architecture's val ppl, supernet's val ppl)`` of an architecture.json ``search`` section
-    or a history evaluation line; None where not recorded (an old record's ``val_ppl`` is the supernet's)."""
+    """``(exported architecture's val ppl, supernet's val ppl)`` of an architecture.json ``search`` section or a history
+    evaluation line; None where not recorded (a record without ``supernet_val_ppl`` holds only the supernet's)."""
+
     def number(key: str) -> float | None:
         value = record.get(key)
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
@@ -192,8 +175,7 @@ def perplexities(record: Mapping[str, Any]) -> tuple[float | None, float | None]
 
 
 def margin(probs: Iterable[float]) -> float:
-    """Top minus second of one block's probabilities (1.0 with a single candidate): below
-    :data:`UNDECIDED_MARGIN` the block is undecided."""
+    """Top minus second of block probabilities (1.0 with one candidate), undecided under :data:`UNDECIDED_MARGIN`."""
     top = sorted((float(p) for p in probs), reverse=True)
     return top[0] - top[1] if len(top) > 1 else 1.0
 
@@ -207,13 +189,10 @@ LOOPBACK_JS = Path(__file__).with_name("loopback.js")
 
 
 def loopback_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with ``NODE_OPTIONS`` preloading :data:`LOOPBACK_JS` into every Node process started with it.
-
-    NNI 3.0 starts its manager (web UI and REST API, no authentication) as ``node main.js`` with the caller's
-    environment, and the manager calls ``app.listen(port)``: every interface. NNI has no setting for the address,
-    so the preload, which Node reads from ``NODE_OPTIONS``, makes a listen without an address bind 127.0.0.1.
-    An address NNI passes itself is left alone, and neither NNI nor its package is changed. Options already in
-    ``NODE_OPTIONS`` are kept."""
+    """``env`` with ``NODE_OPTIONS`` (what it held kept) preloading :data:`LOOPBACK_JS` into every Node process
+    started with it. NNI 3.0's manager (web UI and REST API, no login) calls ``app.listen(port)``, every interface,
+    and has no setting for the address: the preload makes a listen without an address bind 127.0.0.1, and neither NNI
+    nor its package is changed."""
     preload = f"--require {json.dumps(str(LOOPBACK_JS))}"  # quoted: Node reads the path as one word
     return {**env, "NODE_OPTIONS": f"{env.get('NODE_OPTIONS', '')} {preload}".strip()}
 
@@ -247,14 +226,10 @@ def training_platforms(config: Path) -> list[str]:
 
 
 def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
-    """``nnictl create --config config --port port``, checked first; returns the experiment id.
-
-    NNI's web UI and REST API serve 127.0.0.1 only (:func:`loopback_env`) unless ``listen_all``: they have no
-    login, so anyone who reaches the port could read and stop the experiment. A config whose trials run on
-    other machines (a platform other than ``local``) needs ``listen_all``, since the workers report to the
-    manager's port over the network. Trials run ``parnas``, so the folder of this Python's executables goes
-    first on their PATH (what activating the environment would do).
-    """
+    """``nnictl create --config config --port port``, checked first; returns the experiment id. NNI's web UI and
+    REST API have no login, so they serve 127.0.0.1 only (:func:`loopback_env`) unless ``listen_all``, which trials
+    on other machines need (they report to the manager's port). This Python's executables go first on the trials'
+    PATH, as activating the environment would do."""
     config = Path(config)
     if not config.is_file():
         raise ParnasError(f"no experiment config at {config}")
@@ -267,11 +242,10 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
     if port_in_use(port):
         raise ParnasError(f"port {port} is already in use: pass --port with a free one "
                           "(nnictl serves its web UI there)")
-    bin_dir = str(Path(sys.executable).parent)
-    nnictl = shutil.which("nnictl", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    if nnictl is None:
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    if shutil.which("nnictl", path=path) is None:
         raise ParnasError("nnictl not found: install parnas's dependencies (make install)")
-    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, PATH=path)
     root = working_root(config)
     experiment_id = new_experiment_id()  # named before nnictl starts: a failed start removes its folder, none other
     done = subprocess.run([sys.executable, "-c", CREATE_WITH_ID, experiment_id, "create", "--config", str(config),
@@ -280,7 +254,12 @@ def launch(config: str | Path, port: int, listen_all: bool = False) -> str:
     output = re.sub(r"\x1b\[\d+m", "", done.stdout + done.stderr)
     printed = re.search(r"Experiment ID: (\w+)", output)
     if done.returncode != 0 or printed is None or not serves(port, experiment_id):
-        discard_failed_launch(root, experiment_id)
+        # what it left, only: its folder, its _latest link and its line in nnictl's list of experiments; other
+        # experiments (and whatever else a user keeps there) may appear beside it at any moment
+        remove_experiment(root, experiment_id)
+        from nni.tools.nnictl.config_utils import Experiments
+
+        Experiments().remove_experiment(experiment_id)
         last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
         if done.returncode == 0 and printed is not None or "EADDRINUSE" in output or "not idle" in output:
             raise ParnasError(f"port {port} was taken by another process while the experiment started (a second "
@@ -306,9 +285,8 @@ def new_experiment_id() -> str:
 
 
 def serves(port: int, experiment_id: str, wait_s: float = 10.0) -> bool:
-    """Whether the manager answering on 127.0.0.1:``port`` is ``experiment_id``'s. Two launches racing for one port
-    both find it free; the second manager then dies on EADDRINUSE while nnictl's own check reaches the first's
-    server and reports success."""
+    """Whether the manager answering on 127.0.0.1:``port`` is ``experiment_id``'s: of two launches racing for one port,
+    the second manager dies on EADDRINUSE while nnictl's own check reaches the first's and reports success."""
     import time
     import urllib.request
 
@@ -332,23 +310,9 @@ def working_root(config: Path) -> Path:
     return Path(root).expanduser() if isinstance(root, str) else default_root()
 
 
-def discard_failed_launch(root: Path, experiment_id: str | None) -> None:
-    """Remove what a failed ``nnictl create`` left: the folder of the experiment id it printed, the ``_latest``
-    link to it and the id's line in nnictl's list of experiments. Nothing else under ``root`` is touched: other
-    experiments (and whatever else a user keeps there) appear beside it at any moment, and are not this launch's.
-    Without an id (nnictl failed before naming one) nothing is removed."""
-    if experiment_id is None or not is_id(experiment_id):
-        return
-    remove_experiment(root, experiment_id)
-    from nni.tools.nnictl.config_utils import Experiments
-
-    Experiments().remove_experiment(experiment_id)
-
-
 def remove_experiment(root: Path, experiment_id: str, made: Iterable[Path | None] = ()) -> None:
-    """Remove what NNI wrote of one experiment under its working directory ``root`` (its folder, the ``_latest``
-    link when it names this id), then the folders of ``made`` (ones the caller made) where nothing else is left in
-    them. A link at the experiment's folder is removed, never what it points to."""
+    """Remove one experiment's folder (a link there: the link only) and ``_latest`` link under ``root``, then the
+    folders of ``made`` (ones the caller made) where nothing else is left in them."""
     folder = root / experiment_id
     if folder.is_symlink():
         folder.unlink()

@@ -1,19 +1,10 @@
-"""Follow a launched nnictl experiment from the terminal until it is done: trial k of n, its step, its phases,
-the time left.
-
-``nnictl create`` returns as soon as the manager is up, and a newcomer then has no sign of when the search ends
-short of the web UI. :class:`Follower` reads what the trials write anyway (each trial's ``history.jsonl``, one
-line per logged step, the lines it prints, which NNI keeps in ``trial.stdout`` and ``trial.stderr``, and NNI's own
-record of the trials' statuses) and the manager's status over its REST API on 127.0.0.1, so following adds nothing
-to the trials' work. Trials are numbered in the order they started. Of a trial's own lines, those that mark a phase
-the step count does not show (:data:`PHASES`: the tokenizer, the latency table and its warnings, each validation,
-each round of the final pick and its verdict) are passed on, one each. It is done when NNI says the experiment is
-(every trial ended, or its duration ran out), or when the manager has gone.
-
-The time left: once a trial has run from start to end while followed, the trials still to run at that trial's
-mean duration, less what the running ones have spent. Before that, the steps still to run times the seconds per
-step seen so far (start-up and evaluations included), the final pick's retrain steps counted at
-:data:`PICK_STEP_SHARE` of a supernet step each. It needs a first trial step to say anything.
+"""Follow a launched nnictl experiment from the terminal until it is done (``nnictl create`` returns as soon as the
+manager is up): trial k of n, its step, its phases, the time left. :class:`Follower` reads only what the trials write
+anyway (``history.jsonl``, their output, NNI's record of their statuses) and the manager's status, so following adds
+nothing to the trials' work. It is done when NNI says the experiment is, or when the manager has gone. The time
+left: once a trial has run from start to end while followed, the trials still to run at the mean duration of those;
+before that, the steps still to run at the seconds per step seen so far, a final pick's retrain step counted as
+:data:`PICK_STEP_SHARE` of a supernet step.
 """
 
 from __future__ import annotations
@@ -38,8 +29,7 @@ PICK_STEP_SHARE = 0.5
 # the trial's own lines passed on (its phases), after "parnas: " is taken off a stderr line
 PHASES = re.compile(r"^(training a .*tokenizer|latency table|warning: |step \d+: validation|final pick|"
                     r"the shallower Transformer-XL|Transformer-XL beat|architecture \S+ \(|parnas search: error)")
-# where NNI keeps a trial's output: its print hook writes stdout to trial.log ("[time] PRINT line"), the rest goes to
-# trial.stdout and trial.stderr
+# a trial's output: NNI's print hook writes stdout to trial.log ("[time] PRINT line"), the rest goes to the others
 OUTPUTS = ("trial.log", "trial.stdout", "trial.stderr")
 PRINTED = re.compile(r"^\[[^\]]*\] PRINT ")
 
@@ -95,8 +85,7 @@ def phase_lines(lines: list[str]) -> list[str]:
 
 
 def manager_status(port: int) -> str | None:
-    """NNI's experiment status from its REST API on 127.0.0.1 (``RUNNING``, ``NO_MORE_TRIAL``, ``DONE``, ...),
-    None when the manager does not answer."""
+    """NNI's experiment status from its REST API on 127.0.0.1 (``RUNNING``, ``DONE``, ...); None: no answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nni/check-status", timeout=3) as answer:
             return json.loads(answer.read()).get("status")
@@ -113,10 +102,8 @@ def duration(seconds: float) -> str:
 
 
 class Follower:
-    """The progress of one experiment of ``n_trials`` trials of ``max_steps`` steps each (None when unknown).
-
-    :meth:`poll` returns the lines to print now (none when nothing changed and the last line is recent), and
-    :attr:`done` says whether the experiment has ended."""
+    """The progress of one experiment of ``n_trials`` trials of ``max_steps`` steps each (None when unknown):
+    :meth:`poll` returns the lines to print now, :attr:`done` says whether the experiment has ended."""
 
     def __init__(self, experiment_id: str, port: int, n_trials: int | None, max_steps: int | None,
                  root: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
@@ -141,8 +128,7 @@ class Follower:
         now = self.clock()
         if self.durations:  # a whole trial seen: its mean duration, the final pick included
             mean = sum(self.durations) / len(self.durations)
-            return mean * not_started + sum(max(0.0, mean - (now - self.started.get(t, now)))
-                                            for t in trials_running)
+            return mean * not_started + sum(max(0.0, mean - (now - self.started.get(t, now))) for t in trials_running)
         steps_done = sum(self.progress.values())
         if self.max_steps is None or steps_done == 0:
             return None
@@ -211,9 +197,8 @@ def follow(follower: Follower, out: Callable[[str], None] = print, every_s: floa
 
 
 def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
-    """The retrain steps of a search's final pick (:mod:`parnas.strategies.final_pick`) when the guard enters apart and
-    goes on to the last round, and a layout of the supernet's beats it there (so the confirming seeds run): the most
-    it trains, for the time left."""
+    """The most retrain steps a search's final pick (:mod:`parnas.strategies.final_pick`) runs, for the time left: the
+    guard entering apart and reaching the last round, where a layout beats it (so the confirming seeds run)."""
     if not select.enabled:
         return 0
     rounds, alive, total, reached = select.rounds(max_steps), select.k + 1, 0, 0  # the guard always enters
@@ -225,9 +210,8 @@ def pick_retrain_steps(select: SelectConfig, max_steps: int) -> int:
 
 
 def experiment_size(config: str | Path) -> tuple[int | None, int | None, str | None, str | None, int]:
-    """``(trials, steps a trial, preset, experimentWorkingDirectory, the final pick's retrain steps a trial)`` of an
-    NNI experiment config whose trials run ``parnas search --config PRESET [--set k=v ...]``; None for what cannot be
-    told (another trial command, or parameters the tuner draws for the step count), 0 pick steps then."""
+    """``(trials, steps a trial, preset, experimentWorkingDirectory, pick retrain steps a trial)`` of an experiment
+    config whose trials run ``parnas search --config PRESET [--set k=v ...]``; None (pick steps: 0) where not told."""
     import shlex
 
     from parnas import reading

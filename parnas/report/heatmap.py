@@ -1,9 +1,5 @@
-"""The GIF's frame: a blocks x kinds heat map of softmax(alpha) at one logged step.
-
-Every cell shows its probability; a block's leading kind is outlined (dashed while the block is
-undecided, not at all at a tie), and a column gives each block's margin (top minus second
-probability). A progress bar under the map is labelled with the step and tau.
-"""
+"""The GIF's frame: a blocks x kinds heat map of softmax(alpha) at one logged step, each block's margin (top minus
+second probability) beside it and a progress bar under it."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ def frame_indices(n_records: int, max_frames: int = MAX_FRAMES) -> np.ndarray:
 
 
 def heatmap_data(history: History, index: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """What one frame shows: ``probs`` (blocks x kinds) and each block's leading kind index, -1 where
-    the top kinds are tied (their margin rounds to 0.00): a tie has no winner."""
+    """One frame's ``probs`` (blocks x kinds) and each block's leading kind, -1 at a tie (margin rounds to 0.00)."""
     probs = history.probs[index]
     return probs, np.where(block_margins(probs) < TIE, -1, probs.argmax(axis=1))
 
@@ -70,10 +65,8 @@ def margin_text(value: float) -> tuple[str, str]:
 
 
 class HeatmapFigure:
-    """One figure redrawn per frame (cheap: only the image data, the texts and the outlines change).
-
-    Every cell shows its probability; the leading kind of a block is outlined (dashed while the
-    block is undecided, none at a tie), and the column on the right gives the block's margin."""
+    """One figure redrawn per frame (cheap: only the image data, the texts and the outlines change). The leading
+    kind of a block is outlined, dashed while the block is undecided, not at all at a tie."""
 
     def __init__(self, history: History) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -96,8 +89,7 @@ class HeatmapFigure:
                                extent=(-0.5, k - 0.5, n - 0.5, -0.5))
         ax.set_xticks([])
         for j, kind in enumerate(history.kinds):
-            ax.text(j, -0.62, kind, ha="center", va="bottom", fontsize=12, fontweight="bold",
-                    color=kind_colour(kind))
+            ax.text(j, -0.62, kind, ha="center", va="bottom", fontsize=12, fontweight="bold", color=kind_colour(kind))
         ax.text(k - 0.5 + 18 / _KIND_WIDTH, -0.62, "margin", ha="left", va="bottom", fontsize=11, color="#333333")
         names = [block_name(b) for b in history.blocks]
         if n > 1:
@@ -125,8 +117,7 @@ class HeatmapFigure:
         bar.set_axis_off()
         bar.barh(0, 1, color="#e6e6e6", height=1)
         self.progress = bar.barh(0, 0, color="#555555", height=1)[0]
-        self.bar_text = self.fig.text(middle, 1 - (_TOP + cell * n + 36) / h, "", ha="center", va="center",
-                                      fontsize=11)
+        self.bar_text = self.fig.text(middle, 1 - (_TOP + cell * n + 36) / h, "", ha="center", va="center", fontsize=11)
         self.fig.text(0.5, 1 - (_TOP + cell * n + 60) / h,
                       "each cell: the kind's probability (darker = likelier); outlined: the block's leading kind; "
                       f"margin = top \u2212 second,\nbelow {UNDECIDED_MARGIN:g} the block is undecided "
@@ -164,14 +155,8 @@ class HeatmapFigure:
 
 
 def progress_label(history: History, index: int) -> str:
-    """The progress bar's label, e.g. ``step 250 / 1,000, tau 0.46`` (of the last logged step); no tau where the
-    search read none (NaN)."""
+    """The progress bar's label, e.g. ``step 250 / 1,000, tau 0.460``; no tau where the search read none (NaN)."""
     tau = history.tau[index]
     return (f"step {int(history.steps[index]):,} / {int(history.steps[-1]):,}"
             + (f", tau {tau:.3f}" if np.isfinite(tau) else ""))
-
-
-def render_heatmap(history: History, index: int = -1) -> np.ndarray:
-    """One heat-map frame as an RGB array (what the GIF and TensorBoard show)."""
-    return HeatmapFigure(history).render(index % len(history.steps))
 

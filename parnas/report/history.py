@@ -1,13 +1,9 @@
 """``history.jsonl``, the search's log, as arrays, and how block kinds are named and coloured.
 
-One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> kind ->
-softmax(alpha)); evaluation lines add ``val_ppl`` (the exported architecture's, supernet weights,
-not retrained), ``supernet_val_ppl`` and ``architecture`` (the exported architecture's letter
-code), and ``valid_fraction`` where the evaluation read only the first part of the validation split
-(a mid-search one; the final one reads it whole and logs none); a space with ``ut`` blocks logs
-``act_steps`` (block label -> the mean pondering steps per
-position of its ``ut`` candidate). Lines of searches from before ``supernet_val_ppl`` hold the
-supernet's under ``val_ppl`` (see :func:`parnas.report.experiments.perplexities`).
+One line per logged step: ``step``, ``tau``, ``probabilities`` (block label -> kind -> softmax(alpha)); evaluation
+lines add ``val_ppl`` (the exported architecture's, supernet weights), ``supernet_val_ppl``, ``architecture`` (its
+letter code) and, where a mid-search evaluation read only the first part of the validation split, ``valid_fraction``;
+a space with ``ut`` blocks logs ``act_steps`` (block label -> mean pondering steps per position of its candidate).
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ class History:
     kinds: tuple[str, ...]  # candidate kinds, canonical order first
     probs: np.ndarray  # (T, n_blocks, n_kinds)
     val_steps: np.ndarray  # (E,) steps of the evaluation lines
-    val_ppl: np.ndarray  # (E,) the exported architecture's (NaN where not recorded: old histories)
+    val_ppl: np.ndarray  # (E,) the exported architecture's (NaN where not recorded)
     supernet_val_ppl: np.ndarray  # (E,) the supernet's (NaN where not recorded)
     architectures: tuple[str, ...]  # (E,) the exported architecture's letter code ("" where not recorded)
     val_fraction: np.ndarray  # (E,) the part of the validation split both perplexities read (1.0: the whole split)
@@ -50,9 +46,8 @@ class History:
 
 
 def kind_colour(kind: str) -> str:
-    """Fixed colour of a kind: attention blue, dense orange, identity grey, then Tableau's qualitative
-    colours in registry order (conv green, glu red, sqrelu purple, compressive brown, shared pink,
-    then plugin kinds); a name no kind has gets a spare colour, stable by name."""
+    """Fixed colour of a kind: attention blue, dense orange, identity grey, then Tableau's qualitative colours in
+    registry order (plugin kinds last); a name no kind has gets a spare colour, stable by name."""
     from parnas import kinds
 
     if kind in KIND_COLOURS:
@@ -75,8 +70,8 @@ def block_name(label: str) -> str:
 
 
 def load_history(run_dir: str | Path) -> History:
-    """Read ``<run_dir>/history.jsonl`` (or that file itself). A last line without its newline that
-    does not parse is a line still being written by a running search, and is skipped."""
+    """Read ``<run_dir>/history.jsonl`` (or that file itself), skipping a last line without its newline that does not
+    parse: a running search is writing it."""
     path = Path(run_dir).expanduser()
     path = path / HISTORY if path.is_dir() else path
     if not path.is_file():

@@ -1,11 +1,6 @@
-"""An nnictl experiment's trials side by side: every trial's pictures, and ``pareto.png``.
-
-``pareto.png`` plots each trial's validation perplexity -- the exported (argmax) architecture's,
-with the supernet's weights and no retraining -- against the predicted latency of that
-architecture relative to the standard Transformer-XL (``search.latency.ratio``), or its cost
-when the trials record no latency, with the Pareto front marked: the trade-off that the
-compute penalty's weight sweeps. Trials still running (or stopped) are drawn from their
-history so far, with hollow markers.
+"""An nnictl experiment's trials side by side: every trial's pictures, and ``pareto.png``: the exported
+architectures' val ppl against their predicted latency (or cost), the trade-off the compute penalty's weight sweeps.
+Trials not finished are drawn from their history so far, hollow (docs/reference.md, "Seeing the search").
 """
 
 from __future__ import annotations
@@ -61,9 +56,8 @@ class TrialPoint:
 
 
 def pareto_figure(points: Sequence[TrialPoint], xlabel: str, title: str) -> Any:
-    """Perplexity against cost, one dot per trial (hollow: not finished), the Pareto front joined and ringed.
-
-    The front is that of the finished trials; with none finished, of the histories so far."""
+    """Perplexity against cost, one dot per trial (hollow: not finished), the Pareto front (of the finished trials;
+    with none, of the histories so far) joined and ringed."""
     fig = figure(8.0, 5.4, layout="constrained")
     ax = fig.add_subplot()
     for status, (marker, label) in _MARKERS.items():
@@ -106,8 +100,7 @@ SAME_PPL = 0.005  # points of one layout and cost whose perplexities differ by l
 
 
 def coinciding(points: Sequence[TrialPoint]) -> list[list[TrialPoint]]:
-    """The points in groups that one label names: one layout at one cost, perplexities within :data:`SAME_PPL`
-    (trials that exported the same network), in the order their first point comes."""
+    """The points in groups one label names (one layout at one cost, perplexities within :data:`SAME_PPL`), in order."""
     groups: list[list[TrialPoint]] = []
     for p in points:
         group = next((g for g in groups if g[0].layout == p.layout and math.isclose(g[0].cost, p.cost, rel_tol=1e-3)
@@ -217,12 +210,9 @@ def _history_row(trial: Trial, note: Note) -> _Row | None:
 
 
 def experiment_points(trials: Mapping[str, Trial], note: Note = stderr_note) -> tuple[list[TrialPoint], str]:
-    """One point per trial with a val ppl of its exported architecture (unfinished trials: from their history).
-
-    x is ``search.latency.ratio`` when every finished trial records one, else the architecture's cost when
-    they all record one in the same unit, else the number of attention blocks for all of them. A trial that
-    is not finished has no latency or cost of its own yet: see :func:`_unfinished_x`; without one it is left
-    out (a note says so)."""
+    """One point per trial with a val ppl of its exported architecture (unfinished trials: from their history). x is
+    ``search.latency.ratio`` where every finished trial records one, else the cost where they all record one in one
+    unit, else the number of attention blocks; a trial not finished without one (:func:`_unfinished_x`) is left out."""
     rows = [row for trial in trials.values()
             if (row := (_finished_row if trial.status == FINISHED else _history_row)(trial, note)) is not None]
     base = [r for r in rows if r.status == FINISHED] or rows
@@ -256,11 +246,9 @@ def experiment_points(trials: Mapping[str, Trial], note: Note = stderr_note) -> 
 
 
 def _unfinished_x(row: _Row, finished: Sequence[_Row], axis: str) -> float | None:
-    """The latency ratio or cost of a trial not finished, whose history gives only its architecture so far.
-
-    Only when every finished trial has the same model, block costs and latency device (a sweep over the
-    search's own settings): the cost is that of its architecture under those block costs, and the latency
-    ratio that of a finished trial which exported the same architecture."""
+    """The latency ratio or cost of a trial not finished (its history gives only its architecture so far), where every
+    finished trial has one model, block costs and latency device: its architecture's cost under those block costs, or
+    the latency ratio of a finished trial that exported the same architecture."""
     if not finished or len({r.config for r in finished}) != 1:
         return None
     if axis == "cost" and finished[0].block_costs:
@@ -271,13 +259,11 @@ def _unfinished_x(row: _Row, finished: Sequence[_Row], axis: str) -> float | Non
 
 def plot_experiment(experiment_id: str, root: str | Path | None = None, *, max_frames: int = MAX_FRAMES,
                     tensorboard: bool = True, note: Note = stderr_note) -> list[Path]:
-    """:func:`plot_run` for every trial of an nnictl experiment that has logged a step, finished or not,
-    then ``pareto.png`` in the experiment folder. A trial whose plots fail is reported and skipped; no
-    trial with a history at all is an error."""
+    """:func:`plot_run` for every trial that has logged a step, then ``pareto.png`` in the experiment folder. A trial
+    whose plots fail is reported and skipped; no trial with a history at all is an error."""
     folder = experiment_dir(experiment_id, root)
     every = experiment_trials(experiment_id, root)
-    trials = {t: trial for t, trial in every.items()
-              if trial.status == FINISHED or (trial.run_dir / HISTORY).is_file()}
+    trials = {t: trial for t, trial in every.items() if trial.status == FINISHED or (trial.run_dir / HISTORY).is_file()}
     if not trials:
         raise ParnasError(f"experiment {experiment_id!r} ({folder}) has no trial with a {HISTORY} yet "
                           f"({status_counts(every)})")

@@ -1,17 +1,7 @@
-"""Pictures of a search: how each block's choice settles, what was found, and what it cost.
-
-A search run directory holds ``history.jsonl`` (read by :mod:`parnas.report.history`) and, once the
-search has finished, ``architecture.json`` (:mod:`parnas.architecture`). :func:`plot_run` turns them into
-``probabilities.gif`` (one :mod:`parnas.report.heatmap` frame per selected step), ``probabilities.png``
-(lines over steps, one panel per block, with both validation perplexities above, each labelled with
-the part of the validation split it read) and
-``architecture.png`` (the found column of blocks), and logs the final heat map to TensorBoard.
-:mod:`parnas.report.pareto` does that for every trial of an nnictl experiment, running ones included,
-and adds ``pareto.png``. Each kind keeps one colour everywhere. Perplexities are labelled with
-what they are: the exported architecture's (supernet weights, not retrained) or the supernet's.
-
-Figures are built on matplotlib's Agg canvas directly (no pyplot, no display) and every file
-is written to a temp file in the same folder and renamed, so a reader never sees half an image.
+"""Pictures of a search run directory (``history.jsonl``, and ``architecture.json`` once finished):
+``probabilities.gif``, ``probabilities.png``, ``architecture.png`` and the final heat map in TensorBoard, as
+docs/reference.md ("Seeing the search") shows them. Figures are built on matplotlib's Agg canvas (no pyplot, no
+display) and written atomically, so a reader never sees half an image.
 """
 
 from __future__ import annotations
@@ -22,13 +12,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from parnas import reading
 from parnas.config import TARGET_LABELS
-from parnas.files import check_not_link, current_umask, ensure_writable_dir
+from parnas.files import check_not_link, ensure_writable_dir, write_atomic
 from parnas.report.experiments import EXPORTED_PPL_LABEL, SUPERNET_PPL_LABEL, perplexities
 from parnas.report.heatmap import (
     DPI,
@@ -51,22 +41,13 @@ TB_FILE = "events.out.tfevents.0000000000.parnas-plot"
 Note = Callable[[str], None]
 
 
-def _save_atomic(path: Path, write: Callable[[str], None]) -> Path:
-    ensure_writable_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())  # the user's umask, as for any new file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def _save_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    ensure_writable_dir(path.parent)  # a link or a file there is refused, not written through
+    return write_atomic(path, write, "wb")
 
 
 def save_figure(fig: Any, path: Path) -> Path:
-    return _save_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
+    return _save_atomic(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
 
 
 def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tuple[Path, np.ndarray]:
@@ -82,8 +63,8 @@ def write_gif(history: History, path: Path, max_frames: int = MAX_FRAMES) -> tup
         images.append(Image.fromarray(frame).quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE))
     each = int(min(250, max(40, 1000 * GIF_SECONDS / len(images))) // 10 * 10)
     durations = [each] * (len(images) - 1) + [2000]
-    _save_atomic(path, lambda tmp: images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
-                                                  duration=durations, loop=0, disposal=1))
+    _save_atomic(path, lambda f: images[0].save(f, format="GIF", save_all=True, append_images=images[1:],
+                                                duration=durations, loop=0, disposal=1))
     return path, frame
 
 
@@ -107,8 +88,7 @@ def read_architecture(run_dir: Path, note: Note) -> dict | None:
 
 def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: bool = True,
              note: Note = stderr_note) -> list[Path]:
-    """Write ``probabilities.gif``, ``probabilities.png`` and ``architecture.png`` into ``run_dir`` and
-    the final heat map to ``<run_dir>/tensorboard`` (tag ``search/probabilities``); returns the images."""
+    """Draw ``run_dir``'s pictures into it, the final heat map into its ``tensorboard``; returns the images' paths."""
     run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise HistoryError(f"no run directory {run}")
@@ -128,20 +108,16 @@ def plot_run(run_dir: str | Path, *, max_frames: int = MAX_FRAMES, tensorboard: 
 # of a search looks at first (the loss, both perplexities, the temperature, the cost), then the rest
 FIRST_SCALARS = {"the search": {
     "train loss": ["Multiline", ["train/loss"]],
-    "val ppl: exported architecture (supernet weights) and supernet": ["Multiline",
-                                                                       ["val/ppl_exported", "val/ppl_supernet"]],
+    "val ppl: exported architecture (supernet weights) and supernet":
+        ["Multiline", ["val/ppl_exported", "val/ppl_supernet"]],
     "temperature tau": ["Multiline", ["search/tau"]],
-    "expected cost ratio (to Transformer-XL's) and the budget's multiplier": ["Multiline",
-                                                                             ["search/expected_cost_ratio",
-                                                                              "search/lambda"]]}}
+    "expected cost ratio (to Transformer-XL's) and the budget's multiplier":
+        ["Multiline", ["search/expected_cost_ratio", "search/lambda"]]}}
 
 
 def log_tensorboard(log_dir: Path, image: np.ndarray, step: int, note: Note = stderr_note) -> None:
-    """The final heat map as an image (HWC uint8) at ``step``, beside the search's own scalars, and the layout
-    that shows those a user opens first first (:data:`FIRST_SCALARS`, TensorBoard's Custom Scalars tab).
-
-    It goes into one events file, ``<log_dir>/<TB_FILE>``, which each call replaces: plotting a run again
-    never adds a second copy of the image."""
+    """The final heat map as an image (HWC uint8) at ``step`` and :data:`FIRST_SCALARS`, in one events file,
+    ``<log_dir>/<TB_FILE>``, which each call replaces: plotting a run again never adds a second copy of the image."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:  # tensorboard is a dependency; a broken install should not lose the plots
@@ -177,10 +153,8 @@ def split_part(fraction: float) -> str:
 
 
 def perplexity_series(history: History) -> list[tuple[np.ndarray, np.ndarray, str, str, str, float]]:
-    """The validation perplexities as plotted: (steps, values, label, style, colour, marker size) per whose (the
-    exported architecture's, the supernet's) and per part of the split read. The mid-search evaluations read the
-    first part of the split and the final one all of it, so their perplexities are not on one scale: each part is
-    its own series, its legend saying which part, never one line through both."""
+    """(steps, values, label, style, colour, marker size) per whose perplexity and per part of the split read: the
+    mid-search evaluations read the first part, the final one all of it, not on one scale, so never one line."""
     out = []
     for values, whose, line, marker, colour in ((history.val_ppl, EXPORTED_PPL_LABEL, "-", "o", "#2ca02c"),
                                                 (history.supernet_val_ppl, SUPERNET_PPL_LABEL, "--", "s", "#9467bd")):
@@ -246,10 +220,8 @@ def lines_figure(history: History) -> Any:
 
 
 def architecture_figure(history: History, record: Mapping[str, Any] | None = None) -> Any:
-    """The exported architecture as a column of blocks, input at the top (from ``architecture.json``; without one,
-    the argmax of the last logged probabilities); apart from it, on the right and labelled as the supernet's, each
-    block's probabilities and, where it differs from the export (chosen by the budget or the final pick), the kind
-    the supernet preferred there."""
+    """The exported architecture (else the last argmax) as a column of blocks, input at the top; apart from it, the
+    supernet's probabilities and, where it preferred another kind than the export, that kind."""
     from matplotlib.patches import FancyBboxPatch, Patch
 
     kinds = history.kinds

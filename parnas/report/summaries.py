@@ -1,6 +1,5 @@
-"""What a finished run prints: the few figures a training (``parnas train``, ``parnas retrain``) and a search
-(``parnas search``, any strategy) are judged by, side by side so that they read alike. Plain dicts in, text
-out: nothing here imports torch."""
+"""What a finished run prints: the few figures a training (``train``, ``retrain``) and a search (any strategy) are
+judged by, side by side so that they read alike. Plain dicts in, text out: nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -29,9 +28,8 @@ def training_summary(metrics: dict[str, Any], out_dir: str) -> str:
 
 
 def search_summary(record: dict[str, Any]) -> str:
-    """The few lines ``parnas search`` prints of a finished search's record, whichever strategy made it: the
-    architecture, its perplexity and what that perplexity is, its predicted latency against the budget, and each
-    block's probabilities."""
+    """What ``parnas search`` prints of a finished search's record, whichever strategy made it: the architecture, its
+    perplexity and what that is, its predicted latency against the budget, and each block's probabilities."""
     search, kinds = record["search"], layout(record)
     lines = [f"architecture {layout_string(kinds)} ({legend(search.get('candidates') or kinds)}) "
              f"after {search['steps']} steps"]

@@ -1,11 +1,6 @@
-"""``parnas retrain | evaluate | generate | compare``.
-
-Only argparse is imported here; each handler checks its arguments, config and
-output folder first and then imports what it needs, so ``parnas --help`` is fast
-and a mistake fails at once. User mistakes raise ParnasError subclasses, which
-the CLI turns into one line and exit status 2; argument types are checked by
-argparse (one line too).
-"""
+"""``parnas retrain | evaluate | generate | compare``. Only argparse is imported here: each handler checks its
+arguments, config and output folder first, then imports what it needs, so ``parnas --help`` is fast and a mistake
+fails at once, in one line."""
 
 from __future__ import annotations
 
@@ -65,7 +60,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ParnasError(f"--out {out} is a folder; give a file name, e.g. {out / 'eval.json'}")
     check_file_folder(out if out is not None else args.checkpoint)
-    from parnas.retrain.evaluate import default_output, evaluate_checkpoint, evaluation_divergence
+    from parnas.retrain.evaluate import evaluate_checkpoint, evaluation_divergence
     from parnas.retrain.load import device_for, load_trained, scratch_dir
     from parnas.retrain.units import perplexity_units
     from parnas.threads import use_threads
@@ -77,7 +72,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         use_threads(trained.config.model.d_model, data.eval_batch_size * data.seg_len)
         result = evaluate_checkpoint(trained, args.split, args.mem_len, args.data_path, args.clamp_len)
     result["checkpoint"] = str(args.checkpoint)
-    out = out or default_output(args.checkpoint, args.split, result["mem_len"])
+    out = out or Path(f"{args.checkpoint}.{args.split}-mem{result['mem_len']}.json")  # beside the checkpoint
     write_json_atomic(out, result)
     if result["diverged"]:  # written, marked; then the line its training ended with, and exit status 2
         raise evaluation_divergence(trained, args.split, result["loss"])
@@ -95,6 +90,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     memory, printed as it comes. Ctrl-C stops it: the text so far stays on stdout, one line on stderr says how far
     it got (exit 130)."""
     import signal
+    from functools import partial
     from pathlib import Path
 
     from parnas.errors import Interrupted
@@ -114,7 +110,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         with scratch_dir() as tmp:
             trained = load_trained(args.checkpoint, device, Path(tmp))
-            use_threads(trained.config.model.d_model, 1, show=_to_stderr if args.verbose else None)  # stdout: the text
+            show = partial(print, file=sys.stderr) if args.verbose else None  # stdout: the text
+            use_threads(trained.config.model.d_model, 1, show=show)
             stream = TextStream(trained.tokenizer, write)
             generate(trained, args.prompt, opts, stream)
     except (KeyboardInterrupt, Interrupted) as e:  # the CLI turns SIGINT and SIGTERM into Interrupted
@@ -151,11 +148,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         configs = [m["config"] for m in runs if isinstance(m.get("config"), dict)]
         use_threads(max((c["model"]["d_model"] for c in configs), default=0),  # the largest: the train step's
                     max((c["data"]["batch_size"] * c["data"]["seg_len"] for c in configs), default=1), show=None)
-        def progress(stage: str, i: int, n: int, what: str) -> None:
-            print(f"parnas compare: timing {what}", file=sys.stderr, flush=True)
-
         try:
-            timing = time_runs(runs, args.rounds, progress)
+            timing = time_runs(runs, args.rounds,
+                               lambda stage, i, n, what: print(f"parnas compare: timing {what}", file=sys.stderr))
         except ParnasError as e:
             if args.time:
                 raise
@@ -170,10 +165,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write_text_atomic(f"{args.out}.csv", to_csv(table))
         print(f"written to {args.out}.md and {args.out}.csv")
     return 0
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def _number(kind: type, least: float, what: str) -> object:
@@ -260,8 +251,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="run folder (default: the config's train.out_dir)")
     add_dry_run(p)
 
-    p = add_command(sub, "evaluate", cmd_evaluate,
-                    "parnas evaluate runs/found --split test")
+    p = add_command(sub, "evaluate", cmd_evaluate, "parnas evaluate runs/found --split test")
     add_run(p, "evaluated")
     p.add_argument("--split", default="valid", choices=["valid", "test"], help="which split (default valid)")
     p.add_argument("--mem-len", type=_number(int, 0, "must be an integer >= 0"), default=None, metavar="M",
@@ -291,8 +281,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_clamp_len(p)
     add_accelerator(p)
 
-    p = add_command(sub, "compare", cmd_compare,
-                    "parnas compare runs/found runs/txl --out runs/compare")
+    p = add_command(sub, "compare", cmd_compare, "parnas compare runs/found runs/txl --out runs/compare")
     p.add_argument("runs", nargs="+", type=run_folder, metavar="RUN",
                    help="finished runs: their folders (holding metrics.json) or their checkpoints")
     p.add_argument("--out", default="compare", metavar="PREFIX",

@@ -1,21 +1,13 @@
 """``parnas compare``: one table of finished runs, from their ``metrics.json``, their speed timed side by side.
 
-A run's own throughput was timed in its own process at its own moment: on a shared machine the load at that moment
-decides it as much as the model does, and can reverse which of two models is faster. So the table's speed columns come
-from timing the runs' models here, in one process, in alternating rounds (:mod:`parnas.training.side_by_side`), as
-``parnas study`` does: by default when every model is small enough (``AUTO_TIME_PARAMETERS``; ``--time``/``--no-time``
-decide), with fresh weights (speed does not depend on them) at the first run's data shapes. The runs' own
-figures follow under a heading that says they were timed separately. Every other figure is the run's record.
-Written as Markdown (for notes) and CSV (for plotting).
-
-Each speed says its rounds' spread, and the lines under the table say what else a reader needs before ranking:
-runs that are one network (one layout, model, data and training length: their gaps are noise, the table's noise
-floor), a machine loaded beyond the cores the timing used, and what the perplexities are per.
+A run's own throughput was timed at its own moment: on a shared machine the load then decides it as much as the
+model does, and can reverse which of two models is faster. So the speed columns come from timing the runs' models
+here, in alternating rounds (:mod:`parnas.training.side_by_side`), as ``parnas study`` does; every other figure is
+the run's record (docs/reference.md, "Retraining what was found", says what the table shows).
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -36,21 +28,15 @@ SPEED = [  # (header, row key, target): timed side by side
     ("generated tokens/s", "side_generate_tokens_per_s", "generate"),
 ]
 COLUMNS = [  # (header, row key, format)
-    ("run", "run", "{}"),
-    ("architecture", "architecture", "{}"),
-    ("steps", "steps", "{:,}"),
-    ("parameters", "parameters", "{:,}"),
-    ("attention blocks", "attention_blocks", "{:,}"),
+    ("run", "run", "{}"), ("architecture", "architecture", "{}"), ("steps", "steps", "{:,}"),
+    ("parameters", "parameters", "{:,}"), ("attention blocks", "attention_blocks", "{:,}"),
     *[(header, key, "{:,.0f}") for header, key, _ in SPEED],
-    ("peak memory (MB)", "peak_memory_mb", "{:,.0f}"),
-    ("val ppl", "val_ppl", "{:.2f}"),
+    ("peak memory (MB)", "peak_memory_mb", "{:,.0f}"), ("val ppl", "val_ppl", "{:.2f}"),
     ("test ppl", "test_ppl", "{:.2f}"),
 ]
 OWN = [  # each run's own record, timed in its own process
-    ("run", "run", "{}"),
-    ("train tokens/s", "train_tokens_per_s", "{:,.0f}"),
-    ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"),
-    ("device", "device", "{}"),
+    ("run", "run", "{}"), ("train tokens/s", "train_tokens_per_s", "{:,.0f}"),
+    ("eval tokens/s", "eval_tokens_per_s", "{:,.0f}"), ("device", "device", "{}"),
 ]
 CSV_KEYS = [key for _, key, _ in COLUMNS[:-2]] + [f"{key}_spread" for _, key, _ in SPEED] + [
     "train_tokens_per_s", "eval_tokens_per_s", "device", "val_ppl", "test_ppl"]
@@ -71,8 +57,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def rows(runs: Sequence[dict[str, Any]], timing: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One dict per run (its ``metrics.json`` as :func:`read_run` reads it) with every column's key, the speed
-    columns from ``timing`` (:func:`time_runs`) where given, None where a run lacks a figure."""
+    """One dict per run with every column's key, the speed columns from ``timing`` where given, None where missing."""
     out = []
     for i, m in enumerate(runs):
         row = {key: m.get(key) for key in CSV_KEYS}
@@ -103,8 +88,7 @@ def timing_plan(runs: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, tuple[li
     for m in runs:
         if not isinstance(m.get("config"), dict) or not m.get("blocks") or not m.get("vocab_size"):
             raise ParnasError(f"{m['run']}/metrics.json has no config, blocks or vocab_size")
-        with contextlib.redirect_stderr(io.StringIO()):  # a record's keys of earlier versions: notes for a config's
-            configs.append(from_dict(Config, m["config"]))  # author, not for the reader of a finished run
+        configs.append(from_dict(Config, m["config"]))
     shared = {"data.batch_size": [c.data.batch_size for c in configs],
               "data.seg_len": [c.data.seg_len for c in configs],
               "train.precision": [c.train.precision for c in configs], "vocabulary": [m["vocab_size"] for m in runs]}
@@ -117,8 +101,8 @@ def timing_plan(runs: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, tuple[li
 
 def time_runs(runs: Sequence[dict[str, Any]], rounds: int, progress: Callable[[str, int, int, str], None] | None = None
               ) -> dict[str, Any]:
-    """Every run's model timed side by side here (layouts keyed by the run's position, ``"0"``, ``"1"`` ...), on
-    CUDA if the runs trained there and this machine has it, else on the CPU."""
+    """Every run's model timed side by side here (keyed ``"0"``, ``"1"`` ... by position), on CUDA where they trained
+    there and this machine has it."""
     import torch
 
     from parnas.training.side_by_side import time_side_by_side
@@ -152,8 +136,8 @@ def spread_cell(spread: float | None) -> str:
 
 
 def one_network(runs: Sequence[dict[str, Any]]) -> list[list[int]]:
-    """Groups (positions, two or more) of runs that are one network: the same layout, model and data settings
-    and training length and rate, whatever their seed, folder or machine. Their gaps are noise."""
+    """Groups (positions, two or more) of runs that are one network (layout, model, data, training length and rate
+    alike, whatever their seed, folder or machine): their gaps are noise."""
     groups: dict[str, list[int]] = {}
     for i, m in enumerate(runs):
         config = m.get("config")
@@ -197,9 +181,8 @@ def noise_lines(runs: Sequence[dict[str, Any]], table: list[dict[str, Any]], tim
 
 def markdown(table: list[dict[str, Any]], timing: dict[str, Any] | None = None, not_timed: str = "",
              runs: Sequence[dict[str, Any]] = ()) -> str:
-    """The runs' table, speed from ``timing`` with its spread (without one, no speed columns and ``not_timed``
-    says why), the lines on noise and units (:func:`noise_lines`, of ``runs``), then the runs' own throughputs
-    under a heading that says they were timed separately."""
+    """The runs' table, speed from ``timing`` (without it no speed columns, and ``not_timed`` says why), the lines on
+    noise and units (:func:`noise_lines`), then the runs' own throughputs under a heading saying they were apart."""
     columns = COLUMNS if timing else [c for c in COLUMNS if c[1] not in {key for _, key, _ in SPEED}]
     lines = _table(table, columns)
     if timing:

@@ -1,28 +1,11 @@
 """``parnas evaluate`` and ``parnas generate``: a checkpoint's perplexity, and samples from it.
 
-Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the
-perplexity at the end of training, on the corpus the checkpoint's config names,
-encoded with the tokenizer the checkpoint carries: the same checkpoint gives
-the same figure. A checkpoint whose loss there is not finite or worse than guessing
-(:func:`parnas.training.evaluation.diverged`) is reported ``diverged``, and the command ends with the line
-its training ended with (:func:`evaluation_divergence`). Both keep the memory the checkpoint's
-``model.eval_mem_len`` says
-(``--mem-len`` overrides it), which may be longer than in training, as Transformer-XL
-allows (relative positions extend to any distance; ``model.clamp_len``, or ``--clamp-len``,
-caps the distances read).
-
-Sampling feeds the prompt in segments of the training length, then one token
-at a time, carrying the memory throughout; without ``model.eval_mem_len`` the memory holds
-``mem_len + seg_len`` states, the longest context a training step showed the model.
-A prompt that ends with a whole word keeps it: the first token drawn is one that
-starts a new word (or punctuation, or a line's end), never one that would extend
-the prompt's last word ("The album was" + "th" would print "The album wasth").
-The continuation is decoded together with the prompt, so the tokenizer's own word
-boundaries hold between them, but the prompt shows as the user wrote it (:func:`shown_prompt`), not as its ids
-decode: a character the vocabulary lacks would decode as ``<unk>``. The continuation never draws the unknown
-token: its probability is set to zero before sampling, so every token drawn is one the text shows (dropping it at
-decoding instead would print text the model did not condition on, and fewer tokens than asked). A
-:class:`TextStream` hands the text out as it is generated (``parnas generate`` prints it token by token).
+Evaluation is :func:`parnas.training.evaluation.split_metrics`, the function that wrote the perplexity at the end of
+training, with the checkpoint's tokenizer: the same checkpoint gives the same figure. Sampling feeds the prompt in
+training-length segments, then one token at a time, carrying the memory. A prompt ending with a whole word keeps it
+(the first token drawn starts a new word: "The album was" + "th" would print "The album wasth"), and shows as the user
+wrote it (:func:`shown_prompt`), not as its ids decode. The unknown token is never drawn: dropping it at decoding
+would print text the model did not condition on, and fewer tokens than asked.
 """
 
 from __future__ import annotations
@@ -36,8 +19,8 @@ from typing import Any
 import torch
 
 from parnas.config import generation_memory
-from parnas.data.corpora import default_cache_dir, resolve_corpus
-from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
+from parnas.data.corpora import resolve_corpus
+from parnas.data.tokenizer import Tokenizer, file_digest
 from parnas.errors import ConfigError, DataError, ParnasError
 from parnas.retrain.load import TrainedModel
 from parnas.training.data_module import SegmentData
@@ -47,10 +30,8 @@ from parnas.training.task import diverged_error
 
 def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None = None,
                         data_path: str | None = None, clamp_len: int | None = None) -> dict[str, Any]:
-    """Whole-split perplexity of ``trained`` (exp of total NLL over predicted tokens, memory carried), and
-    tokens/s when the split takes long enough to time (see :func:`parnas.training.evaluation.split_metrics`), on the
-    device the model's weights are on. ``mem_len`` and ``clamp_len``: None keeps the checkpoint's evaluation
-    memory and position clamp (``model.eval_mem_len``, ``model.clamp_len``)."""
+    """Whole-split perplexity of ``trained`` and tokens/s (:func:`parnas.training.evaluation.split_metrics`), where
+    its weights are. ``mem_len``, ``clamp_len``: None keeps the checkpoint's (``model.eval_mem_len``, ``clamp_len``)."""
     if split not in ("valid", "test"):
         raise ConfigError(f"--split must be valid or test, not {split!r}")
     cfg = trained.config
@@ -72,9 +53,8 @@ def evaluate_checkpoint(trained: TrainedModel, split: str, mem_len: int | None =
 
 
 def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None) -> ParnasError | None:
-    """The line a checkpoint whose ``split`` loss (None: not finite) diverged ends ``parnas evaluate`` with, the
-    one its training ended with: the step its validations have stayed diverged since (the checkpoint's history),
-    else the checkpoint's step; None when it did not diverge."""
+    """The line a checkpoint whose ``split`` loss (None: not finite) diverged ends ``parnas evaluate`` with, the one
+    its training ended with (the step its validations stayed diverged since); None when it did not diverge."""
     vocab_size, step = trained.model.vocab_size, trained.step
     first = divergence_step(trained.history, step, vocab_size)
     what = "the validation loss" if split == "valid" else f"the {split} loss"
@@ -82,9 +62,8 @@ def evaluation_divergence(trained: TrainedModel, split: str, loss: float | None)
 
 
 def weights_divergence(trained: TrainedModel) -> ParnasError | None:
-    """The line a checkpoint whose weights are not all finite ends a command with (the one its training ended
-    with, :func:`parnas.training.task.diverged_error`), checked before any work: sampling would draw from NaN
-    probabilities. None when every floating-point weight is finite."""
+    """The line a checkpoint whose weights are not all finite ends a command with (its training's, checked before any
+    work: sampling would draw from NaN probabilities); None when every floating-point weight is finite."""
     weights = {name: t for name, t in trained.model.state_dict().items()
                if t.is_floating_point() and t.device.type != "meta"}  # a meta model has no values to check
     finite = [torch.isfinite(t).all() for t in weights.values()]
@@ -97,19 +76,9 @@ def weights_divergence(trained: TrainedModel) -> ParnasError | None:
 
 
 def check_corpus(trained: TrainedModel, corpus: Path) -> None:
-    """``corpus`` must be the one the checkpoint's tokenizer was built on: the sha256 of its train split
-    against the one the checkpoint records, or, for a checkpoint from before that record, the tokenizer the
-    data settings give on it against the checkpoint's. Another corpus' perplexity measures text whose token
-    statistics the model never saw, under a vocabulary made for other text."""
-    tokenizer, train = trained.tokenizer, corpus / "train.txt"
-    if tokenizer.corpus_sha256 is not None:
-        same = file_digest(train) == tokenizer.corpus_sha256
-    else:
-        try:
-            same = build_tokenizer(trained.config.data, corpus, default_cache_dir()).sha256 == tokenizer.sha256
-        except ParnasError:  # these settings cannot even build a tokenizer on it
-            same = False
-    if not same:
+    """``corpus`` must be the one the checkpoint's tokenizer was built on (its train split's recorded sha256): another
+    corpus' perplexity measures text whose token statistics the model never saw, under a vocabulary made for other."""
+    if file_digest(corpus / "train.txt") != trained.tokenizer.corpus_sha256:
         trained_on = trained.config.data.path or trained.config.data.dataset
         raise DataError(f"{corpus} is not the corpus the checkpoint's tokenizer was built on (its train.txt is not "
                         f"the one recorded), so its perplexity would not measure this model; give --data-path the "
@@ -172,12 +141,10 @@ def shown_prompt(prompt: str, decoded: str) -> str:
 
 
 class TextStream:
-    """The text of ids as they come, handed to ``write`` piece by piece: the concatenated pieces are the text
-    ``tokenizer.decode`` gives for all the ids, the prompt's excepted (:meth:`add_prompt`). Only the current line
-    (the ids since the last eos, which decodes as a line break) is decoded again as it grows, so a token costs a
-    decode of its line. A token whose text would change what was already written (pieces that join into one
-    character) waits until the line's text extends what was written again. ``generated`` counts the ids added
-    with ``generated=True``; ``text`` is what was written."""
+    """The text of ids as they come, handed to ``write`` piece by piece: the pieces join into what
+    ``tokenizer.decode`` gives for all the ids (the prompt's excepted, :meth:`add_prompt`). Only the current line is
+    decoded again as it grows; a token whose text would change what was written (pieces that join into one
+    character) waits until the line's text extends it again."""
 
     def __init__(self, tokenizer: Tokenizer, write: Callable[[str], None]) -> None:
         self.tokenizer, self.write = tokenizer, write
@@ -195,8 +162,7 @@ class TextStream:
         self.write(piece)
 
     def add_prompt(self, prompt: str, ids: Sequence[int]) -> None:
-        """The prompt, written as the user wrote it (:func:`shown_prompt`); its ``ids`` are taken in unwritten, so
-        the continuation is still decoded with the prompt's last line."""
+        """The prompt as the user wrote it; its ``ids`` taken in unwritten, to decode the continuation with its line."""
         ids = [int(i) for i in ids]
         self._write(shown_prompt(prompt, self.tokenizer.decode(ids)))
         breaks = [k for k, i in enumerate(ids) if i == self.tokenizer.eos_id]
@@ -224,9 +190,8 @@ class TextStream:
 @torch.no_grad()
 def generate(trained: TrainedModel, prompt: str, opts: Sampling,
              stream: TextStream | None = None) -> tuple[str, list[int]]:
-    """Sample ``opts.tokens`` tokens after ``prompt``; returns the prompt (as the user wrote it) + the decoded
-    continuation, as ``stream`` was handed them, the prompt first, then each token as it is drawn, and the new ids.
-    Runs where the model's weights are; the sampler's generator lives there too (CUDA draws need a CUDA one)."""
+    """Sample ``opts.tokens`` tokens after ``prompt``, handed to ``stream`` as they are drawn; returns the prompt as
+    written + the continuation, and the new ids. Runs where the model's weights are, its generator too."""
     diverged = weights_divergence(trained)
     if diverged is not None:
         raise diverged
@@ -261,9 +226,3 @@ def generate(trained: TrainedModel, prompt: str, opts: Sampling,
         stream.add(new[-1:], generated=True)
         h, mems = model(token, mems)  # (1, 1, D)
     return stream.text, new
-
-
-def default_output(checkpoint: str | Path, split: str, mem_len: int) -> Path:
-    """``<checkpoint>.<split>-mem<M>.json`` beside the checkpoint."""
-    path = Path(checkpoint)
-    return path.with_name(f"{path.name}.{split}-mem{mem_len}.json")

@@ -1,12 +1,6 @@
-"""A trained model back from a checkpoint, for evaluation and sampling.
-
-Everything comes from the checkpoint itself (read only through
-:func:`parnas.training.checkpoint.load`, i.e. ``weights_only``): the config, the
-architecture record (the model is rebuilt by the search-space class under
-``model_context``, as retrain built it) and the tokenizer's own file, so
-sampling needs no corpus and evaluation encodes the corpus with exactly the
-tokenizer the model was trained with.
-"""
+"""A trained model back from a checkpoint (:func:`parnas.training.checkpoint.load`, ``weights_only``): its config,
+its architecture (rebuilt as retrain built it) and its tokenizer's own file, so sampling needs no corpus and evaluation
+encodes the corpus with exactly the tokenizer the model was trained with."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from typing import Any
 import torch
 
 from parnas.config import Config
-from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer, file_digest
+from parnas.data.tokenizer import CharTokenizer, SentencePieceTokenizer, Tokenizer, WordTokenizer
 from parnas.errors import ConfigError
 from parnas.nn.model import TransformerXL
 from parnas.training import checkpoint as ckpt
@@ -32,15 +26,13 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {"sentencepiece": SentencePieceTokenize
 class TrainedModel:
     model: TransformerXL
     config: Config
-    record: dict[str, Any]
     tokenizer: Tokenizer
     step: int
     history: tuple[dict[str, Any], ...] = ()  # the run's validations up to this checkpoint: {"step", "val_ppl", ...}
 
 
 def device_for(accelerator: str) -> torch.device:
-    """``--accelerator``: ``auto`` is CUDA when present, else the CPU; ``gpu`` (the first visible CUDA device) and
-    ``mps`` must exist here."""
+    """``--accelerator``: ``auto`` is CUDA if present, else the CPU; ``gpu`` (CUDA device 0) and ``mps`` must exist."""
     if accelerator == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if accelerator == "gpu" and not torch.cuda.is_available():
@@ -54,8 +46,9 @@ def device_for(accelerator: str) -> torch.device:
 
 def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tokenizer:
     """The tokenizer whose file the checkpoint carries, checked against its recorded identity."""
-    kind, data = meta.get("kind"), meta.get("file")
-    if kind not in TOKENIZERS or not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
+    kind, data, corpus = meta.get("kind"), meta.get("file"), meta.get("corpus_sha256")
+    if (kind not in TOKENIZERS or not isinstance(data, torch.Tensor) or data.dtype != torch.uint8
+            or not isinstance(corpus, str)):
         raise ckpt.CheckpointError(f"{source}: its tokenizer record is missing or damaged")
     path = folder / Path(str(meta.get("filename", "tokenizer"))).name
     path.write_bytes(data.numpy().tobytes())
@@ -63,18 +56,15 @@ def restore_tokenizer(meta: Mapping[str, Any], folder: Path, source: str) -> Tok
         tokenizer = TOKENIZERS[kind](path)
     except Exception as e:  # a file SentencePiece or the vocabulary reader cannot parse
         raise ckpt.CheckpointError(f"{source}: its tokenizer cannot be loaded ({e})") from None
-    if meta.get("sha256") not in (tokenizer.sha256, file_digest(path)):  # identity; older records: file bytes
+    if meta.get("sha256") != tokenizer.sha256:
         raise ckpt.CheckpointError(f"{source}: its tokenizer file does not match its recorded sha256")
-    if isinstance(meta.get("corpus_sha256"), str):  # recorded since evaluation checks the corpus against it
-        tokenizer.corpus_sha256 = meta["corpus_sha256"]
+    tokenizer.corpus_sha256 = corpus  # evaluation checks the corpus against it
     return tokenizer
 
 
 def load_trained(path: str | Path, device: torch.device, workdir: Path) -> TrainedModel:
-    """Rebuild the model of checkpoint ``path`` on ``device``, weights loaded strictly.
-
-    ``workdir`` receives the tokenizer file (keep it while the tokenizer is used).
-    """
+    """Rebuild the model of checkpoint ``path`` on ``device``, weights loaded strictly; ``workdir`` receives the
+    tokenizer file (keep it while the tokenizer is used)."""
     from parnas.search_spaces import fixed_model
 
     source = str(path)
@@ -94,7 +84,7 @@ def load_trained(path: str | Path, device: torch.device, workdir: Path) -> Train
     except RuntimeError as e:
         raise ckpt.CheckpointError(f"{source}: its weights do not fit its architecture "
                                    f"({str(e).splitlines()[0]})") from None
-    return TrainedModel(model.to(device).eval(), cfg, record, tokenizer, int(checkpoint.get("global_step", 0)),
+    return TrainedModel(model.to(device).eval(), cfg, tokenizer, int(checkpoint.get("global_step", 0)),
                         tuple(meta.get("val_history") or ()))
 
 

@@ -1,19 +1,11 @@
 """Retrain: the fixed PAR model an architecture JSON describes, trained from scratch.
 
-Order matters for the "nothing written" promise: the architecture file is read
-and validated, the config resolved, the output folder checked (writable; holding
-no earlier run unless ``--resume``), the tokenizer built and checked against the
-architecture's vocabulary, all before the run directory is touched. The model
-comes from the search-space class under ``model_context`` (``search_spaces.fixed_model``)
-so retrain and search share every line of block code, and the training itself is
-:func:`parnas.training.fit.fit`, the same path ``parnas train`` takes.
-
-Model settings: those recorded in the JSON's ``model`` section, then any
-``--set model.KEY=VALUE``; the ``model`` section of a ``--config`` file is
-ignored for a JSON (it is the search's record that counts) and used for the
-named baselines (``transformer-xl``, ``all-attention``), which take their block
-count and sizes from the config so they match a found architecture trained
-with the same config.
+Order matters for the "nothing written" promise: the architecture is validated, the config resolved, the output
+folder checked and the tokenizer checked against the architecture's vocabulary, all before the run directory is
+touched. The model comes from the search space (``search_spaces.fixed_model``), so retrain and search share every
+line of block code, and training is :func:`parnas.training.fit.fit`, as for ``parnas train``. Model settings: the
+JSON's ``model`` section, then ``--set model.*``; a ``--config``'s ``model`` section counts only for the named
+baselines, so they match a found architecture trained with the same config.
 """
 
 from __future__ import annotations
@@ -30,7 +22,6 @@ from parnas import architecture
 from parnas.architecture import ArchitectureError
 from parnas.config import Config, load_config
 from parnas.data.corpora import load_splits
-from parnas.data.tokenizer import Tokenizer
 from parnas.errors import ConfigError
 from parnas.overrides import parse_overrides
 from parnas.owned_folders import take_run_dir
@@ -84,18 +75,8 @@ def dry_run_retrain(arch: str, config: str | None, overrides: Sequence[str]) -> 
     return dry_run(cfg, [[kind] for kind in kinds], source if isinstance(source, str) else arch)
 
 
-def check_vocabulary(record: dict[str, Any], tokenizer: Tokenizer, source: str) -> None:
-    """The architecture was searched with a vocabulary; the tokenizer the data settings give must match it."""
-    check_searched_vocabulary(record, tokenizer.kind, tokenizer.vocab_size, source)
-    if (record.get("tokenizer") or {}).get("sha256") not in (None, tokenizer.sha256):
-        print(f"parnas retrain: note: the tokenizer differs from the search's (same kind and size, other pieces); "
-              f"training from scratch is unaffected, but token ids are not comparable with {source}",
-              file=sys.stderr)
-
-
 def check_searched_vocabulary(record: dict[str, Any], kind: str, vocab_size: int, source: str) -> None:
-    """Refuse (one line) a tokenizer of another size or kind than the architecture was searched with: the run
-    with the tokenizer it built, ``--dry-run`` with the one the data settings plan."""
+    """Refuse a tokenizer (built or planned) of another size or kind than the architecture was searched with."""
     searched = record["model"]["vocab_size"]
     recorded = record.get("tokenizer") or {}
     hint = "pass the data settings the search used (its --config, or --set data.tokenizer=... data.vocab_size=...)"
@@ -109,35 +90,31 @@ def check_searched_vocabulary(record: dict[str, Any], kind: str, vocab_size: int
 def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (), *,
             resume: bool | str | Path = False, callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Validate everything, build the fixed model, train it from scratch (or resume: from ``last.ckpt``, or from
-    the checkpoint ``resume`` names) and evaluate it.
+    the checkpoint ``resume`` names) and evaluate it. Returns the metrics written to ``metrics.json`` (``{}`` on DDP
+    ranks other than 0). Takes ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the caller has."""
+    from parnas.search_spaces import fixed_model
 
-    Returns the metrics written to ``<train.out_dir>/metrics.json`` (``{}`` on DDP ranks other than 0). Takes
-    ``train.out_dir`` (:func:`parnas.owned_folders.take_run_dir`) unless the command around it has.
-    """
     source = architecture_source(arch)
     cfg = resolve_config(source, config, overrides)
     with take_run_dir(cfg.train.out_dir, resume):
-        return _retrain(arch, source, cfg, resume, callbacks)
-
-
-def _retrain(arch: str, source: dict[str, Any] | str, cfg: Config, resume: bool | str | Path,
-             callbacks: Sequence[pl.Callback]) -> dict[str, Any]:
-    from parnas.search_spaces import fixed_model
-
-    check_devices(cfg.train)
-    tokenizer, splits = load_splits(cfg.data)
-    cfg.model.check_vocab(tokenizer.vocab_size)
-    if isinstance(source, str):
-        record = architecture.named_layout(source, cfg.model, tokenizer.vocab_size)
-        record["tokenizer"] = tokenizer.identity()
-        cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
-    else:
-        check_vocabulary(source, tokenizer, arch)
-        record = source
-    check_segments(cfg, splits)
-    check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
-    pl.seed_everything(cfg.train.seed, verbose=False)
-    model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
-    if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly
-        raise RuntimeError(f"built {model.block_kinds}, expected {architecture.layout(record)}")
-    return fit(cfg, model, tokenizer, splits, record, resume=resume, callbacks=callbacks)
+        check_devices(cfg.train)
+        tokenizer, splits = load_splits(cfg.data)
+        cfg.model.check_vocab(tokenizer.vocab_size)
+        if isinstance(source, str):
+            record = architecture.named_layout(source, cfg.model, tokenizer.vocab_size)
+            record["tokenizer"] = tokenizer.identity()
+            cfg = replace(cfg, model=replace(cfg.model, blocks=tuple(architecture.layout(record))))
+        else:
+            check_searched_vocabulary(source, tokenizer.kind, tokenizer.vocab_size, arch)
+            if (source.get("tokenizer") or {}).get("sha256") not in (None, tokenizer.sha256):
+                print(f"parnas retrain: note: the tokenizer differs from the search's (same kind and size, other "
+                      f"pieces); training from scratch is unaffected, but token ids are not comparable with {arch}",
+                      file=sys.stderr)
+            record = source
+        check_segments(cfg, splits)
+        check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
+        pl.seed_everything(cfg.train.seed, verbose=False)
+        model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
+        if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly
+            raise RuntimeError(f"built {model.block_kinds}, expected {architecture.layout(record)}")
+        return fit(cfg, model, tokenizer, splits, record, resume=resume, callbacks=callbacks)

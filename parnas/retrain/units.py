@@ -1,10 +1,6 @@
-"""What a perplexity is per: the token of the tokenizer that counted it, and that tokenizer's vocabulary.
-
-A perplexity per SentencePiece piece over a 1,000-piece vocabulary is not a word-level perplexity (a word is
-several pieces, so per piece is the lower figure), and it is not comparable across tokenizers or vocabularies:
-every perplexity evaluate, compare and retrain print says what it is per. Only the standard library, so
-``parnas compare`` stays quick to refuse.
-"""
+"""What a perplexity is per (the tokenizer's token, and its vocabulary): per SentencePiece piece is not per word,
+nor comparable across tokenizers, so every perplexity evaluate, compare and retrain print says it. Only the standard
+library, so ``parnas compare`` stays quick to refuse."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ def perplexity_units(kind: str, vocab_size: int) -> str:
 
 
 def run_units(metrics: Mapping[str, Any]) -> str | None:
-    """A finished run's units from its ``metrics.json`` (its config's tokenizer, its vocabulary); None where it
-    does not say."""
+    """A finished run's units from its ``metrics.json`` (its tokenizer, its vocabulary); None where it does not say."""
     config, vocab = metrics.get("config"), metrics.get("vocab_size")
     kind = config.get("data", {}).get("tokenizer") if isinstance(config, dict) else None
     return perplexity_units(kind, int(vocab)) if isinstance(kind, str) and isinstance(vocab, int) else None

@@ -15,7 +15,7 @@ import yaml
 
 from parnas import architecture
 from parnas.cli import main
-from parnas.report.experiments import trial_run_dirs
+from parnas.report.experiments import FINISHED, experiment_trials
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -62,7 +62,8 @@ def test_nnictl_create_runs_trials_that_report_and_leave_architectures(tmp_path,
         assert len(intermediate) == 4  # two evaluations per trial, each with what the trial would export then
         # (a cost ratio of FLOPs here, 0 for all identity blocks; a latency ratio under the default penalty_cost)
         assert all(len(m["architecture"]) == 4 and m["latency_ratio"] >= 0 and m["default"] > 1.0 for m in intermediate)
-        runs = trial_run_dirs(experiment, tmp_path / "experiments")
+        trials = experiment_trials(experiment, tmp_path / "experiments").values()
+        runs = {t.id: t.run_dir for t in trials if t.status == FINISHED}
         assert sorted(runs) == sorted(j["trialJobId"] for j in jobs)
         for run_dir in runs.values():
             record = architecture.read(run_dir / "architecture.json")

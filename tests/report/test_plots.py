@@ -129,10 +129,9 @@ def test_heatmap_cells_take_their_kind_colour_by_probability():
 
 def test_rendered_frame_shows_the_history(tmp_path):
     history = load_history(write_run(tmp_path / "run"))
-    frame = heatmap.render_heatmap(history, -1)
-    assert frame.shape == (*reversed(heatmap.frame_size(4)), 3) and frame.dtype == np.uint8
     drawer = heatmap.HeatmapFigure(history)
-    drawer.update(-1)
+    frame = drawer.render(-1)
+    assert frame.shape == (*reversed(heatmap.frame_size(4)), 3) and frame.dtype == np.uint8
     assert [[t.get_text() for t in row] for row in drawer.texts] == [
         [f"{p:.2f}" for p in history.probs[-1, i]] for i in range(4)]  # every probability, in its cell
     top2 = np.sort(history.probs[-1], axis=1)[:, -2:]

@@ -63,7 +63,7 @@ def test_generation_runs_and_samples_where_the_weights_are(monkeypatch, temperat
     real_generator = torch.Generator
     monkeypatch.setattr(torch, "Generator", generator)
     model.register_forward_pre_hook(record)
-    trained = TrainedModel(model, load_config("tiny"), {}, _Tokenizer(), 0)
+    trained = TrainedModel(model, load_config("tiny"), _Tokenizer(), 0)
     with pytest.raises(_Stop):
         generate(trained, "ab", Sampling(tokens=3, temperature=temperature))
     assert seen[-1] == ("prompt", torch.device("meta"))
