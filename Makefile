@@ -23,13 +23,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Every test; pytest ends with the 10 slowest and the total ("N passed in S s"). CI runs this.
+# Every test, one pytest worker per core (pytest-xdist; a worker that finishes its share takes the slow tests
+# another has queued); pytest ends with the 10 slowest and the total ("N passed in S s"). CI runs this.
 test: install
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -n auto --dist worksteal --durations=10
 
-# The edit-test loop: the tests not marked slow (about a minute on a 2-core CPU).
+# The edit-test loop: the tests not marked slow (under a minute on a 2-core CPU).
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" --durations=5
+	$(PY) -m pytest -q -n auto --dist worksteal -m "not slow" --durations=5
 
 # The CUDA tests alone (pytest -m gpu): every command on the GPU, resume, checkpoints across devices, bf16,
 # host syncs, the compiled step.
