@@ -20,7 +20,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     (seeds, retrain_seeds), (search_steps, retrain_steps) = args.seeds, args.steps
     plan = make_plan(args.config, args.set, seeds, args.budgets, args.out, search_steps=search_steps,
-                     retrain_steps=retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
+                     retrain_steps=retrain_steps, random_orderings=args.random_orderings,
                      candidates=args.candidates or (), retrain_seeds=retrain_seeds, widths=args.widths,
                      space=args.space)
     # the study's searches and retrains inherit the choice
@@ -135,7 +135,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "empty side keeps the config's (default: the config's)")
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
-    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
     p.add_argument("--widths", default=None, metavar="D,D,...",
                    help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
                         "found models are judged against, beside the shallower ones (each must divide by the "

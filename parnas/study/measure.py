@@ -23,18 +23,20 @@ def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], int | None]], vocab_size: int,
+def measure(cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]], vocab_size: int,
             progress: Callable[[str, int, int, str], None]) -> dict[str, Any]:
     """Train step, inference segment and generated-token times of every layout (key -> its kinds and its
-    ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`);
+    ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`), in the
+    latency module's :data:`~parnas.training.latency.MIN_ROUNDS` alternating rounds, its least for a steady median;
     ``target`` names the one the verdicts judge by (``search.latency_target``)."""
     from parnas.study.front import width_model
     from parnas.training.devices import training_device
+    from parnas.training.latency import MIN_ROUNDS
     from parnas.training.side_by_side import time_side_by_side
 
     models = {code: (kinds, width_model(cfg.model, d) if d else None) for code, (kinds, d) in layouts.items()}
     device = training_device(cfg.train)  # where the retrains ran
-    return {**time_side_by_side(cfg, rounds, models, vocab_size, device, progress),
+    return {**time_side_by_side(cfg, MIN_ROUNDS, models, vocab_size, device, progress),
             "target": cfg.search.latency_target}
 
 

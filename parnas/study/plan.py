@@ -57,7 +57,6 @@ class Plan:
     search_steps: int | None = None
     retrain_steps: int | None = None
     random_orderings: int = 3
-    rounds: int = 5
     candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
     retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
     widths: tuple[int, ...] = ()  # d_model of the full-depth Transformer-XLs added to the front
@@ -143,14 +142,14 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
-              rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None, space: str | None = None) -> Plan:
+              candidates: Sequence[str] = (), retrain_seeds: int = 1, widths: str | None = None,
+              space: str | None = None) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing. ``space``:
     ``--space`` as given (``all``: ``every_network``; a count: ``census``)."""
     every_network, census = parse_space(space)
     for name, value, least in (("--seeds", seeds, 1), ("--steps", search_steps, 1), ("--steps", retrain_steps, 1),
-                               ("--random-orderings", random_orderings, 0), ("--rounds", rounds, 1),
-                               ("--seeds", retrain_seeds, 1), ("--space", census, 1)):
+                               ("--random-orderings", random_orderings, 0), ("--seeds", retrain_seeds, 1),
+                               ("--space", census, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
@@ -159,8 +158,8 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     budget_list = parse_budgets(budgets)
     base = load_config(config, [*overrides, *first_budget_setting(budget_list)])
     plan = Plan(config, tuple(overrides), base, seeds, budget_list, Path(out), search_steps, retrain_steps,
-                random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model),
-                every_network, census or 0)
+                random_orderings, candidate_sets, retrain_seeds, parse_widths(widths, base.model), every_network,
+                census or 0)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     check_devices(plan.base.train)

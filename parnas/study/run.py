@@ -2,7 +2,7 @@
 
 A study's :class:`parnas.study.plan.Plan` (what it does, checked before anything runs) is run here: its
 searches, then its retrains, then all distinct layouts timed side by side in this one process
-(:func:`parnas.training.latency.time_layouts`, alternating rounds); :mod:`parnas.study.report` writes
+(:func:`parnas.study.measure.measure`); :mod:`parnas.study.report` writes
 ``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
 
 A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains
@@ -146,7 +146,7 @@ def _run_study(plan: Plan, log: Log) -> dict[str, Any]:
     metrics = run_retrains(plan, entries, like, progress)
     layouts = {e.layout: (e.kinds, e.d_model) for e in entries}
     cfg, vocab_size = retrain_config(plan), like["model"]["vocab_size"]
-    timing = measure(cfg, plan.rounds, layouts, vocab_size, progress)
+    timing = measure(cfg, layouts, vocab_size, progress)
     if plan.base.search.latency_table is not None:  # the target device's costs, as the searches had them
         timing = priced_by_table(timing, cfg, layouts, vocab_size)
     rows = build_rows(entries, metrics, timing, plan.out, reversible=plan.base.model.reversible)
