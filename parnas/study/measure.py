@@ -3,11 +3,11 @@ perplexities over its retrain seeds."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from parnas.config import Config
+from parnas.study.table import seed_spread
 
 
 def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -18,8 +18,7 @@ def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = sum(values) / len(values) if values else None
         out[f"{key}_seeds"] = [r.get(key) for r in runs]
-    values = [v for v in out["val_ppl_seeds"] if v is not None]
-    out["val_ppl_std"] = statistics.stdev(values) if len(values) > 1 else None
+    out["val_ppl_std"] = seed_spread(out["val_ppl_seeds"])
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from parnas import kinds
 from parnas.config import TARGET_LABELS
 from parnas.retrain.compare import cell
+from parnas.study.table import seed_spread
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 # "faster", per latency target: a train step or inference segment at least 30% shorter than Transformer-XL's;
@@ -34,11 +35,6 @@ def _ppl(value: float | None) -> str:
 def _mean(values: Sequence[float | None]) -> float | None:
     v = [x for x in values if x is not None]
     return statistics.fmean(v) if v else None
-
-
-def _std(values: Sequence[float | None]) -> float | None:
-    v = [x for x in values if x is not None]
-    return statistics.stdev(v) if len(v) > 1 else None
 
 
 def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
@@ -74,8 +70,8 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             group = _of(rows, role, key)
             row[f"{role}_val_ppl"] = _mean(_column(group, "val_ppl"))
             row[f"{role}_ratio"] = _mean(_column(group, "latency_ratio"))
-        row["found_val_ppl_std"] = _std(_column(found, "val_ppl"))
-        row["found_ratio_std"] = _std(_column(found, "latency_ratio"))
+        row["found_val_ppl_std"] = seed_spread(_column(found, "val_ppl"))
+        row["found_ratio_std"] = seed_spread(_column(found, "latency_ratio"))
         out.append({**row, "transformer_xl_val_ppl": txl["val_ppl"],
                     "transformer_xl_train_step_ms": txl["train_step_ms"]})
     return out
