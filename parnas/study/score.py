@@ -1,30 +1,15 @@
 """``parnas table score RUN --table TABLE``: a finished search judged against a ranking table
-(:mod:`parnas.study.table`) without retraining anything.
+(:mod:`parnas.study.table`) without retraining anything; benchmarks/spaces/README.md says what it prints.
 
-Each of the table's layouts is evaluated with the weights the run's supernet left (each block fixed to the
-layout's kind: :func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the
-validation split's segments, a constant, so that every run is scored on the same tokens in minutes. The figures
-are kept in the run's folder per checkpoint and evaluation (:mod:`parnas.study.inherited_cache`): a second score
-of the same checkpoint evaluates only layouts it has not seen. Against the table's retrained perplexities (each
-layout's mean over its seeds) the score reports:
-
-- Kendall's tau and Spearman's rho over every layout of the table, beside the table's noise ceiling (the tau
-  between its two halves of retrain seeds: how far any ranking of these layouts can agree with the table);
-- the overlap of the 5 best layouts by either;
-- the **regret** at latency budgets 0.5, 0.65 and 0.8 (cost ratios to Transformer-XL, the run's
-  ``search.latency_target``, priced by the table's latency table), two figures per pick: **within the budget**,
-  the table perplexity of the pick minus the best table perplexity of any layout within the budget (what a
-  search at that budget is for: the goal's figure), and **at its own cost**, minus the best no costlier than the
-  pick (a cheap pick scores 0 on it however much better the budget allowed). Each in perplexity, in % of that
-  best, and in units of the two layouts' seed spreads combined. Two picks per budget: *ranked*, the layout of the
-  table within the budget whose inherited perplexity is lowest (the supernet used as a ranker, FairNAS/SPOS
-  style), and, for a run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports
-  at that budget (its argmax, or the most probable layout within the budget: the search's own rule,
-  :func:`fit_budget`). A layout the table lacks has no regret. For a run that ended with the final pick, the
-  layout it exported, within the run's own budget (``search.<strategy>.latency_budget``; none: the whole
-  table) and at its cost.
-
-:func:`pick_regret` scores an exported layout alone, evaluating nothing.
+Each table layout is evaluated with the weights the run's supernet left (each block fixed to the layout's kind:
+:func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the validation
+split's segments, the same tokens for every run, so that a table is scored in minutes; the figures are kept per
+checkpoint and evaluation (:mod:`parnas.study.inherited_cache`). A pick's **regret** is its table perplexity minus
+the best of the layouts within the budget (what a search at that budget is for) and of those no costlier than it
+(a cheap pick scores 0 there however much better the budget allowed), in perplexity, in % and in seed spreads.
+The picks: *ranked* (the supernet as a ranker, FairNAS/SPOS style), *exported* (what the run's softmax(alpha)
+exports at the budget, by the search's own rule, :func:`fit_budget`) and, for a run that ended with the final
+pick, its export, within the run's own budget (none: the whole table). A layout the table lacks has no regret.
 
 Refused in one line before anything is evaluated: a run without a supernet checkpoint, a table of another space,
 model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written but the cache.
@@ -289,14 +274,6 @@ def score_lines(result: Mapping[str, Any]) -> list[str]:
                      f"{t}: exported after the final pick (the run's budget "
                      f"{_f(result.get('run_budget'), '{:g}')}) {regret_text(r)}")
     return lines
-
-
-def pick_regret(layout: str, table: RankingTable, target: str = "train",
-                budget: float | None = None) -> dict[str, Any] | None:
-    """The regret of an exported ``layout`` (e.g. a final pick's) against the table: its retrained perplexity minus
-    the best of the layouts no costlier and, given its search's ``budget``, of those within it (:func:`regret`);
-    None for a layout the table lacks."""
-    return regret(table_layout(layout, table.layouts), *table_figures(table, target), budget)
 
 
 def table_figures(table: RankingTable, target: str) -> tuple[dict[str, float], dict[str, float],
