@@ -1,22 +1,18 @@
 """Every network a search space holds, retrained: the most any search of that space could find.
 
-The front says whether a found model beats making Transformer-XL shallower. It cannot say whether the search
-found the best its space offers, nor whether the space holds anything far enough below the front at all: a
-search that misses a goal may be failing, or the goal may lie outside its space. ``parnas study
---space all`` settles it by brute force where the space is small: every distinct network of the space is
-retrained like the other layouts (layouts that differ only in where their identity blocks stand are one
-network, :func:`parnas.nn.model.blocks_run`, and are trained once), priced like them, and read off each
-search's supernet for the ranking's Kendall tau. The study then says, per group of searches, where the found
-models rank among the networks no costlier than they are, and once, which network lies furthest below the
-Transformer-XL front.
+The front says whether a found model beats making Transformer-XL shallower. It cannot say whether the search found
+the best its space offers, nor whether the space holds anything far enough below the front at all: a search that
+misses a goal may be failing, or the goal may lie outside its space. ``parnas study --space all`` settles it by brute
+force where the space is small: every distinct network of the space (:func:`parnas.nn.model.blocks_run`: identity
+blocks moved make no other network) is retrained, priced and read off each search's supernet like the other
+layouts, and the verdicts say where the found models rank among the networks no costlier, and which network lies
+furthest below the Transformer-XL front.
 
-The space grows as k^n (k kinds that run, n blocks), so this is for small spaces: more than
-:data:`MAX_NETWORKS` are refused before anything runs. A larger space is judged by a census, ``--space N``
-(:func:`census_networks`): N distinct networks drawn at random, stratified by predicted cost so that the
-sample spans the cheap and the costly ends of the space alike, retrained and judged by the same verdicts,
-which then say it is a sample of N of the space's networks. The best of many retrained perplexities is
-biased low by seed noise (the minimum of noisy values), so its margin is judged against its own seed
-spread: use ``--seeds S,K`` with K 2 or more.
+The space grows as k^n (k kinds that run, n blocks): more than :data:`MAX_NETWORKS` are refused before anything
+runs. A larger space is judged by a census, ``--space N`` (:func:`census_networks`): N distinct networks drawn at
+random, stratified by predicted cost so that the sample spans the cheap and the costly ends alike, which the
+verdicts then name as a sample. The best of many retrained perplexities is biased low by seed noise, so its margin
+is judged against its own seed spread: use ``--seeds S,K`` with K 2 or more.
 """
 
 from __future__ import annotations
@@ -69,11 +65,8 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
     if count > MAX_NETWORKS:
         raise ConfigError(f"--space all: {n_blocks} blocks over {', '.join(candidates)} make {count:,} "
                           f"networks; at most {MAX_NETWORKS} are retrained (fewer blocks or candidates)")
-    if reversible or SKIPPED_KIND not in candidates:
-        return list(itertools.product(candidates, repeat=n_blocks))
-    running = [k for k in candidates if k != SKIPPED_KIND]
-    return [(SKIPPED_KIND,) * n_blocks] + [kinds for depth in range(1, n_blocks + 1)
-                                      for kinds in itertools.product(running, repeat=depth)]
+    kinds, depths = _orders(candidates, n_blocks, reversible)
+    return [net or (SKIPPED_KIND,) * n_blocks for depth in depths for net in itertools.product(kinds, repeat=depth)]
 
 
 def check_space(plan: SpacePlan) -> None:
