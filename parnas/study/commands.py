@@ -120,8 +120,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args
 
-    p = add_command(sub, "study", cmd_study,
-                    "parnas study --config wt2-cpu --seeds 2 --budgets 0.65 --out runs/study")
+    p = add_command(sub, "study", cmd_study, "parnas study --config wt2-cpu --seeds 2 --budgets 0.65 --out runs/study")
     add_config_args(p)
     p.add_argument("--seeds", type=seeds_pair, default="3", metavar="S[,K]",
                    help="S searches per budget, with train.seed 0..S-1, and K retrains of every layout (train.seed, "
@@ -169,8 +168,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        epilog="Example:\n  parnas table score runs/search --table benchmarks/spaces/adi6-wt2-cpu.json")
     tables = p.add_subparsers(dest="table_command", required=True, metavar="{build,score,add-seeds}",
                               help="what to do with the table")
-    p = add_command(tables, "build", cmd_table_build,
-                    "parnas table build runs/study/study.json --table space.json")
+    p = add_command(tables, "build", cmd_table_build, "parnas table build runs/study/study.json --table space.json")
     p.set_defaults(command="table build")
     p.add_argument("study", metavar="STUDY_JSON", help="the study.json of a finished study with --space")
     p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to write (a new file)")

@@ -1,22 +1,12 @@
-"""What one ``parnas study`` does, checked before anything runs: its searches, the layouts it retrains, their
-configs and folders (:mod:`parnas.study.run` runs it).
+"""What one ``parnas study`` does, checked before anything runs: its searches, the layouts it retrains (the roles
+of docs/reference.md), their configs and folders (:mod:`parnas.study.run` runs it).
 
-For every budget and seed a search runs (``<out>/search/b<budget>-s<seed>``); with ``--candidates``,
-for every candidate set too (``<out>/search/<LETTERS>-b<budget>-s<seed>``, e.g. ``ACDGI-bnone-s0``), so
-search spaces are compared at equal steps against one Transformer-XL and one timing. Every layout the
-study needs is then retrained from scratch at equal steps and settings, with the config's own
-``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
-at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
-dense, then identity; Press et al. 2020) and R random orderings of the same kinds; with
-``--space all``, every distinct network of the searched space, with ``--space N`` a sample of N of them
-stratified by predicted cost (:mod:`parnas.study.space`). A layout is
-trained once however many roles it plays.
+Searches go to ``<out>/search/[<LETTERS>-]b<budget>-s<seed>`` (``LETTERS``: a ``--candidates`` set), retrains to
+``<out>/retrain/<LAYOUT>``, each layout once however many roles it plays, at equal steps and settings. A study's
+folder holds runs of one set of settings: a rerun with other settings is refused (:func:`check_same_settings`).
 
-A study's folder holds runs of one set of settings: a rerun with other settings is refused
-(:func:`check_same_settings`).
-
-This module imports only light modules at the top: the CLI checks every argument through
-:func:`make_plan` before torch, Lightning or NNI are loaded and before anything is written.
+Only light modules are imported at the top: the CLI checks every argument through :func:`make_plan` before torch,
+Lightning or NNI load and before anything is written.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``parnas study``: "the search finds a model faster than Transformer-XL at the same perplexity", checked.
 
-A study's :class:`parnas.study.plan.Plan` (what it does, checked before anything runs) is run here: its
-searches, then its retrains, then all distinct layouts timed side by side in this one process
-(:func:`parnas.study.measure.measure`); :mod:`parnas.study.report` writes
-``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
-
-A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains
-(``metrics.json``), resumes interrupted ones from their checkpoint, and refuses other settings and
-sub-folders it did not make.
+A study's :class:`parnas.study.plan.Plan` is run here: its searches, its retrains, then every distinct layout timed
+side by side in this one process (:func:`parnas.study.measure.measure`); :mod:`parnas.study.report` writes the files.
+A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains (``metrics.json``) and
+resumes interrupted ones from their checkpoint.
 """
 
 from __future__ import annotations

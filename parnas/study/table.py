@@ -1,27 +1,13 @@
 """A ranking table: the retrained perplexities of a search space's layouts, shipped as data, against which a
 search is scored without retraining anything (:mod:`parnas.study.score`).
 
-A one-shot search is only as good as its supernet's ranking of layouts. Judging that ranking needs every
-layout retrained over several seeds, hours of CPU each time; a table keeps those numbers once, versioned, so
-that any later search of the same space (same candidates and depth, same model, vocabulary and memory) is
-scored in minutes. A table is JSON (:data:`FORMAT`, :data:`VERSION`)::
-
-    {"format": "parnas.ranking-table", "version": 1, "name": "adi6-wt2-cpu",
-     "space": {"candidates": ["attention", "dense", "identity"], "n_blocks": 6},
-     "config": {"preset": "wt2-cpu", "overrides": [...], "retrain_steps": 600, "seg_len": 64,
-                "model": {...every model setting...}, "vocab": {"kind": ..., "vocab_size": ..., "sha256": ...}},
-     "commit": "<git commit>", "memory": {"mem_len": 32, "eval_mem_len": null, "evaluation_memory": 32},
-     "latency_table": {...a parnas latency table: every target's costs...},
-     "layouts": {"ADADAD": {"val_ppl_seeds": [...], "val_ppl_std": 1.2, "roles": ["transformer-xl"]}, ...},
-     "noise_ceiling": 0.81, "rebuild": "<the commands that rebuild it>"}
-
-Layouts are letter strings at the space's depth (shallower networks padded with identity blocks above them);
-``val_ppl_seeds[k]`` is the retrain with ``train.seed`` + k (null: that retrain gave no perplexity). The costs
-of every latency target are the latency table's predictions relative to Transformer-XL at the same depth.
-The **noise ceiling** is the Kendall tau between the mean perplexities of two disjoint halves of the seeds (even
-and odd retrain seeds): how well the table ranks its own layouts; a supernet's ranking cannot be judged finer.
-It is conservative, since each half has half the seeds of the table's means. The loader checks everything, and
-that the recorded spreads and ceiling are the seeds' own.
+A one-shot search is only as good as its supernet's ranking of layouts. Judging that ranking needs every layout
+retrained over several seeds, hours of CPU each time; a table keeps those numbers once, versioned, so that any
+later search of the same space (same candidates and depth, same model, vocabulary and memory) is scored in minutes.
+Its JSON format (:data:`FORMAT`, :data:`VERSION`) is benchmarks/spaces/README.md's. The **noise ceiling** is the
+Kendall tau between the mean perplexities of the even and of the odd retrain seeds: how well the table ranks its
+own layouts, so the finest a supernet's ranking can be judged (conservative: each half has half the seeds). The
+loader checks everything, and that the recorded spreads and ceiling are the seeds' own.
 """
 
 from __future__ import annotations
