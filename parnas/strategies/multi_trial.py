@@ -5,7 +5,7 @@ carries settings, not data: :class:`CorpusData` is a data module described by it
 with ``nni.trace``) that reads the corpus inside the trial, :class:`TrialTask` is the language-modelling task
 that reports to NNI (validation perplexity at every evaluation; at the end ``default``, the architecture
 and its predicted cost ratio from block costs priced once, before the trials), and the trainer is NNI's
-traced ``Trainer`` with plain arguments. :func:`evaluator` builds it; :func:`serialized_size` measures it.
+traced ``Trainer`` with plain arguments. :func:`evaluator` builds it.
 
 Strategies: NNI 3.0's multi-trial ones in :data:`parnas.strategies.nni_specs.NNI_STRATEGIES` (``Random``,
 ``RegularizedEvolution``, ``TPE``, its hyper-parameter tuner driving the architecture choices, and ``GridSearch``),
@@ -106,11 +106,6 @@ def evaluator(cfg: Config, costs: Mapping[str, Any]) -> Lightning:
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       use_distributed_sampler=False)
     return Lightning(TrialTask(asdict(t), costs), trainer, datamodule=CorpusData(asdict(cfg.data)))
-
-
-def serialized_size(evaluator: Lightning) -> int:
-    """Bytes of ``evaluator`` as NNI serialises it into each trial (its limit is 64 KB)."""
-    return len(nni.dump(evaluator, pickle_size_limit=10**9).encode())
 
 
 ENDED = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
