@@ -1,24 +1,17 @@
 """The final pick of a supernet search: short retrains that check the supernet's choice against the one-line
-alternative, taking blocks off Transformer-XL (settings: :class:`parnas.pick_config.SelectConfig`).
+alternative, taking blocks off Transformer-XL (settings: :class:`parnas.pick_config.SelectConfig`; how it judges and
+why: docs/reference.md, "The final pick").
 
-Entrants: the ``select.k`` layouts the supernet prefers within the selection budget (the layout it exports
-when that fits, then the most probable networks under softmax(alpha) that fit), and the guard: the deepest
-depth-scaled Transformer-XL (attention and dense pairs, the blocks taken off left as identity blocks, which a fixed
-model skips, so it is exactly the shallower network) whose cost, priced as the budget is, is within it. Layouts
-that are one network (identity blocks elsewhere) enter once. Each is trained from scratch as a fixed model (the
-same class, seed and data as ``parnas retrain``) by successive halving: every round trains the survivors to the
-round's steps, continuing from their checkpoints, and the better half goes on; the last round's best is exported.
-The guard goes on to the last round whatever its rank: it is the alternative a user already has, and an early
-round is a poor judge of it (a shallow network trails early in a schedule it wins at the end). One of the
-supernet's layouts that beats the guard in the last round is exported only if it also does on the mean over
-``select.confirm_seeds`` further seeds, on which both retrain from scratch: one seed is a noisy judge. An
-entrant whose training diverges is out.
+Entrants: the ``select.k`` layouts the supernet prefers within the selection budget, and the guard, the deepest
+depth-scaled Transformer-XL within it (its blocks taken off as identity blocks, which a fixed model skips); layouts
+that are one network enter once. Successive halving trains them from scratch as fixed models; the guard reaches the
+last round whatever its rank, and a supernet layout that beats it there is exported only if it also does over
+``select.confirm_seeds`` further seeds. An entrant whose training diverges is out.
 
-Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one folder per entrant, a training run
-(``metrics.json``, of the validation split only, all of it in the last round, ``checkpoints/``) with
-``rounds.json`` (its perplexity at the end of each round), and ``<LAYOUT>-seed<N>`` for a confirming seed. A
-search resumed with ``--resume`` goes on where the pick stopped: finished rounds are read back, an interrupted one
-continues from its checkpoint. Inside an nnictl trial the run folder is the trial's, and the same code runs.
+Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one training run per entrant with
+``rounds.json`` (its perplexity at the end of each round), and ``<LAYOUT>-seed<N>`` for a confirming seed. A resumed
+search goes on where the pick stopped: finished rounds are read back, an interrupted one continues from its
+checkpoint.
 """
 
 from __future__ import annotations

@@ -1,36 +1,26 @@
 """PAR's Gumbel-DARTS: an NNI one-shot strategy with per-step tau annealing.
 
-Layering follows NNI's one-shot code: :class:`PARGumbelDARTS` (the strategy)
-mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`RoutedMixedLayer`) with a
-:class:`GumbelSoftmax`, and wraps the task in :class:`PARDartsModule` (the
-Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
-and why:
+Layered as NNI's one-shot code is: :class:`PARGumbelDARTS` (the strategy) mutates the space's ``LayerChoice``s into
+``DifferentiableMixedLayer``s (:class:`RoutedMixedLayer`) with a :class:`GumbelSoftmax`, and wraps the task in
+:class:`PARDartsModule` (the Lightning module holding the search loop). What differs from NNI's GumbelDARTS, and why:
 
-- tau falls exponentially every optimiser step, not per epoch, and weights and logits step
-  from one batch (the original TensorFlow PAR Transformer-XL's procedure): with the default ``forward: gumbel``
-  every candidate runs, weighted by the block's Gumbel-softmax sample at tau, and the loss's gradient reaches the
-  logits through that sample;
-- ``forward: fair`` trains every candidate once a step on its own path (:mod:`parnas.strategies.fair`), and
-  ``forward: sampled`` one sampled candidate per block, the logits learning by REINFORCE
-  (:mod:`parnas.strategies.sampled`): neither draws a Gumbel sample;
+- tau falls exponentially every optimiser step, not per epoch, and weights and logits step from one batch (the
+  original TensorFlow PAR Transformer-XL's procedure); ``forward: fair`` (:mod:`parnas.strategies.fair`) and
+  ``forward: sampled`` (:mod:`parnas.strategies.sampled`) draw no Gumbel sample;
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`). A ``latency_budget`` is a
   constraint: a hinge on the excess over the budget of the *exported* architecture's cost, differentiated through
   the expected cost under softmax(alpha), weighted by a multiplier found by dual ascent or fixed by
-  ``penalty_weight``. Without a budget, a
-  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees the probabilities as Python floats, so
-  it has no gradient to the logits);
-- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop and forwards no
-  ``validation_step``) twice: the supernet with the Gumbel noise off (softmax of the logits), and the exported
-  argmax architecture with the supernet's weights; the gap between the two is the discretisation gap. Before the
-  last step both read :data:`~parnas.pick_config.EARLY_VALID_FRACTION` of the validation split (the first part of
-  every evaluation stream, as the final pick's early rounds read it): those evaluations only show progress. The
-  one at the last step, which the final pick, the divergence check and the export read, reads all of it.
-  Probabilities logged are softmax(alpha) (NNI's ``export_probs()`` under GumbelDARTS passes the logits through
-  the Gumbel softmax, so its values change from call to call);
-- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``, whose order changes between
-  processes, so a resumed optimiser would restore its moments onto the wrong logits), and under DDP their
-  gradients are averaged over ranks, so every rank holds the same architecture (NNI's DARTS lets ranks drift
-  apart).
+  ``penalty_weight``. Without a budget, ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees
+  the probabilities as Python floats, so it has no gradient to the logits);
+- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop) twice: the supernet with
+  the Gumbel noise off, and the exported argmax architecture with the supernet's weights (their gap: the
+  discretisation gap); before the last step both read :data:`~parnas.pick_config.EARLY_VALID_FRACTION` of the
+  validation split (they only show progress), the last one all of it. Probabilities logged are softmax(alpha)
+  (NNI's ``export_probs()`` under GumbelDARTS passes the logits through the Gumbel softmax: its values change from
+  call to call);
+- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``, whose order changes between processes,
+  so a resumed optimiser would restore its moments onto the wrong logits), and under DDP their gradients are
+  averaged over ranks, so every rank holds the same architecture (NNI's DARTS lets ranks drift apart).
 """
 
 from __future__ import annotations

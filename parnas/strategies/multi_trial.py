@@ -1,15 +1,11 @@
-"""NNI's multi-trial NAS on the PAR space: each trial trains one fixed architecture in its own process.
+"""NNI's multi-trial NAS on the PAR space (:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`' multi-trial ones,
+through ``NasExperiment`` on the local training service): each trial trains one fixed architecture in its own process,
+one trial at a time.
 
-NNI pickles the evaluator into every trial and refuses a payload over 64 KB. parnas's evaluator therefore
-carries settings, not data: :class:`CorpusData` is a data module described by its data config alone (traced
-with ``nni.trace``) that reads the corpus inside the trial, :class:`TrialTask` is the language-modelling task
-that reports to NNI (validation perplexity at every evaluation; at the end ``default``, the architecture
-and its predicted cost ratio from block costs priced once, before the trials), and the trainer is NNI's
-traced ``Trainer`` with plain arguments. :func:`evaluator` builds it.
-
-Strategies: NNI 3.0's multi-trial ones in :data:`parnas.strategies.nni_specs.NNI_STRATEGIES` (``Random``,
-``RegularizedEvolution``, ``TPE``, its hyper-parameter tuner driving the architecture choices, and ``GridSearch``),
-through ``NasExperiment`` on the local training service, one trial at a time.
+NNI pickles the evaluator into every trial and refuses a payload over 64 KB, so :func:`evaluator` carries settings,
+not data: :class:`CorpusData` is a data module described by its data config alone (traced with ``nni.trace``) that
+reads the corpus inside the trial, :class:`TrialTask` is the language-modelling task that reports to NNI, and the
+trainer is NNI's traced ``Trainer`` with plain arguments.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""NNI's own strategies on the PAR space, behind ``parnas search --strategy NAME``.
+"""NNI 3.0's one-shot strategies on the PAR space, behind ``parnas search --strategy NAME`` (the list:
+:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`): run on the same space, task and data through ``NasExperiment`` as
+an NNI user would, they give the baselines a study needs to tell what PAR's own strategy buys.
 
-``par-gumbel-darts`` (the default) is parnas's search (:mod:`parnas.strategies.search`): per-step tau annealing,
-a latency penalty or budget, exact resume. The others are NNI 3.0's one-shot strategies, run on the same
-space, task and data through ``NasExperiment`` as an NNI user would: ``darts`` and ``gumbel-darts``
-(differentiable, the logits stepped on the validation stream), ``proxyless`` (sampled binary gates) and
-``random-oneshot`` (uniform path sampling, no logits). They give the baselines a study needs to tell what
-PAR's own strategy buys.
-
-Every strategy ends alike: ``architecture.json`` (the exported layout; its validation perplexity with the
-supernet's weights, each block running only its chosen candidate, no retraining; the supernet's own where
-NNI's loop measured one; its predicted cost on the run's latency table), TensorBoard's scalars, and for the
-strategies that learn logits (darts, gumbel-darts, proxyless) ``history.jsonl`` and its pictures
-(:class:`LogitsHistory`). NNI's
-mixed layers keep each candidate as a submodule named by its kind, so the exported fixed model takes the
-supernet's weights by dropping that name (:func:`fixed_weights`), whatever the strategy.
+Every strategy ends alike: ``architecture.json`` (the exported layout; its validation perplexity with the supernet's
+weights, each block running only its chosen candidate; the supernet's own where NNI's loop measured one; its
+predicted cost on the run's latency table), TensorBoard's scalars, and for the strategies that learn logits
+``history.jsonl`` and its pictures (:class:`LogitsHistory`). NNI's mixed layers keep each candidate as a submodule
+named by its kind, so the exported fixed model takes the supernet's weights by dropping that name
+(:func:`fixed_weights`), whatever the strategy.
 """
 
 from __future__ import annotations

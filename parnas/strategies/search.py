@@ -1,18 +1,11 @@
 """One search run: the PAR space, the task, the strategy, and what they leave behind.
 
-``run_search(cfg)`` is ``parnas search``. It drives :class:`PARGumbelDARTS` with
-NNI's public pieces (``mutate_model``, ``mutate_evaluator``, the evaluator's
-``evaluate``) rather than a ``NasExperiment``, which inside an nnictl trial
-would register a second experiment (with no web UI) beside nnictl's.
-
-The run directory (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial)
-gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomically),
-``history.jsonl`` (step, tau, softmax(alpha) per block, val_ppl at
-evaluations), ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
-(:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder
-left as training left it, a run that ``--resume`` takes up (and says the same of). Beside this module: the folder's
-rules (:mod:`parnas.strategies.search_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
-(:mod:`parnas.strategies.nni_trial`) and the record (:mod:`parnas.strategies.search_record`).
+``run_search(cfg)`` is ``parnas search``. It drives :class:`PARGumbelDARTS` with NNI's public pieces (``mutate_model``,
+``mutate_evaluator``, the evaluator's ``evaluate``) rather than a ``NasExperiment``, which inside an nnictl trial
+would register a second experiment (with no web UI) beside nnictl's. The run directory gets ``architecture.json``,
+``history.jsonl``, ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
+(:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder left
+as training left it, for ``--resume`` to take up.
 """
 
 from __future__ import annotations
@@ -238,8 +231,7 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
     free_par = replace(par_settings(cfg.search), latency_budget=None, penalty_weight=0.0)  # no budget
     unpriced = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: free_par})
-    search = build_search(replace(cfg, search=unpriced),
-                          splits, tokenizer.vocab_size, run_dir, costs=free)
+    search = build_search(replace(cfg, search=unpriced), splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)
     search.module.load_state_dict(saved["state_dict"])
     device = training_device(cfg.train)
@@ -248,8 +240,7 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     segments = max(1, math.ceil(len(valid) * fraction))
     out = {}
     for kinds in layouts:
-        sums = exported_nll(search.supernet, search.module.choices(), list(kinds),
-                            (valid[t] for t in range(segments)))
+        sums = exported_nll(search.supernet, search.module.choices(), list(kinds), (valid[t] for t in range(segments)))
         out[layout_string(kinds)] = perplexity(float(sums[0] / sums[1]))
         if progress is not None:
             progress(len(out))
