@@ -50,8 +50,7 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
     if selection:
         entrants = {e["architecture"]: e for e in selection["entrants"]}
         guard = selection.get("guard") or {}
-        picked = {"retrained_val_ppl": pick_ppl(entrants[selection["winner"]]),
-                  "guard": guard.get("architecture"),
+        picked = {"retrained_val_ppl": pick_ppl(entrants[selection["winner"]]), "guard": guard.get("architecture"),
                   "guard_val_ppl": pick_ppl(entrants.get(guard.get("architecture")) or guard),
                   "guard_won": selection["verdict"] == "guard"}
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,

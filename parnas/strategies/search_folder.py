@@ -34,8 +34,7 @@ def run_dir_of(cfg: Config) -> Path:
 @contextmanager
 def take_search_dir(run_dir: str | Path, resume: bool | str | Path) -> Iterator[Path]:
     """``run_dir`` held and checked once for the search's life (:func:`parnas.owned_folders.take_run_dir`)."""
-    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING,
-                      folders=(SELECT_DIR,)) as folder:
+    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING, folders=(SELECT_DIR,)) as folder:
         yield folder
 
 

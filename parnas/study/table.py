@@ -239,12 +239,10 @@ def table_from_study(study_path: str | Path, latency_table: str | Path | None = 
 
     path = Path(study_path)
     study = read_json_file(path, "STUDY_JSON", "a study.json")
-    if not isinstance(study, dict) or study.get("format") != "parnas.study" or not isinstance(study.get("rows"),
-                                                                                                 list):
+    if not isinstance(study, dict) or study.get("format") != "parnas.study" or not isinstance(study.get("rows"), list):
         raise ConfigError(f"{path} is not the study.json `parnas study` writes")
     if len(study.get("candidate_sets") or ()) > 1:
-        raise ConfigError(f"{path} searched {len(study['candidate_sets'])} candidate sets; a table "
-                          "holds one space")
+        raise ConfigError(f"{path} searched {len(study['candidate_sets'])} candidate sets; a table holds one space")
     cfg = load_config(study.get("config"), study.get("overrides") or [])
     candidates = tuple((study.get("candidate_sets") or [cfg.search.candidates])[0])
     records = sorted(path.parent.glob("search/*/architecture.json"))

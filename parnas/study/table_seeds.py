@@ -73,8 +73,7 @@ def _finished_run(run: Path) -> tuple[Any, dict[str, Any]]:
 
     metrics_path = run / "metrics.json"
     if not metrics_path.is_file() or not (run / "architecture.json").is_file():
-        raise ConfigError(f"{run} is not a finished `parnas train` run (no metrics.json and "
-                          "architecture.json)")
+        raise ConfigError(f"{run} is not a finished `parnas train` run (no metrics.json and architecture.json)")
     metrics = read_json_file(metrics_path, "RUN", "the metrics.json `parnas train` writes")
     if not isinstance(metrics, dict) or not isinstance(metrics.get("config"), dict) or not isinstance(
             metrics.get("val_ppl"), (int, float)) or metrics.get("diverged"):

@@ -103,10 +103,8 @@ def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
                          (f"{what} not {speedup:.0%} shorter", not fast)) if bad)
     return (f"{group_name(s)}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
             f"({_ppl(txl)}) within {PPL_TOLERANCE:.0%} at a {costs_label(found)} {what} >= {speedup:.0%} shorter "
-            f"({1 / (1 - speedup):.2g}x faster). "
-            "Mean over "
-            f"seeds: val ppl {_ppl(s['found_val_ppl'])} ({gap:+.1f}% vs Transformer-XL) at {s['found_ratio']:.2f}x "
-            f"its {what} time -> {why}.")
+            f"({1 / (1 - speedup):.2g}x faster). Mean over seeds: val ppl {_ppl(s['found_val_ppl'])} ({gap:+.1f}% vs "
+            f"Transformer-XL) at {s['found_ratio']:.2f}x its {what} time -> {why}.")
 
 
 def costs_label(rows: Sequence[Mapping[str, Any]]) -> str:
