@@ -72,8 +72,15 @@ class RankingTable:
 
 
 def seed_spread(seeds: Sequence[float | None]) -> float | None:
+    """The standard deviation of the values given (None: one or none), as every spread of the study reads it."""
     values = [v for v in seeds if v is not None]
     return statistics.stdev(values) if len(values) > 1 else None
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    """The mean of the values given (None: none)."""
+    given = [v for v in values if v is not None]
+    return statistics.fmean(given) if given else None
 
 
 def noise_ceiling(seeds: Mapping[str, Sequence[float | None]]) -> float | None:

@@ -1,12 +1,7 @@
-"""What ``parnas study`` concludes: a summary per group of its rows and a verdict per question, in plain words.
-
-A group is a budget, or with ``--candidates`` a (candidate set, budget) pair: its seeds are summarised
-together and every verdict is given per group.
-
-Every verdict is computed from the rows (:func:`parnas.study.report.build_rows`): Transformer-XL's validation
-perplexity reached within ``PPL_TOLERANCE`` at a latency at least ``SPEEDUP`` shorter; the found architecture
-against the mean of its random orderings and against its sandwich; whether each seed puts its
-attention early (mean depth of its attention blocks before that of its dense and identity blocks).
+"""What ``parnas study`` concludes, computed from its rows (:func:`parnas.study.report.build_rows`): a summary per
+group (a budget, or with ``--candidates`` a candidate set and budget) and a verdict per question in plain words:
+Transformer-XL's perplexity reached within ``PPL_TOLERANCE`` at a latency ``SPEEDUP`` shorter, the found order
+against its random and sandwich orderings, and whether each seed puts its attention early.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from typing import Any
 from parnas import kinds
 from parnas.config import TARGET_LABELS
 from parnas.retrain.compare import cell
-from parnas.study.table import seed_spread
+from parnas.study.table import mean_of, seed_spread
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 # "faster", per latency target: a train step or inference segment at least 30% shorter than Transformer-XL's;
@@ -30,15 +25,6 @@ SPEEDUP = {"train": 0.30, "inference": 0.30, "generate": 1 / 3}
 def _ppl(value: float | None) -> str:
     """A perplexity as the verdicts write it."""
     return cell(value, "{:.2f}")
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    v = [x for x in values if x is not None]
-    return statistics.fmean(v) if v else None
-
-
-def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
-    return [r[key] for r in rows]
 
 
 Group = tuple[Any, str]  # (candidate set letters or None, budget label)
@@ -68,10 +54,10 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"candidates": key[0], "budget": key[1], "seeds": len(found)}
         for role in ("found", "random", "sandwich"):
             group = _of(rows, role, key)
-            row[f"{role}_val_ppl"] = _mean(_column(group, "val_ppl"))
-            row[f"{role}_ratio"] = _mean(_column(group, "latency_ratio"))
-        row["found_val_ppl_std"] = seed_spread(_column(found, "val_ppl"))
-        row["found_ratio_std"] = seed_spread(_column(found, "latency_ratio"))
+            row[f"{role}_val_ppl"] = mean_of([r["val_ppl"] for r in group])
+            row[f"{role}_ratio"] = mean_of([r["latency_ratio"] for r in group])
+        row["found_val_ppl_std"] = seed_spread([r["val_ppl"] for r in found])
+        row["found_ratio_std"] = seed_spread([r["latency_ratio"] for r in found])
         out.append({**row, "transformer_xl_val_ppl": txl["val_ppl"],
                     "transformer_xl_train_step_ms": txl["train_step_ms"]})
     return out
