@@ -70,11 +70,6 @@ def fair_surrogate(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[
     return (probs.to(measured) * measured).sum()
 
 
-def _set_picks(layers: Sequence[RoutedMixedLayer], row: Sequence[int]) -> None:
-    for layer, pick in zip(layers, row, strict=True):
-        layer.pick = pick
-
-
 def merged_block_metrics(sub_steps: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
     """The model's ``block_metrics`` of a step's sub-steps as one forward of every candidate would report them:
     each block's own (``act/steps/block_3``), from the sub-step that ran the candidate reporting it, and each
@@ -136,11 +131,9 @@ def set_routes(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]
 
 def fair_loss(layers: Sequence[RoutedMixedLayer], task: Any, batch: Sequence[Any], learns: bool,
               stacked: bool = False) -> tuple[Tensor, Tensor | float]:
-    """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses (each candidate of
-    each block run once, same batch, same starting memory), whose one backward accumulates every sub-step's
-    gradient, and the logits' surrogate (0.0 unless ``learns``). The picks are cleared on return; the model's
-    ``block_metrics`` are those of every sub-step (:func:`merged_block_metrics`). ``stacked``: the sub-steps as
-    one forward (see module docstring)."""
+    """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses, whose one backward
+    accumulates every sub-step's gradient, and the logits' surrogate (0.0 unless ``learns``); ``stacked``: the
+    sub-steps as one forward. The picks are cleared on return; ``block_metrics`` are every sub-step's."""
     if not layers:
         return task.train_nll(batch).mean() + task.aux_loss(), 0.0
     n_candidates = len(layers[0].names)
@@ -161,7 +154,8 @@ def fair_loss(layers: Sequence[RoutedMixedLayer], task: Any, batch: Sequence[Any
     losses, metrics = [], []
     try:
         for j, row in enumerate(picks):
-            _set_picks(layers, row)
+            for layer, pick in zip(layers, row, strict=True):
+                layer.pick = pick
             if j < len(picks) - 1:
                 nll, _ = task.side_stream_nll(batch, start, FAIR_SEED_OFFSET + 1 + j)
             else:  # the task's own step: bookkeeping and the memory carried on

@@ -151,11 +151,9 @@ class PARDartsModule(DartsLightningModule):
         return self._softmax_cache
 
     def _step_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | float]:
-        """The training batch's loss, and what the logits learn from besides the penalty. ``gumbel``: every
-        candidate runs, mixed by the Gumbel sample, and the loss's own gradient reaches the logits (0 here).
-        ``fair``: every candidate once on the same batch (:mod:`parnas.strategies.fair`). ``sampled``: one
-        candidate a block, drawn from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws
-        the same), and the REINFORCE surrogate of :mod:`parnas.strategies.sampled`."""
+        """The training batch's loss, and what the logits learn from besides the penalty: nothing more under ``gumbel``
+        (the loss's own gradient reaches them), the forward's surrogate under ``fair`` and ``sampled`` (their picks
+        seeded by the step, as dropout is, so a resumed search draws the same)."""
         task = self.training_module
         if self.par.forward == "fair":
             stacked = task.train_cfg.compile != "none"  # one static graph to compile
@@ -169,12 +167,9 @@ class PARDartsModule(DartsLightningModule):
         return task.train_nll(batch).mean() + task.aux_loss(), 0.0  # aux: the compressive memory's (task.py)
 
     def _penalty(self) -> Tensor | float:
-        """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget).
-
-        The hinged cost is the exported (argmax) architecture's, straight-through: its value is the argmax's
-        excess and its gradient that of the expected cost under softmax(alpha), so it pushes exactly while what
-        would be exported is over budget. lambda is ``penalty_weight`` when set, else it grows by dual
-        ascent while the hinged cost is over the budget and decays when under."""
+        """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget), the cost the exported
+        architecture's, straight-through (the argmax's value, the expected cost's gradient), so it pushes exactly while
+        what would be exported is over budget; lambda is ``penalty_weight`` when set, else found by dual ascent."""
         if self.costs is None or (not self.par.penalty_weight and self.par.latency_budget is None):
             return 0.0
         expected = self.expected_ratio()
@@ -219,7 +214,6 @@ class PARDartsModule(DartsLightningModule):
         if arch_moves:
             self._sync_arch_gradients()
             arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
-        if arch_moves:
             self._dual_step()
         clear_picks(self.choices())
         self.advance_lr_schedulers(batch_idx)

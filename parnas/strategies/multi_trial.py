@@ -64,11 +64,9 @@ class CorpusData(pl.LightningDataModule):
 
 
 class TrialTask(LanguageModelTask):
-    """:class:`LanguageModelTask` that reports to NNI: val ppl at each evaluation, and at the end a dict whose
-    ``default`` NNI ranks by, with the architecture and its predicted cost ratio (``costs``: block costs and
-    the constant part of the run's latency table or FLOPs, Transformer-XL's total as ``reference``).
-    NNI 3.0's multi-trial strategies take the largest metric as the best (evolution's parents, the exported
-    top models), so ``default`` is minus the validation perplexity, and ``val_ppl`` is beside it."""
+    """:class:`LanguageModelTask` that reports to NNI: val ppl at each evaluation, and at the end the architecture and
+    its predicted cost ratio (``costs``: the run's ``per_kind``, ``constant`` and ``reference``) beside ``default``,
+    minus the validation perplexity, since NNI 3.0's multi-trial strategies take the largest metric as the best."""
 
     def __init__(self, train: Mapping[str, Any], costs: Mapping[str, Any]) -> None:
         super().__init__(from_dict(TrainConfig, train, "train."))
@@ -156,13 +154,10 @@ def run_until_trials_end(experiment: Any, port: int, trials: int, *, poll_s: flo
 def commands_read_as_plain_json() -> Iterator[None]:
     """While NNI's experiment runs in this process, its tuner channel parses the commands it receives as plain JSON.
 
-    NNI 3.0 parses each of them with ``nni.load``, that is json_tricks with comment stripping on, and the stripper
-    misreads where strings end inside doubly escaped JSON. A trial-end command carries the trial's parameters as a
-    JSON string inside the command's JSON string, and their base64 pickles (the search space's config, the
-    evaluator) hold ``//`` now and then, depending on their bytes; from there on the command is stripped as a
-    comment, fails to parse ("Unterminated string"), NNI drops the connection and its loop starts no more trials.
-    NNI writes no comments, so nothing is lost by reading its commands as they are. Where the module parses them
-    is swapped for the experiment's lifetime and restored after."""
+    NNI 3.0 parses them with ``nni.load``, json_tricks with comment stripping on, which misreads where strings end in
+    doubly escaped JSON: a trial-end command's parameters (base64 pickles) hold ``//`` now and then, the rest is
+    stripped as a comment, fails to parse, NNI drops the connection and its loop starts no more trials. NNI writes no
+    comments, so nothing is lost; the parser is swapped for the experiment's lifetime and restored after."""
     from nni.runtime.command_channel.websocket import connection
 
     original = connection.nni
@@ -189,12 +184,10 @@ def stop_within(experiment: Any, timeout_s: float = 60.0) -> None:
 
 def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = None,
                     port: int | None = None) -> dict[str, Any]:
-    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` (``search.trials``) trials,
-    one at a time, each training one sampled fixed model from scratch for ``train.max_steps``; returns the best
-    one's record. NNI's experiment cannot resume (the registry's check refuses ``resume``).
-
-    NNI's manager listens on 127.0.0.1 only, at ``port`` (a free one if None). A port in use, or NNI failing to
-    create or run its experiment, is one line naming the port, and the run directory is left as it was found."""
+    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` (``search.trials``) trials, one
+    at a time, each training one sampled fixed model from scratch; returns the best one's record. NNI's manager
+    listens on 127.0.0.1 only, at ``port`` (a free one if None); a port in use, or NNI failing to create or run its
+    experiment, is one line naming the port, and the run directory is left as it was found."""
     import atexit
     import socket
 

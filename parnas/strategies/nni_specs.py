@@ -1,8 +1,6 @@
-"""NNI's own strategies as parnas runs them on the PAR space: one list, :data:`NNI_STRATEGIES` (NNI's class, its
-fixed arguments, whether it learns logits), which the built-in records
-(:mod:`parnas.strategies.builtin`), the dispatch (:mod:`parnas.strategies.nni_strategies`,
-:mod:`parnas.strategies.multi_trial`), the CLI, the docs and the tests read; and the check that refuses what they
-cannot do. Imports no torch: a config is checked before it loads.
+"""NNI's own strategies as parnas runs them on the PAR space: one list, :data:`NNI_STRATEGIES`, which the built-in
+records, the dispatch, the CLI, the docs and the tests read; and the check that refuses what they cannot do. Imports
+no torch: a config is checked before it loads.
 """
 
 from __future__ import annotations

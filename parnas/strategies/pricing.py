@@ -66,17 +66,11 @@ def check_latency_table(cfg: Config) -> list[str]:
 
 def cost_model(cfg: Config, vocab_size: int, device: torch.device, pinned: Path | None = None,
                warn: Callable[[str], None] | None = None) -> tuple[CostModel, dict[str, Any] | None]:
-    """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
-    table's record when costs are measured (``source``: which table, for :func:`table_line`). ``pinned``: a
-    resumed search's own table, if it wrote one, so its costs do not change with tables timed since it started.
-    ``search.latency_table``: a table timed elsewhere (the target device), checked against this run's shapes;
-    nothing is timed then. ``warn``: where a table that could not be timed steadily is reported (stderr).
-
-    A search with neither a latency budget nor a penalty is priced (and its table timed) all the same: its prices
-    still decide and say things, the final pick admitting entrants within the exported layout's cost and choosing
-    its guard by it (:func:`parnas.strategies.final_pick.selection_budget`), and the cost ratio being what the
-    web UI's ``latency_ratio`` column, ``architecture.json``'s ``search.latency`` and ``pareto.png`` show.
-    ``search.penalty_cost=flops`` prices such a search without timing anything."""
+    """Block costs for the candidates and Transformer-XL's kinds (the reference), with the latency table's record when
+    costs are measured. ``pinned``: a resumed search's own table, so its costs do not change with tables timed since
+    it started; ``search.latency_table``: a table timed elsewhere, checked against this run's shapes (nothing timed);
+    ``warn``: where an unsteady timing is reported. A search with neither budget nor penalty is priced all the same:
+    the final pick's budget and guard, the web UI's ``latency_ratio`` and ``pareto.png`` read its prices."""
     kinds = cost_kinds(cfg)
     if cfg.search.penalty_cost == "flops":
         return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None

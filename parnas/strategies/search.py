@@ -83,13 +83,9 @@ class SupernetSearch:
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
                  meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> SupernetSearch:
-    """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
-
-    ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
-    model to search with instead of the device's latency table (nothing is timed; the budget is checked
-    against it), for studying the search itself under known costs. PAR's settings are read here, once, and
-    passed down as they are (``forward`` included: a concrete value, never resolved again).
-    """
+    """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects. ``meta`` goes
+    into every checkpoint; ``costs``: a cost model to search with instead of the device's latency table (nothing is
+    timed). PAR's settings are read here, once, and passed down as they are."""
     supernet_of = strategy_registry.get(cfg.search.strategy).supernet_factory()  # the registry's flag
     if supernet_of is None:
         raise ParnasError(f"search.strategy={cfg.search.strategy} has no supernet for parnas's one-shot search: "
@@ -134,14 +130,9 @@ def final_evaluation(search: SupernetSearch) -> Evaluated:
 
 
 def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
-    """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
-
-    The search holds its run directory (:func:`parnas.owned_folders.hold_run_dir`), and everything is checked (run
-    directory, checkpoint, corpus, tokenizer) before a file is touched; what the strategy refuses
-    (:func:`parnas.strategies.par_settings.check_par_search`, the registry's check) its callers refuse first,
-    at their top: ``parnas search`` and both studies. ``resume``: from ``last.ckpt``, or from the checkpoint it
-    names. The registry's ``par-gumbel-darts``: ``parnas search`` runs another
-    ``search.strategy`` with that strategy's own ``run`` (:mod:`parnas.strategy_registry`)."""
+    """Search, export the argmax architecture, and return its record (empty on non-zero ranks). The search holds its
+    run directory, and everything is checked before a file is touched (what the strategy refuses, its callers refuse
+    first, at their top). ``resume``: from ``last.ckpt``, or from the checkpoint it names."""
     with hold_run_dir(run_dir_of(cfg)):
         return _run_search(cfg, resume)
 
@@ -221,11 +212,9 @@ def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float,
 
 def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequence[str]],
                            progress: Callable[[int], None] | None = None, fraction: float = 1.0) -> dict[str, float]:
-    """Validation perplexity of each layout with the weights a finished search's supernet left (each block fixed
-    to the layout's kind, no retraining), keyed by layout string: what the search believed of each layout,
-    which a study ranks against the retrained perplexities. Layouts must have the supernet's ``n_blocks``.
-    ``progress(k)`` is called after the k-th layout (one validation pass each). ``fraction``: the share of the
-    validation split read, its first segments (at least one), memory carried as over the whole split."""
+    """Validation perplexity of each layout (of the supernet's ``n_blocks``) with the weights a finished search's
+    supernet left, keyed by layout string: what the search believed of each layout. ``progress(k)`` follows the k-th
+    layout; ``fraction``: the share of the validation split read, its first segments (at least one)."""
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed

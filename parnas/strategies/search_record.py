@@ -1,6 +1,4 @@
-"""What a search leaves: the record of PAR's Gumbel-DARTS search in ``architecture.json``, (``parnas search``
-prints it with :func:`parnas.report.summaries.search_summary`).
-"""
+"""What a search leaves: the record of PAR's Gumbel-DARTS search in ``architecture.json``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""``parnas study`` (search with several seeds and budgets, retrain what was found beside its baselines, compare),
-``parnas strategies`` (search strategies compared at an equal budget) and ``parnas table build|score|add-seeds``
-(the ranking tables of a search space).
-
-Only argparse is imported here; the handler checks every argument (:func:`parnas.study.plan.make_plan`, light)
-before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
+"""``parnas study``, ``parnas strategies`` and ``parnas table build|score|add-seeds``. Only argparse is imported
+here: the handler checks every argument (:func:`parnas.study.plan.make_plan`, light) before the heavy modules load,
+so a bad argument costs nothing and writes nothing.
 """
 
 from __future__ import annotations

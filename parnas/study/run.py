@@ -116,12 +116,9 @@ def _ppl(metrics: Mapping[str, Any]) -> str:
 
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
-    """Search, retrain, time and report; returns what ``<out>/study.json`` holds. The study holds its folder
-    (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes.
-
-    A study runs, resumes, clears or reads only the sub-folders of ``search/`` and ``retrain/`` it made: each gets
-    a mark when the study makes it (:func:`parnas.owned_folders.own_sub_dir`). One it did not make (a run started
-    there by hand, live or finished) is refused in one line naming it, before any work, and kept."""
+    """Search, retrain, time and report; returns what ``<out>/study.json`` holds. The study holds its folder, and runs,
+    resumes, clears or reads only the sub-folders of ``search/`` and ``retrain/`` it made
+    (:mod:`parnas.study.sub_folders`): one it did not make is refused in one line, before any work, and kept."""
     with hold_run_dir(plan.out):
         check_sub_dirs(plan.out, ("search", "retrain"), "study")
         return _run_study(plan, log)
