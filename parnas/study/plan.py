@@ -207,10 +207,9 @@ def first_budget_setting(budgets: Sequence[float | None]) -> list[str]:
 
 
 def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:
-    """``--set`` pairs of every retrain: the user's, the step count, the run directory, and for the k-th retrain
-    seed (k > 0) ``train.seed`` + k (the first is the config's own seed). A retrain reads no search setting; the
-    first budget keeps the search settings it carries valid. The user's ``model.n_blocks`` is the searches': each
-    retrained layout's own depth comes with its architecture file (the front's and the space's are shallower)."""
+    """``--set`` pairs of every retrain: the user's but ``model.n_blocks`` (a layout's depth comes with its
+    architecture file), the first budget (keeping the search settings valid), the steps, the run directory, and for
+    the k-th retrain seed (k > 0) ``train.seed`` + k."""
     steps = [f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else []
     extra = [*first_budget_setting(plan.budgets), *steps]
     if seed_offset:

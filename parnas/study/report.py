@@ -1,8 +1,6 @@
-"""What ``parnas study`` writes: one row per (role, layout, search), then ``study.md``, ``study.csv``,
-``study.png`` and ``study.json`` with the summary per group and the verdicts (:mod:`parnas.study.verdicts`).
-
-Latency figures are the side-by-side timings of :func:`parnas.training.latency.time_layouts`, never the
-retrains' own throughput (those ran at different times, under different load).
+"""What ``parnas study`` writes: one row per (role, layout, search), then ``study.md``, ``study.csv``, ``study.png``
+and ``study.json`` with the summary per group and the verdicts. Latency figures are the side-by-side timings, never
+the retrains' own throughput (those ran at different times, under different load).
 """
 
 from __future__ import annotations

@@ -66,12 +66,9 @@ def _gap(layout: str, best: str, retrained: Mapping[str, float], costs: Mapping[
 
 def regret(layout: str | None, retrained: Mapping[str, float], costs: Mapping[str, float],
            spreads: Mapping[str, float | None], budget: float | None = None) -> dict[str, Any] | None:
-    """The table perplexity of ``layout`` minus the best table perplexity of two reference sets: the layouts no
-    costlier than ``layout`` (the top-level figures: a cheap layout is judged only against cheaper ones) and,
-    under ``within_budget``, the layouts within ``budget`` (what a search at that budget should have found; None
-    without a budget; negative for a layout over it that beats them). Each in perplexity, in % of that best and
-    in seed spreads (the two layouts' combined; None where neither has one, or both are the same layout with
-    none). None for no layout, or one the table lacks."""
+    """The table perplexity of ``layout`` minus the best of the layouts no costlier (the top-level figures) and, under
+    ``within_budget``, of the layouts within ``budget`` (None without one; negative for a layout over it that beats
+    them); in perplexity, in % and in the two layouts' combined seed spreads. None for a layout the table lacks."""
     if layout is None or layout not in retrained:
         return None
     best = min((k for k in retrained if costs[k] <= costs[layout] + 1e-9), key=retrained.__getitem__)
@@ -140,10 +137,8 @@ def check_run(run_dir: str | Path, table: RankingTable, overrides: Sequence[str]
 def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] = (),
           log: Callable[[str], None] = print, before: Callable[[Any], None] | None = None,
           progress_every_s: float = 30.0) -> dict[str, Any]:
-    """Score a finished search against a table (see the module docstring); returns the figures and ``lines``,
-    what is printed. ``before`` is handed the run's config once it is checked, before any model runs (the
-    command sets the threads there, as ``train.threads`` says). A line says how many layouts are scored at
-    most every ``progress_every_s`` seconds."""
+    """Score a finished search against a table; returns the figures and ``lines``, what is printed. ``before`` gets
+    the run's config once it is checked, before any model runs; a progress line comes every ``progress_every_s``."""
     from parnas.architecture import layout_string
 
     table = load_table(table_path)

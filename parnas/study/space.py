@@ -131,16 +131,13 @@ def check_census(census: int, candidates: Sequence[str], n_blocks: int, reversib
 
 def census_networks(candidates: Sequence[str], n_blocks: int, size: int, costs: Mapping[str, float], seed: int,
                     reversible: bool = False) -> list[tuple[str, ...]]:
-    """``size`` distinct networks of the space drawn at random with ``seed``, stratified by predicted cost, listed
-    as :func:`space_networks` lists them (and in its order); the space is never enumerated.
+    """``size`` distinct networks of the space drawn at random with ``seed``, stratified by predicted cost, listed as
+    :func:`space_networks` lists them; the space is never enumerated.
 
-    A network's predicted cost is the sum of its blocks' ``costs`` (the searches' block costs: the constant part
-    is the same for all), so it depends only on how many blocks of each kind it runs: the space is priced one
-    such count at a time, each standing for the orderings of its blocks. The cost range is cut into ``size``
-    equal strata; each stratum that holds networks gets an equal share of the sample (one each when they all
-    do), never more than it holds, the rest going to the others; a stratum's share is drawn uniformly among its
-    networks, without replacement. The sample then spans the cheap and the costly ends of the space, which a
-    uniform draw, crowded into the middle costs where most networks lie, would leave out."""
+    A network's cost is the sum of its blocks' ``costs``, so the space is priced one count of each kind at a time,
+    each standing for its orderings. The cost range is cut into ``size`` equal strata; each that holds networks gets
+    an equal share of the sample (never more than it holds, the rest to the others), drawn uniformly without
+    replacement: the sample spans the cheap and costly ends, which a uniform draw, crowded into the middle, misses."""
     check_census(size, candidates, n_blocks, reversible)
     kinds, depths = _orders(candidates, n_blocks, reversible)
     price = {SKIPPED_KIND: 0.0, **costs}

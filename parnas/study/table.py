@@ -236,10 +236,8 @@ def model_differences(recorded: Mapping[str, Any], cfg: Config, candidates: Sequ
 # --- building one from a study ---------------------------------------------------------------------------------
 
 def table_from_study(study_path: str | Path, latency_table: str | Path | None = None) -> dict[str, Any]:
-    """The table of a finished ``parnas study`` (its ``study.json``): every retrained layout at the searches' depth
-    (width-scaled ones left out, shallower ones padded with identity blocks), each retrain seed's val ppl, the
-    costs of ``latency_table`` (default: the table that priced the study), the config and the vocabulary of its
-    searches. Raises ConfigError for a study it cannot make a table of; reads only."""
+    """The table of a finished ``parnas study``: every retrained layout at the searches' depth, each retrain seed's val
+    ppl, the costs of ``latency_table`` (default: the study's); ConfigError for a study it cannot use. Reads only."""
     from parnas import architecture
     from parnas.config import load_config
     from parnas.training.latency_table import load_table_for, table_key
@@ -339,11 +337,8 @@ def _commit() -> str:
 
 
 def rebuild_command(study: Mapping[str, Any], path: Path, latency_table: str | Path | None = None) -> str:
-    """The commands that rebuild the table: the latency table that priced it (when the study named one by
-    ``search.latency_table``, or at the conversion by ``latency_table``; with the study's model, data and thread
-    settings, which change what it prices),
-    the study with the settings that chose its layouts (its searches' seeds, budgets and steps pick the found
-    layouts, and a census is stratified by their costs; the random orderings add layouts), and the conversion."""
+    """The commands that rebuild the table: the latency table that priced it (with the study's model, data and thread
+    settings, which change what it prices), the study with the settings that chose its layouts, and the conversion."""
     overrides = list(study.get("overrides") or [])
     config = [f"--config {study['config']}"] if study.get("config") else []
     census = study.get("census")
