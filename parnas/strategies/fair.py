@@ -109,10 +109,8 @@ def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:
 
 def copies_aux_loss(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor
                     ) -> Tensor | float:
-    """Each copy's auxiliary loss after a stacked forward: what the blocks it ran left (a compressive memory's
-    reconstruction, a mixture's balance, pondering), as its sub-step's own would be, so the logits see each
-    candidate's; ``zero`` (a 0-d tensor where the losses are) where nothing was left. (K,), or 0.0 where no
-    candidate keeps anything (PAR's kinds: nothing is added to the step)."""
+    """Each copy's auxiliary loss after a stacked forward (what the blocks it ran left, as its sub-step's own would
+    be), ``zero`` where nothing was left: (K,), or 0.0 where no candidate keeps anything (PAR's kinds)."""
     if not any(keepers for layer in layers for keepers in layer.candidate_keepers):
         return 0.0
     left = [[[m.aux_loss for m in keepers if m.aux_loss is not None] for keepers in layer.candidate_keepers]

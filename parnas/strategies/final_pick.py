@@ -276,10 +276,8 @@ def _finite(ppl: float | None) -> float:
 
 def _confirmed(cfg: Config, winner: dict[str, Any], guard: dict[str, Any], folder: Path, tokenizer: Tokenizer,
                splits: Mapping[str, Any]) -> dict[str, Any]:
-    """``winner`` (a supernet's layout that beat the guard in the last round) or the guard, whichever has the lower
-    mean perplexity over the last round and ``select.confirm_seeds`` further seeds, each a retrain from
-    scratch to the last round's steps in ``<layout>-seed<N>``; the guard on a tie. Both keep their further seeds'
-    perplexities under ``confirm_val_ppl``."""
+    """``winner`` (a supernet's layout that beat the guard in the last round) or the guard (on a tie), whichever has
+    the lower mean over the last round and ``select.confirm_seeds`` further seeds (kept under ``confirm_val_ppl``)."""
     last = len(pick_rounds(cfg)) - 1
     for j in range(1, par_settings(cfg.search).select.confirm_seeds + 1):
         seeded = replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + j))

@@ -317,10 +317,8 @@ class PARDartsModule(DartsLightningModule):
 
 
 class PARGumbelDARTS(GumbelDARTS):
-    """NNI strategy: ``NasExperiment(PARTransformerXLSpace(...), evaluator, PARGumbelDARTS(...)).run()``.
-
-    The evaluator is NNI's ``Lightning`` around a :class:`LanguageModelTask`; its validation data is what
-    perplexity is measured on. ``par``: PAR's settings, as the search read them (passed down, never re-read)."""
+    """NNI strategy: ``NasExperiment(PARTransformerXLSpace(...), evaluator, PARGumbelDARTS(...)).run()``, the evaluator
+    NNI's ``Lightning`` around a :class:`LanguageModelTask`. ``par``: PAR's settings as the search read them."""
 
     def __init__(self, search: SearchConfig, par: PARSettings, *, max_steps: int,
                  gradient_clip_val: float | None = None, costs: CostModel | None = None,

@@ -107,15 +107,11 @@ ENDED = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARL
 
 def run_until_trials_end(experiment: Any, port: int, trials: int, *, poll_s: float = 2.0, settle_s: float = 30.0,
                          stall_s: float = 180.0) -> str | None:
-    """Run ``experiment`` until NNI's loop ends or its trial table says the search is over; returns why it was
-    cut short, or None when NNI ended by itself.
-
-    NNI 3.0's multi-trial loop can wait forever after its trials (microsoft/nni#5202, #5415, #5493): its
-    strategy waits for the manager to hand back a free worker or to turn DONE, and either message can be
-    lost. So NNI's ``run`` goes to a daemon thread, and this thread reads the manager's trial table every
-    ``poll_s``: when ``trials`` trials have ended and the table has not changed for ``settle_s``, or none is
-    running or waiting and none changed for ``stall_s``, the search is over whatever NNI's loop is doing.
-    Errors of NNI's loop are raised here."""
+    """Run ``experiment`` until NNI's loop ends or its trial table says the search is over; returns why it was cut
+    short, or None when NNI ended by itself. NNI 3.0's multi-trial loop can wait forever after its trials
+    (microsoft/nni#5202, #5415, #5493: a lost message), so NNI's ``run`` goes to a daemon thread and this one reads
+    the trial table every ``poll_s``: ``trials`` ended and no change for ``settle_s``, or none active and no change
+    for ``stall_s``, ends the search. Errors of NNI's loop are raised here."""
     failure: list[BaseException] = []
 
     def drive() -> None:

@@ -18,10 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class NNIStrategy:
-    """One of NNI's own strategies as parnas runs it on the PAR space: ``nni_class`` (in ``nni.nas.strategy``)
-    built with the fixed ``arguments``; where ``logits``, also with the run's ``search.arch_lr``, ``train.clip``
-    and ``search.log_every`` (the strategy learns architecture logits). NNI's strategies have no settings of
-    their own here."""
+    """One of NNI's own strategies as parnas runs it: ``nni_class`` (in ``nni.nas.strategy``) built with the fixed
+    ``arguments`` and, where it learns ``logits``, with ``search.arch_lr``, ``train.clip`` and ``search.log_every``."""
 
     name: str
     family: str

@@ -40,10 +40,8 @@ def nni_strategy_object(cfg: Config) -> Any:
 
 
 class LogitsHistory:
-    """A Lightning callback writing ``history.jsonl`` as PAR's search does, for NNI's strategies that learn logits
-    (darts, gumbel-darts, proxyless): every ``every`` optimiser steps and at the end, softmax(alpha) of each
-    block's mixed layer and the Gumbel temperature (1 for a plain softmax). ``parnas plot`` and the pictures
-    read it."""
+    """A Lightning callback writing ``history.jsonl`` as PAR's search does, for NNI's strategies that learn logits:
+    every ``every`` optimiser steps and at the end, each block's softmax(alpha) and tau (1 for a plain softmax)."""
 
     def __init__(self, path: Path, every: int) -> None:
         import pytorch_lightning as pl

@@ -110,10 +110,8 @@ def table_line(latency: dict[str, Any]) -> str:
 
 def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
                     budget: float | None) -> dict[str, Any] | None:
-    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json).
-
-    ``device`` is the device the costs were timed on (a given table's, which need not be this machine's);
-    ``table`` the file given as search.latency_table, if any."""
+    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json);
+    ``device``: where the costs were timed (a given table's, maybe not this machine)."""
     if latency is None:
         return None
     table, target = latency["table"], costs.target or "train"
@@ -144,10 +142,8 @@ def check_budget(cfg: Config, costs: CostModel) -> None:
 
 
 def dry_run_budget(cfg: Config) -> str | None:
-    """``--dry-run``'s check of PAR's ``latency_budget``, timing nothing: against the table the search would
-    price with (the one given as ``search.latency_table``, else this machine's cached one for these shapes), a
-    budget out of reach is refused as the search refuses it (:func:`check_budget`). Without such a table, one line
-    says the budget is checked once the search times it. None without a budget."""
+    """``--dry-run``'s check of PAR's ``latency_budget``, timing nothing: against the given or cached table the search
+    would price with, refused as the search refuses it (:func:`check_budget`); without one, a line saying so."""
     from parnas.training.dry_run import planned_vocabulary
 
     budget, given, target = latency_budget(cfg.search), cfg.search.latency_table, cfg.search.latency_target

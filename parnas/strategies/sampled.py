@@ -71,10 +71,8 @@ class RoutedMixedLayer(DifferentiableMixedLayer):
 
 
 def draw_picks(layers: Sequence[RoutedMixedLayer], seed: int) -> list[int]:
-    """Draw each layer's candidate from softmax(alpha) (Gumbel-max) for its next forward and return the picks,
-    read back in one copy (the host must know what to run: the one read-back this costs). From a generator
-    seeded with ``seed`` (a function of the step, so that a resumed search draws the same), not torch's. The
-    layers choose among as many candidates each (one search space's blocks do)."""
+    """Draw each layer's candidate from softmax(alpha) (Gumbel-max, a generator seeded with ``seed``, a function of
+    the step) for its next forward; returns the picks, read back in one copy (the host must know what to run)."""
     if not layers:
         return []
     alphas = torch.stack([layer._arch_alpha.detach() for layer in layers])  # (n_blocks, n_candidates)
