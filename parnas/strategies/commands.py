@@ -211,9 +211,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_resume(p)
     p = add_command(sub, "latency", cmd_latency, "parnas latency --config wt2-cpu --out runs/wt2-cpu-table.json")
     add_config_args(p)
-    p.add_argument("--out", default=None,
-                   help="the table's JSON file, for --set search.latency_table=... (default: only this "
-                        "machine's cache)")
+    p.add_argument("--out", default=None, help="the table's JSON file, for --set search.latency_table=... (default: "
+                   "only this machine's cache)")
     p.add_argument("--refresh", action="store_true", help="time again even if this machine's cache has the table, "
                    "and replace it there (when timed steadily)")
     p.add_argument("--check", action="store_true", help="time the table again and say how far this machine's "

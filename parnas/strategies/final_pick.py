@@ -206,12 +206,6 @@ def pick_rounds(cfg: Config) -> tuple[int, ...]:
     return par_settings(cfg.search).select.rounds(cfg.train.max_steps)
 
 
-def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
-    return {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
-            "supernet_steps": step, "early_valid_fraction": EARLY_VALID_FRACTION,
-            "confirm_seeds": par_settings(cfg.search).select.confirm_seeds}
-
-
 def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result: Evaluated,
                run_dir: Path) -> tuple[Evaluated, dict[str, Any] | None]:
     """The layout to export, and the record of the pick (None when ``select.steps`` is empty, or a
@@ -229,7 +223,9 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
     budget, source = selection_budget(cfg, search.costs, result.kinds)
     entered = entrants(cfg, search.costs, result, budget)
     folder = run_dir / SELECT_DIR
-    plan = _plan(cfg, entered, search.trainer.global_step)
+    plan = {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
+            "supernet_steps": search.trainer.global_step, "early_valid_fraction": EARLY_VALID_FRACTION,
+            "confirm_seeds": select.confirm_seeds}  # what the pick's folder was made for
     plan_file = folder / "plan.json"
     if plan_file.is_file() and json.loads(plan_file.read_text()) != plan:
         remove_own_runs(folder)  # another supernet's pick: nothing of it applies

@@ -84,14 +84,12 @@ class PARDartsModule(DartsLightningModule):
         return self._choice_cache
 
     def arch_parameters(self) -> list[torch.nn.Parameter]:
-        """The logits in block order. NNI's is ``list(set(...))``, whose order changes between processes,
-        so a resumed architecture optimiser would load its moments onto the wrong logits."""
+        """The logits in block order (NNI's is ``list(set(...))``: see module docstring)."""
         return [m._arch_alpha for m in self.choices()]
 
     def probabilities(self) -> dict[str, dict[str, float]]:
         """softmax(alpha) per block: what the search believes, without Gumbel noise."""
-        return {str(m.label): dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist()))
-                for m in self.choices()}
+        return {str(m.label): dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist())) for m in self.choices()}
 
     def argmax(self) -> list[str]:
         """Each block's most probable kind, read back in one copy (for history and export, not every step)."""
@@ -100,9 +98,8 @@ class PARDartsModule(DartsLightningModule):
         return [m.names[i] for m, i in zip(choices, best)]
 
     def block_costs(self, device: torch.device) -> Tensor:
-        """Each block's candidates' costs, float64, copied to ``device`` once: the budget and the penalty read
-        them every step, and a table made from Python numbers in the step is an upload, which on a GPU waits
-        for the stream. (n_blocks, n_kinds)"""
+        """Each block's candidates' costs, float64, copied to ``device`` once: the budget and the penalty read them
+        every step, and an upload in the step waits for the GPU's stream. (n_blocks, n_kinds)"""
         if self._cost_table is None or self._cost_table.device != device:
             self._cost_table = torch.tensor([[self.costs.per_kind[k] for k in m.names] for m in self.choices()],
                                             dtype=torch.float64).to(device)
@@ -135,8 +132,7 @@ class PARDartsModule(DartsLightningModule):
         return (kinds, False) if fitted is None else (fitted, True)
 
     def expected_ratio(self) -> Tensor:
-        """Expected cost relative to Transformer-XL's under softmax(alpha): differentiable in alpha, computed
-        where the logits are. ()"""
+        """Expected cost ratio to Transformer-XL's under softmax(alpha), differentiable, where the logits are. ()"""
         alphas = torch.stack([m._arch_alpha for m in self.choices()])  # (n_blocks, n_kinds)
         costs = self.block_costs(alphas.device).to(alphas.dtype)
         return (self.costs.constant + (alphas.softmax(-1) * costs).sum()) / self.costs.reference

@@ -122,9 +122,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=seeds_pair, default="3", metavar="S[,K]",
                    help="S searches per budget, with train.seed 0..S-1, and K retrains of every layout (train.seed, "
                         "+1, ...): the verdicts then weigh differences against the seed spread (default 3,1)")
-    p.add_argument("--budgets", default="0.65,none", metavar="B,B",
-                   help="latency budgets, fractions in (0, 1] of Transformer-XL's step time, or none "
-                        "(default 0.65,none)")
+    p.add_argument("--budgets", default="0.65,none", metavar="B,B", help="latency budgets, fractions in (0, 1] of "
+                   "Transformer-XL's step time, or none (default 0.65,none)")
     p.add_argument("--out", default="runs/study", help="study directory; a rerun skips finished work (runs/study)")
     p.add_argument("--steps", type=steps_pair, default=",", metavar="N|S,R",
                    help="train.max_steps of each search and retrain, or S of each search and R of each retrain; an "

@@ -169,11 +169,6 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     return plan
 
 
-def config_with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
-    """``cfg`` with dotted keys replaced, validated like any config (ConfigError naming the key)."""
-    return from_dict(Config, merge(cfg.to_dict(), unflatten(settings)))
-
-
 def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
@@ -184,7 +179,7 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings[f"{own}.latency_budget"] = search.budget  # "none" overrides a budget the config may set
     if search.candidates is not None:
         settings["search.candidates"] = list(search.candidates)
-    return config_with_settings(plan.base, settings)
+    return from_dict(Config, merge(plan.base.to_dict(), unflatten(settings)))  # validated: ConfigError names the key
 
 
 def parse_space(text: str | None) -> tuple[bool, int | None]:

@@ -145,9 +145,10 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
     cfg, record = check_run(run_dir, table, overrides)
     if before is not None:
         before(cfg)
-    target = cfg.search.latency_target
+    target, layouts = cfg.search.latency_target, table.layouts
     inherited = inherited_of(Path(run_dir), cfg, table, log, progress_every_s)
-    retrained, costs, spreads = table_figures(table, target)
+    retrained, spreads = {k: table.val_ppl(k) for k in layouts}, {k: table.spread(k) for k in layouts}
+    costs = {k: table.cost_ratio(k, target) for k in layouts}  # for the run's latency target
     tau, rho = correlations(inherited, retrained)
     probabilities = [record["probabilities"][b] for b in sorted(record.get("probabilities") or {},
                                                                 key=lambda b: int(b.split("_")[1]))]
@@ -164,7 +165,7 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
     final = layout_string(list(record["architecture"].values())) if picked else None
     run_budget = getattr(cfg.search.settings, "latency_budget", None)  # the strategy's budget, where it has one
     result = {"run": str(run_dir), "table": table.name, "layouts": len(table.layouts), "target": target,
-              "noise_ceiling": table.noise_ceiling, "seeds": table_seed_count(table), "kendall_tau": tau,
+              "noise_ceiling": table.noise_ceiling, "seeds": max(map(len, table.seeds.values())), "kendall_tau": tau,
               "spearman_rho": rho, "top_overlap": top_overlap(inherited, retrained), "top": TOP,
               "budgets": budgets, "exports": bool(probabilities), "inherited": inherited, "final_layout": final,
               "valid_fraction": VALID_FRACTION, "run_budget": run_budget,
@@ -209,11 +210,6 @@ def inherited_of(run_dir: Path, cfg: Config, table: RankingTable, log: Callable[
         if failed:
             log(f"warning: {failed}")
     return {k: known[k] for k in table.layouts}
-
-
-def table_seed_count(table: RankingTable) -> int:
-    """The most retrain seeds any layout of the table has (the noise ceiling splits them into two halves)."""
-    return max((len(v) for v in table.seeds.values()), default=0)
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -269,10 +265,3 @@ def score_lines(result: Mapping[str, Any]) -> list[str]:
                      f"{t}: exported after the final pick (the run's budget "
                      f"{_f(result.get('run_budget'), '{:g}')}) {regret_text(r)}")
     return lines
-
-
-def table_figures(table: RankingTable, target: str) -> tuple[dict[str, float], dict[str, float],
-                                                               dict[str, float | None]]:
-    """Each layout's retrained val ppl (mean over seeds), cost ratio for ``target`` and seed spread, by layout."""
-    return ({k: table.val_ppl(k) for k in table.layouts}, {k: table.cost_ratio(k, target) for k in table.layouts},
-            {k: table.spread(k) for k in table.layouts})
