@@ -332,8 +332,7 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
         verdict = "search"
         out = f" after {steps[len(guard['val_ppl']) - 1]} steps" if guard["val_ppl"] else ""
         line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); "
-                f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
-                                                                                            else ""))
+                f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm else ""))
     return {"k": par_settings(cfg.search).select.k, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
             "val_ppl_is": "trained from scratch (train.seed) to each round's steps; the last round on the whole "

@@ -41,10 +41,9 @@ def measure(cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]]
 
 def priced_by_table(timing: Mapping[str, Any], cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]],
                     vocab_size: int) -> dict[str, Any]:
-    """``timing`` with the step times of every target ``search.latency_table`` prices replaced by its predictions
-    (constant + the blocks' costs, timed on the table's device, maybe not this one): the study's costs are then
-    the target device's, as its searches' were. What was measured here stays under ``measured``; a target the
-    table lacks (generation, in a version-1 table) keeps this machine's times, and ``priced_by`` says which."""
+    """``timing`` with the step times of every target ``search.latency_table`` prices replaced by its predictions, so
+    the study's costs are the target device's, as its searches' were; what was measured here stays under
+    ``measured``, a target the table lacks keeps this machine's times, and ``priced_by`` says which."""
     from parnas.training.devices import training_device
     from parnas.training.latency_table import MODES, load_table_for, table_key
 

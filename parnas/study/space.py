@@ -224,10 +224,8 @@ def _judged(gap: float, spread: float | None) -> str:
 
 
 def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row], space: str = EVERY) -> str | None:
-    """Where ``name``'s found models (their mean perplexity at their mean cost) stand among the space's networks
-    no costlier (how many have a lower perplexity), and how far the best of those is from them; ``space``
-    (:func:`space_name`) names the networks retrained, all or a sample. None when the study did not retrain
-    the space."""
+    """Where ``name``'s found models (mean perplexity at mean cost) stand among the space's networks no costlier, and
+    how far the best of those is from them; ``space``: :func:`space_name`. None when the study retrained no space."""
     from parnas.study.front import combined_spread, found_point
 
     points, point = _points(rows), found_point(found)
@@ -250,9 +248,8 @@ def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row],
 
 
 def space_front_verdict(rows: Sequence[Row], space: str = EVERY) -> str | None:
-    """The network of the space (of ``space``, all or a sample) furthest below the Transformer-XL front at its own
-    cost, and how many lie below it beyond the seed spread: whether the space holds a model that beats the front
-    by a given margin at all."""
+    """The network of the space furthest below the Transformer-XL front at its own cost, and how many lie below it
+    beyond the seed spread: whether the space holds a model that beats the front by a given margin at all."""
     from parnas.study.front import at_cost, combined_spread, front_points
 
     networks, points = _points(rows), front_points(rows)
@@ -278,9 +275,8 @@ def space_front_verdict(rows: Sequence[Row], space: str = EVERY) -> str | None:
 
 def space_claim_verdict(rows: Sequence[Row], reaches: Callable[[float, float], tuple[bool, bool]], tolerance: float,
                         faster: str, space: str = EVERY) -> str | None:
-    """The networks of the space that meet the study's claim: ``reaches(val ppl, cost ratio)`` -> (Transformer-XL's
-    perplexity within ``tolerance``, the cost ``faster`` as the claim asks). The claim's ceiling in this space, and
-    where no network meets it, the cheapest whose perplexity does; ``space`` names the networks retrained."""
+    """The networks of the space that meet the study's claim (``reaches(val ppl, cost ratio)`` -> (perplexity within
+    ``tolerance``, cost ``faster``)), and where none does, the cheapest whose perplexity does."""
     networks = _points(rows)
     txl = next((r for r in rows if r["role"] == "transformer-xl"), None)
     if not networks or txl is None or txl["val_ppl"] is None:

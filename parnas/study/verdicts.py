@@ -162,10 +162,9 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
 
 def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
              ranking: Mapping[str, Mapping[str, Any]] | None = None, space: str | None = None) -> list[str]:
-    """Plain-language answers to the study's questions, per group, from the numbers: the claim, the orderings,
-    the depths, the found model against the depth-scaled Transformer-XL front and, where the study retrained every
-    network of the space or a census of them (``space`` names which, :func:`parnas.study.space.space_name`), against
-    those; then the space's best against the front, and each search's ranking fidelity."""
+    """Plain-language answers per group: the claim, the orderings, the depths, the found model against the front and
+    against the space's networks retrained (``space``: :func:`parnas.study.space.space_name`); then the space's
+    best against the front, and each search's ranking fidelity."""
     from parnas.study.front import front_verdict
     from parnas.study.ranking import ranking_verdict
     from parnas.study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict
