@@ -1,11 +1,10 @@
 """Gather the architectures an nnictl experiment's trials found, best first, and say how sure each is.
 
-A trial's quality is the validation perplexity of its exported architecture with the supernet's weights, not
-retrained (``search.val_ppl``); the supernet's own (``supernet_val_ppl``) comes beside it, and where the search
-ended with a final pick, the perplexity its export retrained to from scratch and the guard's, named apart from
-both. A block's margin is that of the kind *exported* there: its probability less the best other kind's. Below
-:data:`parnas.report.experiments.UNDECIDED_MARGIN` the exported choice is close to a coin toss (*undecided*); below
-0 the supernet preferred another kind there, and the budget or the final pick chose this one (*overruled*).
+A trial's quality is its exported architecture's validation perplexity with the supernet's weights (``search.val_ppl``),
+beside the supernet's own and, after a final pick, the retrained ones of its export and guard. A block's margin is
+the *exported* kind's probability less the best other kind's: below
+:data:`parnas.report.experiments.UNDECIDED_MARGIN` the choice is close to a coin toss (*undecided*); below 0 the
+budget or the final pick chose it over the supernet's preference (*overruled*).
 """
 
 from __future__ import annotations

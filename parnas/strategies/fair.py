@@ -16,15 +16,11 @@ block's distribution (:func:`fair_surrogate`). The picks are not drawn from soft
 estimator is needed, and no Gumbel sample is drawn: tau is not read.
 
 The training stream's bookkeeping (memory, data position, micro-batch count) advances once a step, through the last
-sub-step, which runs the task's own ``train_nll``. The picks and each sub-step's dropout are seeded by the step
-(:meth:`seed_for_step`), so a resumed search draws the same.
-
-Stacked (``train.compile``): the ``K`` sub-steps run as one forward of ``K`` copies of the batch stacked on its axis,
-each block's candidate ``k`` on the copy its permutation gives it (:class:`RoutedMixedLayer`'s ``routes``, set in
-place every step): the same sub-steps, losses and gradients in one static graph that ``torch.compile`` captures,
-where ``K`` forwards of other candidates would need a graph per permutation. The copies' random draws come from one
-seed, so they are not the sub-steps'; otherwise the two compute the same, to rounding, but for a compressive block's
-reconstruction loss, computed once, on the copy carried on.
+sub-step, the task's own ``train_nll``; the picks and dropout are seeded by the step, so a resumed search draws the
+same. Stacked (``train.compile``), the sub-steps run as one forward of ``K`` copies of the batch, each block's
+candidate ``k`` on the copy its permutation gives it (:class:`RoutedMixedLayer`'s ``routes``): one static graph to
+compile, where ``K`` forwards would need a graph per permutation. The two compute the same, to rounding, but for the
+copies' random draws (one seed) and a compressive block's reconstruction loss (computed once, on the copy carried on).
 """
 
 from __future__ import annotations

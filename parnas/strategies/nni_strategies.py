@@ -2,12 +2,10 @@
 :data:`parnas.strategies.nni_specs.NNI_STRATEGIES`): run on the same space, task and data through ``NasExperiment`` as
 an NNI user would, they give the baselines a study needs to tell what PAR's own strategy buys.
 
-Every strategy ends alike: ``architecture.json`` (the exported layout; its validation perplexity with the supernet's
-weights, each block running only its chosen candidate; the supernet's own where NNI's loop measured one; its
-predicted cost on the run's latency table), TensorBoard's scalars, and for the strategies that learn logits
-``history.jsonl`` and its pictures (:class:`LogitsHistory`). NNI's mixed layers keep each candidate as a submodule
-named by its kind, so the exported fixed model takes the supernet's weights by dropping that name
-(:func:`fixed_weights`), whatever the strategy.
+Every strategy ends alike: ``architecture.json`` (the exported layout, its perplexity with the supernet's weights,
+the supernet's own, its predicted cost), TensorBoard's scalars and, for those that learn logits, ``history.jsonl``
+and its pictures (:class:`LogitsHistory`). The exported fixed model takes the supernet's weights by dropping the
+candidate's name from NNI's mixed layer's keys (:func:`fixed_weights`), whatever the strategy.
 """
 
 from __future__ import annotations
