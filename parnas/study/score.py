@@ -1,15 +1,13 @@
 """``parnas table score RUN --table TABLE``: a finished search judged against a ranking table
 (:mod:`parnas.study.table`) without retraining anything; benchmarks/spaces/README.md says what it prints.
 
-Each table layout is evaluated with the weights the run's supernet left (each block fixed to the layout's kind:
-:func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the validation
-split's segments, the same tokens for every run, so that a table is scored in minutes; the figures are kept per
-checkpoint and evaluation (:mod:`parnas.study.inherited_cache`). A pick's **regret** is its table perplexity minus
-the best of the layouts within the budget (what a search at that budget is for) and of those no costlier than it
-(a cheap pick scores 0 there however much better the budget allowed), in perplexity, in % and in seed spreads.
-The picks: *ranked* (the supernet as a ranker, FairNAS/SPOS style), *exported* (what the run's softmax(alpha)
-exports at the budget, by the search's own rule, :func:`fit_budget`) and, for a run that ended with the final
-pick, its export, within the run's own budget (none: the whole table). A layout the table lacks has no regret.
+Each table layout is evaluated with the weights the run's supernet left
+(:func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the validation
+split, the same tokens for every run, so a table is scored in minutes; the figures are cached
+(:mod:`parnas.study.inherited_cache`). A pick's **regret** is its table perplexity minus the best of the layouts
+within the budget (what a search at that budget is for) and of those no costlier (a cheap pick scores 0 there
+however much better the budget allowed). The picks: *ranked* (the supernet as a ranker, FairNAS/SPOS style),
+*exported* (by the search's own rule, :func:`fit_budget`) and a final pick's export, within the run's own budget.
 
 Refused in one line before anything is evaluated: a run without a supernet checkpoint, a table of another space,
 model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written but the cache.

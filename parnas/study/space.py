@@ -1,12 +1,10 @@
 """Every network a search space holds, retrained: the most any search of that space could find.
 
-The front says whether a found model beats making Transformer-XL shallower. It cannot say whether the search found
-the best its space offers, nor whether the space holds anything far enough below the front at all: a search that
-misses a goal may be failing, or the goal may lie outside its space. ``parnas study --space all`` settles it by brute
-force where the space is small: every distinct network of the space (:func:`parnas.nn.model.blocks_run`: identity
-blocks moved make no other network) is retrained, priced and read off each search's supernet like the other
-layouts, and the verdicts say where the found models rank among the networks no costlier, and which network lies
-furthest below the Transformer-XL front.
+The front cannot say whether the search found the best its space offers, nor whether the space holds anything far
+enough below the front at all: a search that misses a goal may be failing, or the goal may lie outside its space.
+``parnas study --space all`` settles it by brute force where the space is small: every distinct network of the space
+(:func:`parnas.nn.model.blocks_run`) is retrained, priced and read off each supernet like the other layouts, and the
+verdicts say where the found models rank among the networks no costlier, and which lies furthest below the front.
 
 The space grows as k^n (k kinds that run, n blocks): more than :data:`MAX_NETWORKS` are refused before anything
 runs. A larger space is judged by a census, ``--space N`` (:func:`census_networks`): N distinct networks drawn at
