@@ -1,14 +1,12 @@
-"""The architecture stream of NNI's own DARTS strategies: the validation segments their logits step on, and
-that stream's memory.
+"""The architecture stream of NNI's own DARTS strategies: the validation segments their logits step on, and that
+stream's memory.
 
-NNI's DARTS modules (DARTS, GumbelDARTS, Proxyless) alternate two streams: the weights step on the training
-stream, the logits on the validation stream (as DARTS did on PTB). Both are Transformer-XL streams, so each keeps
-its own memory: the training task (:class:`parnas.training.task.LanguageModelTask`) keeps the training stream's;
-:class:`ArchStream` keeps this one's, runs its segments through the task's
-:meth:`~parnas.training.task.LanguageModelTask.side_stream_nll` and resets its memory where the stream starts over.
-NNI's modules call the task's ``training_step`` twice per step, on the validation batch with ``batch_idx`` 2i,
-then on the training batch with 2i+1, and Lightning's ``CombinedLoader`` cycles the shorter loader without saying
-so: :class:`NNIDartsTask` routes the first to this stream and counts where it starts over.
+NNI's DARTS modules (DARTS, GumbelDARTS, Proxyless) step the weights on the training stream and the logits on the
+validation stream. Both are Transformer-XL streams, so each keeps its own memory: the training task keeps the
+training stream's, :class:`ArchStream` this one's. NNI's modules call the task's ``training_step`` twice per step, on
+the validation batch with ``batch_idx`` 2i, then on the training batch with 2i+1, and Lightning's ``CombinedLoader``
+cycles the shorter loader without saying so: :class:`NNIDartsTask` routes the first to this stream and counts where it
+starts over.
 """
 
 from __future__ import annotations
@@ -23,11 +21,10 @@ from parnas.nn.model import Memory
 from parnas.training.task import LanguageModelTask, scalars_read
 
 ARCH_DROPOUT_SEED_OFFSET = 7919
-"""Added to ``train.seed`` for the architecture stream's dropout (:meth:`LanguageModelTask.seed_for_step`), so
-its segments draw other numbers than the training segment of the same step. Any number would do that is
-distinct from the search's other offsets (:data:`parnas.strategies.sampled.PICK_SEED_OFFSET`) and above the seeds
-people pick (0, 1, 2, ...), so that no stream of one run replays a stream of a run with a nearby seed. The
-offsets are primes (this is the 1,000th) only to be easy to tell apart; nothing depends on primality."""
+"""Added to ``train.seed`` for the architecture stream's dropout (:meth:`LanguageModelTask.seed_for_step`), so its
+segments draw other numbers than the training segment of the same step: distinct from the search's other offsets and
+above the seeds people pick, so that no stream replays one of a run with a nearby seed (a prime only to be easy to
+tell apart)."""
 
 
 class ArchStream:

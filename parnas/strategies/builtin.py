@@ -1,11 +1,10 @@
 """parnas's built-in search strategies: its own Gumbel-DARTS, and NNI 3.0's strategies run on the PAR space.
 
 The registry (:mod:`parnas.strategy_registry`) sits below this package and names none of it: it finds
-:data:`STRATEGIES` through an entry point of parnas's own distribution (group ``parnas.builtin``, declared in
-pyproject.toml), as it finds a plugin's. Every strategy's code is reached from here by a plain import, eager for
-what imports no torch (checks, settings), inside a function for what does (each ``run``), so the layers can be
-checked by import-linter and no import runs back up. Imports no torch. NNI's strategies are one list,
-:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`.
+:data:`STRATEGIES` through an entry point of parnas's own distribution (group ``parnas.builtin``), as it finds a
+plugin's. Every strategy's code is reached from here by a plain import, eager for what imports no torch (checks,
+settings), inside a function for what does (each ``run``), so the layers hold and a config is checked before torch
+loads.
 """
 
 from __future__ import annotations

@@ -201,8 +201,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args, add_dry_run, add_resume
 
-    p = add_command(sub, "search", cmd_search,
-                    "parnas search --config wt2-cpu")
+    p = add_command(sub, "search", cmd_search, "parnas search --config wt2-cpu")
     add_config_args(p)
     add_dry_run(p)
     p.add_argument("--strategy", default=None, metavar="NAME",
@@ -210,12 +209,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         f"{strategy_registry.DEFAULT}; same as --set search.strategy=NAME); its own settings are "
                         "--set search.NAME.SETTING=VALUE")
     add_resume(p)
-    p = add_command(sub, "latency", cmd_latency,
-                    "parnas latency --config wt2-cpu --out runs/wt2-cpu-table.json")
+    p = add_command(sub, "latency", cmd_latency, "parnas latency --config wt2-cpu --out runs/wt2-cpu-table.json")
     add_config_args(p)
-    p.add_argument("--out", default=None,
-                   help="the table's JSON file, for --set search.latency_table=... (default: only this "
-                        "machine's cache)")
+    p.add_argument("--out", default=None, help="the table's JSON file, for --set search.latency_table=... (default: "
+                   "only this machine's cache)")
     p.add_argument("--refresh", action="store_true", help="time again even if this machine's cache has the table, "
                    "and replace it there (when timed steadily)")
     p.add_argument("--check", action="store_true", help="time the table again and say how far this machine's "
@@ -223,8 +220,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", action="append", metavar="TARGET[,TARGET]",
                    help="time only these latency targets: train, inference, generate (repeatable; default all three; "
                         "a search times only its search.latency_target)")
-    p = add_command(sub, "launch", cmd_launch,
-                    "parnas launch --config search.yaml --wait")
+    p = add_command(sub, "launch", cmd_launch, "parnas launch --config search.yaml --wait")
     p.add_argument("--config", default="search.yaml", help="NNI experiment config (default search.yaml)")
     p.add_argument("--port", type=int, default=8080, help="web UI port (default 8080)")
     p.add_argument("--wait", action="store_true", help="stay and show the trials' progress (trial k of n, the step, "
@@ -232,8 +228,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen-all", action="store_true",
                    help="serve NNI's web UI and REST API on every interface, not 127.0.0.1 only: anyone who reaches "
                         "the port can read and stop the experiment (needed for trials on other machines)")
-    p = add_command(sub, "export", cmd_export,
-                    "parnas export --experiment Ab12Cd34 --out found/")
+    p = add_command(sub, "export", cmd_export, "parnas export --experiment Ab12Cd34 --out found/")
     p.add_argument("--experiment", required=True, help="nnictl experiment id")
     p.add_argument("--out", default=None,
                    help="folder to copy each trial's architecture.json and a summary into (default: copy nothing)")

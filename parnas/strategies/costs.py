@@ -1,13 +1,11 @@
 """What an architecture costs, for the latency budget, the penalty and the Pareto plot.
 
-:class:`CostModel` is ``constant + sum of the blocks' costs``, read relative to
-the standard Transformer-XL at the same ``n_blocks``. Its numbers come from the
-device's latency table (:mod:`parnas.training.latency_table`, the default: what a user pays)
-or from forward FLOPs per token counted from the shapes (a deterministic proxy,
-not what you pay: it says attention is cheaper than a dense block at short
-contexts, where a device says the opposite). NNI's FLOPs profiler cannot see
-through ``nn.Embedding``, custom attention or an ``nn.Identity`` candidate
-so FLOPs are counted here.
+:class:`CostModel` is ``constant + sum of the blocks' costs``, read relative to the standard Transformer-XL at the same
+``n_blocks``. Its numbers come from the device's latency table (:mod:`parnas.training.latency_table`, the default:
+what a user pays) or from forward FLOPs per token counted from the shapes (a deterministic proxy, not what you pay:
+it says attention is cheaper than a dense block at short contexts, where a device says the opposite). NNI's FLOPs
+profiler cannot see through ``nn.Embedding``, custom attention or an ``nn.Identity`` candidate, so FLOPs are counted
+here.
 """
 
 from __future__ import annotations

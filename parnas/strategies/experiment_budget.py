@@ -1,11 +1,9 @@
 """``parnas launch``'s check of the latency budgets an experiment's trials can draw, before nnictl starts anything.
 
-A trial whose PAR ``latency_budget`` is below the cheapest layout of its space refuses to search, but only once
-it has started, minutes into the experiment, and the tuner then goes on drawing it. The launch reads the budgets
-the trials can draw (the search space's choices, the lower end of a range, a budget the trial command sets) and
-prices the cheapest layout as the trials will: with the latency table of the trials' preset (this machine's
-cached one, else timed now), or with FLOPs under ``search.penalty_cost=flops``. A table this check obtained becomes
-the experiment's (:func:`share_with_trials`): its trials price with it instead of timing their own.
+A trial whose PAR ``latency_budget`` is below the cheapest layout of its space refuses to search, but only once it has
+started, minutes into the experiment, and the tuner goes on drawing it. The launch prices the cheapest layout as the
+trials will (their preset's latency table, this machine's cached one or timed now, or FLOPs) against the lowest
+budget they can draw; a table this check obtained becomes the experiment's (:func:`share_with_trials`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Gather the architectures an nnictl experiment's trials found, best first, and say how sure each is.
 
-A trial's quality is the validation perplexity of its exported architecture with the supernet's weights, not
-retrained (``search.val_ppl``); the supernet's own (``supernet_val_ppl``) comes beside it, and where the search
-ended with a final pick, the perplexity its export retrained to from scratch and the guard's, named apart from
-both. A block's margin is that of the kind *exported* there: its probability less the best other kind's. Below
-:data:`parnas.report.experiments.UNDECIDED_MARGIN` the exported choice is close to a coin toss (*undecided*); below
-0 the supernet preferred another kind there, and the budget or the final pick chose this one (*overruled*).
+A trial's quality is its exported architecture's validation perplexity with the supernet's weights (``search.val_ppl``),
+beside the supernet's own and, after a final pick, the retrained ones of its export and guard. A block's margin is
+the *exported* kind's probability less the best other kind's: below
+:data:`parnas.report.experiments.UNDECIDED_MARGIN` the choice is close to a coin toss (*undecided*); below 0 the
+budget or the final pick chose it over the supernet's preference (*overruled*).
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
     gap = search.get("discretisation_gap")
     return {"trial": trial_id, "val_ppl": exported, "supernet_val_ppl": supernet,
             "discretisation_gap": gap if gap is not None or None in (exported, supernet) else exported - supernet,
-            "old_record": "supernet_val_ppl" not in search,
             "architecture": architecture.layout_string(architecture.layout(record)),
             "blocks": record["architecture"], "probabilities": record["probabilities"], "margins": margins,
             "undecided": [b for b, m in margins.items() if 0 <= m < UNDECIDED_MARGIN],
@@ -73,12 +71,9 @@ def exported_margin(probabilities: dict[str, float], exported: str) -> float:
 
 def export_experiment(experiment_id: str, out: str | Path | None = None,
                       root: str | Path | None = None) -> list[dict[str, Any]]:
-    """One row per finished trial (one with an architecture.json), best val ppl of the exported architecture
-    first (old records, which hold only the supernet's, last, by that).
-
-    With ``out`` and at least one row, each trial's file is copied to ``<out>/<trial id>.json`` and the
-    rows are written to ``<out>/summary.json``.
-    """
+    """One row per finished trial (one with an architecture.json), best val ppl of the exported architecture first;
+    with ``out`` and at least one row, each trial's file copied to ``<out>/<trial id>.json`` and the rows written to
+    ``<out>/summary.json``."""
     rows = [trial_row(t.id, t.run_dir / "architecture.json")
             for t in experiment_trials(experiment_id, root).values() if t.status == FINISHED]
     rows.sort(key=lambda r: (r["val_ppl"] is None, r["val_ppl"] or 0.0, r["supernet_val_ppl"] or 0.0))
@@ -94,7 +89,7 @@ def export_experiment(experiment_id: str, out: str | Path | None = None,
 
 
 def warnings(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per trial with undecided blocks, and per old record."""
+    """One line per trial with undecided or overruled blocks."""
     lines = []
     for r in rows:
         if r["undecided"]:
@@ -105,9 +100,6 @@ def warnings(rows: Sequence[dict[str, Any]]) -> list[str]:
             blocks = ", ".join(f"{b} (margin {r['margins'][b]:.2f})" for b in r["overruled"])
             lines.append(f"trial {r['trial']}: overruled {blocks}: the supernet preferred another kind there; the "
                          "budget or the final pick chose the exported one")
-        if r["old_record"]:
-            lines.append(f"trial {r['trial']}: an older search, which recorded only the supernet's val ppl "
-                         "(shown as 'supernet'); its exported architecture's is unknown")
     return lines
 
 

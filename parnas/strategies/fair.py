@@ -1,40 +1,26 @@
 """``forward: fair``: strict-fair supernet training (FairNAS, Chu et al. 2021): every candidate of every block is
 trained once a step, on the same batch.
 
-Why: a supernet is worth its cost only if the weights it leaves rank layouts as retraining does. Trained
-``gumbel`` (every candidate run and summed by a sample of softmax(alpha)) or ``sampled`` (candidates drawn from
-softmax(alpha)),
-the candidates the logits favour early get more and larger updates, their inherited perplexity improves because
-they were trained more, the logits favour them further: the ranking measures training received, not quality. In
-PLANER's space such a supernet ranked layouts at chance (docs/results.md). Strict fairness
-removes that bias: a step runs ``K`` sub-steps (``K`` the number of candidates), each picking one candidate per
-block, the picks of each block a random permutation of its candidates (:func:`fair_picks`), so that each
-candidate runs exactly once; the sub-steps see the same batch and the same starting memory, their losses are
-averaged and the weights take one optimiser step on the accumulated gradients. Every candidate then gets one
-update from the same data each step, whatever the logits say. A step costs ``K`` single-path forwards and
-backwards, about what a ``gumbel`` step of ``K`` candidates costs, and holds as many activations.
+Why: a supernet is worth its cost only if the weights it leaves rank layouts as retraining does. Trained ``gumbel``
+or ``sampled``, the candidates the logits favour early get more and larger updates, their inherited perplexity
+improves because they were trained more, and the logits favour them further: the ranking measures training
+received, not quality (in PLANER's space such a supernet ranked layouts at chance, docs/results.md). Here a step
+runs ``K`` sub-steps (``K`` candidates), each picking one candidate per block, each block's picks a random
+permutation of its candidates (:func:`fair_picks`); the sub-steps see the same batch and starting memory, their
+losses are averaged and the weights take one optimiser step. A step costs ``K`` single-path forwards and backwards,
+about what a ``gumbel`` step costs, and holds as many activations.
 
-What the logits learn from: each candidate's own sub-step loss. Block b's logits descend
-``sum_k softmax(alpha_b)[k] x (L_(b,k) - mean L)``, with ``L_(b,k)`` the loss of the sub-step that ran candidate
-``k`` in block b (the other blocks picked uniformly): the expected loss under the block's distribution of what
-was measured, which moves the probability towards the candidates whose loss was lower (:func:`fair_surrogate`).
-The picks are not drawn from softmax(alpha), so no score-function estimator is needed, and no Gumbel sample is
-drawn: tau is not read.
+What the logits learn from: block b's logits descend ``sum_k softmax(alpha_b)[k] x (L_(b,k) - mean L)``, with
+``L_(b,k)`` the loss of the sub-step that ran candidate ``k`` in block b: the expected measured loss under the
+block's distribution (:func:`fair_surrogate`). The picks are not drawn from softmax(alpha), so no score-function
+estimator is needed, and no Gumbel sample is drawn: tau is not read.
 
-The training stream's bookkeeping (its memory, data position and micro-batch count) advances once a step, through
-the last sub-step, which runs the task's own ``train_nll``: the memory carried to the next segment is that
-sub-step's. The picks and each sub-step's dropout are seeded by the step (:meth:`seed_for_step`), so a resumed
-search draws the same.
-
-Stacked (``train.compile``): the ``K`` sub-steps run as one forward of ``K`` copies of the batch stacked on its
-axis, from the same memory, each block's candidate ``k`` on the copy its permutation gives it
-(:class:`RoutedMixedLayer`'s ``routes``, set in place every step): the same sub-steps, losses and gradients, but
-one static graph that ``torch.compile`` captures, where ``K`` forwards of other candidates each step would need a
-graph per permutation. The copies' dropout (and any draw of a block's own, LSH's rotations) comes from one seed,
-so the draws are not the sub-steps' (the compiled graphs draw their own numbers anyway); without them the two
-compute the same, to rounding, each copy's loss carrying what its candidates' keepers left (pondering, a
-mixture's balance). One exception: a compressive block's reconstruction loss, which its memory update computes
-whichever candidate runs, is computed once, on the copy carried on, where each sub-step computed its own.
+The training stream's bookkeeping (memory, data position, micro-batch count) advances once a step, through the last
+sub-step, the task's own ``train_nll``; the picks and dropout are seeded by the step, so a resumed search draws the
+same. Stacked (``train.compile``), the sub-steps run as one forward of ``K`` copies of the batch, each block's
+candidate ``k`` on the copy its permutation gives it (:class:`RoutedMixedLayer`'s ``routes``): one static graph to
+compile, where ``K`` forwards would need a graph per permutation. The two compute the same, to rounding, but for the
+copies' random draws (one seed) and a compressive block's reconstruction loss (computed once, on the copy carried on).
 """
 
 from __future__ import annotations
@@ -80,11 +66,6 @@ def fair_surrogate(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[
     return (probs.to(measured) * measured).sum()
 
 
-def _set_picks(layers: Sequence[RoutedMixedLayer], row: Sequence[int]) -> None:
-    for layer, pick in zip(layers, row, strict=True):
-        layer.pick = pick
-
-
 def merged_block_metrics(sub_steps: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
     """The model's ``block_metrics`` of a step's sub-steps as one forward of every candidate would report them:
     each block's own (``act/steps/block_3``), from the sub-step that ran the candidate reporting it, and each
@@ -124,10 +105,8 @@ def stacked_nll(copies: int) -> Callable[..., tuple[Tensor, Any]]:
 
 def copies_aux_loss(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]], zero: Tensor
                     ) -> Tensor | float:
-    """Each copy's auxiliary loss after a stacked forward: what the blocks it ran left (a compressive memory's
-    reconstruction, a mixture's balance, pondering), as its sub-step's own would be, so the logits see each
-    candidate's; ``zero`` (a 0-d tensor where the losses are) where nothing was left. (K,), or 0.0 where no
-    candidate keeps anything (PAR's kinds: nothing is added to the step)."""
+    """Each copy's auxiliary loss after a stacked forward (what the blocks it ran left, as its sub-step's own would
+    be), ``zero`` where nothing was left: (K,), or 0.0 where no candidate keeps anything (PAR's kinds)."""
     if not any(keepers for layer in layers for keepers in layer.candidate_keepers):
         return 0.0
     left = [[[m.aux_loss for m in keepers if m.aux_loss is not None] for keepers in layer.candidate_keepers]
@@ -146,11 +125,9 @@ def set_routes(layers: Sequence[RoutedMixedLayer], picks: Sequence[Sequence[int]
 
 def fair_loss(layers: Sequence[RoutedMixedLayer], task: Any, batch: Sequence[Any], learns: bool,
               stacked: bool = False) -> tuple[Tensor, Tensor | float]:
-    """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses (each candidate of
-    each block run once, same batch, same starting memory), whose one backward accumulates every sub-step's
-    gradient, and the logits' surrogate (0.0 unless ``learns``). The picks are cleared on return; the model's
-    ``block_metrics`` are those of every sub-step (:func:`merged_block_metrics`). ``stacked``: the sub-steps as
-    one forward (see module docstring)."""
+    """One strict-fair step of the training stream: the mean of the ``K`` sub-steps' losses, whose one backward
+    accumulates every sub-step's gradient, and the logits' surrogate (0.0 unless ``learns``); ``stacked``: the
+    sub-steps as one forward. The picks are cleared on return; ``block_metrics`` are every sub-step's."""
     if not layers:
         return task.train_nll(batch).mean() + task.aux_loss(), 0.0
     n_candidates = len(layers[0].names)
@@ -171,7 +148,8 @@ def fair_loss(layers: Sequence[RoutedMixedLayer], task: Any, batch: Sequence[Any
     losses, metrics = [], []
     try:
         for j, row in enumerate(picks):
-            _set_picks(layers, row)
+            for layer, pick in zip(layers, row, strict=True):
+                layer.pick = pick
             if j < len(picks) - 1:
                 nll, _ = task.side_stream_nll(batch, start, FAIR_SEED_OFFSET + 1 + j)
             else:  # the task's own step: bookkeeping and the memory carried on

@@ -1,24 +1,17 @@
 """The final pick of a supernet search: short retrains that check the supernet's choice against the one-line
-alternative, taking blocks off Transformer-XL (settings: :class:`parnas.pick_config.SelectConfig`).
+alternative, taking blocks off Transformer-XL (settings: :class:`parnas.pick_config.SelectConfig`; how it judges and
+why: docs/reference.md, "The final pick").
 
-Entrants: the ``select.k`` layouts the supernet prefers within the selection budget (the layout it exports
-when that fits, then the most probable networks under softmax(alpha) that fit), and the guard: the deepest
-depth-scaled Transformer-XL (attention and dense pairs, the blocks taken off left as identity blocks, which a fixed
-model skips, so it is exactly the shallower network) whose cost, priced as the budget is, is within it. Layouts
-that are one network (identity blocks elsewhere) enter once. Each is trained from scratch as a fixed model (the
-same class, seed and data as ``parnas retrain``) by successive halving: every round trains the survivors to the
-round's steps, continuing from their checkpoints, and the better half goes on; the last round's best is exported.
-The guard goes on to the last round whatever its rank: it is the alternative a user already has, and an early
-round is a poor judge of it (a shallow network trails early in a schedule it wins at the end). One of the
-supernet's layouts that beats the guard in the last round is exported only if it also does on the mean over
-``select.confirm_seeds`` further seeds, on which both retrain from scratch: one seed is a noisy judge. An
-entrant whose training diverges is out.
+Entrants: the ``select.k`` layouts the supernet prefers within the selection budget, and the guard, the deepest
+depth-scaled Transformer-XL within it (its blocks taken off as identity blocks, which a fixed model skips); layouts
+that are one network enter once. Successive halving trains them from scratch as fixed models; the guard reaches the
+last round whatever its rank, and a supernet layout that beats it there is exported only if it also does over
+``select.confirm_seeds`` further seeds. An entrant whose training diverges is out.
 
-Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one folder per entrant, a training run
-(``metrics.json``, of the validation split only, all of it in the last round, ``checkpoints/``) with
-``rounds.json`` (its perplexity at the end of each round), and ``<LAYOUT>-seed<N>`` for a confirming seed. A
-search resumed with ``--resume`` goes on where the pick stopped: finished rounds are read back, an interrupted one
-continues from its checkpoint. Inside an nnictl trial the run folder is the trial's, and the same code runs.
+Everything goes under ``<run>/select/``: ``plan.json`` (the entrants) and one training run per entrant with
+``rounds.json`` (its perplexity at the end of each round), and ``<LAYOUT>-seed<N>`` for a confirming seed. A resumed
+search goes on where the pick stopped: finished rounds are read back, an interrupted one continues from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -213,12 +206,6 @@ def pick_rounds(cfg: Config) -> tuple[int, ...]:
     return par_settings(cfg.search).select.rounds(cfg.train.max_steps)
 
 
-def _plan(cfg: Config, entered: Sequence[Mapping[str, Any]], step: int) -> dict[str, Any]:
-    return {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
-            "supernet_steps": step, "early_valid_fraction": EARLY_VALID_FRACTION,
-            "confirm_seeds": par_settings(cfg.search).select.confirm_seeds}
-
-
 def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result: Evaluated,
                run_dir: Path) -> tuple[Evaluated, dict[str, Any] | None]:
     """The layout to export, and the record of the pick (None when ``select.steps`` is empty, or a
@@ -236,7 +223,9 @@ def final_pick(search: FinishedSearch, cfg: Config, tokenizer: Tokenizer, result
     budget, source = selection_budget(cfg, search.costs, result.kinds)
     entered = entrants(cfg, search.costs, result, budget)
     folder = run_dir / SELECT_DIR
-    plan = _plan(cfg, entered, search.trainer.global_step)
+    plan = {"entrants": [e["architecture"] for e in entered], "steps": list(pick_rounds(cfg)), "seed": cfg.train.seed,
+            "supernet_steps": search.trainer.global_step, "early_valid_fraction": EARLY_VALID_FRACTION,
+            "confirm_seeds": select.confirm_seeds}  # what the pick's folder was made for
     plan_file = folder / "plan.json"
     if plan_file.is_file() and json.loads(plan_file.read_text()) != plan:
         remove_own_runs(folder)  # another supernet's pick: nothing of it applies
@@ -283,10 +272,8 @@ def _finite(ppl: float | None) -> float:
 
 def _confirmed(cfg: Config, winner: dict[str, Any], guard: dict[str, Any], folder: Path, tokenizer: Tokenizer,
                splits: Mapping[str, Any]) -> dict[str, Any]:
-    """``winner`` (a supernet's layout that beat the guard in the last round) or the guard, whichever has the lower
-    mean perplexity over the last round and ``select.confirm_seeds`` further seeds, each a retrain from
-    scratch to the last round's steps in ``<layout>-seed<N>``; the guard on a tie. Both keep their further seeds'
-    perplexities under ``confirm_val_ppl``."""
+    """``winner`` (a supernet's layout that beat the guard in the last round) or the guard (on a tie), whichever has
+    the lower mean over the last round and ``select.confirm_seeds`` further seeds (kept under ``confirm_val_ppl``)."""
     last = len(pick_rounds(cfg)) - 1
     for j in range(1, par_settings(cfg.search).select.confirm_seeds + 1):
         seeded = replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + j))
@@ -345,8 +332,7 @@ def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, An
         verdict = "search"
         out = f" after {steps[len(guard['val_ppl']) - 1]} steps" if guard["val_ppl"] else ""
         line = (f"final pick: {winner['architecture']} (val ppl {_ppl(winner['val_ppl'])} after {at}); "
-                f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm
-                                                                                            else ""))
+                f"{guard_name(guard['kinds'])}: {_ppl(guard['val_ppl'])}{out}" + (f"; {confirm}" if confirm else ""))
     return {"k": par_settings(cfg.search).select.k, "steps": list(steps), "budget": round(budget, 4),
             "budget_from": source,
             "val_ppl_is": "trained from scratch (train.seed) to each round's steps; the last round on the whole "

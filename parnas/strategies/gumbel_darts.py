@@ -1,36 +1,26 @@
 """PAR's Gumbel-DARTS: an NNI one-shot strategy with per-step tau annealing.
 
-Layering follows NNI's one-shot code: :class:`PARGumbelDARTS` (the strategy)
-mutates the space's ``LayerChoice``s into ``DifferentiableMixedLayer``s (:class:`RoutedMixedLayer`) with a
-:class:`GumbelSoftmax`, and wraps the task in :class:`PARDartsModule` (the
-Lightning module holding the search loop). What differs from NNI's GumbelDARTS,
-and why:
+Layered as NNI's one-shot code is: :class:`PARGumbelDARTS` (the strategy) mutates the space's ``LayerChoice``s into
+``DifferentiableMixedLayer``s (:class:`RoutedMixedLayer`) with a :class:`GumbelSoftmax`, and wraps the task in
+:class:`PARDartsModule` (the Lightning module holding the search loop). What differs from NNI's GumbelDARTS, and why:
 
-- tau falls exponentially every optimiser step, not per epoch, and weights and logits step
-  from one batch (the original TensorFlow PAR Transformer-XL's procedure): with the default ``forward: gumbel``
-  every candidate runs, weighted by the block's Gumbel-softmax sample at tau, and the loss's gradient reaches the
-  logits through that sample;
-- ``forward: fair`` trains every candidate once a step on its own path (:mod:`parnas.strategies.fair`), and
-  ``forward: sampled`` one sampled candidate per block, the logits learning by REINFORCE
-  (:mod:`parnas.strategies.sampled`): neither draws a Gumbel sample;
+- tau falls exponentially every optimiser step, not per epoch, and weights and logits step from one batch (the
+  original TensorFlow PAR Transformer-XL's procedure); ``forward: fair`` (:mod:`parnas.strategies.fair`) and
+  ``forward: sampled`` (:mod:`parnas.strategies.sampled`) draw no Gumbel sample;
 - cost is predicted step time relative to Transformer-XL's (:class:`CostModel`). A ``latency_budget`` is a
   constraint: a hinge on the excess over the budget of the *exported* architecture's cost, differentiated through
   the expected cost under softmax(alpha), weighted by a multiplier found by dual ascent or fixed by
-  ``penalty_weight``. Without a budget, a
-  ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees the probabilities as Python floats, so
-  it has no gradient to the logits);
-- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop and forwards no
-  ``validation_step``) twice: the supernet with the Gumbel noise off (softmax of the logits), and the exported
-  argmax architecture with the supernet's weights; the gap between the two is the discretisation gap. Before the
-  last step both read :data:`~parnas.pick_config.EARLY_VALID_FRACTION` of the validation split (the first part of
-  every evaluation stream, as the final pick's early rounds read it): those evaluations only show progress. The
-  one at the last step, which the final pick, the divergence check and the export read, reads all of it.
-  Probabilities logged are softmax(alpha) (NNI's ``export_probs()`` under GumbelDARTS passes the logits through
-  the Gumbel softmax, so its values change from call to call);
-- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``, whose order changes between
-  processes, so a resumed optimiser would restore its moments onto the wrong logits), and under DDP their
-  gradients are averaged over ranks, so every rank holds the same architecture (NNI's DARTS lets ranks drift
-  apart).
+  ``penalty_weight``. Without a budget, ``penalty_weight`` is lambda x the expected cost (NNI's ``penalty`` sees
+  the probabilities as Python floats, so it has no gradient to the logits);
+- evaluation runs every ``train.eval_every`` steps (NNI's DARTS runs no validation loop) twice: the supernet with
+  the Gumbel noise off, and the exported argmax architecture with the supernet's weights (their gap: the
+  discretisation gap); before the last step both read :data:`~parnas.pick_config.EARLY_VALID_FRACTION` of the
+  validation split (they only show progress), the last one all of it. Probabilities logged are softmax(alpha)
+  (NNI's ``export_probs()`` under GumbelDARTS passes the logits through the Gumbel softmax: its values change from
+  call to call);
+- the logits are ordered by block (NNI's ``arch_parameters()`` is a ``set``, whose order changes between processes,
+  so a resumed optimiser would restore its moments onto the wrong logits), and under DDP their gradients are
+  averaged over ranks, so every rank holds the same architecture (NNI's DARTS lets ranks drift apart).
 """
 
 from __future__ import annotations
@@ -94,14 +84,12 @@ class PARDartsModule(DartsLightningModule):
         return self._choice_cache
 
     def arch_parameters(self) -> list[torch.nn.Parameter]:
-        """The logits in block order. NNI's is ``list(set(...))``, whose order changes between processes,
-        so a resumed architecture optimiser would load its moments onto the wrong logits."""
+        """The logits in block order (NNI's is ``list(set(...))``: see module docstring)."""
         return [m._arch_alpha for m in self.choices()]
 
     def probabilities(self) -> dict[str, dict[str, float]]:
         """softmax(alpha) per block: what the search believes, without Gumbel noise."""
-        return {str(m.label): dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist()))
-                for m in self.choices()}
+        return {str(m.label): dict(zip(m.names, m._arch_alpha.detach().softmax(-1).tolist())) for m in self.choices()}
 
     def argmax(self) -> list[str]:
         """Each block's most probable kind, read back in one copy (for history and export, not every step)."""
@@ -110,9 +98,8 @@ class PARDartsModule(DartsLightningModule):
         return [m.names[i] for m, i in zip(choices, best)]
 
     def block_costs(self, device: torch.device) -> Tensor:
-        """Each block's candidates' costs, float64, copied to ``device`` once: the budget and the penalty read
-        them every step, and a table made from Python numbers in the step is an upload, which on a GPU waits
-        for the stream. (n_blocks, n_kinds)"""
+        """Each block's candidates' costs, float64, copied to ``device`` once: the budget and the penalty read them
+        every step, and an upload in the step waits for the GPU's stream. (n_blocks, n_kinds)"""
         if self._cost_table is None or self._cost_table.device != device:
             self._cost_table = torch.tensor([[self.costs.per_kind[k] for k in m.names] for m in self.choices()],
                                             dtype=torch.float64).to(device)
@@ -145,8 +132,7 @@ class PARDartsModule(DartsLightningModule):
         return (kinds, False) if fitted is None else (fitted, True)
 
     def expected_ratio(self) -> Tensor:
-        """Expected cost relative to Transformer-XL's under softmax(alpha): differentiable in alpha, computed
-        where the logits are. ()"""
+        """Expected cost ratio to Transformer-XL's under softmax(alpha), differentiable, where the logits are. ()"""
         alphas = torch.stack([m._arch_alpha for m in self.choices()])  # (n_blocks, n_kinds)
         costs = self.block_costs(alphas.device).to(alphas.dtype)
         return (self.costs.constant + (alphas.softmax(-1) * costs).sum()) / self.costs.reference
@@ -161,11 +147,9 @@ class PARDartsModule(DartsLightningModule):
         return self._softmax_cache
 
     def _step_loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | float]:
-        """The training batch's loss, and what the logits learn from besides the penalty. ``gumbel``: every
-        candidate runs, mixed by the Gumbel sample, and the loss's own gradient reaches the logits (0 here).
-        ``fair``: every candidate once on the same batch (:mod:`parnas.strategies.fair`). ``sampled``: one
-        candidate a block, drawn from softmax(alpha) (seeded by the step, as dropout is, so a resumed search draws
-        the same), and the REINFORCE surrogate of :mod:`parnas.strategies.sampled`."""
+        """The training batch's loss, and what the logits learn from besides the penalty: nothing more under ``gumbel``
+        (the loss's own gradient reaches them), the forward's surrogate under ``fair`` and ``sampled`` (their picks
+        seeded by the step, as dropout is, so a resumed search draws the same)."""
         task = self.training_module
         if self.par.forward == "fair":
             stacked = task.train_cfg.compile != "none"  # one static graph to compile
@@ -179,12 +163,9 @@ class PARDartsModule(DartsLightningModule):
         return task.train_nll(batch).mean() + task.aux_loss(), 0.0  # aux: the compressive memory's (task.py)
 
     def _penalty(self) -> Tensor | float:
-        """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget).
-
-        The hinged cost is the exported (argmax) architecture's, straight-through: its value is the argmax's
-        excess and its gradient that of the expected cost under softmax(alpha), so it pushes exactly while what
-        would be exported is over budget. lambda is ``penalty_weight`` when set, else it grows by dual
-        ascent while the hinged cost is over the budget and decays when under."""
+        """Fixed lambda x expected cost ratio; or, with a budget, lambda x max(0, cost - budget), the cost the exported
+        architecture's, straight-through (the argmax's value, the expected cost's gradient), so it pushes exactly while
+        what would be exported is over budget; lambda is ``penalty_weight`` when set, else found by dual ascent."""
         if self.costs is None or (not self.par.penalty_weight and self.par.latency_budget is None):
             return 0.0
         expected = self.expected_ratio()
@@ -229,7 +210,6 @@ class PARDartsModule(DartsLightningModule):
         if arch_moves:
             self._sync_arch_gradients()
             arch_optimizer.optimizer.step()  # the raw optimizer: only weight steps count as global steps
-        if arch_moves:
             self._dual_step()
         clear_picks(self.choices())
         self.advance_lr_schedulers(batch_idx)
@@ -333,10 +313,8 @@ class PARDartsModule(DartsLightningModule):
 
 
 class PARGumbelDARTS(GumbelDARTS):
-    """NNI strategy: ``NasExperiment(PARTransformerXLSpace(...), evaluator, PARGumbelDARTS(...)).run()``.
-
-    The evaluator is NNI's ``Lightning`` around a :class:`LanguageModelTask`; its validation data is what
-    perplexity is measured on. ``par``: PAR's settings, as the search read them (passed down, never re-read)."""
+    """NNI strategy: ``NasExperiment(PARTransformerXLSpace(...), evaluator, PARGumbelDARTS(...)).run()``, the evaluator
+    NNI's ``Lightning`` around a :class:`LanguageModelTask`. ``par``: PAR's settings as the search read them."""
 
     def __init__(self, search: SearchConfig, par: PARSettings, *, max_steps: int,
                  gradient_clip_val: float | None = None, costs: CostModel | None = None,

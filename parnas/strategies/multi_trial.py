@@ -1,15 +1,11 @@
-"""NNI's multi-trial NAS on the PAR space: each trial trains one fixed architecture in its own process.
+"""NNI's multi-trial NAS on the PAR space (:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`' multi-trial ones,
+through ``NasExperiment`` on the local training service): each trial trains one fixed architecture in its own process,
+one trial at a time.
 
-NNI pickles the evaluator into every trial and refuses a payload over 64 KB. parnas's evaluator therefore
-carries settings, not data: :class:`CorpusData` is a data module described by its data config alone (traced
-with ``nni.trace``) that reads the corpus inside the trial, :class:`TrialTask` is the language-modelling task
-that reports to NNI (validation perplexity at every evaluation; at the end ``default``, the architecture
-and its predicted cost ratio from block costs priced once, before the trials), and the trainer is NNI's
-traced ``Trainer`` with plain arguments. :func:`evaluator` builds it; :func:`serialized_size` measures it.
-
-Strategies: NNI 3.0's multi-trial ones in :data:`parnas.strategies.nni_specs.NNI_STRATEGIES` (``Random``,
-``RegularizedEvolution``, ``TPE``, its hyper-parameter tuner driving the architecture choices, and ``GridSearch``),
-through ``NasExperiment`` on the local training service, one trial at a time.
+NNI pickles the evaluator into every trial and refuses a payload over 64 KB, so :func:`evaluator` carries settings,
+not data: :class:`CorpusData` is a data module described by its data config alone (traced with ``nni.trace``) that
+reads the corpus inside the trial, :class:`TrialTask` is the language-modelling task that reports to NNI, and the
+trainer is NNI's traced ``Trainer`` with plain arguments.
 """
 
 from __future__ import annotations
@@ -68,11 +64,9 @@ class CorpusData(pl.LightningDataModule):
 
 
 class TrialTask(LanguageModelTask):
-    """:class:`LanguageModelTask` that reports to NNI: val ppl at each evaluation, and at the end a dict whose
-    ``default`` NNI ranks by, with the architecture and its predicted cost ratio (``costs``: block costs and
-    the constant part of the run's latency table or FLOPs, Transformer-XL's total as ``reference``).
-    NNI 3.0's multi-trial strategies take the largest metric as the best (evolution's parents, the exported
-    top models), so ``default`` is minus the validation perplexity, and ``val_ppl`` is beside it."""
+    """:class:`LanguageModelTask` that reports to NNI: val ppl at each evaluation, and at the end the architecture and
+    its predicted cost ratio (``costs``: the run's ``per_kind``, ``constant`` and ``reference``) beside ``default``,
+    minus the validation perplexity, since NNI 3.0's multi-trial strategies take the largest metric as the best."""
 
     def __init__(self, train: Mapping[str, Any], costs: Mapping[str, Any]) -> None:
         super().__init__(from_dict(TrainConfig, train, "train."))
@@ -108,25 +102,16 @@ def evaluator(cfg: Config, costs: Mapping[str, Any]) -> Lightning:
     return Lightning(TrialTask(asdict(t), costs), trainer, datamodule=CorpusData(asdict(cfg.data)))
 
 
-def serialized_size(evaluator: Lightning) -> int:
-    """Bytes of ``evaluator`` as NNI serialises it into each trial (its limit is 64 KB)."""
-    return len(nni.dump(evaluator, pickle_size_limit=10**9).encode())
-
-
 ENDED = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
 
 
 def run_until_trials_end(experiment: Any, port: int, trials: int, *, poll_s: float = 2.0, settle_s: float = 30.0,
                          stall_s: float = 180.0) -> str | None:
-    """Run ``experiment`` until NNI's loop ends or its trial table says the search is over; returns why it was
-    cut short, or None when NNI ended by itself.
-
-    NNI 3.0's multi-trial loop can wait forever after its trials (microsoft/nni#5202, #5415, #5493): its
-    strategy waits for the manager to hand back a free worker or to turn DONE, and either message can be
-    lost. So NNI's ``run`` goes to a daemon thread, and this thread reads the manager's trial table every
-    ``poll_s``: when ``trials`` trials have ended and the table has not changed for ``settle_s``, or none is
-    running or waiting and none changed for ``stall_s``, the search is over whatever NNI's loop is doing.
-    Errors of NNI's loop are raised here."""
+    """Run ``experiment`` until NNI's loop ends or its trial table says the search is over; returns why it was cut
+    short, or None when NNI ended by itself. NNI 3.0's multi-trial loop can wait forever after its trials
+    (microsoft/nni#5202, #5415, #5493: a lost message), so NNI's ``run`` goes to a daemon thread and this one reads
+    the trial table every ``poll_s``: ``trials`` ended and no change for ``settle_s``, or none active and no change
+    for ``stall_s``, ends the search. Errors of NNI's loop are raised here."""
     failure: list[BaseException] = []
 
     def drive() -> None:
@@ -165,13 +150,10 @@ def run_until_trials_end(experiment: Any, port: int, trials: int, *, poll_s: flo
 def commands_read_as_plain_json() -> Iterator[None]:
     """While NNI's experiment runs in this process, its tuner channel parses the commands it receives as plain JSON.
 
-    NNI 3.0 parses each of them with ``nni.load``, that is json_tricks with comment stripping on, and the stripper
-    misreads where strings end inside doubly escaped JSON. A trial-end command carries the trial's parameters as a
-    JSON string inside the command's JSON string, and their base64 pickles (the search space's config, the
-    evaluator) hold ``//`` now and then, depending on their bytes; from there on the command is stripped as a
-    comment, fails to parse ("Unterminated string"), NNI drops the connection and its loop starts no more trials.
-    NNI writes no comments, so nothing is lost by reading its commands as they are. Where the module parses them
-    is swapped for the experiment's lifetime and restored after."""
+    NNI 3.0 parses them with ``nni.load``, json_tricks with comment stripping on, which misreads where strings end in
+    doubly escaped JSON: a trial-end command's parameters (base64 pickles) hold ``//`` now and then, the rest is
+    stripped as a comment, fails to parse, NNI drops the connection and its loop starts no more trials. NNI writes no
+    comments, so nothing is lost; the parser is swapped for the experiment's lifetime and restored after."""
     from nni.runtime.command_channel.websocket import connection
 
     original = connection.nni
@@ -198,12 +180,10 @@ def stop_within(experiment: Any, timeout_s: float = 60.0) -> None:
 
 def run_multi_trial(cfg: Config, *, resume: bool = False, trials: int | None = None,
                     port: int | None = None) -> dict[str, Any]:
-    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` (``search.trials``) trials,
-    one at a time, each training one sampled fixed model from scratch for ``train.max_steps``; returns the best
-    one's record. NNI's experiment cannot resume (the registry's check refuses ``resume``).
-
-    NNI's manager listens on 127.0.0.1 only, at ``port`` (a free one if None). A port in use, or NNI failing to
-    create or run its experiment, is one line naming the port, and the run directory is left as it was found."""
+    """``parnas search --strategy random|regularized-evolution|tpe|grid``: ``trials`` (``search.trials``) trials, one
+    at a time, each training one sampled fixed model from scratch; returns the best one's record. NNI's manager
+    listens on 127.0.0.1 only, at ``port`` (a free one if None); a port in use, or NNI failing to create or run its
+    experiment, is one line naming the port, and the run directory is left as it was found."""
     import atexit
     import socket
 

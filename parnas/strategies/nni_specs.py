@@ -1,8 +1,6 @@
-"""NNI's own strategies as parnas runs them on the PAR space: one list, :data:`NNI_STRATEGIES` (NNI's class, its
-fixed arguments, whether it learns logits), which the built-in records
-(:mod:`parnas.strategies.builtin`), the dispatch (:mod:`parnas.strategies.nni_strategies`,
-:mod:`parnas.strategies.multi_trial`), the CLI, the docs and the tests read; and the check that refuses what they
-cannot do. Imports no torch: a config is checked before it loads.
+"""NNI's own strategies as parnas runs them on the PAR space: one list, :data:`NNI_STRATEGIES`, which the built-in
+records, the dispatch, the CLI, the docs and the tests read; and the check that refuses what they cannot do. Imports
+no torch: a config is checked before it loads.
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class NNIStrategy:
-    """One of NNI's own strategies as parnas runs it on the PAR space: ``nni_class`` (in ``nni.nas.strategy``)
-    built with the fixed ``arguments``; where ``logits``, also with the run's ``search.arch_lr``, ``train.clip``
-    and ``search.log_every`` (the strategy learns architecture logits). NNI's strategies have no settings of
-    their own here."""
+    """One of NNI's own strategies as parnas runs it: ``nni_class`` (in ``nni.nas.strategy``) built with the fixed
+    ``arguments`` and, where it learns ``logits``, with ``search.arch_lr``, ``train.clip`` and ``search.log_every``."""
 
     name: str
     family: str

@@ -1,19 +1,11 @@
-"""NNI's own strategies on the PAR space, behind ``parnas search --strategy NAME``.
+"""NNI 3.0's one-shot strategies on the PAR space, behind ``parnas search --strategy NAME`` (the list:
+:data:`parnas.strategies.nni_specs.NNI_STRATEGIES`): run on the same space, task and data through ``NasExperiment`` as
+an NNI user would, they give the baselines a study needs to tell what PAR's own strategy buys.
 
-``par-gumbel-darts`` (the default) is parnas's search (:mod:`parnas.strategies.search`): per-step tau annealing,
-a latency penalty or budget, exact resume. The others are NNI 3.0's one-shot strategies, run on the same
-space, task and data through ``NasExperiment`` as an NNI user would: ``darts`` and ``gumbel-darts``
-(differentiable, the logits stepped on the validation stream), ``proxyless`` (sampled binary gates) and
-``random-oneshot`` (uniform path sampling, no logits). They give the baselines a study needs to tell what
-PAR's own strategy buys.
-
-Every strategy ends alike: ``architecture.json`` (the exported layout; its validation perplexity with the
-supernet's weights, each block running only its chosen candidate, no retraining; the supernet's own where
-NNI's loop measured one; its predicted cost on the run's latency table), TensorBoard's scalars, and for the
-strategies that learn logits (darts, gumbel-darts, proxyless) ``history.jsonl`` and its pictures
-(:class:`LogitsHistory`). NNI's
-mixed layers keep each candidate as a submodule named by its kind, so the exported fixed model takes the
-supernet's weights by dropping that name (:func:`fixed_weights`), whatever the strategy.
+Every strategy ends alike: ``architecture.json`` (the exported layout, its perplexity with the supernet's weights,
+the supernet's own, its predicted cost), TensorBoard's scalars and, for those that learn logits, ``history.jsonl``
+and its pictures (:class:`LogitsHistory`). The exported fixed model takes the supernet's weights by dropping the
+candidate's name from NNI's mixed layer's keys (:func:`fixed_weights`), whatever the strategy.
 """
 
 from __future__ import annotations
@@ -46,10 +38,8 @@ def nni_strategy_object(cfg: Config) -> Any:
 
 
 class LogitsHistory:
-    """A Lightning callback writing ``history.jsonl`` as PAR's search does, for NNI's strategies that learn logits
-    (darts, gumbel-darts, proxyless): every ``every`` optimiser steps and at the end, softmax(alpha) of each
-    block's mixed layer and the Gumbel temperature (1 for a plain softmax). ``parnas plot`` and the pictures
-    read it."""
+    """A Lightning callback writing ``history.jsonl`` as PAR's search does, for NNI's strategies that learn logits:
+    every ``every`` optimiser steps and at the end, each block's softmax(alpha) and tau (1 for a plain softmax)."""
 
     def __init__(self, path: Path, every: int) -> None:
         import pytorch_lightning as pl

@@ -38,20 +38,15 @@ def trial_parameters() -> dict[str, Any]:
 def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
                selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """What NNI's web UI shows for a trial, at every evaluation (so its columns fill from the first) and at the end:
-    ``default`` is the exported architecture's own perplexity with the supernet's weights; beside it that
-    architecture (one letter per block) and its predicted train step relative to Transformer-XL's (the cost ratio
-    under ``search.penalty_cost=flops``). The final result adds, from the final pick's ``selection`` record, the
-    perplexity the export retrained to from scratch (``retrained_val_ppl``) and the guard's (``guard_val_ppl``), as
-    the pick judged them (:func:`parnas.report.experiment_summary.pick_ppl`),
-    named apart from the supernet-weight one. The web UI lists a dict's keys in this order (its trials table's
-    optional columns, and the charts' choices), and shows the numbers as they are: rounded as in architecture.json."""
+    ``default`` is the exported architecture's own perplexity with the supernet's weights; the final result adds the
+    final pick's retrained perplexities (``retrained_val_ppl``, ``guard_val_ppl``: :func:`pick_ppl`), named apart.
+    The web UI lists the keys in this order and shows the numbers as they are: rounded as in architecture.json."""
     ratio = latency["ratio"] if latency else result.cost_ratio
     picked = {}
     if selection:
         entrants = {e["architecture"]: e for e in selection["entrants"]}
         guard = selection.get("guard") or {}
-        picked = {"retrained_val_ppl": pick_ppl(entrants[selection["winner"]]),
-                  "guard": guard.get("architecture"),
+        picked = {"retrained_val_ppl": pick_ppl(entrants[selection["winner"]]), "guard": guard.get("architecture"),
                   "guard_val_ppl": pick_ppl(entrants.get(guard.get("architecture")) or guard),
                   "guard_won": selection["verdict"] == "guard"}
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,

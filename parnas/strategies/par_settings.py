@@ -1,9 +1,6 @@
-"""PAR's Gumbel-DARTS's own settings, ``search.par-gumbel-darts.<setting>`` in a config, checked before torch loads.
-
-The strategy registry names :class:`PARSettings` as ``par-gumbel-darts``'s settings; the search
-(:mod:`parnas.strategies.search`, :mod:`parnas.strategies.gumbel_darts`) reads them as ``cfg.search.settings``.
-Every value is concrete as given: nothing here is resolved later or written back. This module imports no torch,
-so a config is checked without loading it.
+"""PAR's Gumbel-DARTS's own settings, ``search.par-gumbel-darts.<setting>`` in a config (the search reads them as
+``cfg.search.settings``). Every value is concrete as given: nothing here is resolved later or written back. Imports no
+torch, so a config is checked without loading it.
 """
 
 from __future__ import annotations
@@ -32,21 +29,13 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class PARSettings:
-    """``forward``: what a training step runs in each block. ``gumbel`` (the default) is Gumbel-DARTS: every
-    candidate runs and their outputs are summed with the weights of a Gumbel-softmax sample of the block's logits
-    at temperature tau (a soft sample: every candidate weighted); the loss's gradient reaches the logits
-    through the sample, so logits and weights learn jointly from one batch, and as tau falls from ``tau_start`` to
-    ``tau_end`` (exponentially, every step, as the original TensorFlow PAR Transformer-XL's did) the samples, and
-    with them the probabilities, sharpen. ``fair`` (strict-fair training, :mod:`parnas.strategies.fair`) and
-    ``sampled`` (one candidate drawn a block, the logits learning by REINFORCE, :mod:`parnas.strategies.sampled`)
-    draw no Gumbel sample and read no tau; each runs in one process. The logits stay still for
-    ``arch_warmup_steps`` while the weights train.
-
-    The pipeline's own settings, read by no other strategy: ``latency_budget`` (e.g. 0.65, a fraction of
-    Transformer-XL's cost ``search.penalty_cost``) makes the cost a constraint the exported architecture must meet,
-    with a multiplier the search finds, or fixes at ``penalty_weight`` (PLANER's form); without a budget,
-    ``penalty_weight`` is a fixed weight on the expected cost itself. ``select``: the final pick after the supernet
-    (:class:`parnas.pick_config.SelectConfig`)."""
+    """The settings docs/reference.md's table of ``search.par-gumbel-darts`` describes. ``forward``: what a training
+    step runs in each block, ``gumbel`` (Gumbel-DARTS: every candidate, weighted by a Gumbel-softmax sample at tau,
+    falling from ``tau_start`` to ``tau_end``), ``fair`` (:mod:`parnas.strategies.fair`) or ``sampled``
+    (:mod:`parnas.strategies.sampled`), the last two drawing no sample, reading no tau, in one process. The pipeline's
+    own, read by no other strategy: ``latency_budget`` (a fraction of Transformer-XL's cost that the exported
+    architecture must meet, with a multiplier the search finds or ``penalty_weight`` fixes; without a budget
+    ``penalty_weight`` weighs the expected cost itself) and ``select``, the final pick after the supernet."""
 
     forward: str = GUMBEL
     tau_start: float = 1.0

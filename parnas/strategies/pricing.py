@@ -66,17 +66,11 @@ def check_latency_table(cfg: Config) -> list[str]:
 
 def cost_model(cfg: Config, vocab_size: int, device: torch.device, pinned: Path | None = None,
                warn: Callable[[str], None] | None = None) -> tuple[CostModel, dict[str, Any] | None]:
-    """Block costs for the candidates (and for Transformer-XL's kinds, the reference), with the latency
-    table's record when costs are measured (``source``: which table, for :func:`table_line`). ``pinned``: a
-    resumed search's own table, if it wrote one, so its costs do not change with tables timed since it started.
-    ``search.latency_table``: a table timed elsewhere (the target device), checked against this run's shapes;
-    nothing is timed then. ``warn``: where a table that could not be timed steadily is reported (stderr).
-
-    A search with neither a latency budget nor a penalty is priced (and its table timed) all the same: its prices
-    still decide and say things, the final pick admitting entrants within the exported layout's cost and choosing
-    its guard by it (:func:`parnas.strategies.final_pick.selection_budget`), and the cost ratio being what the
-    web UI's ``latency_ratio`` column, ``architecture.json``'s ``search.latency`` and ``pareto.png`` show.
-    ``search.penalty_cost=flops`` prices such a search without timing anything."""
+    """Block costs for the candidates and Transformer-XL's kinds (the reference), with the latency table's record when
+    costs are measured. ``pinned``: a resumed search's own table, so its costs do not change with tables timed since
+    it started; ``search.latency_table``: a table timed elsewhere, checked against this run's shapes (nothing timed);
+    ``warn``: where an unsteady timing is reported. A search with neither budget nor penalty is priced all the same:
+    the final pick's budget and guard, the web UI's ``latency_ratio`` and ``pareto.png`` read its prices."""
     kinds = cost_kinds(cfg)
     if cfg.search.penalty_cost == "flops":
         return flops_model(kinds, cfg.model, cfg.data.seg_len, cfg.data.batch_size), None
@@ -116,10 +110,8 @@ def table_line(latency: dict[str, Any]) -> str:
 
 def latency_summary(costs: CostModel, latency: dict[str, Any] | None, kinds: list[str],
                     budget: float | None) -> dict[str, Any] | None:
-    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json).
-
-    ``device`` is the device the costs were timed on (a given table's, which need not be this machine's);
-    ``table`` the file given as search.latency_table, if any."""
+    """The exported architecture's predicted latency against Transformer-XL's and the budget (architecture.json);
+    ``device``: where the costs were timed (a given table's, maybe not this machine)."""
     if latency is None:
         return None
     table, target = latency["table"], costs.target or "train"
@@ -150,10 +142,8 @@ def check_budget(cfg: Config, costs: CostModel) -> None:
 
 
 def dry_run_budget(cfg: Config) -> str | None:
-    """``--dry-run``'s check of PAR's ``latency_budget``, timing nothing: against the table the search would
-    price with (the one given as ``search.latency_table``, else this machine's cached one for these shapes), a
-    budget out of reach is refused as the search refuses it (:func:`check_budget`). Without such a table, one line
-    says the budget is checked once the search times it. None without a budget."""
+    """``--dry-run``'s check of PAR's ``latency_budget``, timing nothing: against the given or cached table the search
+    would price with, refused as the search refuses it (:func:`check_budget`); without one, a line saying so."""
     from parnas.training.dry_run import planned_vocabulary
 
     budget, given, target = latency_budget(cfg.search), cfg.search.latency_table, cfg.search.latency_target

@@ -1,23 +1,18 @@
 """``search.par-gumbel-darts.forward: sampled``: each training step runs one sampled candidate per block, and the
-logits learn from the loss that sample reached (REINFORCE with a moving-average baseline). The forwards a step may
-run, ``SEARCH_FORWARDS``, are PAR's settings' (:mod:`parnas.strategies.par_settings`, read before torch loads).
+logits learn from the loss that sample reached (REINFORCE with a moving-average baseline).
 
-A block of Gumbel-DARTS (``forward: gumbel``) runs every candidate and sums their outputs by the sample's weights, so a
-step of the supernet costs as much as every candidate of every block: about twice a Transformer-XL step when
-attention and dense are both candidates. Here each block draws one candidate from softmax(alpha) and runs only
-that one: the step costs one sampled architecture's. What the logits learn from is then the loss itself: the
-score-function gradient (L - b) d log p(picks) / d alpha, with b a moving average of the loss (ENAS's
-estimator), which lowers the odds of the picks of a step that did worse than usual, whichever they were.
+A Gumbel-DARTS step runs every candidate of every block: about twice a Transformer-XL step when attention and dense
+are both candidates. Here each block draws one candidate from softmax(alpha) and runs only that one, so the step
+costs one sampled architecture's, and the logits learn from the loss itself: the score-function gradient
+(L - b) d log p(picks) / d alpha, with b a moving average of the loss (ENAS's estimator).
 
-Why not a straight-through sample (GDAS: the pick's output times a weight that is 1 in value and has the relaxed
-sample's gradient)? That gradient is the loss's slope along the pick's own output, one candidate at a time: it
-cannot compare candidates, and here it never credits identity (whose change of the stream is zero) while the
-other kinds' slopes come out positive, so such a search drifts to all-identity, warm-up or not (docs/results.md).
+Why not a straight-through sample (GDAS)? Its gradient is the loss's slope along the pick's own output, one candidate
+at a time: it cannot compare candidates, and it never credits identity (whose change of the stream is zero) while the
+other kinds' slopes come out positive, so such a search drifts to all-identity (docs/results.md).
 
-NNI's ``DifferentiableMixedLayer`` has no such mode; :class:`RoutedMixedLayer` is it, with a pick set from
-outside for one forward (:func:`draw_picks`): drawn for all blocks at once, so that the host, which must know
-which candidate to run, reads the picks back in one copy a step. With no pick set, and in evaluation, it is
-NNI's layer: every candidate, mixed.
+:class:`RoutedMixedLayer` is NNI's ``DifferentiableMixedLayer`` with a pick set from outside for one forward
+(:func:`draw_picks`, all blocks at once, so the host reads the picks back in one copy a step); with no pick set, and
+in evaluation, it is NNI's layer: every candidate, mixed.
 """
 
 from __future__ import annotations
@@ -76,10 +71,8 @@ class RoutedMixedLayer(DifferentiableMixedLayer):
 
 
 def draw_picks(layers: Sequence[RoutedMixedLayer], seed: int) -> list[int]:
-    """Draw each layer's candidate from softmax(alpha) (Gumbel-max) for its next forward and return the picks,
-    read back in one copy (the host must know what to run: the one read-back this costs). From a generator
-    seeded with ``seed`` (a function of the step, so that a resumed search draws the same), not torch's. The
-    layers choose among as many candidates each (one search space's blocks do)."""
+    """Draw each layer's candidate from softmax(alpha) (Gumbel-max, a generator seeded with ``seed``, a function of
+    the step) for its next forward; returns the picks, read back in one copy (the host must know what to run)."""
     if not layers:
         return []
     alphas = torch.stack([layer._arch_alpha.detach() for layer in layers])  # (n_blocks, n_candidates)

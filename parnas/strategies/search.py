@@ -1,18 +1,11 @@
 """One search run: the PAR space, the task, the strategy, and what they leave behind.
 
-``run_search(cfg)`` is ``parnas search``. It drives :class:`PARGumbelDARTS` with
-NNI's public pieces (``mutate_model``, ``mutate_evaluator``, the evaluator's
-``evaluate``) rather than a ``NasExperiment``, which inside an nnictl trial
-would register a second experiment (with no web UI) beside nnictl's.
-
-The run directory (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial)
-gets ``architecture.json`` (:mod:`parnas.architecture`'s format, written atomically),
-``history.jsonl`` (step, tau, softmax(alpha) per block, val_ppl at
-evaluations), ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
-(:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder
-left as training left it, a run that ``--resume`` takes up (and says the same of). Beside this module: the folder's
-rules (:mod:`parnas.strategies.search_folder`), the cost model (:mod:`parnas.strategies.pricing`), the trial's glue
-(:mod:`parnas.strategies.nni_trial`) and the record (:mod:`parnas.strategies.search_record`).
+``run_search(cfg)`` is ``parnas search``. It drives :class:`PARGumbelDARTS` with NNI's public pieces (``mutate_model``,
+``mutate_evaluator``, the evaluator's ``evaluate``) rather than a ``NasExperiment``, which inside an nnictl trial
+would register a second experiment (with no web UI) beside nnictl's. The run directory gets ``architecture.json``,
+``history.jsonl``, ``tensorboard/`` and ``checkpoints/``. A search whose final evaluation diverged
+(:func:`search_divergence`) exports nothing: it ends with the line a diverged training run ends with, its folder left
+as training left it, for ``--resume`` to take up.
 """
 
 from __future__ import annotations
@@ -90,13 +83,9 @@ class SupernetSearch:
 def build_search(cfg: Config, splits: dict[str, np.ndarray], vocab_size: int, run_dir: Path, *,
                  ckpt: Path | None = None, on_evaluation: Callable[[Evaluated], None] | None = None,
                  meta: dict[str, Any] | None = None, costs: CostModel | None = None) -> SupernetSearch:
-    """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects.
-
-    ``meta`` (config, space, tokenizer) goes into every checkpoint, as for a fixed model. ``costs``: a cost
-    model to search with instead of the device's latency table (nothing is timed; the budget is checked
-    against it), for studying the search itself under known costs. PAR's settings are read here, once, and
-    passed down as they are (``forward`` included: a concrete value, never resolved again).
-    """
+    """Space, task, data, traced trainer and strategy, wired the way NNI's one-shot search expects. ``meta`` goes
+    into every checkpoint; ``costs``: a cost model to search with instead of the device's latency table (nothing is
+    timed). PAR's settings are read here, once, and passed down as they are."""
     supernet_of = strategy_registry.get(cfg.search.strategy).supernet_factory()  # the registry's flag
     if supernet_of is None:
         raise ParnasError(f"search.strategy={cfg.search.strategy} has no supernet for parnas's one-shot search: "
@@ -141,14 +130,9 @@ def final_evaluation(search: SupernetSearch) -> Evaluated:
 
 
 def run_search(cfg: Config, *, resume: bool | str | Path = False) -> dict[str, Any]:
-    """Search, export the argmax architecture, and return its record (empty on non-zero ranks).
-
-    The search holds its run directory (:func:`parnas.owned_folders.hold_run_dir`), and everything is checked (run
-    directory, checkpoint, corpus, tokenizer) before a file is touched; what the strategy refuses
-    (:func:`parnas.strategies.par_settings.check_par_search`, the registry's check) its callers refuse first,
-    at their top: ``parnas search`` and both studies. ``resume``: from ``last.ckpt``, or from the checkpoint it
-    names. The registry's ``par-gumbel-darts``: ``parnas search`` runs another
-    ``search.strategy`` with that strategy's own ``run`` (:mod:`parnas.strategy_registry`)."""
+    """Search, export the argmax architecture, and return its record (empty on non-zero ranks). The search holds its
+    run directory, and everything is checked before a file is touched (what the strategy refuses, its callers refuse
+    first, at their top). ``resume``: from ``last.ckpt``, or from the checkpoint it names."""
     with hold_run_dir(run_dir_of(cfg)):
         return _run_search(cfg, resume)
 
@@ -228,18 +212,15 @@ def search_divergence(result: Evaluated, vocab_size: int, step: int, lr: float,
 
 def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequence[str]],
                            progress: Callable[[int], None] | None = None, fraction: float = 1.0) -> dict[str, float]:
-    """Validation perplexity of each layout with the weights a finished search's supernet left (each block fixed
-    to the layout's kind, no retraining), keyed by layout string: what the search believed of each layout,
-    which a study ranks against the retrained perplexities. Layouts must have the supernet's ``n_blocks``.
-    ``progress(k)`` is called after the k-th layout (one validation pass each). ``fraction``: the share of the
-    validation split read, its first segments (at least one), memory carried as over the whole split."""
+    """Validation perplexity of each layout (of the supernet's ``n_blocks``) with the weights a finished search's
+    supernet left, keyed by layout string: what the search believed of each layout. ``progress(k)`` follows the k-th
+    layout; ``fraction``: the share of the validation split read, its first segments (at least one)."""
     saved = checkpoint.load(run_dir / "checkpoints" / "last.ckpt")
     tokenizer, splits = load_splits(cfg.data)
     free = CostModel(dict.fromkeys(cost_kinds(cfg), 1.0), 1.0, "unit", cfg.model.n_blocks)  # nothing is timed
     free_par = replace(par_settings(cfg.search), latency_budget=None, penalty_weight=0.0)  # no budget
     unpriced = replace(cfg.search, strategy_settings={**cfg.search.strategy_settings, cfg.search.strategy: free_par})
-    search = build_search(replace(cfg, search=unpriced),
-                          splits, tokenizer.vocab_size, run_dir, costs=free)
+    search = build_search(replace(cfg, search=unpriced), splits, tokenizer.vocab_size, run_dir, costs=free)
     search.module.set_model(search.supernet)
     search.module.load_state_dict(saved["state_dict"])
     device = training_device(cfg.train)
@@ -248,8 +229,7 @@ def inherited_perplexities(run_dir: Path, cfg: Config, layouts: Sequence[Sequenc
     segments = max(1, math.ceil(len(valid) * fraction))
     out = {}
     for kinds in layouts:
-        sums = exported_nll(search.supernet, search.module.choices(), list(kinds),
-                            (valid[t] for t in range(segments)))
+        sums = exported_nll(search.supernet, search.module.choices(), list(kinds), (valid[t] for t in range(segments)))
         out[layout_string(kinds)] = perplexity(float(sums[0] / sums[1]))
         if progress is not None:
             progress(len(out))

@@ -1,11 +1,7 @@
-"""A search's run folder: the one run-folder check with a search's files, and what a fresh or resumed search
-clears first.
-
-The folder (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial) holds ``architecture.json``,
-``history.jsonl``, ``tensorboard/``, ``checkpoints/`` and the final pick's ``select/``. It is checked by the check
-every run folder gets (:func:`parnas.owned_folders.check_run_dir`), with the file a finished search leaves,
-``architecture.json``, as its result; a resumed search drops the history written after its checkpoint. This module
-loads no torch: the command takes the folder (:func:`take_search_dir`) before the heavy modules load.
+"""A search's run folder (``search.out_dir``, or ``$NNI_OUTPUT_DIR`` inside a trial): the one run-folder check
+(:func:`parnas.owned_folders.check_run_dir`) with ``architecture.json`` as a finished search's result, and what a
+fresh or resumed search clears first. Loads no torch: the command takes the folder (:func:`take_search_dir`) before
+the heavy modules load.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ def run_dir_of(cfg: Config) -> Path:
 @contextmanager
 def take_search_dir(run_dir: str | Path, resume: bool | str | Path) -> Iterator[Path]:
     """``run_dir`` held and checked once for the search's life (:func:`parnas.owned_folders.take_run_dir`)."""
-    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING,
-                      folders=(SELECT_DIR,)) as folder:
+    with take_run_dir(run_dir, resume, results=SEARCH_RESULTS, setting=SEARCH_SETTING, folders=(SELECT_DIR,)) as folder:
         yield folder
 
 
@@ -48,12 +43,10 @@ def check_search_dir(run_dir: Path, resume: bool | str | Path) -> Path | None:
 
 
 def prepare_run_dir(run_dir: Path, resumed_step: int | None, source: Path | None = None) -> None:
-    """Once every check has passed: a fresh search (``resumed_step`` None) clears its stale logs (never another
-    run's folder: :func:`parnas.owned_folders.remove_own_tree`); a resumed one drops the history written after its
-    checkpoint's step (about to be redone), and continues from a copy of its checkpoint in ``last.ckpt`` if it was
-    another (``source``). The lines at that step were written before the checkpoint, but for a second evaluation:
-    the whole-split one a search stopped at a mid-search evaluation ends with, which the resumed search does not
-    need."""
+    """Once every check has passed: a fresh search (``resumed_step`` None) clears its stale logs (never another run's
+    folder); a resumed one drops the history after its checkpoint's step (about to be redone) and a second evaluation
+    at that step (the whole-split one a search stopped mid-search ends with), and continues from a copy of its
+    checkpoint in ``last.ckpt`` if it was another (``source``)."""
     from parnas.training.resume import take_over
 
     ensure_writable_dir(run_dir)

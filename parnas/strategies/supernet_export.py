@@ -37,10 +37,8 @@ def exported(choices: Sequence[DifferentiableMixedLayer], kinds: Sequence[str]) 
 
 
 def fit_budget(probabilities: Sequence[Mapping[str, float]], costs: CostModel, budget: float) -> list[str] | None:
-    """The most probable layout whose cost ratio is within ``budget`` (None if none is).
-
-    Each block takes argmax_k log p_k - mu x cost_k; the smallest multiplier mu that makes the layout fit is
-    found by bisection (Lagrangian relaxation of the knapsack). Used only when the argmax is over budget."""
+    """The most probable layout whose cost ratio is within ``budget`` (None if none is): each block takes
+    argmax_k log p_k - mu x cost_k, the smallest mu that fits found by bisection (Lagrangian relaxation)."""
     def layout(mu: float) -> list[str]:
         return [max(p, key=lambda k: math.log(max(p[k], 1e-30)) - mu * costs.per_kind[k]) for p in probabilities]
 

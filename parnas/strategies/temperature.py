@@ -1,11 +1,8 @@
 """The Gumbel-softmax temperature tau: its schedule over a search, and the softmax it sets.
 
-A search anneals tau every optimiser step (:func:`tau_at`), not every epoch as NNI's GumbelDARTS does. The
-softmax (:class:`GumbelSoftmax`) holds tau twice: as the Python number eager steps divide by, and in a tensor
-that a compiled supernet (``train.compile`` with ``forward: gumbel``) reads. Graphs traced from a Python number
-are specialised on its value, so a supernet compiled that way recompiled at every step; a tensor is an input
-whose value may change between calls. Eager steps keep dividing by the number, so what they compute is what they
-computed before the tensor existed.
+A search anneals tau every optimiser step (:func:`tau_at`), not every epoch as NNI's GumbelDARTS does. The softmax
+(:class:`GumbelSoftmax`) holds tau twice: as the Python number eager steps divide by, and in a tensor that a compiled
+supernet reads, since a graph traced from a Python number is specialised on its value and would recompile every step.
 """
 
 from __future__ import annotations

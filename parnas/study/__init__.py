@@ -1,5 +1,3 @@
-"""``parnas study``: the claim check over search and retrain together. Searches several seeds and
-budgets, retrains what was found beside Transformer-XL and sandwich baselines, times them side by side,
-and writes a verdict (``parnas.study.plan`` plans it, ``parnas.study.run`` runs it, ``parnas.study.verdicts``
-concludes, ``parnas.study.report`` writes the tables and figure).
+"""``parnas study``: the claim check over search and retrain together (``plan`` plans it, ``run`` runs it,
+``verdicts`` concludes, ``report`` writes the tables and figure), and the ranking tables of a search space.
 """

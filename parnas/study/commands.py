@@ -1,9 +1,6 @@
-"""``parnas study`` (search with several seeds and budgets, retrain what was found beside its baselines, compare),
-``parnas strategies`` (search strategies compared at an equal budget) and ``parnas table build|score|add-seeds``
-(the ranking tables of a search space).
-
-Only argparse is imported here; the handler checks every argument (:func:`parnas.study.plan.make_plan`, light)
-before the heavy modules are loaded, so a bad argument costs nothing and writes nothing.
+"""``parnas study``, ``parnas strategies`` and ``parnas table build|score|add-seeds``. Only argparse is imported
+here: the handler checks every argument (:func:`parnas.study.plan.make_plan`, light) before the heavy modules load,
+so a bad argument costs nothing and writes nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     (seeds, retrain_seeds), (search_steps, retrain_steps) = args.seeds, args.steps
     plan = make_plan(args.config, args.set, seeds, args.budgets, args.out, search_steps=search_steps,
-                     retrain_steps=retrain_steps, random_orderings=args.random_orderings, rounds=args.rounds,
+                     retrain_steps=retrain_steps, random_orderings=args.random_orderings,
                      candidates=args.candidates or (), retrain_seeds=retrain_seeds, widths=args.widths,
                      space=args.space)
     # the study's searches and retrains inherit the choice
@@ -120,22 +117,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from parnas import strategy_registry
     from parnas.arguments import add_command, add_config_args
 
-    p = add_command(sub, "study", cmd_study,
-                    "parnas study --config wt2-cpu --seeds 2 --budgets 0.65 --out runs/study")
+    p = add_command(sub, "study", cmd_study, "parnas study --config wt2-cpu --seeds 2 --budgets 0.65 --out runs/study")
     add_config_args(p)
     p.add_argument("--seeds", type=seeds_pair, default="3", metavar="S[,K]",
                    help="S searches per budget, with train.seed 0..S-1, and K retrains of every layout (train.seed, "
                         "+1, ...): the verdicts then weigh differences against the seed spread (default 3,1)")
-    p.add_argument("--budgets", default="0.65,none", metavar="B,B",
-                   help="latency budgets, fractions in (0, 1] of Transformer-XL's step time, or none "
-                        "(default 0.65,none)")
+    p.add_argument("--budgets", default="0.65,none", metavar="B,B", help="latency budgets, fractions in (0, 1] of "
+                   "Transformer-XL's step time, or none (default 0.65,none)")
     p.add_argument("--out", default="runs/study", help="study directory; a rerun skips finished work (runs/study)")
     p.add_argument("--steps", type=steps_pair, default=",", metavar="N|S,R",
                    help="train.max_steps of each search and retrain, or S of each search and R of each retrain; an "
                         "empty side keeps the config's (default: the config's)")
     p.add_argument("--random-orderings", type=int, default=3, metavar="R",
                    help="random orderings of each found architecture's blocks (default 3)")
-    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per layout (default 5)")
     p.add_argument("--widths", default=None, metavar="D,D,...",
                    help="add the full-depth Transformer-XL at these d_model (d_ff in proportion) to the front the "
                         "found models are judged against, beside the shallower ones (each must divide by the "
@@ -170,8 +164,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        epilog="Example:\n  parnas table score runs/search --table benchmarks/spaces/adi6-wt2-cpu.json")
     tables = p.add_subparsers(dest="table_command", required=True, metavar="{build,score,add-seeds}",
                               help="what to do with the table")
-    p = add_command(tables, "build", cmd_table_build,
-                    "parnas table build runs/study/study.json --table space.json")
+    p = add_command(tables, "build", cmd_table_build, "parnas table build runs/study/study.json --table space.json")
     p.set_defaults(command="table build")
     p.add_argument("study", metavar="STUDY_JSON", help="the study.json of a finished study with --space")
     p.add_argument("--table", required=True, metavar="FILE", help="the ranking table to write (a new file)")

@@ -1,16 +1,12 @@
 """The study's verdict against the depth-scaled Transformer-XL front.
 
-"Cheaper than Transformer-XL at the same perplexity" must beat the obvious way of being cheaper: a
-shallower Transformer-XL. The front is the standard layouts with 2, 4, ... N blocks (the N-block one is
-the study's Transformer-XL), retrained and timed like every other layout; ``--widths`` adds the N-block
-Transformer-XL at other ``d_model`` (``d_ff`` scaled alike), the other obvious way. The front is the
-Pareto-optimal ones of these points (no other point is as cheap and better). A found model is judged
-against the front's perplexity *at its own cost*, read off the front by linear interpolation between the
-two front points whose costs bracket it (the front is only known at those points). Above its costliest
-point the front stays at that point's perplexity: a larger budget still buys that model (a costlier
-Transformer-XL that is no better is not on the front). Below its cheapest point there is no verdict. The
-difference counts only when it exceeds the seed spread: the standard deviations over
-retrain seeds (and search seeds) of the found model and of the two front points, combined.
+"Cheaper than Transformer-XL at the same perplexity" must beat the obvious ways of being cheaper: a shallower
+Transformer-XL (the standard layouts of 2, 4, ... N blocks, retrained and timed like every other layout) and, with
+``--widths``, a narrower one (``d_model`` and ``d_ff`` scaled alike). The front is the Pareto-optimal ones of these
+points. A found model is judged against the front's perplexity *at its own cost*, interpolated between the two front
+points that bracket it; above the costliest point the front stays at its perplexity (a larger budget still buys
+that model), below the cheapest there is no verdict. The difference counts only beyond the seed spread: the
+standard deviations over retrain (and search) seeds of the found model and of the two front points, combined.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from typing import Any
 
 from parnas.config import ModelConfig, transformer_xl_layout
 from parnas.errors import ConfigError
+from parnas.study.table import seed_spread
 
 Row = Mapping[str, Any]
 
@@ -80,10 +77,6 @@ def at_cost(points: Sequence[tuple[float, float, float | None]], ratio: float) -
     return None
 
 
-def _spread(values: Sequence[float]) -> float | None:
-    return statistics.stdev(values) if len(values) > 1 else None
-
-
 def combined_spread(*stds: float | None) -> float | None:
     """The spread of a difference of independent means: the root of the sum of their squared spreads (None: none
     known)."""
@@ -97,7 +90,7 @@ def found_point(found: Sequence[Row]) -> tuple[float, float, float | None] | Non
     ppls = [p for r in found for p in (r.get("val_ppl_seeds") or [r["val_ppl"]]) if p is not None]
     if not ppls:
         return None
-    return statistics.fmean(ppls), statistics.fmean(r["latency_ratio"] for r in found), _spread(ppls)
+    return statistics.fmean(ppls), statistics.fmean(r["latency_ratio"] for r in found), seed_spread(ppls)
 
 
 def front_verdict(name: str, found: Sequence[Row], rows: Sequence[Row]) -> str:

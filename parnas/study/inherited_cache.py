@@ -1,12 +1,10 @@
 """The inherited-weight perplexities ``parnas table score`` reads, kept in the scored run's folder so that a second
 score of the same checkpoint (another table, a rerun) evaluates only the layouts it has not seen.
 
-One file per checkpoint and evaluation: ``<run>/inherited-ppl-<key>.json`` where ``key`` begins the sha256 of the
-checkpoint's bytes and of every setting that changes an evaluation (the data and model sections but the corpus's
-path, the precision, the share of the validation split read). A retrained or resumed checkpoint, or other settings,
-get another key, so a stale figure is never read. The file records its key in full and the sha256 of its
-perplexities; a file that fails either check (edited, truncated, another key's) is not read and is written anew.
-Written atomically (:func:`parnas.files.write_json_atomic`); a folder that cannot be written costs the cache only.
+One file per checkpoint and evaluation, ``<run>/inherited-ppl-<key>.json``, ``key`` beginning the sha256 of the
+checkpoint's bytes and of every setting that changes an evaluation: a retrained or resumed checkpoint, or other
+settings, get another key, so a stale figure is never read. A file that fails its checks (its key in full, the sha256
+of its perplexities) is not read and is written anew; a folder that cannot be written costs the cache only.
 """
 
 from __future__ import annotations

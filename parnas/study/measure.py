@@ -3,11 +3,11 @@ perplexities over its retrain seeds."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from parnas.config import Config
+from parnas.study.table import seed_spread
 
 
 def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -18,32 +18,32 @@ def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = sum(values) / len(values) if values else None
         out[f"{key}_seeds"] = [r.get(key) for r in runs]
-    values = [v for v in out["val_ppl_seeds"] if v is not None]
-    out["val_ppl_std"] = statistics.stdev(values) if len(values) > 1 else None
+    out["val_ppl_std"] = seed_spread(out["val_ppl_seeds"])
     return out
 
 
-def measure(cfg: Config, rounds: int, layouts: Mapping[str, tuple[Sequence[str], int | None]], vocab_size: int,
+def measure(cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]], vocab_size: int,
             progress: Callable[[str, int, int, str], None]) -> dict[str, Any]:
     """Train step, inference segment and generated-token times of every layout (key -> its kinds and its
-    ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`);
+    ``d_model``, None for the config's), side by side in this process (:mod:`parnas.training.side_by_side`), in the
+    latency module's :data:`~parnas.training.latency.MIN_ROUNDS` alternating rounds, its least for a steady median;
     ``target`` names the one the verdicts judge by (``search.latency_target``)."""
     from parnas.study.front import width_model
     from parnas.training.devices import training_device
+    from parnas.training.latency import MIN_ROUNDS
     from parnas.training.side_by_side import time_side_by_side
 
     models = {code: (kinds, width_model(cfg.model, d) if d else None) for code, (kinds, d) in layouts.items()}
     device = training_device(cfg.train)  # where the retrains ran
-    return {**time_side_by_side(cfg, rounds, models, vocab_size, device, progress),
+    return {**time_side_by_side(cfg, MIN_ROUNDS, models, vocab_size, device, progress),
             "target": cfg.search.latency_target}
 
 
 def priced_by_table(timing: Mapping[str, Any], cfg: Config, layouts: Mapping[str, tuple[Sequence[str], int | None]],
                     vocab_size: int) -> dict[str, Any]:
-    """``timing`` with the step times of every target ``search.latency_table`` prices replaced by its predictions
-    (constant + the blocks' costs, timed on the table's device, maybe not this one): the study's costs are then
-    the target device's, as its searches' were. What was measured here stays under ``measured``; a target the
-    table lacks (generation, in a version-1 table) keeps this machine's times, and ``priced_by`` says which."""
+    """``timing`` with the step times of every target ``search.latency_table`` prices replaced by its predictions, so
+    the study's costs are the target device's, as its searches' were; what was measured here stays under
+    ``measured``, a target the table lacks keeps this machine's times, and ``priced_by`` says which."""
     from parnas.training.devices import training_device
     from parnas.training.latency_table import MODES, load_table_for, table_key
 

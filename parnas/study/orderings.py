@@ -27,10 +27,8 @@ def sandwich(kinds: Sequence[str]) -> tuple[str, ...]:
 
 def random_orderings(kinds: Sequence[str], count: int, exclude: Sequence[Sequence[str]] = (),
                      tries: int = 2000, reversible: bool = False) -> list[tuple[str, ...]]:
-    """``count`` shuffles of ``kinds``, each a different network (:func:`parnas.nn.model.blocks_run`: layouts that
-    differ only in where their identity blocks stand are one network, trained alike to the same perplexity), from
-    an RNG seeded by the kind counts alone (same counts, same orderings), avoiding the networks of ``exclude``
-    while other networks exist; fewer when there are not that many."""
+    """``count`` shuffles of ``kinds``, each a different network (:func:`parnas.nn.model.blocks_run`), from an RNG
+    seeded by the kind counts alone, avoiding the networks of ``exclude`` while others exist; fewer if there are not."""
     counts = Counter(kinds)
     rng = random.Random("parnas-study:" + ",".join(f"{k}={counts[k]}" for k in sorted(counts)))
     excluded = {blocks_run(e, reversible) for e in exclude}

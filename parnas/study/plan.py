@@ -1,22 +1,12 @@
-"""What one ``parnas study`` does, checked before anything runs: its searches, the layouts it retrains, their
-configs and folders (:mod:`parnas.study.run` runs it).
+"""What one ``parnas study`` does, checked before anything runs: its searches, the layouts it retrains (the roles
+of docs/reference.md), their configs and folders (:mod:`parnas.study.run` runs it).
 
-For every budget and seed a search runs (``<out>/search/b<budget>-s<seed>``); with ``--candidates``,
-for every candidate set too (``<out>/search/<LETTERS>-b<budget>-s<seed>``, e.g. ``ACDGI-bnone-s0``), so
-search spaces are compared at equal steps against one Transformer-XL and one timing. Every layout the
-study needs is then retrained from scratch at equal steps and settings, with the config's own
-``train.seed`` (``<out>/retrain/<LAYOUT>``): each found architecture, the standard Transformer-XL
-at the same ``n_blocks``, the *sandwich* ordering of the found kinds (all attention first, then
-dense, then identity; Press et al. 2020) and R random orderings of the same kinds; with
-``--space all``, every distinct network of the searched space, with ``--space N`` a sample of N of them
-stratified by predicted cost (:mod:`parnas.study.space`). A layout is
-trained once however many roles it plays.
+Searches go to ``<out>/search/[<LETTERS>-]b<budget>-s<seed>`` (``LETTERS``: a ``--candidates`` set), retrains to
+``<out>/retrain/<LAYOUT>``, each layout once however many roles it plays, at equal steps and settings. A study's
+folder holds runs of one set of settings: a rerun with other settings is refused (:func:`check_same_settings`).
 
-A study's folder holds runs of one set of settings: a rerun with other settings is refused
-(:func:`check_same_settings`).
-
-This module imports only light modules at the top: the CLI checks every argument through
-:func:`make_plan` before torch, Lightning or NNI are loaded and before anything is written.
+Only light modules are imported at the top: the CLI checks every argument through :func:`make_plan` before torch,
+Lightning or NNI load and before anything is written.
 """
 
 from __future__ import annotations
@@ -57,7 +47,6 @@ class Plan:
     search_steps: int | None = None
     retrain_steps: int | None = None
     random_orderings: int = 3
-    rounds: int = 5
     candidate_sets: tuple[tuple[str, ...], ...] = ()  # () -> the config's search.candidates, one set
     retrain_seeds: int = 1  # retrains of every layout, with train.seed, train.seed + 1, ...
     widths: tuple[int, ...] = ()  # d_model of the full-depth Transformer-XLs added to the front
@@ -143,14 +132,14 @@ def parse_candidate_sets(texts: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets: str, out: str | Path, *,
               search_steps: int | None = None, retrain_steps: int | None = None, random_orderings: int = 3,
-              rounds: int = 5, candidates: Sequence[str] = (), retrain_seeds: int = 1,
-              widths: str | None = None, space: str | None = None) -> Plan:
+              candidates: Sequence[str] = (), retrain_seeds: int = 1, widths: str | None = None,
+              space: str | None = None) -> Plan:
     """Check every argument and every search's config; raises ConfigError/ParnasError, writes nothing. ``space``:
     ``--space`` as given (``all``: ``every_network``; a count: ``census``)."""
     every_network, census = parse_space(space)
     for name, value, least in (("--seeds", seeds, 1), ("--steps", search_steps, 1), ("--steps", retrain_steps, 1),
-                               ("--random-orderings", random_orderings, 0), ("--rounds", rounds, 1),
-                               ("--seeds", retrain_seeds, 1), ("--space", census, 1)):
+                               ("--random-orderings", random_orderings, 0), ("--seeds", retrain_seeds, 1),
+                               ("--space", census, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     candidate_sets = parse_candidate_sets(candidates)
@@ -159,8 +148,8 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     budget_list = parse_budgets(budgets)
     base = load_config(config, [*overrides, *first_budget_setting(budget_list)])
     plan = Plan(config, tuple(overrides), base, seeds, budget_list, Path(out), search_steps, retrain_steps,
-                random_orderings, rounds, candidate_sets, retrain_seeds, parse_widths(widths, base.model),
-                every_network, census or 0)
+                random_orderings, candidate_sets, retrain_seeds, parse_widths(widths, base.model), every_network,
+                census or 0)
     if plan.base.train.devices != 1:
         raise ConfigError("parnas study trains in this one process: set train.devices=1 (one GPU or the CPU)")
     check_devices(plan.base.train)
@@ -180,11 +169,6 @@ def make_plan(config: str | None, overrides: Sequence[str], seeds: int, budgets:
     return plan
 
 
-def config_with_settings(cfg: Config, settings: Mapping[str, Any]) -> Config:
-    """``cfg`` with dotted keys replaced, validated like any config (ConfigError naming the key)."""
-    return from_dict(Config, merge(cfg.to_dict(), unflatten(settings)))
-
-
 def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings: dict[str, Any] = {"train.seed": search.seed, "search.out_dir": str(search_dir(plan, search))}
     if plan.search_steps:
@@ -195,7 +179,7 @@ def search_config(plan: Plan, search: PlannedSearch) -> Config:
     settings[f"{own}.latency_budget"] = search.budget  # "none" overrides a budget the config may set
     if search.candidates is not None:
         settings["search.candidates"] = list(search.candidates)
-    return config_with_settings(plan.base, settings)
+    return from_dict(Config, merge(plan.base.to_dict(), unflatten(settings)))  # validated: ConfigError names the key
 
 
 def parse_space(text: str | None) -> tuple[bool, int | None]:
@@ -218,10 +202,9 @@ def first_budget_setting(budgets: Sequence[float | None]) -> list[str]:
 
 
 def retrain_overrides(plan: Plan, run_dir: Path, seed_offset: int = 0) -> list[str]:
-    """``--set`` pairs of every retrain: the user's, the step count, the run directory, and for the k-th retrain
-    seed (k > 0) ``train.seed`` + k (the first is the config's own seed). A retrain reads no search setting; the
-    first budget keeps the search settings it carries valid. The user's ``model.n_blocks`` is the searches': each
-    retrained layout's own depth comes with its architecture file (the front's and the space's are shallower)."""
+    """``--set`` pairs of every retrain: the user's but ``model.n_blocks`` (a layout's depth comes with its
+    architecture file), the first budget (keeping the search settings valid), the steps, the run directory, and for
+    the k-th retrain seed (k > 0) ``train.seed`` + k."""
     steps = [f"train.max_steps={plan.retrain_steps}"] if plan.retrain_steps else []
     extra = [*first_budget_setting(plan.budgets), *steps]
     if seed_offset:

@@ -1,10 +1,9 @@
 """Ranking fidelity: does the supernet rank layouts as retraining does?
 
-A one-shot search is worth its cost only if the supernet's inherited-weight perplexity of a layout (each
-block fixed to the layout's kind, the supernet's weights, no retraining) orders layouts as their retrained
-perplexities do. The study measures it with Kendall's tau over the layouts it retrained at the search's
-depth (found, sandwich, random, Transformer-XL, and the front's shallower layouts padded with identity
-blocks at the top, which compute the same function class); a tau below ``MIN_TAU`` is flagged.
+A one-shot search is worth its cost only if the supernet's inherited-weight perplexity of a layout orders layouts as
+their retrained perplexities do. The study measures Kendall's tau over the layouts it retrained at the search's depth
+(the front's shallower ones padded with identity blocks at the top, the same network); a tau below ``MIN_TAU`` is
+flagged.
 """
 
 from __future__ import annotations

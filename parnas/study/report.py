@@ -1,8 +1,6 @@
-"""What ``parnas study`` writes: one row per (role, layout, search), then ``study.md``, ``study.csv``,
-``study.png`` and ``study.json`` with the summary per group and the verdicts (:mod:`parnas.study.verdicts`).
-
-Latency figures are the side-by-side timings of :func:`parnas.training.latency.time_layouts`, never the
-retrains' own throughput (those ran at different times, under different load).
+"""What ``parnas study`` writes: one row per (role, layout, search), then ``study.md``, ``study.csv``, ``study.png``
+and ``study.json`` with the summary per group and the verdicts. Latency figures are the side-by-side timings, never
+the retrains' own throughput (those ran at different times, under different load).
 """
 
 from __future__ import annotations
@@ -21,18 +19,17 @@ from parnas.study.verdicts import costs_label, summarise, target_label, verdicts
 
 COLUMNS = [  # (key, header, format)
     ("role", "role", "{}"), ("candidates", "candidates", "{}"), ("budget", "budget", "{}"), ("seed", "seed", "{}"),
-    ("layout", "layout", "{}"),
-    ("attention", "attention", "{}"), ("val_ppl", "val ppl", "{:.2f}"), ("test_ppl", "test ppl", "{:.2f}"),
-    ("train_tokens_per_s", "train tok/s", "{:,.0f}"), ("inference_tokens_per_s", "inference tok/s", "{:,.0f}"),
-    ("train_step_ms", "train step ms", "{:.2f}"), ("latency_ratio", "ratio to TXL", "{:.3f}"),
-    ("search_val_ppl", "search val ppl", "{:.2f}"), ("supernet_val_ppl", "supernet val ppl", "{:.2f}"),
-    ("predicted_ratio", "predicted ratio", "{:.3f}"),
+    ("layout", "layout", "{}"), ("attention", "attention", "{}"), ("val_ppl", "val ppl", "{:.2f}"),
+    ("test_ppl", "test ppl", "{:.2f}"), ("train_tokens_per_s", "train tok/s", "{:,.0f}"),
+    ("inference_tokens_per_s", "inference tok/s", "{:,.0f}"), ("train_step_ms", "train step ms", "{:.2f}"),
+    ("latency_ratio", "ratio to TXL", "{:.3f}"), ("search_val_ppl", "search val ppl", "{:.2f}"),
+    ("supernet_val_ppl", "supernet val ppl", "{:.2f}"), ("predicted_ratio", "predicted ratio", "{:.3f}"),
 ]
 CSV_KEYS = [k for k, _, _ in COLUMNS] + ["val_ppl_std", "inference_step_ms", "inference_ratio", "generate_token_ms",
                                          "generate_ratio", "run"]
 STYLE = {"space": (".", "#b0b0b0", 30), "random": ("o", "#7f7f7f", 50), "sandwich": ("D", "#2ca02c", 60),
-         "front": ("s", "#9467bd", 50),
-         "transformer-xl": ("s", "#000000", 80), "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
+         "front": ("s", "#9467bd", 50), "transformer-xl": ("s", "#000000", 80),
+         "found": ("*", "#d62728", 160)}  # drawn in this order: found on top
 
 
 def budget_label(budget: float | None) -> str:
@@ -44,7 +41,6 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
                out: Path, reversible: bool = False) -> list[dict[str, Any]]:
     """One dict per entry (``parnas.study.plan.Entry``): retrain perplexities, side-by-side timings, search figures, and
     the network it runs (:func:`parnas.nn.model.blocks_run`: identity blocks dropped, unless ``reversible``)."""
-
     train_ms, infer_ms = timing["train_step_ms"], timing["inference_step_ms"]
     target_ms = timing[f"{timing.get('target', 'train')}_step_ms"]  # what the verdicts judge by
     generate_ms = timing.get("generate_step_ms", {})
@@ -60,20 +56,16 @@ def build_rows(entries: Sequence[Any], metrics: Mapping[str, Mapping[str, Any]],
             "role": e.role, "candidates": e.candidates,
             "budget": None if e.role in ("transformer-xl", "front", "space") else budget_label(e.budget),
             "seed": e.seed, "layout": e.layout, "network": layout_string(blocks_run(e.kinds, reversible)),
-            "attention": attending(e.kinds),
-            "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"), "val_ppl_std": m.get("val_ppl_std"),
-            "val_ppl_seeds": m.get("val_ppl_seeds"),
+            "attention": attending(e.kinds), "val_ppl": m.get("val_ppl"), "test_ppl": m.get("test_ppl"),
+            "val_ppl_std": m.get("val_ppl_std"), "val_ppl_seeds": m.get("val_ppl_seeds"),
             "train_step_ms": train_ms[e.layout], "train_tokens_per_s": tokens / train_ms[e.layout] * 1e3,
-            "inference_step_ms": infer_ms[e.layout],
-            "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
+            "inference_step_ms": infer_ms[e.layout], "inference_tokens_per_s": tokens / infer_ms[e.layout] * 1e3,
             "generate_token_ms": generate_ms.get(e.layout), "latency_target": timing.get("target", "train"),
-            "target_ms": target_ms[e.layout], "costs": costs,
+            "target_ms": target_ms[e.layout], "costs": costs, "latency_ratio": target_ms[e.layout] / target_ms[txl],
             "generate_ratio": generate_ms[e.layout] / generate_ms[txl] if generate_ms else None,
-            "latency_ratio": target_ms[e.layout] / target_ms[txl],
             "inference_ratio": infer_ms[e.layout] / infer_ms[txl],
             "search_val_ppl": search.get("val_ppl"), "supernet_val_ppl": search.get("supernet_val_ppl"),
-            "predicted_ratio": (search.get("latency") or {}).get("ratio"),
-            "run": str(out / "retrain" / e.layout),
+            "predicted_ratio": (search.get("latency") or {}).get("ratio"), "run": str(out / "retrain" / e.layout),
         })
     return rows
 
@@ -131,8 +123,8 @@ def study_markdown(plan: Any, rows: Sequence[Mapping[str, Any]], summary: Sequen
     out += ["", "Val and test ppl: exp of the mean NLL over the whole split, each layout retrained from scratch with "
             "the same steps, settings and seed. Step times and tokens/s: measured side by side in one process after "
             f"the retrains; ratio to TXL = {target_label(rows)} / Transformer-XL's. Search val ppl: the exported "
-            "architecture "
-            "with the supernet's weights, before retraining; predicted ratio: the search's latency model.", ""]
+            "architecture with the supernet's weights, before retraining; predicted ratio: the search's latency model.",
+            ""]
     return "\n".join(out)
 
 

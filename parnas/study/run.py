@@ -1,13 +1,9 @@
 """``parnas study``: "the search finds a model faster than Transformer-XL at the same perplexity", checked.
 
-A study's :class:`parnas.study.plan.Plan` (what it does, checked before anything runs) is run here: its
-searches, then its retrains, then all distinct layouts timed side by side in this one process
-(:func:`parnas.training.latency.time_layouts`, alternating rounds); :mod:`parnas.study.report` writes
-``study.md``, ``study.csv``, ``study.png`` and ``study.json``.
-
-A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains
-(``metrics.json``), resumes interrupted ones from their checkpoint, and refuses other settings and
-sub-folders it did not make.
+A study's :class:`parnas.study.plan.Plan` is run here: its searches, its retrains, then every distinct layout timed
+side by side in this one process (:func:`parnas.study.measure.measure`); :mod:`parnas.study.report` writes the files.
+A rerun with the same ``--out`` skips finished searches (``architecture.json``) and retrains (``metrics.json``) and
+resumes interrupted ones from their checkpoint.
 """
 
 from __future__ import annotations
@@ -120,12 +116,9 @@ def _ppl(metrics: Mapping[str, Any]) -> str:
 
 
 def run_study(plan: Plan, log: Log = print) -> dict[str, Any]:
-    """Search, retrain, time and report; returns what ``<out>/study.json`` holds. The study holds its folder
-    (:func:`parnas.owned_folders.hold_run_dir`), and each search and retrain the sub-folder it writes.
-
-    A study runs, resumes, clears or reads only the sub-folders of ``search/`` and ``retrain/`` it made: each gets
-    a mark when the study makes it (:func:`parnas.owned_folders.own_sub_dir`). One it did not make (a run started
-    there by hand, live or finished) is refused in one line naming it, before any work, and kept."""
+    """Search, retrain, time and report; returns what ``<out>/study.json`` holds. The study holds its folder, and runs,
+    resumes, clears or reads only the sub-folders of ``search/`` and ``retrain/`` it made
+    (:mod:`parnas.study.sub_folders`): one it did not make is refused in one line, before any work, and kept."""
     with hold_run_dir(plan.out):
         check_sub_dirs(plan.out, ("search", "retrain"), "study")
         return _run_study(plan, log)
@@ -146,7 +139,7 @@ def _run_study(plan: Plan, log: Log) -> dict[str, Any]:
     metrics = run_retrains(plan, entries, like, progress)
     layouts = {e.layout: (e.kinds, e.d_model) for e in entries}
     cfg, vocab_size = retrain_config(plan), like["model"]["vocab_size"]
-    timing = measure(cfg, plan.rounds, layouts, vocab_size, progress)
+    timing = measure(cfg, layouts, vocab_size, progress)
     if plan.base.search.latency_table is not None:  # the target device's costs, as the searches had them
         timing = priced_by_table(timing, cfg, layouts, vocab_size)
     rows = build_rows(entries, metrics, timing, plan.out, reversible=plan.base.model.reversible)

@@ -1,30 +1,13 @@
 """``parnas table score RUN --table TABLE``: a finished search judged against a ranking table
-(:mod:`parnas.study.table`) without retraining anything.
+(:mod:`parnas.study.table`) without retraining anything; benchmarks/spaces/README.md says what it prints.
 
-Each of the table's layouts is evaluated with the weights the run's supernet left (each block fixed to the
-layout's kind: :func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the
-validation split's segments, a constant, so that every run is scored on the same tokens in minutes. The figures
-are kept in the run's folder per checkpoint and evaluation (:mod:`parnas.study.inherited_cache`): a second score
-of the same checkpoint evaluates only layouts it has not seen. Against the table's retrained perplexities (each
-layout's mean over its seeds) the score reports:
-
-- Kendall's tau and Spearman's rho over every layout of the table, beside the table's noise ceiling (the tau
-  between its two halves of retrain seeds: how far any ranking of these layouts can agree with the table);
-- the overlap of the 5 best layouts by either;
-- the **regret** at latency budgets 0.5, 0.65 and 0.8 (cost ratios to Transformer-XL, the run's
-  ``search.latency_target``, priced by the table's latency table), two figures per pick: **within the budget**,
-  the table perplexity of the pick minus the best table perplexity of any layout within the budget (what a
-  search at that budget is for: the goal's figure), and **at its own cost**, minus the best no costlier than the
-  pick (a cheap pick scores 0 on it however much better the budget allowed). Each in perplexity, in % of that
-  best, and in units of the two layouts' seed spreads combined. Two picks per budget: *ranked*, the layout of the
-  table within the budget whose inherited perplexity is lowest (the supernet used as a ranker, FairNAS/SPOS
-  style), and, for a run that wrote its ``architecture.json``, *exported*, what the run's softmax(alpha) exports
-  at that budget (its argmax, or the most probable layout within the budget: the search's own rule,
-  :func:`fit_budget`). A layout the table lacks has no regret. For a run that ended with the final pick, the
-  layout it exported, within the run's own budget (``search.<strategy>.latency_budget``; none: the whole
-  table) and at its cost.
-
-:func:`pick_regret` scores an exported layout alone, evaluating nothing.
+Each table layout is evaluated with the weights the run's supernet left
+(:func:`parnas.strategies.search.inherited_perplexities`) on the first :data:`VALID_FRACTION` of the validation
+split, the same tokens for every run, so a table is scored in minutes; the figures are cached
+(:mod:`parnas.study.inherited_cache`). A pick's **regret** is its table perplexity minus the best of the layouts
+within the budget (what a search at that budget is for) and of those no costlier (a cheap pick scores 0 there
+however much better the budget allowed). The picks: *ranked* (the supernet as a ranker, FairNAS/SPOS style),
+*exported* (by the search's own rule, :func:`fit_budget`) and a final pick's export, within the run's own budget.
 
 Refused in one line before anything is evaluated: a run without a supernet checkpoint, a table of another space,
 model, vocabulary or memory (:func:`parnas.study.table.check_matches`). Nothing is written but the cache.
@@ -81,12 +64,9 @@ def _gap(layout: str, best: str, retrained: Mapping[str, float], costs: Mapping[
 
 def regret(layout: str | None, retrained: Mapping[str, float], costs: Mapping[str, float],
            spreads: Mapping[str, float | None], budget: float | None = None) -> dict[str, Any] | None:
-    """The table perplexity of ``layout`` minus the best table perplexity of two reference sets: the layouts no
-    costlier than ``layout`` (the top-level figures: a cheap layout is judged only against cheaper ones) and,
-    under ``within_budget``, the layouts within ``budget`` (what a search at that budget should have found; None
-    without a budget; negative for a layout over it that beats them). Each in perplexity, in % of that best and
-    in seed spreads (the two layouts' combined; None where neither has one, or both are the same layout with
-    none). None for no layout, or one the table lacks."""
+    """The table perplexity of ``layout`` minus the best of the layouts no costlier (the top-level figures) and, under
+    ``within_budget``, of the layouts within ``budget`` (None without one; negative for a layout over it that beats
+    them); in perplexity, in % and in the two layouts' combined seed spreads. None for a layout the table lacks."""
     if layout is None or layout not in retrained:
         return None
     best = min((k for k in retrained if costs[k] <= costs[layout] + 1e-9), key=retrained.__getitem__)
@@ -155,19 +135,18 @@ def check_run(run_dir: str | Path, table: RankingTable, overrides: Sequence[str]
 def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] = (),
           log: Callable[[str], None] = print, before: Callable[[Any], None] | None = None,
           progress_every_s: float = 30.0) -> dict[str, Any]:
-    """Score a finished search against a table (see the module docstring); returns the figures and ``lines``,
-    what is printed. ``before`` is handed the run's config once it is checked, before any model runs (the
-    command sets the threads there, as ``train.threads`` says). A line says how many layouts are scored at
-    most every ``progress_every_s`` seconds."""
+    """Score a finished search against a table; returns the figures and ``lines``, what is printed. ``before`` gets
+    the run's config once it is checked, before any model runs; a progress line comes every ``progress_every_s``."""
     from parnas.architecture import layout_string
 
     table = load_table(table_path)
     cfg, record = check_run(run_dir, table, overrides)
     if before is not None:
         before(cfg)
-    target = cfg.search.latency_target
+    target, layouts = cfg.search.latency_target, table.layouts
     inherited = inherited_of(Path(run_dir), cfg, table, log, progress_every_s)
-    retrained, costs, spreads = table_figures(table, target)
+    retrained, spreads = {k: table.val_ppl(k) for k in layouts}, {k: table.spread(k) for k in layouts}
+    costs = {k: table.cost_ratio(k, target) for k in layouts}  # for the run's latency target
     tau, rho = correlations(inherited, retrained)
     probabilities = [record["probabilities"][b] for b in sorted(record.get("probabilities") or {},
                                                                 key=lambda b: int(b.split("_")[1]))]
@@ -184,7 +163,7 @@ def score(run_dir: str | Path, table_path: str | Path, overrides: Sequence[str] 
     final = layout_string(list(record["architecture"].values())) if picked else None
     run_budget = getattr(cfg.search.settings, "latency_budget", None)  # the strategy's budget, where it has one
     result = {"run": str(run_dir), "table": table.name, "layouts": len(table.layouts), "target": target,
-              "noise_ceiling": table.noise_ceiling, "seeds": table_seed_count(table), "kendall_tau": tau,
+              "noise_ceiling": table.noise_ceiling, "seeds": max(map(len, table.seeds.values())), "kendall_tau": tau,
               "spearman_rho": rho, "top_overlap": top_overlap(inherited, retrained), "top": TOP,
               "budgets": budgets, "exports": bool(probabilities), "inherited": inherited, "final_layout": final,
               "valid_fraction": VALID_FRACTION, "run_budget": run_budget,
@@ -229,11 +208,6 @@ def inherited_of(run_dir: Path, cfg: Config, table: RankingTable, log: Callable[
         if failed:
             log(f"warning: {failed}")
     return {k: known[k] for k in table.layouts}
-
-
-def table_seed_count(table: RankingTable) -> int:
-    """The most retrain seeds any layout of the table has (the noise ceiling splits them into two halves)."""
-    return max((len(v) for v in table.seeds.values()), default=0)
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -289,18 +263,3 @@ def score_lines(result: Mapping[str, Any]) -> list[str]:
                      f"{t}: exported after the final pick (the run's budget "
                      f"{_f(result.get('run_budget'), '{:g}')}) {regret_text(r)}")
     return lines
-
-
-def pick_regret(layout: str, table: RankingTable, target: str = "train",
-                budget: float | None = None) -> dict[str, Any] | None:
-    """The regret of an exported ``layout`` (e.g. a final pick's) against the table: its retrained perplexity minus
-    the best of the layouts no costlier and, given its search's ``budget``, of those within it (:func:`regret`);
-    None for a layout the table lacks."""
-    return regret(table_layout(layout, table.layouts), *table_figures(table, target), budget)
-
-
-def table_figures(table: RankingTable, target: str) -> tuple[dict[str, float], dict[str, float],
-                                                               dict[str, float | None]]:
-    """Each layout's retrained val ppl (mean over seeds), cost ratio for ``target`` and seed spread, by layout."""
-    return ({k: table.val_ppl(k) for k in table.layouts}, {k: table.cost_ratio(k, target) for k in table.layouts},
-            {k: table.spread(k) for k in table.layouts})

@@ -1,22 +1,16 @@
 """Every network a search space holds, retrained: the most any search of that space could find.
 
-The front says whether a found model beats making Transformer-XL shallower. It cannot say whether the search
-found the best its space offers, nor whether the space holds anything far enough below the front at all: a
-search that misses a goal may be failing, or the goal may lie outside its space. ``parnas study
---space all`` settles it by brute force where the space is small: every distinct network of the space is
-retrained like the other layouts (layouts that differ only in where their identity blocks stand are one
-network, :func:`parnas.nn.model.blocks_run`, and are trained once), priced like them, and read off each
-search's supernet for the ranking's Kendall tau. The study then says, per group of searches, where the found
-models rank among the networks no costlier than they are, and once, which network lies furthest below the
-Transformer-XL front.
+The front cannot say whether the search found the best its space offers, nor whether the space holds anything far
+enough below the front at all: a search that misses a goal may be failing, or the goal may lie outside its space.
+``parnas study --space all`` settles it by brute force where the space is small: every distinct network of the space
+(:func:`parnas.nn.model.blocks_run`) is retrained, priced and read off each supernet like the other layouts, and the
+verdicts say where the found models rank among the networks no costlier, and which lies furthest below the front.
 
-The space grows as k^n (k kinds that run, n blocks), so this is for small spaces: more than
-:data:`MAX_NETWORKS` are refused before anything runs. A larger space is judged by a census, ``--space N``
-(:func:`census_networks`): N distinct networks drawn at random, stratified by predicted cost so that the
-sample spans the cheap and the costly ends of the space alike, retrained and judged by the same verdicts,
-which then say it is a sample of N of the space's networks. The best of many retrained perplexities is
-biased low by seed noise (the minimum of noisy values), so its margin is judged against its own seed
-spread: use ``--seeds S,K`` with K 2 or more.
+The space grows as k^n (k kinds that run, n blocks): more than :data:`MAX_NETWORKS` are refused before anything
+runs. A larger space is judged by a census, ``--space N`` (:func:`census_networks`): N distinct networks drawn at
+random, stratified by predicted cost so that the sample spans the cheap and the costly ends alike, which the
+verdicts then name as a sample. The best of many retrained perplexities is biased low by seed noise, so its margin
+is judged against its own seed spread: use ``--seeds S,K`` with K 2 or more.
 """
 
 from __future__ import annotations
@@ -69,11 +63,8 @@ def space_networks(candidates: Sequence[str], n_blocks: int, reversible: bool = 
     if count > MAX_NETWORKS:
         raise ConfigError(f"--space all: {n_blocks} blocks over {', '.join(candidates)} make {count:,} "
                           f"networks; at most {MAX_NETWORKS} are retrained (fewer blocks or candidates)")
-    if reversible or SKIPPED_KIND not in candidates:
-        return list(itertools.product(candidates, repeat=n_blocks))
-    running = [k for k in candidates if k != SKIPPED_KIND]
-    return [(SKIPPED_KIND,) * n_blocks] + [kinds for depth in range(1, n_blocks + 1)
-                                      for kinds in itertools.product(running, repeat=depth)]
+    kinds, depths = _orders(candidates, n_blocks, reversible)
+    return [net or (SKIPPED_KIND,) * n_blocks for depth in depths for net in itertools.product(kinds, repeat=depth)]
 
 
 def check_space(plan: SpacePlan) -> None:
@@ -138,16 +129,13 @@ def check_census(census: int, candidates: Sequence[str], n_blocks: int, reversib
 
 def census_networks(candidates: Sequence[str], n_blocks: int, size: int, costs: Mapping[str, float], seed: int,
                     reversible: bool = False) -> list[tuple[str, ...]]:
-    """``size`` distinct networks of the space drawn at random with ``seed``, stratified by predicted cost, listed
-    as :func:`space_networks` lists them (and in its order); the space is never enumerated.
+    """``size`` distinct networks of the space drawn at random with ``seed``, stratified by predicted cost, listed as
+    :func:`space_networks` lists them; the space is never enumerated.
 
-    A network's predicted cost is the sum of its blocks' ``costs`` (the searches' block costs: the constant part
-    is the same for all), so it depends only on how many blocks of each kind it runs: the space is priced one
-    such count at a time, each standing for the orderings of its blocks. The cost range is cut into ``size``
-    equal strata; each stratum that holds networks gets an equal share of the sample (one each when they all
-    do), never more than it holds, the rest going to the others; a stratum's share is drawn uniformly among its
-    networks, without replacement. The sample then spans the cheap and the costly ends of the space, which a
-    uniform draw, crowded into the middle costs where most networks lie, would leave out."""
+    A network's cost is the sum of its blocks' ``costs``, so the space is priced one count of each kind at a time,
+    each standing for its orderings. The cost range is cut into ``size`` equal strata; each that holds networks gets
+    an equal share of the sample (never more than it holds, the rest to the others), drawn uniformly without
+    replacement: the sample spans the cheap and costly ends, which a uniform draw, crowded into the middle, misses."""
     check_census(size, candidates, n_blocks, reversible)
     kinds, depths = _orders(candidates, n_blocks, reversible)
     price = {SKIPPED_KIND: 0.0, **costs}
@@ -234,10 +222,8 @@ def _judged(gap: float, spread: float | None) -> str:
 
 
 def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row], space: str = EVERY) -> str | None:
-    """Where ``name``'s found models (their mean perplexity at their mean cost) stand among the space's networks
-    no costlier (how many have a lower perplexity), and how far the best of those is from them; ``space``
-    (:func:`space_name`) names the networks retrained, all or a sample. None when the study did not retrain
-    the space."""
+    """Where ``name``'s found models (mean perplexity at mean cost) stand among the space's networks no costlier, and
+    how far the best of those is from them; ``space``: :func:`space_name`. None when the study retrained no space."""
     from parnas.study.front import combined_spread, found_point
 
     points, point = _points(rows), found_point(found)
@@ -260,9 +246,8 @@ def found_in_space_verdict(name: str, found: Sequence[Row], rows: Sequence[Row],
 
 
 def space_front_verdict(rows: Sequence[Row], space: str = EVERY) -> str | None:
-    """The network of the space (of ``space``, all or a sample) furthest below the Transformer-XL front at its own
-    cost, and how many lie below it beyond the seed spread: whether the space holds a model that beats the front
-    by a given margin at all."""
+    """The network of the space furthest below the Transformer-XL front at its own cost, and how many lie below it
+    beyond the seed spread: whether the space holds a model that beats the front by a given margin at all."""
     from parnas.study.front import at_cost, combined_spread, front_points
 
     networks, points = _points(rows), front_points(rows)
@@ -288,9 +273,8 @@ def space_front_verdict(rows: Sequence[Row], space: str = EVERY) -> str | None:
 
 def space_claim_verdict(rows: Sequence[Row], reaches: Callable[[float, float], tuple[bool, bool]], tolerance: float,
                         faster: str, space: str = EVERY) -> str | None:
-    """The networks of the space that meet the study's claim: ``reaches(val ppl, cost ratio)`` -> (Transformer-XL's
-    perplexity within ``tolerance``, the cost ``faster`` as the claim asks). The claim's ceiling in this space, and
-    where no network meets it, the cheapest whose perplexity does; ``space`` names the networks retrained."""
+    """The networks of the space that meet the study's claim (``reaches(val ppl, cost ratio)`` -> (perplexity within
+    ``tolerance``, cost ``faster``)), and where none does, the cheapest whose perplexity does."""
     networks = _points(rows)
     txl = next((r for r in rows if r["role"] == "transformer-xl"), None)
     if not networks or txl is None or txl["val_ppl"] is None:

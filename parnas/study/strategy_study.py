@@ -1,23 +1,19 @@
 """``parnas strategies``: PAR's Gumbel-DARTS against NNI's own strategies, at an equal search budget.
 
-Every strategy searches the same space with the same config and seeds, and the same number of training
-steps: a one-shot strategy trains its supernet for the search steps (S of ``--steps S,R``); a multi-trial one
-runs ``--trials`` trials of ``search_steps // trials`` steps each (so its trials together take as many steps).
-No latency budget is set (NNI's strategies do not price latency); each found architecture's predicted cost comes from
-the same latency table. Then every distinct found architecture is retrained from scratch (``--seeds S,K``: K
-times, R steps), and ``strategies.md`` / ``strategies.json`` give per strategy the architectures,
-their cost ratio, the retrained validation perplexity (mean ± spread over search seeds) and the search's wall
-time, with a verdict: does PAR's strategy find a better model than NNI's built-ins at that budget?
-Searches go to ``<out>/search/<strategy>-s<seed>``, retrains to ``<out>/retrain/<LAYOUT>[-s<k>]``; a rerun
-skips finished ones. A sub-folder there the study did not make is refused, and kept
-(:func:`parnas.owned_folders.own_sub_dir`).
+Every strategy searches the same space with the same config, seeds and training steps: a one-shot strategy trains its
+supernet for the search steps (S of ``--steps S,R``); a multi-trial one runs ``--trials`` trials of
+``search_steps // trials`` steps each. No latency budget is set (NNI's strategies do not price latency). Every
+distinct found architecture is then retrained from scratch (K times, R steps), and ``strategies.md`` /
+``strategies.json`` give per strategy the architectures, their cost ratio, the retrained perplexity and the search's
+wall time, with a verdict: does PAR's strategy find a better model than NNI's built-ins at that budget? Searches go to
+``<out>/search/<strategy>-s<seed>``, retrains to ``<out>/retrain/<LAYOUT>[-s<k>]``; a rerun skips finished ones, and
+a sub-folder the study did not make is refused, and kept (:func:`parnas.study.sub_folders.own_sub_dir`).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +29,7 @@ from parnas.overrides import as_given
 from parnas.owned_folders import hold_run_dir
 from parnas.strategy_registry import PAR_GUMBEL_DARTS
 from parnas.study.sub_folders import check_sub_dirs, own_sub_dir
+from parnas.study.table import mean_of, seed_spread
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
@@ -118,8 +115,7 @@ def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies
             retrained.setdefault(run["layout"], []).append(metrics.get("val_ppl"))
             log(f"[retrain] {run['layout']} (retrain seed {k}): val ppl {metrics.get('val_ppl')}")
     for run in runs:
-        values = [v for v in retrained[run["layout"]] if v is not None]
-        run["val_ppl"] = statistics.fmean(values) if values else None
+        run["val_ppl"] = mean_of(retrained[run["layout"]])
     summary = summarise_strategies(runs, strategies)
     lines = verdict(summary)
     study = {"format": "parnas.strategy-study", "version": 1, "config": config, "overrides": list(overrides),
@@ -131,20 +127,14 @@ def _run_strategy_study(config: str | None, overrides: Sequence[str], strategies
     return study
 
 
-def _mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    v = [x for x in values if x is not None]
-    return (statistics.fmean(v) if v else None), (statistics.stdev(v) if len(v) > 1 else None)
-
-
 def summarise_strategies(runs: Sequence[Mapping[str, Any]], strategies: Sequence[str]) -> list[dict[str, Any]]:
     out = []
     for strategy in strategies:
         mine = [r for r in runs if r["strategy"] == strategy]
-        ppl, ppl_std = _mean_std([r["val_ppl"] for r in mine])
-        cost, _ = _mean_std([r["cost_ratio"] for r in mine])
-        seconds, _ = _mean_std([r["search_seconds"] for r in mine])
-        out.append({"strategy": strategy, "layouts": [r["layout"] for r in mine], "val_ppl": ppl,
-                    "val_ppl_std": ppl_std, "cost_ratio": cost, "search_seconds": seconds})
+        ppls = [r["val_ppl"] for r in mine]
+        out.append({"strategy": strategy, "layouts": [r["layout"] for r in mine], "val_ppl": mean_of(ppls),
+                    "val_ppl_std": seed_spread(ppls), "cost_ratio": mean_of([r["cost_ratio"] for r in mine]),
+                    "search_seconds": mean_of([r["search_seconds"] for r in mine])})
     return out
 
 

@@ -15,14 +15,10 @@ OWNER_FILE = ".parnas-owner"  # written by a parent command (a study) into each 
 
 
 def own_sub_dir(folder: str | Path, owner: str, *, make: bool = True) -> Path:
-    """Make sure ``folder`` is a sub-folder the parent command ``owner`` (e.g. ``study``) made, and may therefore
-    run, resume, clear or read as its own; returns it. With ``make`` false, an absent or empty folder is left as
-    it is (a check before the work: nothing is written).
-
-    The rule: a sub-folder is the parent's if it holds the parent's :data:`OWNER_FILE`, written when the parent
-    made it (an absent or empty folder is made or taken over, and gets one). Any other folder there is not the
-    parent's: a live run in it is refused naming its process, anything else is refused naming the folder and what
-    it holds, and kept. A live run in the parent's own sub-folder (one started into it by hand) is refused too."""
+    """Make sure ``folder`` is a sub-folder the parent command ``owner`` (e.g. ``study``) made, and may run, resume,
+    clear or read as its own; returns it. It is the parent's if it holds :data:`OWNER_FILE`, written when the parent
+    made it (an absent or empty folder is made or taken over; with ``make`` false, left as it is). Any other folder,
+    and a live run in the parent's own, is refused in one line naming what it holds, and kept."""
     folder = Path(folder)
     check_not_held(folder)
     marker = folder / OWNER_FILE

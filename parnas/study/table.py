@@ -1,27 +1,13 @@
 """A ranking table: the retrained perplexities of a search space's layouts, shipped as data, against which a
 search is scored without retraining anything (:mod:`parnas.study.score`).
 
-A one-shot search is only as good as its supernet's ranking of layouts. Judging that ranking needs every
-layout retrained over several seeds, hours of CPU each time; a table keeps those numbers once, versioned, so
-that any later search of the same space (same candidates and depth, same model, vocabulary and memory) is
-scored in minutes. A table is JSON (:data:`FORMAT`, :data:`VERSION`)::
-
-    {"format": "parnas.ranking-table", "version": 1, "name": "adi6-wt2-cpu",
-     "space": {"candidates": ["attention", "dense", "identity"], "n_blocks": 6},
-     "config": {"preset": "wt2-cpu", "overrides": [...], "retrain_steps": 600, "seg_len": 64,
-                "model": {...every model setting...}, "vocab": {"kind": ..., "vocab_size": ..., "sha256": ...}},
-     "commit": "<git commit>", "memory": {"mem_len": 32, "eval_mem_len": null, "evaluation_memory": 32},
-     "latency_table": {...a parnas latency table: every target's costs...},
-     "layouts": {"ADADAD": {"val_ppl_seeds": [...], "val_ppl_std": 1.2, "roles": ["transformer-xl"]}, ...},
-     "noise_ceiling": 0.81, "rebuild": "<the commands that rebuild it>"}
-
-Layouts are letter strings at the space's depth (shallower networks padded with identity blocks above them);
-``val_ppl_seeds[k]`` is the retrain with ``train.seed`` + k (null: that retrain gave no perplexity). The costs
-of every latency target are the latency table's predictions relative to Transformer-XL at the same depth.
-The **noise ceiling** is the Kendall tau between the mean perplexities of two disjoint halves of the seeds (even
-and odd retrain seeds): how well the table ranks its own layouts; a supernet's ranking cannot be judged finer.
-It is conservative, since each half has half the seeds of the table's means. The loader checks everything, and
-that the recorded spreads and ceiling are the seeds' own.
+A one-shot search is only as good as its supernet's ranking of layouts. Judging that ranking needs every layout
+retrained over several seeds, hours of CPU each time; a table keeps those numbers once, versioned, so that any
+later search of the same space (same candidates and depth, same model, vocabulary and memory) is scored in minutes.
+Its JSON format (:data:`FORMAT`, :data:`VERSION`) is benchmarks/spaces/README.md's. The **noise ceiling** is the
+Kendall tau between the mean perplexities of the even and of the odd retrain seeds: how well the table ranks its
+own layouts, so the finest a supernet's ranking can be judged (conservative: each half has half the seeds). The
+loader checks everything, and that the recorded spreads and ceiling are the seeds' own.
 """
 
 from __future__ import annotations
@@ -86,8 +72,15 @@ class RankingTable:
 
 
 def seed_spread(seeds: Sequence[float | None]) -> float | None:
+    """The standard deviation of the values given (None: one or none), as every spread of the study reads it."""
     values = [v for v in seeds if v is not None]
     return statistics.stdev(values) if len(values) > 1 else None
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    """The mean of the values given (None: none)."""
+    given = [v for v in values if v is not None]
+    return statistics.fmean(given) if given else None
 
 
 def noise_ceiling(seeds: Mapping[str, Sequence[float | None]]) -> float | None:
@@ -243,22 +236,18 @@ def model_differences(recorded: Mapping[str, Any], cfg: Config, candidates: Sequ
 # --- building one from a study ---------------------------------------------------------------------------------
 
 def table_from_study(study_path: str | Path, latency_table: str | Path | None = None) -> dict[str, Any]:
-    """The table of a finished ``parnas study`` (its ``study.json``): every retrained layout at the searches' depth
-    (width-scaled ones left out, shallower ones padded with identity blocks), each retrain seed's val ppl, the
-    costs of ``latency_table`` (default: the table that priced the study), the config and the vocabulary of its
-    searches. Raises ConfigError for a study it cannot make a table of; reads only."""
+    """The table of a finished ``parnas study``: every retrained layout at the searches' depth, each retrain seed's val
+    ppl, the costs of ``latency_table`` (default: the study's); ConfigError for a study it cannot use. Reads only."""
     from parnas import architecture
     from parnas.config import load_config
     from parnas.training.latency_table import load_table_for, table_key
 
     path = Path(study_path)
     study = read_json_file(path, "STUDY_JSON", "a study.json")
-    if not isinstance(study, dict) or study.get("format") != "parnas.study" or not isinstance(study.get("rows"),
-                                                                                                 list):
+    if not isinstance(study, dict) or study.get("format") != "parnas.study" or not isinstance(study.get("rows"), list):
         raise ConfigError(f"{path} is not the study.json `parnas study` writes")
     if len(study.get("candidate_sets") or ()) > 1:
-        raise ConfigError(f"{path} searched {len(study['candidate_sets'])} candidate sets; a table "
-                          "holds one space")
+        raise ConfigError(f"{path} searched {len(study['candidate_sets'])} candidate sets; a table holds one space")
     cfg = load_config(study.get("config"), study.get("overrides") or [])
     candidates = tuple((study.get("candidate_sets") or [cfg.search.candidates])[0])
     records = sorted(path.parent.glob("search/*/architecture.json"))
@@ -348,11 +337,8 @@ def _commit() -> str:
 
 
 def rebuild_command(study: Mapping[str, Any], path: Path, latency_table: str | Path | None = None) -> str:
-    """The commands that rebuild the table: the latency table that priced it (when the study named one by
-    ``search.latency_table``, or at the conversion by ``latency_table``; with the study's model, data and thread
-    settings, which change what it prices),
-    the study with the settings that chose its layouts (its searches' seeds, budgets and steps pick the found
-    layouts, and a census is stratified by their costs; the random orderings add layouts), and the conversion."""
+    """The commands that rebuild the table: the latency table that priced it (with the study's model, data and thread
+    settings, which change what it prices), the study with the settings that chose its layouts, and the conversion."""
     overrides = list(study.get("overrides") or [])
     config = [f"--config {study['config']}"] if study.get("config") else []
     census = study.get("census")

@@ -1,11 +1,10 @@
-"""Further retrain seeds for a ranking table's layouts, from finished ``parnas train`` runs:
-``parnas table add-seeds RUN [RUN ...] --table FILE``.
+"""``parnas table add-seeds RUN [RUN ...] --table FILE``: further retrain seeds for a ranking table's layouts.
 
 A table's seed spreads say what a regret of a few tenths of a percent means, and its best layouts are where the
-regrets are decided; retraining every layout again would cost what the table cost. So a table takes further
-seeds of chosen layouts, each a finished ``parnas train`` run of the table's model, segment length, vocabulary
-and retrain steps whose ``train.seed`` is a seed the table does not hold for that layout (the table's seed + k
-goes to index k). The spreads, the noise ceiling and the rebuild commands are recomputed from the seeds.
+regrets are decided; retraining every layout again would cost what the table cost. So a table takes further seeds of
+chosen layouts, each a finished ``parnas train`` run of the table's model, segment length, vocabulary and retrain
+steps with a ``train.seed`` the table lacks for that layout (seed + k goes to index k); spreads, noise ceiling and
+rebuild commands follow.
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ def _finished_run(run: Path) -> tuple[Any, dict[str, Any]]:
 
     metrics_path = run / "metrics.json"
     if not metrics_path.is_file() or not (run / "architecture.json").is_file():
-        raise ConfigError(f"{run} is not a finished `parnas train` run (no metrics.json and "
-                          "architecture.json)")
+        raise ConfigError(f"{run} is not a finished `parnas train` run (no metrics.json and architecture.json)")
     metrics = read_json_file(metrics_path, "RUN", "the metrics.json `parnas train` writes")
     if not isinstance(metrics, dict) or not isinstance(metrics.get("config"), dict) or not isinstance(
             metrics.get("val_ppl"), (int, float)) or metrics.get("diverged"):

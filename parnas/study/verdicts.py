@@ -1,12 +1,7 @@
-"""What ``parnas study`` concludes: a summary per group of its rows and a verdict per question, in plain words.
-
-A group is a budget, or with ``--candidates`` a (candidate set, budget) pair: its seeds are summarised
-together and every verdict is given per group.
-
-Every verdict is computed from the rows (:func:`parnas.study.report.build_rows`): Transformer-XL's validation
-perplexity reached within ``PPL_TOLERANCE`` at a latency at least ``SPEEDUP`` shorter; the found architecture
-against the mean of its random orderings and against its sandwich; whether each seed puts its
-attention early (mean depth of its attention blocks before that of its dense and identity blocks).
+"""What ``parnas study`` concludes, computed from its rows (:func:`parnas.study.report.build_rows`): a summary per
+group (a budget, or with ``--candidates`` a candidate set and budget) and a verdict per question in plain words:
+Transformer-XL's perplexity reached within ``PPL_TOLERANCE`` at a latency ``SPEEDUP`` shorter, the found order
+against its random and sandwich orderings, and whether each seed puts its attention early.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ from typing import Any
 from parnas import kinds
 from parnas.config import TARGET_LABELS
 from parnas.retrain.compare import cell
+from parnas.study.table import mean_of, seed_spread
 
 PPL_TOLERANCE = 0.01  # "the same perplexity": within 1% of Transformer-XL's
 # "faster", per latency target: a train step or inference segment at least 30% shorter than Transformer-XL's;
@@ -29,20 +25,6 @@ SPEEDUP = {"train": 0.30, "inference": 0.30, "generate": 1 / 3}
 def _ppl(value: float | None) -> str:
     """A perplexity as the verdicts write it."""
     return cell(value, "{:.2f}")
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    v = [x for x in values if x is not None]
-    return statistics.fmean(v) if v else None
-
-
-def _std(values: Sequence[float | None]) -> float | None:
-    v = [x for x in values if x is not None]
-    return statistics.stdev(v) if len(v) > 1 else None
-
-
-def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
-    return [r[key] for r in rows]
 
 
 Group = tuple[Any, str]  # (candidate set letters or None, budget label)
@@ -72,10 +54,10 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"candidates": key[0], "budget": key[1], "seeds": len(found)}
         for role in ("found", "random", "sandwich"):
             group = _of(rows, role, key)
-            row[f"{role}_val_ppl"] = _mean(_column(group, "val_ppl"))
-            row[f"{role}_ratio"] = _mean(_column(group, "latency_ratio"))
-        row["found_val_ppl_std"] = _std(_column(found, "val_ppl"))
-        row["found_ratio_std"] = _std(_column(found, "latency_ratio"))
+            row[f"{role}_val_ppl"] = mean_of([r["val_ppl"] for r in group])
+            row[f"{role}_ratio"] = mean_of([r["latency_ratio"] for r in group])
+        row["found_val_ppl_std"] = seed_spread([r["val_ppl"] for r in found])
+        row["found_ratio_std"] = seed_spread([r["latency_ratio"] for r in found])
         out.append({**row, "transformer_xl_val_ppl": txl["val_ppl"],
                     "transformer_xl_train_step_ms": txl["train_step_ms"]})
     return out
@@ -107,10 +89,8 @@ def claim_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
                          (f"{what} not {speedup:.0%} shorter", not fast)) if bad)
     return (f"{group_name(s)}: {hits} of {s['seeds']} seeds reach Transformer-XL's validation perplexity "
             f"({_ppl(txl)}) within {PPL_TOLERANCE:.0%} at a {costs_label(found)} {what} >= {speedup:.0%} shorter "
-            f"({1 / (1 - speedup):.2g}x faster). "
-            "Mean over "
-            f"seeds: val ppl {_ppl(s['found_val_ppl'])} ({gap:+.1f}% vs Transformer-XL) at {s['found_ratio']:.2f}x "
-            f"its {what} time -> {why}.")
+            f"({1 / (1 - speedup):.2g}x faster). Mean over seeds: val ppl {_ppl(s['found_val_ppl'])} ({gap:+.1f}% vs "
+            f"Transformer-XL) at {s['found_ratio']:.2f}x its {what} time -> {why}.")
 
 
 def costs_label(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -182,10 +162,9 @@ def depth_verdict(s: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> s
 
 def verdicts(rows: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
              ranking: Mapping[str, Mapping[str, Any]] | None = None, space: str | None = None) -> list[str]:
-    """Plain-language answers to the study's questions, per group, from the numbers: the claim, the orderings,
-    the depths, the found model against the depth-scaled Transformer-XL front and, where the study retrained every
-    network of the space or a census of them (``space`` names which, :func:`parnas.study.space.space_name`), against
-    those; then the space's best against the front, and each search's ranking fidelity."""
+    """Plain-language answers per group: the claim, the orderings, the depths, the found model against the front and
+    against the space's networks retrained (``space``: :func:`parnas.study.space.space_name`); then the space's
+    best against the front, and each search's ranking fidelity."""
     from parnas.study.front import front_verdict
     from parnas.study.ranking import ranking_verdict
     from parnas.study.space import EVERY, found_in_space_verdict, space_claim_verdict, space_front_verdict

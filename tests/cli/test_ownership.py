@@ -91,7 +91,7 @@ def test_a_fresh_search_clears_its_own_stale_logs_but_not_a_run_that_arrived_the
 
 def study(out: Path, strategies: bool = False) -> list[str]:
     command = (["strategies", "par-gumbel-darts,random"] if strategies else
-               ["study", "--budgets", "none", "--rounds", "1"])
+               ["study", "--budgets", "none"])
     return [*command, "--config", "tiny", "--seeds", "1", "--out", str(out), "--steps", "2"]
 
 

@@ -115,7 +115,7 @@ def test_study_on_cuda(wt2_slice, tmp_path, capsys, precision):
     settings = sets(f"data.path={wt2_slice}", *SMALL, "train.accelerator=gpu", f"train.precision={precision}",
                     "train.eval_every=1000", "train.warmup_steps=3", "search.log_every=5")
     assert cli("study", "--config", "tiny", *settings, "--seeds", "1", "--budgets", "none", "--out", out,
-               "--steps", "8", "--random-orderings", "1", "--rounds", "1") == 0
+               "--steps", "8", "--random-orderings", "1") == 0
     study = read(out / "study.json")
     assert study["timing"]["device"] == torch.cuda.get_device_name()
     for row in study["rows"]:

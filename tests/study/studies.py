@@ -9,7 +9,7 @@ def study_args(corpus, out, *extra):
                 "train.eval_every=1000", "train.warmup_steps=3", "search.log_every=5"]
     return ["study", "--config", "tiny", *[a for s in settings for a in ("--set", s)], "--seeds", str(SEEDS),
             "--budgets", "none", "--out", str(out), "--steps", "12,10",
-            "--random-orderings", str(RANDOM), "--rounds", "2", *extra]
+            "--random-orderings", str(RANDOM), *extra]
 
 
 def front_rows(found_ppls, front_std=None):

@@ -15,8 +15,7 @@ from pathlib import Path
 from tools.campaign_cases.bench import Bad, Bench, Case, last_words, one_line, succeeded
 from tools.campaign_cases.faults import run_args
 
-STUDY = ["--seeds", "1", "--budgets", "none", "--steps", "4", "--rounds", "1",
-         "--random-orderings", "0"]
+STUDY = ["--seeds", "1", "--budgets", "none", "--steps", "4", "--random-orderings", "0"]
 
 
 def digest(folder: Path) -> dict[str, str]:

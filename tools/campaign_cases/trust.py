@@ -97,7 +97,7 @@ def planted_sub(command: str, sub: str, planted: str) -> Case:
         else:
             place.symlink_to(target if planted == "link" else folder / "nowhere", target_is_directory=True)
         args = (["study", *TINY, *bench.micro_sets(), "--out", str(out), "--seeds", "1", "--budgets", "none",
-                 "--steps", "4", "--rounds", "1", "--random-orderings", "0"]
+                 "--steps", "4", "--random-orderings", "0"]
                 if command == "study" else run_args(bench, command, out))
         done = bench.cli(args, folder, timeout=600)
         line = one_line(done, 2)
