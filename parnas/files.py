@@ -121,6 +121,12 @@ def os_error(e: BaseException) -> OSError | None:
     return None
 
 
+def lacks_memory(e: BaseException) -> bool:
+    """Whether reading a cached file failed for want of memory (``MemoryError``, or a map refused with ``ENOMEM``):
+    not damage, so a cache reader lets it go to the memory refusal instead of building the file again."""
+    return isinstance(e, MemoryError) or isinstance(e, OSError) and e.errno == errno.ENOMEM
+
+
 def out_of_space(e: BaseException, path: str | Path | None = None, size: int | None = None) -> ParnasError | None:
     """One line for a write that failed because the disk or the user's quota is full, else None: the file, the
     bytes it needs (``size``, where known) and those free beside it."""

@@ -31,7 +31,7 @@ from parnas import reading
 from parnas.config import DataConfig
 from parnas.data.tokenizer import Tokenizer, build_tokenizer, file_digest
 from parnas.errors import DataError, ParnasError
-from parnas.files import checksum_mismatch, write_atomic, write_checksum, write_json_atomic
+from parnas.files import checksum_mismatch, lacks_memory, write_atomic, write_checksum, write_json_atomic
 
 SPLITS = ("train", "valid", "test")
 
@@ -299,6 +299,8 @@ def _token_ids(tokenizer: Tokenizer, text_file: Path) -> np.ndarray:
         try:
             return _cached_ids(cached, tokenizer.vocab_size)
         except (ValueError, OSError, EOFError, pickle.UnpicklingError) as e:
+            if lacks_memory(e):
+                raise
             reason = " ".join(str(e).split())[:160] or type(e).__name__
             print(f"parnas: note: the cached token ids {cached} are damaged ({reason}); encoding them again",
                   file=sys.stderr)

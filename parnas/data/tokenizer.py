@@ -33,7 +33,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from parnas.config import DataConfig
 from parnas.errors import DataError, TokenizerError
-from parnas.files import checksum_mismatch, file_digest, write_checksum
+from parnas.files import checksum_mismatch, file_digest, lacks_memory, write_checksum
 
 EOS, UNK = "<eos>", "<unk>"
 _BATCH_LINES = 8192  # lines encoded per call: bounds the Python lists alive at once
@@ -361,6 +361,8 @@ def build_tokenizer(cfg: DataConfig, corpus_dir: Path, cache_dir: Path) -> Token
             tokenizer.corpus_sha256 = corpus_sha256
             return tokenizer
         except Exception as e:  # whatever a damaged file raises, the remedy is a rebuild
+            if lacks_memory(e):
+                raise
             reason = " ".join(str(e).split())[:160] or type(e).__name__
             print(f"parnas: note: the cached tokenizer {target} is damaged ({reason}); building it again",
                   file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import shutil
@@ -309,6 +310,23 @@ def test_damaged_token_id_caches_are_reported_and_encoded_again(tmp_path, capsys
     np.testing.assert_array_equal(splits["valid"], ids)
     _, again = load_splits(cfg)  # repaired: read quietly from now on
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), OSError(errno.ENOMEM, "Cannot allocate memory")])
+def test_cached_token_ids_that_memory_cannot_hold_are_not_called_damaged(tmp_path, capsys, monkeypatch, failure):
+    """Under ``ulimit -v`` the map of an intact cache fails: the failure goes to the memory refusal as it is, the
+    file is neither reported damaged nor encoded again (which would need more memory still)."""
+    cfg, _, _, npy = _valid_ids(tmp_path)
+    before = npy.stat().st_mtime_ns
+
+    def no_memory(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(np, "load", no_memory)
+    capsys.readouterr()
+    with pytest.raises(type(failure)):
+        load_splits(cfg)
+    assert capsys.readouterr().err == "" and npy.stat().st_mtime_ns == before
 
 
 def test_a_corpus_found_through_the_data_dir_is_found_again_without_it(tmp_path, monkeypatch):

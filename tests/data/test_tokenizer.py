@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import random
 import shutil
 from collections import Counter
@@ -175,6 +176,22 @@ def test_a_damaged_cached_model_is_reported_and_built_again(tmp_path, capsys, da
     assert len(note.splitlines()) == 1 and "damaged" in note and "building it again" in note, note
     assert not again.from_cache and again.sha256 == good.sha256 and again.vocab_size == 200
     assert [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()] == [good.path.parent.name]
+
+
+def test_a_cached_tokenizer_that_memory_cannot_load_is_not_called_damaged(tmp_path, capsys, monkeypatch):
+    """A load that fails for want of memory is not damage: it reaches the memory refusal, nothing is rebuilt."""
+    corpus = write_corpus(tmp_path / "c", " a b c \n b c \n")
+    cfg = DataConfig(tokenizer="word")
+    good = build_tokenizer(cfg, corpus, tmp_path / "cache")
+
+    def no_memory(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(parnas.data.tokenizer, "checksum_mismatch", no_memory)
+    capsys.readouterr()
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        build_tokenizer(cfg, corpus, tmp_path / "cache")
+    assert capsys.readouterr().err == "" and good.path.is_file()
 
 
 def test_a_damaged_word_vocabulary_is_built_again(tmp_path, capsys):

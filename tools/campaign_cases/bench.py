@@ -126,7 +126,9 @@ def one_line(done: subprocess.CompletedProcess, status: int) -> str:
         raise Bad(f"exit {done.returncode}, not {status}: {last_words(err or done.stdout) or 'nothing said'}")
     lines = err.splitlines()
     if len(lines) != 1:
-        raise Bad(f"exit {status} but {len(lines)} lines on stderr: {last_words(err) or 'none'}")
+        extra = " | ".join(line[:200] for line in lines[:-1])  # what came before the refusal: the surprise
+        raise Bad(f"exit {status} but {len(lines)} lines on stderr: {extra + ' | ' if extra else ''}"
+                  f"{last_words(err) or 'none'}")
     return lines[0]
 
 
