@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 
-from parnas import reading
 from parnas.config import Config, transformer_xl_layout
 from parnas.errors import ParnasError
 from parnas.files import write_json_atomic
 from parnas.owned_folders import hold_run_dir
-from parnas.training.latency_table import MODES, LatencyTable, check_targets, cost_problem, table_key
+from parnas.training.latency_table import MODES, LatencyTable, check_targets, cost_problem, read_table, table_key
 from parnas.training.timing import stderr_line
 
 SPREAD_LIMIT = 0.10  # the most a cost's rounds may spread, as a fraction of the step it was read from
@@ -152,7 +151,7 @@ def newest_covering(key: dict[str, Any], folder: Path, targets: Sequence[str] = 
             continue  # removed meanwhile
     for _, file in sorted(dated, reverse=True):
         try:
-            table = LatencyTable.from_dict(reading.read_json(file))
+            table = read_table(file)
             covers = shapes(table.key) == shapes(key) and set(key["kinds"]) <= set(table.key["kinds"])
             # a table cached before generation was timed, or before tables recorded their spread, is timed again
             usable = covers and set(targets) <= set(table.modes) and unsteady(table) is None
@@ -231,7 +230,7 @@ def experiment_table(folder: Path, key: dict[str, Any], obtain: Callable[[], Lat
     path = folder / f"{cache_path(key).stem}.json"
     with _held_when_free(folder, progress):
         try:
-            table = LatencyTable.from_dict(reading.read_json(path)) if path.is_file() else None
+            table = read_table(path) if path.is_file() else None
         except (OSError, ValueError, KeyError, TypeError, ParnasError):
             table = None
         if table is not None and table.key == key and cached_problem(table) is None:
