@@ -288,8 +288,7 @@ def _confirmed(cfg: Config, winner: dict[str, Any], guard: dict[str, Any], folde
 
 def _seeds_mean(entrant: Mapping[str, Any]) -> float:
     """The entrant's perplexity as the summary and the export show it (:func:`pick_ppl`), inf where not finite."""
-    ppl = pick_ppl(entrant)
-    return math.inf if ppl is None else ppl
+    return _finite(pick_ppl(entrant))
 
 
 def _record(cfg: Config, entered: Sequence[dict[str, Any]], winner: dict[str, Any], budget: float, source: str,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from parnas.config import Config
-from parnas.study.table import seed_spread
+from parnas.study.table import mean_of, seed_spread
 
 
 def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -15,9 +15,8 @@ def over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     whose perplexity is finite, ``val_ppl_std`` (None for one seed) and ``val_ppl_seeds``, each seed's."""
     out = dict(runs[0])
     for key in ("val_ppl", "test_ppl"):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = sum(values) / len(values) if values else None
-        out[f"{key}_seeds"] = [r.get(key) for r in runs]
+        seeds = [r.get(key) for r in runs]
+        out[key], out[f"{key}_seeds"] = mean_of(seeds), seeds
     out["val_ppl_std"] = seed_spread(out["val_ppl_seeds"])
     return out
 
