@@ -99,7 +99,7 @@ class Browser:
 
     def shoot(self, url: str, out: Path, local_storage: dict[str, str] | None = None,
               settle: float = 8.0) -> list[dict[str, str]]:
-        """Photograph ``url`` into ``out``; returns the trials table's rows as the picture shows them (:data:`ROWS`)."""
+        """Photograph ``url`` into ``out``, its table rows (:data:`ROWS`) into the .json beside it; returns the rows."""
         return asyncio.run(self._shoot(url, out, local_storage or {}, settle))
 
     async def _shoot(self, url: str, out: Path, local_storage: dict[str, str], settle: float) -> list[dict[str, str]]:
@@ -133,7 +133,9 @@ class Browser:
             rows = await call("Runtime.evaluate", expression=ROWS, returnByValue=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(base64.b64decode(shot["data"]))
-        return json.loads(rows.get("result", {}).get("value") or "[]")
+        shown = json.loads(rows.get("result", {}).get("value") or "[]")
+        out.with_suffix(".json").write_text(json.dumps(shown, indent=1) + "\n")
+        return shown
 
     def close(self) -> None:
         self.proc.terminate()
@@ -177,9 +179,8 @@ def main() -> int:
                     seen[job["trialJobId"]] = job["status"]
                     print(f"{time.time() - start:6.0f} s  trial {job['trialJobId']} {job['status']}", flush=True)
             running = {j["trialJobId"] for j in jobs if j["status"] == "RUNNING"}
-            if not shot_running and running & {m["trialJobId"] for m in rest(port, "metric-data")}:
-                rows = browser.shoot(url, out / "trials-running.png", columns_entry(experiment))
-                (out / "trials-running.json").write_text(json.dumps(rows, indent=1) + "\n")
+            if not shot_running and running and running & {m["trialJobId"] for m in rest(port, "metric-data")}:
+                browser.shoot(url, out / "trials-running.png", columns_entry(experiment))
                 shot_running = True
                 print(f"{time.time() - start:6.0f} s  wrote {out / 'trials-running.png'}", flush=True)
             if len(jobs) >= info["params"]["maxTrialNumber"] and all(j["status"] in ENDED for j in jobs):
@@ -199,7 +200,6 @@ def main() -> int:
                   f"{(max(ends) - created) / 1000:.0f} s from nnictl create to the last trial's end "
                   f"({time.time() - start:.0f} s with this script's start)", flush=True)
         rows = browser.shoot(url, out / "trials-done.png", columns_entry(experiment))
-        (out / "trials-done.json").write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {out / 'trials-done.png'} and {out / 'trials-done.json'} ({len(rows)} rows)")
     finally:
         subprocess.run([str(Path(sys.executable).parent / "nnictl"), "stop", experiment], capture_output=True,

@@ -121,8 +121,8 @@ def summary_block(experiment: str, trials: Mapping[str, Trial], preset: str | No
         lines.append(f"  TensorBoard: tensorboard --logdir {folders.pop()}   (a run per trial, <trial>/tensorboard; "
                      "its final pick's retrains beside it, <trial>/select/<layout>/tensorboard)")
     best = best_outcome(outcomes)
-    cheaper = [o for o in outcomes if not o["transformer_xl"] and isinstance(o["cost_ratio"], (int, float))]
     if best["transformer_xl"]:
+        cheaper = [o for o in outcomes if not o["transformer_xl"] and isinstance(o["cost_ratio"], (int, float))]
         found = min(cheaper, key=lambda o: (o["cost_ratio"], o["number"])) if cheaper else None
         lines.append(f"best: trial {best['number']} exported Transformer-XL itself: retraining it beside "
                      "Transformer-XL would compare a network with itself"

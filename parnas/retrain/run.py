@@ -111,10 +111,11 @@ def retrain(arch: str, config: str | None = None, overrides: Sequence[str] = (),
                       f"pieces); training from scratch is unaffected, but token ids are not comparable with {arch}",
                       file=sys.stderr)
             record = source
+        kinds = architecture.layout(record)
         check_segments(cfg, splits)
-        check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in architecture.layout(record)])  # before allocating
+        check_memory(cfg, tokenizer.vocab_size, [[kind] for kind in kinds])  # before allocating
         pl.seed_everything(cfg.train.seed, verbose=False)
         model = fixed_model(replace(cfg.model, blocks=()), tokenizer.vocab_size, record["architecture"])
-        if model.block_kinds != architecture.layout(record):  # the space must honour the sample exactly
-            raise RuntimeError(f"built {model.block_kinds}, expected {architecture.layout(record)}")
+        if model.block_kinds != kinds:  # the space must honour the sample exactly
+            raise RuntimeError(f"built {model.block_kinds}, expected {kinds}")
         return fit(cfg, model, tokenizer, splits, record, resume=resume, callbacks=callbacks)

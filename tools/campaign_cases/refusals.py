@@ -190,7 +190,7 @@ def file_cases() -> list[Case]:
 
 def command_cases() -> list[Case]:
     study = ["study", *TINY, "--out", "{out}", "--seeds", "1", "--steps", "2"]
-    ckpt = ["{in}/last.ckpt"]
+    ckpt, binary = ["{in}/last.ckpt"], {"last.ckpt": BINARY}  # binary: a checkpoint that exists, unreadable
     return [
         refused("search: an empty strategy", search() + ["--strategy", ""], "names no strategy", quick=True),
         refused("search: a blank strategy", search() + ["--strategy", " \t"], "names no strategy"),
@@ -204,17 +204,15 @@ def command_cases() -> list[Case]:
         # an argument's check, given a checkpoint that exists (its reading comes later): the run folder is checked
         # before anything else and would answer first
         refused("generate: a trillion tokens", ["generate", *ckpt, "--tokens", "1000000000000"],
-                "above the 100,000 one run samples at most", files={"last.ckpt": BINARY}),
-        refused("generate: zero tokens", ["generate", *ckpt, "--tokens", "0"], "--tokens", files={"last.ckpt": BINARY}),
+                "above the 100,000 one run samples at most", files=binary),
+        refused("generate: zero tokens", ["generate", *ckpt, "--tokens", "0"], "--tokens", files=binary),
         refused("generate: temperature NaN", ["generate", *ckpt, "--temperature", "nan"], "--temperature",
-                files={"last.ckpt": BINARY}),
+                files=binary),
         refused("generate: an absent checkpoint", ["generate", *ckpt], "last.ckpt"),
-        refused("generate: a checkpoint of random bytes", ["generate", *ckpt], "last.ckpt",
-                files={"last.ckpt": BINARY}),
+        refused("generate: a checkpoint of random bytes", ["generate", *ckpt], "last.ckpt", files=binary),
         refused("evaluate: a text file as checkpoint", ["evaluate", *ckpt, "--out", "{out}/e.json"], "last.ckpt",
                 files={"last.ckpt": "not a checkpoint\n"}),
-        refused("evaluate: negative memory", ["evaluate", *ckpt, "--mem-len", "-1"], "--mem-len",
-                files={"last.ckpt": BINARY}),
+        refused("evaluate: negative memory", ["evaluate", *ckpt, "--mem-len", "-1"], "--mem-len", files=binary),
         refused("data: PARNAS_DATA_DIR missing", train(), "is not a folder",
                 env={"PARNAS_DATA_DIR": "{in}/no-such-folder"}),
         refused("data: PARNAS_DATA_DIR a file", train(), "PARNAS_DATA_DIR", env={"PARNAS_DATA_DIR": "{in}/f.txt"},
