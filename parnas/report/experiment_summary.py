@@ -40,11 +40,10 @@ def trial_outcome(number: int, trial: Trial) -> dict[str, Any] | None:
     if selection:
         entrants = {e.get("architecture"): e for e in selection.get("entrants") or [] if isinstance(e, dict)}
         winner, guard = entrants.get(selection.get("winner")), selection.get("guard") or {}
-        outcome["retrained_ppl"] = pick_ppl(winner) if winner else None
         outcome["steps"] = (selection.get("steps") or [None])[-1]
         outcome["guard"] = guard.get("name") or (f"the shallower Transformer-XL {guard['architecture']}"
                                                  if guard.get("architecture") else None)
-        outcome["guard_ppl"] = pick_ppl(entrants.get(guard.get("architecture"), {})) if guard else None
+        outcome["retrained_ppl"], outcome["guard_ppl"] = pick_ppls(selection)
         outcome["guard_won"] = selection.get("verdict") == "guard"
         outcome["picked_guard"] = bool(guard) and selection.get("winner") == guard.get("architecture")
         outcome["seeds"] = 1 + len((winner or {}).get("confirm_val_ppl") or [])
@@ -59,6 +58,15 @@ def pick_ppl(entrant: Mapping[str, Any]) -> float | None:
     if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
         return None
     return sum(values) / len(values)
+
+
+def pick_ppls(selection: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """The final pick's winner's and guard's perplexities (:func:`pick_ppl`), None where the record lacks one: the
+    one reading of a pick that this summary, ``parnas export``'s table and NNI's final metric share."""
+    entrants = {e.get("architecture"): e for e in selection.get("entrants") or [] if isinstance(e, dict)}
+    winner, guard = selection.get("winner"), (selection.get("guard") or {}).get("architecture")
+    return (pick_ppl(entrants[winner]) if winner in entrants else None,
+            pick_ppl(entrants[guard]) if guard in entrants else None)
 
 
 def _ppl(value: float | None) -> str:

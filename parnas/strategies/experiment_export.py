@@ -17,7 +17,7 @@ from parnas import architecture
 from parnas.config import TARGET_LABELS
 from parnas.errors import ParnasError
 from parnas.files import copy_atomic, ensure_writable_dir, write_json_atomic
-from parnas.report.experiment_summary import pick_ppl
+from parnas.report.experiment_summary import pick_ppls
 from parnas.report.experiments import (
     FINISHED,
     LETTER_CODE,
@@ -42,8 +42,7 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
     margins = {b: round(exported_margin(probs[b], record["architecture"][b]), 4) for b in blocks
                if isinstance(probs.get(b), dict) and probs[b]}
     selection = search.get("selection") if isinstance(search.get("selection"), dict) else {}
-    entrants = {e.get("architecture"): e for e in selection.get("entrants") or [] if isinstance(e, dict)}
-    winner, guard = entrants.get(selection.get("winner")) or {}, selection.get("guard") or {}
+    (retrained, guard_ppl), guard = pick_ppls(selection), selection.get("guard") or {}
     latency = search.get("latency") if isinstance(search.get("latency"), dict) else None
     gap = search.get("discretisation_gap")
     return {"trial": trial_id, "val_ppl": exported, "supernet_val_ppl": supernet,
@@ -52,8 +51,7 @@ def trial_row(trial_id: str, path: Path) -> dict[str, Any]:
             "blocks": record["architecture"], "probabilities": record["probabilities"], "margins": margins,
             "undecided": [b for b, m in margins.items() if 0 <= m < UNDECIDED_MARGIN],
             "overruled": [b for b, m in margins.items() if m < 0],
-            "retrained_val_ppl": pick_ppl(winner), "guard": guard.get("architecture"),
-            "guard_val_ppl": pick_ppl(entrants.get(guard.get("architecture")) or {}),
+            "retrained_val_ppl": retrained, "guard": guard.get("architecture"), "guard_val_ppl": guard_ppl,
             "guard_won": selection.get("verdict") == "guard" if selection else None,
             "latency": latency, "latency_ratio": (latency or {}).get("ratio"),
             "architecture_cost": search.get("architecture_cost"), "cost_unit": search.get("cost_unit"),

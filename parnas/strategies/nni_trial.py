@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parnas.kinds import attending  # imports no torch
-from parnas.report.experiment_summary import pick_ppl
+from parnas.report.experiment_summary import pick_ppls
 
 if TYPE_CHECKING:  # a trial's parameters are read before torch loads
     from parnas.strategies.supernet_export import Evaluated
@@ -39,16 +39,14 @@ def nni_metric(result: Evaluated, latency: dict[str, Any] | None,
                selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """What NNI's web UI shows for a trial, at every evaluation (so its columns fill from the first) and at the end:
     ``default`` is the exported architecture's own perplexity with the supernet's weights; the final result adds the
-    final pick's retrained perplexities (``retrained_val_ppl``, ``guard_val_ppl``: :func:`pick_ppl`), named apart.
+    final pick's retrained perplexities (``retrained_val_ppl``, ``guard_val_ppl``: :func:`pick_ppls`), named apart.
     The web UI lists the keys in this order and shows the numbers as they are: rounded as in architecture.json."""
     ratio = latency["ratio"] if latency else result.cost_ratio
     picked = {}
     if selection:
-        entrants = {e["architecture"]: e for e in selection["entrants"]}
-        guard = selection.get("guard") or {}
-        picked = {"retrained_val_ppl": pick_ppl(entrants[selection["winner"]]), "guard": guard.get("architecture"),
-                  "guard_val_ppl": pick_ppl(entrants.get(guard.get("architecture")) or guard),
-                  "guard_won": selection["verdict"] == "guard"}
+        retrained, guard_ppl = pick_ppls(selection)
+        picked = {"retrained_val_ppl": retrained, "guard": (selection.get("guard") or {}).get("architecture"),
+                  "guard_val_ppl": guard_ppl, "guard_won": selection["verdict"] == "guard"}
     return {"default": round(result.val_ppl, 4), "architecture": result.architecture,
             "latency_ratio": None if ratio is None else round(ratio, 4), **picked,
             "supernet_val_ppl": round(result.supernet_val_ppl, 4), "attention_blocks": attending(result.kinds),
